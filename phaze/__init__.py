@@ -1,0 +1,1 @@
+"""phaze: co-design a training accelerator and how LLMs are trained on it."""

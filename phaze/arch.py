@@ -1,0 +1,170 @@
+"""Chips: tensor units, vector units, on-chip SRAM, HBM and chip-to-chip links.
+
+One schema describes both a proposed accelerator and a GPU (an SM's tensor cores as one tensor
+unit, its CUDA cores as one vector unit, shared memory as local SRAM, L2 as the shared buffer),
+so both run through the same cost model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+from .configio import ConfigError, Fields, read_mapping
+from .workload import PRECISIONS, resolve_config
+
+
+@dataclass(frozen=True)
+class TensorUnits:
+    """``count`` matrix engines, each ``rows`` x ``cols`` multiply-accumulators per cycle.
+
+    ``tile_m`` x ``tile_n`` is the output tile one unit works on at a time (a GPU's CTA tile);
+    0 lets the cost model size it from the local SRAM. ``fill_drain`` charges a systolic array's
+    ``rows + cols`` cycles of pipeline fill and drain per tile.
+    """
+
+    count: int
+    rows: int
+    cols: int
+    tile_m: int = 0
+    tile_n: int = 0
+    fill_drain: bool = True
+
+    @property
+    def macs_per_cycle(self) -> int:
+        return self.count * self.rows * self.cols
+
+
+@dataclass(frozen=True)
+class VectorUnits:
+    """``count`` SIMD units of ``lanes`` lanes, each ``flops_per_lane_per_cycle`` (2 for FMA)."""
+
+    count: int
+    lanes: int
+    flops_per_lane_per_cycle: int = 2
+
+
+@dataclass(frozen=True)
+class LinkLevel:
+    """One level of the interconnect: groups of ``devices`` devices (0 = the whole cluster)
+    joined with ``bandwidth_bytes_per_s`` per device and direction and ``latency_s`` per hop."""
+
+    name: str
+    devices: int
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    kind: str                      # gpu: kernels run one after another over all units | accelerator
+    clock_hz: float
+    tensor: TensorUnits
+    vector: VectorUnits
+    local_sram_bytes: float        # per tensor unit
+    shared_buffer_bytes: float
+    shared_buffer_bandwidth_bytes_per_s: float
+    hbm_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    links: tuple[LinkLevel, ...]
+    peak_flops_per_s: tuple[tuple[str, float], ...] = ()
+    process_node_nm: float = 7.0
+    area_mm2: float | None = None
+    tdp_w: float | None = None
+
+    @property
+    def implied_peak_flops_per_s(self) -> float:
+        """16-bit tensor peak implied by the units: 2 FLOP per MAC per cycle."""
+        return 2.0 * self.tensor.macs_per_cycle * self.clock_hz
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense tensor peak in ``precision``; a listed figure wins over the implied one."""
+        table = dict(self.peak_flops_per_s)
+        if precision in table:
+            return table[precision]
+        if precision in ("fp16", "bf16"):
+            return self.implied_peak_flops_per_s
+        raise ConfigError(self.name, "peak_flops_per_s", f"chip has no {precision} tensor peak; "
+                                     f"listed: {', '.join(table) or 'none (16-bit only)'}")
+
+    @property
+    def vector_flops_per_s(self) -> float:
+        v = self.vector
+        return v.count * v.lanes * v.flops_per_lane_per_cycle * self.clock_hz
+
+    def with_units(self, **changes) -> "Chip":
+        """A copy with tensor/vector unit fields changed (``tensor_count=...``, ``vector_lanes=...``)."""
+        t = {k[7:]: v for k, v in changes.items() if k.startswith("tensor_")}
+        v = {k[7:]: v for k, v in changes.items() if k.startswith("vector_")}
+        rest = {k: v for k, v in changes.items() if not k.startswith(("tensor_", "vector_"))}
+        return replace(self, tensor=replace(self.tensor, **t), vector=replace(self.vector, **v), **rest)
+
+
+def _chip_from_yaml(data: dict, source: str) -> Chip:
+    f = Fields(data, source)
+    t = f.sub("tensor_units")
+    tensor = TensorUnits(count=t.int("count"), rows=t.int("rows"), cols=t.int("cols"),
+                         tile_m=t.int("tile_m", 0, minimum=0), tile_n=t.int("tile_n", 0, minimum=0),
+                         fill_drain=t.bool("fill_drain", True))
+    t.finish()
+    v = f.sub("vector_units")
+    vector = VectorUnits(count=v.int("count"), lanes=v.int("lanes"),
+                         flops_per_lane_per_cycle=v.int("flops_per_lane_per_cycle", 2))
+    v.finish()
+    peaks = []
+    p = f.sub("peak_flops_per_s", None)
+    if p is not None:
+        for key in list(p.data):
+            if key not in PRECISIONS:
+                raise p.error(str(key), f"unknown precision; allowed: {', '.join(PRECISIONS)}")
+            peaks.append((key, p.number(key)))
+        p.finish()
+    links = []
+    raw_links = f.list("links")
+    for i, item in enumerate(raw_links):
+        lf = Fields(item, source, f"links[{i}].") if isinstance(item, dict) else None
+        if lf is None:
+            raise ConfigError(source, f"links[{i}]", "must be a mapping with name, devices, "
+                                                     "bandwidth_bytes_per_s, latency_s")
+        links.append(LinkLevel(name=lf.str("name"), devices=lf.int("devices", 0, minimum=0),
+                               bandwidth_bytes_per_s=lf.number("bandwidth_bytes_per_s"),
+                               latency_s=lf.number("latency_s", 0.0, inclusive=True)))
+        lf.finish()
+        if links[-1].devices == 0 and i != len(raw_links) - 1:
+            raise ConfigError(source, f"links[{i}].devices",
+                              "0 (whole cluster) is allowed only on the last level")
+    for i in range(1, len(links)):
+        if links[i].devices and links[i].devices <= links[i - 1].devices:
+            raise ConfigError(source, f"links[{i}].devices",
+                              f"must be larger than the level below ({links[i - 1].devices})")
+    chip = Chip(
+        name=f.str("name"), kind=f.choice("kind", ("gpu", "accelerator")),
+        clock_hz=f.number("clock_hz"), tensor=tensor, vector=vector,
+        local_sram_bytes=f.number("local_sram_bytes"),
+        shared_buffer_bytes=f.number("shared_buffer_bytes"),
+        shared_buffer_bandwidth_bytes_per_s=f.number("shared_buffer_bandwidth_bytes_per_s"),
+        hbm_bytes=f.number("hbm_bytes"), hbm_bandwidth_bytes_per_s=f.number("hbm_bandwidth_bytes_per_s"),
+        links=tuple(links), peak_flops_per_s=tuple(peaks),
+        process_node_nm=f.number("process_node_nm", 7.0),
+        area_mm2=f.number("area_mm2", None), tdp_w=f.number("tdp_w", None),
+    )
+    f.finish()
+    return chip
+
+
+def arch_dirs() -> list[Path]:
+    """Where chip names are looked up: ./arch_configs, then the shipped ones."""
+    dirs = [Path.cwd() / "arch_configs"]
+    try:
+        dirs.append(Path(str(resources.files("phaze.arch_configs"))))
+    except ModuleNotFoundError:
+        pass
+    dirs.append(Path(__file__).resolve().parent.parent / "arch_configs")
+    return dirs
+
+
+def load_chip(name_or_path: str | Path) -> Chip:
+    """Load a chip by shipped name (``a100-80gb``) or YAML path."""
+    path = resolve_config(str(name_or_path), arch_dirs(), "arch", "--arch")
+    return _chip_from_yaml(read_mapping(path), str(path))

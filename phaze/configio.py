@@ -1,0 +1,148 @@
+"""Reading and validating user-supplied configuration (YAML, JSON, CSV rows).
+
+Every problem becomes a :class:`ConfigError` that names the file, the field and what is
+allowed, so the CLI can print one line and exit with status 2.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+_MISSING = object()
+
+
+class ConfigError(ValueError):
+    """Bad user input: ``<source>: field '<field>': <what is wrong and what is allowed>``."""
+
+    def __init__(self, source: str, field: str | None, message: str):
+        self.source, self.field, self.message = str(source), field, message
+        where = f"{self.source}: field '{field}'" if field else self.source
+        super().__init__(f"{where}: {message}")
+
+
+def read_mapping(path: str | Path) -> dict:
+    """Load a YAML or JSON file whose top level must be a mapping."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(path, None, "file not found") from None
+    except OSError as exc:
+        raise ConfigError(path, None, f"cannot read file ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else (
+            f" at line {exc.lineno}" if hasattr(exc, "lineno") else "")
+        reason = getattr(exc, "problem", None) or getattr(exc, "msg", None) or "syntax error"
+        raise ConfigError(path, None, f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}"
+                                      f"{line}: {reason}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(path, None, "top level must be a mapping of field: value")
+    return data
+
+
+class Fields:
+    """Typed, checked access to one mapping; remembers which keys were read so that
+    :meth:`finish` can reject unknown ones."""
+
+    def __init__(self, data: dict, source: str | Path, prefix: str = ""):
+        if not isinstance(data, dict):
+            raise ConfigError(source, prefix.rstrip(".") or None, "must be a mapping")
+        self.data, self.source, self.prefix = data, str(source), prefix
+        self._used: set[str] = set()
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(self.source, self.prefix + key, message)
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def _get(self, key: str, default: Any) -> Any:
+        self._used.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is _MISSING:
+                raise self.error(key, "missing (required)")
+            return default
+        return self.data[key]
+
+    def int(self, key: str, default: Any = _MISSING, minimum: int = 1) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise self.error(key, f"must be {allowed}, got {value!r}")
+        return value
+
+    def number(self, key: str, default: Any = _MISSING, minimum: float = 0.0,
+               inclusive: bool = False, maximum: float | None = None) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value)
+              and (value >= minimum if inclusive else value > minimum)
+              and (maximum is None or value <= maximum))
+        if not ok:
+            lo = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+            hi = f" and <= {maximum:g}" if maximum is not None else ""
+            raise self.error(key, f"must be a number {lo}{hi}, got {value!r}")
+        return float(value)
+
+    def choice(self, key: str, choices: Iterable[str], default: Any = _MISSING) -> Any:
+        choices = tuple(choices)
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, str):
+            value = value.strip().lower()
+        if value not in choices:
+            raise self.error(key, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def bool(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {value!r}")
+        return value
+
+    def str(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(key, f"must be a non-empty string, got {value!r}")
+        return value.strip()
+
+    def sub(self, key: str, default: Any = _MISSING) -> "Fields | None":
+        value = self._get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.error(key, "must be a mapping")
+        return Fields(value, self.source, f"{self.prefix}{key}.")
+
+    def list(self, key: str, default: Any = _MISSING) -> list:
+        value = self._get(key, default)
+        if not isinstance(value, list) or not value:
+            raise self.error(key, "must be a non-empty list")
+        return value
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self._used)
+        if unknown:
+            allowed = ", ".join(sorted(self._used))
+            raise self.error(str(unknown[0]), f"unknown key; allowed keys here: {allowed}")
