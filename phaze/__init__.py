@@ -1,1 +1,18 @@
-"""phaze: co-design a training accelerator and how LLMs are trained on it."""
+"""phaze: co-design a training accelerator and the way large language models are trained on it.
+
+>>> import phaze
+>>> r = phaze.evaluate("gpt3-175b", "a100-80gb", devices=1024, global_batch=1536,
+...                    plan="tp=8,pp=16,mbs=1,recompute=full")
+>>> r.step_time_s, r.mfu, r.fits
+"""
+from .api import evaluate
+from .arch import Chip, load_chip
+from .configio import ConfigError
+from .cost import Efficiency
+from .plan import Plan, parse_plan
+from .step import StepResult
+from .workload import Model, load_model
+
+__all__ = ["evaluate", "Chip", "load_chip", "ConfigError", "Efficiency", "Plan", "parse_plan",
+           "StepResult", "Model", "load_model"]
+__version__ = "0.1.0"

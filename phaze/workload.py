@@ -217,9 +217,10 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if activation is None:
         raise ConfigError(source, "hidden_act", f"must be one of {', '.join(_ACTIVATIONS)}, got {act!r}")
     max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
-    rotary = mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma") or "rope_theta" in cfg
+    rotary = (mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma") or "rope_theta" in cfg
+              or bool(attn_cfg.get("rope")))  # MPT keeps its RoPE switch in attn_config
     alibi = bool(attn_cfg.get("alibi")) or mtype in ("bloom",)
-    if mtype == "mpt" and not alibi:
+    if mtype == "mpt" and not alibi and not rotary:
         position = "learned"
     else:
         position = "rotary" if rotary else ("alibi" if alibi else "learned")

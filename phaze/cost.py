@@ -1,0 +1,178 @@
+"""Operator cost model: the time of one operator on a chip (shared/DESIGN.md section 3).
+
+Pure functions of (operator shape, chip, efficiency). A GEMM is a tile-level roofline: whole
+output tiles in whole waves over the tensor units, against the bytes each memory level must move
+given its capacity. Element-wise ops are the slower of lane throughput and HBM bandwidth.
+Collectives use ring formulas over the link hierarchy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from .arch import Chip
+from .graph import Collective, Op
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Named, physical efficiency factors (1.0 / 0.0 = the ideal datasheet machine).
+
+    They are the only free parameters of the cost model; ``phaze calibrate`` fits them per chip
+    on published runs. Each scales one physical resource, never one model or row.
+    """
+
+    tensor_fraction: float = 1.0     # sustained share of tensor peak (clock under load, issue)
+    hbm_fraction: float = 1.0        # achievable share of HBM bandwidth for streaming kernels
+    link_fraction: float = 1.0       # achieved bus bandwidth / link peak for collectives
+    attention_fraction: float = 1.0  # fused-attention kernel throughput relative to GEMM peak
+    kernel_overhead_s: float = 0.0   # fixed cost per kernel (launch, synchronisation)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+IDEAL = Efficiency()
+
+
+def _ceil(a: float, b: float) -> int:
+    return -(-int(a) // int(b))
+
+
+def tile_candidates(chip: Chip, bytes_per_element: int) -> tuple[tuple[int, int], ...]:
+    """Output tiles a unit can hold: the configured tile and its halvings (as a library picks
+    smaller tiles for small problems) down to the array size, or, when no tile is configured,
+    every power-of-two multiple of the array that fits the local SRAM double-buffered with
+    a ``rows``-deep K slice and a 4-byte accumulator per output."""
+    tu = chip.tensor
+    R, C = tu.rows, tu.cols
+    out = []
+    if tu.tile_m and tu.tile_n:
+        tm = tu.tile_m
+        while tm >= R:
+            tn = tu.tile_n
+            while tn >= C:
+                out.append((tm, tn))
+                tn //= 2
+            tm //= 2
+        return tuple(out) or ((R, C),)
+    p = bytes_per_element
+    tm = R
+    while True:
+        tn = C
+        fit_any = False
+        while 2 * (tm + tn) * R * p + 4 * tm * tn <= chip.local_sram_bytes:
+            out.append((tm, tn))
+            fit_any = True
+            tn *= 2
+        if not fit_any:
+            break
+        tm *= 2
+    return tuple(out) or ((R, C),)
+
+
+def _buffer_block(chip: Chip, p: int) -> int:
+    """Side of the square output block whose A and B strips the shared buffer keeps resident."""
+    return max(1, int(math.sqrt(chip.shared_buffer_bytes / (3.0 * p))))
+
+
+def gemm_time(batch: int, M: int, K: int, N: int, chip: Chip, precision: str = "bf16",
+              eff: Efficiency = IDEAL, units: int | None = None, work_fraction: float = 1.0,
+              bytes_per_element: int = 2, fused: bool = False) -> float:
+    """Seconds for ``batch`` products (M x K) . (K x N) on ``units`` tensor units (default all).
+
+    ``fused`` is a product whose output never leaves the unit (fused attention's scores): no
+    output traffic, and HBM traffic is left to the caller."""
+    tu = chip.tensor
+    n_units = units or tu.count
+    p = bytes_per_element
+    scale = chip.peak_flops(precision) / chip.implied_peak_flops_per_s
+    cycle_rate = chip.clock_hz * scale * eff.tensor_fraction
+    best = math.inf
+    for tm, tn in tile_candidates(chip, p):
+        tiles = batch * _ceil(M, tm) * _ceil(N, tn) * work_fraction
+        waves = math.ceil(tiles / n_units)
+        cycles = (tm * tn) / (tu.rows * tu.cols) * K + ((tu.rows + tu.cols) if tu.fill_drain else 0)
+        compute = waves * cycles / cycle_rate
+        # shared buffer -> units: every tile streams its A strip and B strip; outputs written once
+        onchip = p * (tiles * K * (tm + tn) + (0 if fused else batch * M * N)) * n_units / tu.count
+        best = min(best, max(compute, onchip / chip.shared_buffer_bandwidth_bytes_per_s))
+    if fused:
+        return best + eff.kernel_overhead_s
+    blk = _buffer_block(chip, p)
+    half = chip.shared_buffer_bytes / 2
+    a_reads = 1 if M * K * p <= half else _ceil(N, blk)
+    b_reads = 1 if K * N * p <= half else _ceil(M, blk)
+    hbm = p * batch * (M * K * a_reads + K * N * b_reads + M * N)
+    memory = hbm / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
+    return max(best, memory) + eff.kernel_overhead_s
+
+
+def vector_time(elements: float, flops: float, nbytes: float, chip: Chip, eff: Efficiency = IDEAL,
+                units: int | None = None) -> float:
+    """Seconds for an element-wise or reduction op: lane throughput vs HBM traffic."""
+    share = (units or chip.vector.count) / chip.vector.count
+    compute = flops / (chip.vector_flops_per_s * share)
+    memory = nbytes / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
+    return max(compute, memory) + eff.kernel_overhead_s
+
+
+def _levels(chip: Chip, n: int, stride: int) -> list[tuple[int, float, float]]:
+    """Split a group of ``n`` devices (ranks ``stride`` apart) over the link levels: for each
+    level, how many members the group has inside one domain of that level, its bandwidth and
+    latency. Members are counted inside the lowest level that holds them."""
+    out, placed = [], 1
+    for level in chip.links:
+        span = level.devices or math.inf
+        inside = n if span == math.inf else max(1, min(n, int(span // stride)))
+        k = max(1, inside // placed)
+        if k > 1:
+            out.append((k, level.bandwidth_bytes_per_s, level.latency_s))
+        placed *= k
+        if placed >= n:
+            break
+    return out
+
+
+def collective_time(kind: str, nbytes: float, n: int, chip: Chip, stride: int = 1,
+                    eff: Efficiency = IDEAL) -> float:
+    """Seconds for a collective of ``nbytes`` (the full buffer) over ``n`` devices spaced
+    ``stride`` ranks apart. Hierarchical rings: each level reduces the data by its member
+    count before the next; one level gives the textbook ring formula
+    ``2(n-1)/n * bytes/beta + 2(n-1)*alpha`` for all-reduce, half of it for reduce-scatter
+    or all-gather, and ``bytes/beta + alpha`` for a send."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    if kind == "send":
+        levels = _levels(chip, 2, stride)
+        _, beta, alpha = levels[-1] if levels else (1, chip.links[-1].bandwidth_bytes_per_s,
+                                                    chip.links[-1].latency_s)
+        return nbytes / (beta * eff.link_fraction) + alpha
+    passes = 2 if kind == "all_reduce" else 1
+    total, data = 0.0, float(nbytes)
+    for k, beta, alpha in _levels(chip, n, stride):
+        total += passes * ((k - 1) / k * data / (beta * eff.link_fraction) + (k - 1) * alpha)
+        data /= k
+    return total
+
+
+def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: int = 1,
+            dp_stride: int = 1, pp_stride: int = 1, groups: dict | None = None,
+            bytes_per_element: int = 2, units: int | None = None) -> float:
+    """Seconds for one operator; ``groups`` maps a collective group name to (size, stride)."""
+    if op.unit == "link":
+        c: Collective = op.collective
+        size, stride = (groups or {}).get(c.group, (tp, 1))
+        return collective_time(c.kind, c.bytes, size, chip, stride, eff)
+    if op.unit == "vector":
+        return vector_time(op.elements, op.flops, op.bytes, chip, eff, units)
+    batch, M, K, N = op.gemm
+    if op.unit == "tensor+vector":
+        attn = Efficiency(tensor_fraction=eff.tensor_fraction * eff.attention_fraction,
+                          hbm_fraction=eff.hbm_fraction, kernel_overhead_s=eff.kernel_overhead_s)
+        passes = op.flops / (2.0 * batch * M * K * N)
+        t = passes * gemm_time(batch, M, K, N, chip, precision, attn, units, op.work_fraction,
+                               bytes_per_element, fused=True)
+        return max(t, vector_time(0, 0, op.bytes, chip, eff, units))
+    return gemm_time(batch, M, K, N, chip, precision, eff, units, op.work_fraction, bytes_per_element)

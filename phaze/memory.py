@@ -1,0 +1,80 @@
+"""Per-device memory: weights, gradients, optimizer state and stored activations.
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", Sec. 4), generalised to grouped-query attention, any FFN width, SwiGLU,
+models without dropout and fused (FlashAttention-style) attention.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .workload import Model
+
+OPTIMIZER_BYTES_PER_PARAM = {"adam": 12.0, "sgd": 0.0}  # fp32 master + m + v; SGD: none
+
+
+def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = False,
+                               recompute: str = "none", attention: str = "standard") -> float:
+    """Bytes one layer keeps for its backward pass, per micro-batch, on one device.
+
+    With ``attention="standard"``, dropout, ``ffn_hidden = 4h`` and multi-head attention this is
+    exactly Korthikanti's ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` (``/t`` on the first term too with
+    sequence parallelism); ``selective`` drops the ``5·a·s/h`` term, ``full`` keeps the layer
+    input ``2·s·b·h`` only.
+    """
+    s, b, h, t = model.seq_len, mbs, model.hidden, tp
+    p = model.bytes_per_element
+    sb = s * b
+    rep = 1.0 / t if sp else 1.0          # tensors replicated across TP unless sequence-parallel
+    if recompute == "full":
+        return p * sb * h * rep
+    mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
+    replicated = (p + p + mask + p + p + mask) * sb * h * rep  # ln1 in, qkv in, mask, ln2 in, ffn in, mask
+    q, kv, f = model.q_dim, model.kv_dim, model.ffn_hidden
+    act_inputs = 2 if model.activation == "swiglu" else 1
+    split = p * sb * (q + kv + kv + q + act_inputs * f + f) / t  # Q, K, V, out-proj in, act in, down in
+    a = model.heads
+    if attention == "flash":
+        core = 4.0 * a * sb / t                                    # fp32 log-sum-exp per row
+    elif recompute == "selective":
+        core = 0.0
+    else:
+        core = (p + (mask + p if model.dropout else 0.0)) * a * s * sb / t
+    return replicated + split + core
+
+
+def korthikanti_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = False,
+                                recompute: str = "none") -> float:
+    """The paper's closed forms (Table 2), for checking :func:`activation_bytes_per_layer`."""
+    s, b, h, a, t = model.seq_len, mbs, model.hidden, model.heads, tp
+    if recompute == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    attn = 0 if recompute == "selective" else 5 * a * s / h
+    if sp:
+        return s * b * h * (34 + attn) / t
+    return s * b * h * (10 + 24 / t + attn / t)
+
+
+def state_bytes_per_param(optimizer: str, zero: int, dp: int, weight_bytes: int = 2,
+                          grad_bytes: int = 2) -> float:
+    """Weights + gradients + optimizer state per parameter on one device. ``zero`` 1 shards the
+    optimizer state over ``dp`` (distributed optimizer), 2 also the gradients, 3 also the
+    weights (FSDP)."""
+    opt = OPTIMIZER_BYTES_PER_PARAM[optimizer]
+    return (weight_bytes / (dp if zero >= 3 else 1) + grad_bytes / (dp if zero >= 2 else 1)
+            + opt / (dp if zero >= 1 else 1))
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak bytes on one device of a pipeline stage, by kind."""
+
+    stage: int
+    layers: int
+    weights_and_optimizer_bytes: float
+    activation_bytes: float
+    transient_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_and_optimizer_bytes + self.activation_bytes + self.transient_bytes

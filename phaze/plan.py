@@ -1,0 +1,77 @@
+"""An execution plan: how a training step is laid out over the devices."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .configio import ConfigError
+
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "standard")
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Tensor (``tp``), pipeline (``pp``) and context (``cp``) parallel widths; data parallelism
+    takes the remaining devices. ``vp`` interleaved chunks per pipeline stage; ``zero`` 0-3
+    shards optimizer state / gradients / weights over data parallelism (3 = FSDP); ``sp``
+    sequence parallelism (default: on whenever ``tp > 1``)."""
+
+    tp: int = 1
+    pp: int = 1
+    mbs: int = 1
+    recompute: str = "none"
+    sp: bool | None = None
+    vp: int = 1
+    cp: int = 1
+    zero: int = 0
+    attention: str = "flash"
+    optimizer: str = "adam"
+    dp_overlap: bool = True
+
+    def __post_init__(self):
+        if self.sp is None:
+            object.__setattr__(self, "sp", self.tp > 1)
+
+    def dp(self, devices: int) -> int:
+        return devices // (self.tp * self.pp * self.cp)
+
+    def label(self) -> str:
+        return (f"tp={self.tp},pp={self.pp},mbs={self.mbs},recompute={self.recompute}"
+                + (",sp=1" if self.sp and self.tp > 1 else "")
+                + (f",vp={self.vp}" if self.vp > 1 else "") + (f",cp={self.cp}" if self.cp > 1 else "")
+                + (f",zero={self.zero}" if self.zero else "") + f",attention={self.attention}")
+
+
+_INT_KEYS = ("tp", "pp", "mbs", "vp", "cp")
+_BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+         "off": False}
+
+
+def parse_plan(text: str, source: str = "--plan") -> Plan:
+    """``tp=8,pp=8,mbs=1,recompute=selective`` -> :class:`Plan`."""
+    allowed = [f.name for f in fields(Plan)]
+    values: dict = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep:
+            raise ConfigError(source, key, f"expected key=value, got {item!r}")
+        if key not in allowed:
+            raise ConfigError(source, key, f"unknown key; allowed: {', '.join(allowed)}")
+        if key in _INT_KEYS or key == "zero":
+            lo = 0 if key == "zero" else 1
+            if not raw.isdigit() or int(raw) < lo or (key == "zero" and int(raw) > 3):
+                what = "0, 1, 2 or 3" if key == "zero" else "a positive integer"
+                raise ConfigError(source, key, f"must be {what}, got {raw!r}")
+            values[key] = int(raw)
+        elif key in ("sp", "dp_overlap"):
+            if raw.lower() not in _BOOL:
+                raise ConfigError(source, key, f"must be true or false, got {raw!r}")
+            values[key] = _BOOL[raw.lower()]
+        else:
+            choices = {"recompute": RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS}[key]
+            if raw.lower() not in choices:
+                raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
+            values[key] = raw.lower()
+    return Plan(**values)
