@@ -7,13 +7,12 @@ from .arch import Chip, load_chip
 from .cost import IDEAL, Efficiency
 from .plan import Plan, parse_plan
 from .step import StepResult, evaluate as _evaluate
-from .workload import Model, load_model
+from .workload import Model, load_model, with_seq_len
 
 
 def as_model(workload: str | Path | Model, seq_len: int | None = None) -> Model:
     if isinstance(workload, Model):
-        from dataclasses import replace
-        return workload if seq_len is None else replace(workload, seq_len=seq_len)
+        return workload if seq_len is None else with_seq_len(workload, seq_len)
     return load_model(workload, seq_len)
 
 

@@ -5,6 +5,7 @@ allowed, so the CLI can print one line and exit with status 2.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from pathlib import Path
@@ -67,7 +68,9 @@ class Fields:
         self._used.add(key)
         if key not in self.data or self.data[key] is None:
             if default is _MISSING:
-                raise self.error(key, "missing (required)")
+                near = difflib.get_close_matches(key, [str(k) for k in self.data], n=1)
+                hint = f"; found {near[0]!r}: a misspelling?" if near else ""
+                raise self.error(key, f"missing (required){hint}")
             return default
         return self.data[key]
 

@@ -17,7 +17,7 @@ from .cost import IDEAL, Efficiency, collective_time, op_time, vector_time
 from .graph import edge_graph, layer_graph, optimizer_op, tensor_flops
 from .memory import StageMemory, activation_bytes_per_layer, state_bytes_per_param
 from .plan import Plan
-from .workload import Model
+from .workload import Model, with_seq_len
 
 CATEGORIES = ("compute", "memory", "communication")
 
@@ -170,7 +170,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     dp = plan.dp(devices)
     m = global_batch // (dp * plan.mbs)
     # context parallelism splits each sequence over cp devices: a layer sees seq/cp tokens
-    shard = model if plan.cp == 1 else _with_seq(model, model.seq_len // plan.cp)
+    shard = model if plan.cp == 1 else with_seq_len(model, model.seq_len // plan.cp)
     fwd, bwd = layer_time(shard, chip, plan.mbs, tp, plan.sp, plan.attention, plan.recompute, eff)
     emb, head = edge_time(shard, chip, plan.mbs, tp, plan.sp, eff)
     p = model.bytes_per_element
@@ -258,12 +258,6 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         model_flops_per_step=flops, mfu=flops / (step * peak), hfu=hw / (step * peak),
         memory_per_device_bytes=need, hbm_bytes=chip.hbm_bytes, fits=need <= chip.hbm_bytes,
         binding_stage=worst, breakdown_s=breakdown, stage_memory=tuple(stages))
-
-
-@lru_cache(maxsize=4096)
-def _with_seq(model: Model, seq_len: int) -> Model:
-    from dataclasses import replace
-    return replace(model, seq_len=seq_len, max_positions=max(model.max_positions, seq_len))
 
 
 def _hardware_flops_per_sample(model: Model, plan: Plan) -> float:

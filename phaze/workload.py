@@ -231,7 +231,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     post = (mtype == "opt" and cfg.get("do_layer_norm_before") is False) or encoder
     dtype = str(cfg.get("torch_dtype", "bfloat16"))
     precision = {"float16": "fp16", "bfloat16": "bf16", "float32": "bf16"}.get(dtype, "bf16")
-    seq = min(int(max_pos), 4096) if isinstance(max_pos, int) else 2048
+    # training length defaults to the context length, capped at 8192 (long-context checkpoints
+    # are pre-trained shorter); --seq-len overrides
+    seq = min(int(max_pos), 8192) if isinstance(max_pos, int) else 2048
     return Model(
         name=name or cfg.get("_name_or_path") or mtype or "hf-model",
         architecture="encoder" if encoder else "decoder",
@@ -285,8 +287,18 @@ def load_model(name_or_path: str | Path, seq_len: int | None = None) -> Model:
     else:
         model = _model_from_yaml(data, str(path))
     if seq_len is not None:
-        model = replace(model, seq_len=seq_len)
+        model = with_seq_len(model, seq_len)
     return model
+
+
+def with_seq_len(model: Model, seq_len: int) -> Model:
+    """The model trained at another sequence length; a learned position table grows to match
+    (as llm-foundry's benchmark configs size it to ``max_seq_len``)."""
+    if seq_len == model.seq_len:
+        return model
+    grow = model.position_embedding == "learned" and model.max_positions < seq_len
+    return replace(model, seq_len=seq_len,
+                   max_positions=seq_len if grow else model.max_positions)
 
 
 def published_params(name_or_path: str | Path) -> int | None:

@@ -1,0 +1,406 @@
+"""Workload files, parameter counts and config loading.
+
+Every expected number here comes from outside phaze: a published parameter count (paper table,
+official checkpoint, llm-foundry benchmark table), a closed-form formula from a paper, or a count
+written out by hand from the architecture. None is copied from phaze's own output.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import yaml
+
+from phaze.configio import ConfigError
+from phaze.workload import Model, load_model, model_from_hf_config, published_params
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = ROOT / "workloads"
+HF = Path(__file__).resolve().parent / "data" / "hf"
+RUNS_CSV = ROOT / "phaze" / "data" / "reference" / "training_runs.csv"
+
+WORKLOAD_FILES = sorted(WORKLOADS.glob("*.yaml"))
+
+REQUIRED = [
+    "gpt3-175b", "bert-large", "gpt2-xl", "opt-350m", "opt-175b",
+    "llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b",
+    *(f"mpt-{s}" for s in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")),
+    *(f"megatron-gpt-{s}" for s in ("1.7b", "3.6b", "7.5b", "18b", "39b", "76b", "145b",
+                                    "310b", "530b", "1t")),
+]
+
+# Sources that print counts rounded to 0.1B: allow half of the last printed digit.
+ROUNDED_TO = {"megatron-gpt-": 0.1e9, "gpt3-175b": 0.1e9}
+
+
+def _rounding(stem: str) -> float:
+    for prefix, unit in ROUNDED_TO.items():
+        if stem.startswith(prefix):
+            return unit
+    return 0.0
+
+
+def _yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+# --- every shipped workload ---------------------------------------------------------------------
+def test_required_workloads_present():
+    stems = {p.stem for p in WORKLOAD_FILES}
+    missing = [n for n in REQUIRED if n not in stems]
+    assert not missing, f"missing workload files: {missing}"
+
+
+@pytest.mark.parametrize("path", WORKLOAD_FILES, ids=lambda p: p.stem)
+def test_workload_file_documented(path):
+    text = path.read_text()
+    assert text.startswith("#"), "header comment citing the sources must come first"
+    assert path.stem == path.stem.lower()
+    raw = _yaml(path)
+    assert isinstance(raw.get("source"), str) and raw["source"].strip()
+    assert isinstance(raw.get("published_params"), int) and raw["published_params"] > 0
+    # where the count is published: a comment on the published_params line, or (older files
+    # such as gpt3-175b.yaml) the source field
+    assert re.search(r"^published_params:.*#\s*\S", text, re.M) or "param" in raw["source"], \
+        "published_params needs a comment saying where the count is published"
+
+
+@pytest.mark.parametrize("path", WORKLOAD_FILES, ids=lambda p: p.stem)
+def test_params_match_published(path):
+    model = load_model(path)
+    published = _yaml(path)["published_params"]
+    assert published_params(path) == published
+    tolerance = max(0.01 * published, _rounding(path.stem) / 2)
+    assert abs(model.params - published) <= tolerance, (
+        f"{path.stem}: ours {model.params:,} vs published {published:,} "
+        f"(ratio {model.params / published:.5f})")
+
+
+@pytest.mark.parametrize("path", WORKLOAD_FILES, ids=lambda p: p.stem)
+def test_loads_by_name(path):
+    assert load_model(path.stem) == load_model(path)
+
+
+# --- Megatron GPT: Narayanan et al. SC'21 -----------------------------------------------------------
+# Table 1 of the paper: name -> (layers, hidden, heads).
+NARAYANAN_TABLE_1 = {
+    "1.7b": (24, 2304, 24), "3.6b": (30, 3072, 32), "7.5b": (36, 4096, 32),
+    "18b": (40, 6144, 48), "39b": (48, 8192, 64), "76b": (60, 10240, 80),
+    "145b": (80, 12288, 96), "310b": (96, 16384, 128), "530b": (105, 20480, 128),
+    "1t": (128, 25600, 160),
+}
+
+
+@pytest.mark.parametrize("size", sorted(NARAYANAN_TABLE_1))
+def test_megatron_shapes_follow_table_1(size):
+    m = load_model(WORKLOADS / f"megatron-gpt-{size}.yaml")
+    assert (m.layers, m.hidden, m.heads) == NARAYANAN_TABLE_1[size]
+    assert (m.ffn_hidden, m.vocab, m.seq_len, m.max_positions) == (4 * m.hidden, 51200, 2048, 2048)
+
+
+@pytest.mark.parametrize("size", ["1.7b", "18b", "145b", "530b", "1t"])
+def test_megatron_params_equal_narayanan_eq2(size):
+    """Eq. (2): P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)) for f = 4h, tied embeddings,
+    learned positions, biases, two LayerNorms per layer. The paper's formula leaves out the final
+    LayerNorm of the pre-norm stack (weight + bias = 2h), which the model does have."""
+    l, h, _ = NARAYANAN_TABLE_1[size]
+    V, s = 51200, 2048
+    eq2 = 12 * l * h * h * (1 + Fraction(13, 12 * h) + Fraction(V + s, 12 * l * h))
+    assert eq2.denominator == 1
+    m = load_model(WORKLOADS / f"megatron-gpt-{size}.yaml")
+    assert m.params == eq2 + 2 * h
+
+
+def test_gpt3_params_equal_narayanan_eq2():
+    l, h, V, s = 96, 12288, 50257, 2048  # Brown et al. Table 2.1, GPT-2 vocabulary
+    eq2 = 12 * l * h * h * (1 + Fraction(13, 12 * h) + Fraction(V + s, 12 * l * h))
+    assert load_model("gpt3-175b").params == eq2 + 2 * h
+
+
+# --- Llama: counts written out by hand ------------------------------------------------------------
+def test_llama2_7b_by_hand():
+    V, h, L, f = 32000, 4096, 32, 11008
+    embedding = V * h                  # tok_embeddings
+    per_layer = (4 * h * h             # wq, wk, wv, wo (32 kv heads = 32 heads, no bias)
+                 + 3 * h * f           # w1 (gate), w3 (up), w2 (down)
+                 + 2 * h)              # attention_norm, ffn_norm (RMSNorm weight only)
+    final_norm = h
+    lm_head = V * h                    # untied output projection
+    total = embedding + L * per_layer + final_norm + lm_head
+    assert total == 6_738_415_616      # official HF checkpoint meta-llama/Llama-2-7b-hf
+    assert load_model("llama2-7b").params == total
+
+
+def _llama_by_hand(V, h, L, heads, kv_heads, f):
+    d = h // heads
+    attn = h * heads * d + 2 * h * kv_heads * d + heads * d * h   # q, k, v, o
+    return V * h + L * (attn + 3 * h * f + 2 * h) + h + V * h
+
+
+# Official HF checkpoint counts (exact tensor-size sums) and the config.json shapes.
+LLAMA = {
+    "llama2-7b": ((32000, 4096, 32, 32, 32, 11008), 6_738_415_616),
+    "llama2-70b": ((32000, 8192, 80, 64, 8, 28672), 68_976_648_192),
+    "llama3-8b": ((128256, 4096, 32, 32, 8, 14336), 8_030_261_248),
+    "llama3-70b": ((128256, 8192, 80, 64, 8, 28672), 70_553_706_496),
+    "llama3-405b": ((128256, 16384, 126, 128, 8, 53248), 405_853_388_800),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA))
+def test_llama_exact_counts(name):
+    (V, h, L, heads, kv, f), checkpoint = LLAMA[name]
+    assert _llama_by_hand(V, h, L, heads, kv, f) == checkpoint
+    m = load_model(name)
+    assert (m.vocab, m.hidden, m.layers, m.heads, m.kv_heads, m.ffn_hidden) == (V, h, L, heads, kv, f)
+    assert (m.activation, m.norm, m.position_embedding, m.bias, m.tied_embeddings, m.dropout) == \
+        ("swiglu", "rmsnorm", "rotary", False, False, False)
+    assert m.params == checkpoint
+
+
+# --- other exact checkpoint counts -------------------------------------------------------------
+def test_gpt2_xl_by_hand():
+    V, s, h, L = 50257, 1024, 1600, 48
+    per_layer = (2 * 2 * h                      # ln_1, ln_2
+                 + h * 3 * h + 3 * h + h * h + h  # c_attn, c_proj
+                 + h * 4 * h + 4 * h + 4 * h * h + h)  # c_fc, c_proj
+    total = V * h + s * h + L * per_layer + 2 * h  # wte, wpe, blocks, ln_f; lm_head tied
+    assert total == 1_557_611_200
+    assert load_model("gpt2-xl").params == total
+
+
+def test_opt_350m_by_hand():
+    V, h, L, f, e = 50272, 1024, 24, 4096, 512
+    embeddings = V * e + (2048 + 2) * h + e * h + h * e  # embed_tokens, positions (+2), project_in/out
+    per_layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+    total = embeddings + L * per_layer                      # post-norm: no final_layer_norm
+    assert total == 331_196_416
+    assert load_model("opt-350m").params == total
+
+
+def test_bert_large_by_hand():
+    V, P, T, h, L, f = 30522, 512, 2, 1024, 24, 4096
+    embeddings = V * h + P * h + T * h + 2 * h
+    per_layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+    pooler = h * h + h
+    mlm = (h * h + h) + 2 * h + V                # transform dense + LayerNorm, decoder bias (tied)
+    bert_model = embeddings + L * per_layer + pooler
+    assert bert_model == 335_141_888             # HF BertModel(bert-large-uncased) incl. pooler
+    m = load_model("bert-large")
+    assert m.params == bert_model + mlm
+    assert m.architecture == "encoder" and not m.causal
+
+
+# --- MPT against the llm-foundry benchmark table (source S04 in the repository CSV) ----------------
+def _s04_rows():
+    with RUNS_CSV.open(newline="") as fh:
+        return [r for r in csv.DictReader(fh) if r["source_id"].startswith("S04")]
+
+
+MPT_SIZES = ["125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b"]
+
+
+@pytest.mark.parametrize("size", MPT_SIZES)
+def test_mpt_params_match_llmfoundry_table(size):
+    rows = [r for r in _s04_rows() if r["model"].lower() == f"mpt-{size}" and int(r["seq_len"]) == 2048]
+    assert rows, f"no S04 row for MPT-{size} at seq 2048"
+    m = load_model(WORKLOADS / f"mpt-{size}.yaml")
+    for r in rows:
+        assert (m.layers, m.hidden) == (int(r["layers"]), int(r["hidden"]))
+        assert m.heads == int(float(r["heads"])) and m.ffn_hidden == int(float(r["ffn_hidden"]))
+        assert m.params == pytest.approx(float(r["params_b"]) * 1e9, rel=0.01)
+
+
+def test_mpt_exact_numparams_at_every_sequence_length():
+    """The benchmark table's NumParams grows with the learned position table (max_seq_len = seq);
+    with biases (MPTConfig default no_bias false) the count is exact for every row."""
+    checked = 0
+    for r in _s04_rows():
+        found = re.search(r"NumParams=(\d+)", r["notes"])
+        if not found:
+            continue
+        base = load_model(WORKLOADS / f"{r['model'].lower()}.yaml")
+        s = int(r["seq_len"])
+        m = Model(**{**base.__dict__, "seq_len": s, "max_positions": s})
+        assert m.params == int(found.group(1)), (r["run_id"], r["model"], s)
+        checked += 1
+    assert checked >= 9
+
+
+# --- Hugging Face config.json ------------------------------------------------------------------------
+HF_CASES = {
+    # fixture dir: (workload yaml or exact count, kv_heads, activation, norm, norm_position, position)
+    "llama-2-7b": ("llama2-7b", 32, "swiglu", "rmsnorm", "pre", "rotary"),
+    "gpt2-xl": ("gpt2-xl", 25, "gelu", "layernorm", "pre", "learned"),
+    "opt-350m": ("opt-350m", 16, "relu", "layernorm", "post", "learned"),
+    "bert-large-uncased": ("bert-large", 16, "gelu", "layernorm", "post", "learned"),
+    # released MPT-7B: ALiBi (no position table), no_bias true, vocab 50432
+    "mpt-7b": (6_649_286_656, 32, "gelu", "layernorm", "pre", "alibi"),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(HF_CASES))
+def test_hf_config_loads(fixture):
+    expected, kv, act, norm, norm_pos, pos = HF_CASES[fixture]
+    m = load_model(HF / fixture / "config.json")
+    if isinstance(expected, str):
+        ref = load_model(expected)
+        assert m.params == ref.params
+        assert (m.layers, m.hidden, m.heads, m.ffn_hidden, m.vocab) == \
+            (ref.layers, ref.hidden, ref.heads, ref.ffn_hidden, ref.vocab)
+        assert (m.architecture, m.tied_embeddings, m.bias, m.embedding_projection_dim) == \
+            (ref.architecture, ref.tied_embeddings, ref.bias, ref.embedding_projection_dim)
+    else:
+        assert m.params == expected
+    assert (m.kv_heads, m.activation, m.norm, m.norm_position, m.position_embedding) == \
+        (kv, act, norm, norm_pos, pos)
+    assert m.name == fixture
+
+
+def test_hf_mpt_7b_by_hand():
+    """Released mosaicml/mpt-7b: 32 x (Wqkv, out_proj, up, down; two LayerNorm weights), wte of
+    50432 rows tied to the head, final norm_f weight; no biases, ALiBi so no wpe."""
+    V, h, L = 50432, 4096, 32
+    total = V * h + L * (4 * h * h + 8 * h * h + 2 * h) + h
+    assert total == 6_649_286_656
+    m = load_model(HF / "mpt-7b" / "config.json")
+    assert m.params == total and not m.bias and m.tied_embeddings
+    # same shapes as the llm-foundry mpt-7b.yaml benchmark model
+    ref = load_model("mpt-7b")
+    assert (m.layers, m.hidden, m.heads, m.ffn_hidden) == (ref.layers, ref.hidden, ref.heads, ref.ffn_hidden)
+
+
+def test_hf_opt_350m_projection_and_positions():
+    m = load_model(HF / "opt-350m" / "config.json")
+    assert m.embedding_projection_dim == 512 and m.max_positions == 2050 and m.precision == "fp16"
+
+
+def test_hf_grouped_query_attention(tmp_path):
+    """meta-llama/Meta-Llama-3-8B config.json: 8 KV heads."""
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+        "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+        "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "vocab_size": 128256,
+    }
+    path = tmp_path / "llama-3-8b" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    m = load_model(path)
+    assert (m.kv_heads, m.kv_dim, m.q_dim) == (8, 1024, 4096)
+    assert m.params == 8_030_261_248 == load_model("llama3-8b").params
+
+
+def test_hf_mpt_rope_has_no_position_table():
+    base = json.loads((HF / "mpt-7b" / "config.json").read_text())
+    base["attn_config"] = {**base["attn_config"], "alibi": False, "rope": True, "rope_theta": 10000}
+    m = model_from_hf_config(base, "mpt-rope")
+    assert m.position_embedding == "rotary"
+    assert m.params == 6_649_286_656  # same tensors as the ALiBi model
+
+
+def test_hf_mpt_learned_positions():
+    base = json.loads((HF / "mpt-7b" / "config.json").read_text())
+    base["attn_config"] = {**base["attn_config"], "alibi": False}
+    m = model_from_hf_config(base, "mpt-learned")
+    assert m.position_embedding == "learned"
+    assert m.params == 6_649_286_656 + 2048 * 4096  # plus wpe of max_seq_len rows
+
+
+def test_hf_bad_config_names_field(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 0, "num_hidden_layers": 2,
+                                "num_attention_heads": 2, "vocab_size": 10}))
+    with pytest.raises(ConfigError) as err:
+        load_model(path)
+    assert str(path) in str(err.value) and "hidden_size" in str(err.value)
+
+
+# --- validation errors ---------------------------------------------------------------------------
+VALID = {
+    "name": "tiny", "layers": 2, "hidden": 64, "heads": 4, "ffn_hidden": 256,
+    "vocab": 1000, "seq_len": 128,
+}
+
+
+def _write(tmp_path, data, name="bad.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def test_valid_minimal_yaml_loads(tmp_path):
+    m = load_model(_write(tmp_path, VALID, "ok.yaml"))
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.max_positions) == (2, 64, 4, 4, 128)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"layers": None}, "layers"),            # missing (None -> key removed below)
+    ({"hidden": -4}, "hidden"),
+    ({"heads": 0}, "heads"),
+    ({"hiden": 64}, "hiden"),                # unknown key next to the right one
+    ({"heads": 4, "kv_heads": 3}, "kv_heads"),
+    ({"kv_heads": 8}, "kv_heads"),           # more kv heads than heads
+    ({"activation": "tanh"}, "activation"),
+    ({"heads": 5}, "heads"),                 # does not divide hidden 64
+    ({"seq_len": 4096, "max_positions": 2048}, "seq_len"),
+    ({"precision": "int4"}, "precision"),
+    ({"bias": "yes"}, "bias"),
+])
+def test_bad_field_named_in_error(tmp_path, change, field):
+    data = {**VALID, **{k: v for k, v in change.items() if v is not None}}
+    for k, v in change.items():
+        if v is None:
+            data.pop(k)
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as err:
+        load_model(path)
+    msg = str(err.value)
+    assert str(path) in msg and f"'{field}'" in msg, msg
+
+
+def test_typo_instead_of_required_key(tmp_path):
+    data = {k: v for k, v in VALID.items() if k != "hidden"} | {"hiden": 64}
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as err:
+        load_model(path)
+    assert str(path) in str(err.value) and "hidden" in str(err.value)
+
+
+def test_malformed_yaml_reports_line(tmp_path):
+    path = _write(tmp_path, "name: tiny\nlayers: 2\nhidden: [64\nheads: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_model(path)
+    msg = str(err.value)
+    assert str(path) in msg and "line" in msg, msg
+
+
+def test_top_level_list_rejected(tmp_path):
+    path = _write(tmp_path, "- name: tiny\n- layers: 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_model(path)
+    assert str(path) in str(err.value) and "mapping" in str(err.value)
+
+
+def test_unknown_workload_lists_shipped(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_model("no-such-model-xyz")
+    msg = str(err.value)
+    assert "no-such-model-xyz" in msg
+    for shipped in ("gpt3-175b", "llama2-7b", "megatron-gpt-1.7b", "mpt-7b", "bert-large"):
+        assert shipped in msg, msg
+
+
+def test_missing_yaml_path(tmp_path):
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_model(path)
+    assert str(path) in str(err.value)
