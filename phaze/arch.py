@@ -79,10 +79,13 @@ class Chip:
         return 2.0 * self.tensor.macs_per_cycle * self.clock_hz
 
     def peak_flops(self, precision: str) -> float:
-        """Dense tensor peak in ``precision``; a listed figure wins over the implied one."""
+        """Dense tensor peak in ``precision``. The units set the 16-bit peak; a listed figure
+        sets the ratio of each precision to the listed 16-bit one, so a derived chip (fewer units,
+        another clock) keeps the ratios of the chip it came from."""
         table = dict(self.peak_flops_per_s)
+        ref = table.get("bf16") or table.get("fp16") or self.implied_peak_flops_per_s
         if precision in table:
-            return table[precision]
+            return self.implied_peak_flops_per_s * table[precision] / ref
         if precision in ("fp16", "bf16"):
             return self.implied_peak_flops_per_s
         raise ConfigError(self.name, "peak_flops_per_s", f"chip has no {precision} tensor peak; "

@@ -1,0 +1,26 @@
+from pathlib import Path
+
+import pytest
+
+from phaze.arch import LinkLevel, TensorUnits, VectorUnits, Chip
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def toy_chip(**kw) -> Chip:
+    """A small hand-checkable accelerator: 4 tensor units of 4x4, no fill/drain."""
+    base = dict(
+        name="toy", kind="accelerator", clock_hz=1.0e9,
+        tensor=TensorUnits(count=4, rows=4, cols=4, tile_m=4, tile_n=4, fill_drain=False),
+        vector=VectorUnits(count=2, lanes=8), local_sram_bytes=64 * 1024,
+        shared_buffer_bytes=1 << 30, shared_buffer_bandwidth_bytes_per_s=1e15,
+        hbm_bytes=16 << 30, hbm_bandwidth_bytes_per_s=1e15,
+        links=(LinkLevel("fast", 4, 100e9, 1e-6), LinkLevel("slow", 0, 10e9, 1e-5)),
+    )
+    base.update(kw)
+    return Chip(**base)
+
+
+@pytest.fixture
+def chip():
+    return toy_chip()

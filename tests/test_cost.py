@@ -1,0 +1,136 @@
+"""Operator cost model: hand-derived cases, ring formulas, roofline bounds, monotonicity."""
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from phaze.arch import LinkLevel, TensorUnits, VectorUnits, load_chip
+from phaze.cost import collective_time, gemm_time, vector_time, tile_candidates
+
+from conftest import toy_chip
+
+
+def test_gemm_whole_tiles_and_waves(chip):
+    # 4 units of 4x4, fixed 4x4 tiles: a tile of K=64 takes 64 cycles at 1 GHz.
+    # Halved tiles are below the array size, so the only candidate is 4x4.
+    assert tile_candidates(chip, 2) == ((4, 4),)
+    t = lambda M, N: gemm_time(1, M, 64, N, chip)  # noqa: E731
+    assert t(8, 8) == pytest.approx(64e-9)          # 4 tiles: one wave
+    assert t(8, 12) == pytest.approx(2 * 64e-9)     # 6 tiles: two waves
+    assert t(5, 5) == pytest.approx(64e-9)          # padded to 2x2 tiles: one wave
+    assert t(16, 16) == pytest.approx(4 * 64e-9)    # 16 tiles: four waves
+
+
+def test_systolic_fill_and_drain():
+    c = toy_chip(tensor=TensorUnits(count=1, rows=4, cols=4, tile_m=4, tile_n=4, fill_drain=True))
+    assert gemm_time(1, 4, 100, 4, c) == pytest.approx((100 + 8) * 1e-9)
+
+
+def test_gemm_memory_bound_by_hbm():
+    c = toy_chip(hbm_bandwidth_bytes_per_s=1e9)     # 1 GB/s: everything is memory bound
+    M, K, N = 64, 64, 64
+    compulsory = 2 * (M * K + K * N + M * N)
+    assert gemm_time(1, M, K, N, c) == pytest.approx(compulsory / 1e9)
+
+
+@pytest.mark.parametrize("name", ["a100-80gb", "h100-sxm", "tpuv4"])
+@pytest.mark.parametrize("shape", [(1, 2048, 12288, 4608), (12, 2048, 128, 2048), (1, 8, 4096, 4096),
+                                   (1, 16384, 16384, 16384), (1, 1, 1, 1)])
+def test_gemm_never_beats_peak_or_bandwidth(name, shape):
+    c = load_chip(name)
+    b, M, K, N = shape
+    t = gemm_time(b, M, K, N, c)
+    assert t >= 2.0 * b * M * K * N / c.peak_flops("bf16") * (1 - 1e-12)
+    assert t >= 2.0 * (b * M * K + K * N + b * M * N) / c.hbm_bandwidth_bytes_per_s * (1 - 1e-12)
+
+
+def test_vector_time_roofline(chip):
+    flops_rate = chip.vector_flops_per_s   # 2 units x 8 lanes x 2 x 1 GHz = 32 GFLOP/s
+    assert flops_rate == 32e9
+    assert vector_time(1e6, 1e6, 0, chip) == pytest.approx(1e6 / 32e9)
+    assert vector_time(1e6, 0, 1e12, chip) == pytest.approx(1e12 / 1e15)
+
+
+# --- collectives ------------------------------------------------------------------------------
+ONE_LEVEL = toy_chip(links=(LinkLevel("ring", 0, 50e9, 2e-6),))
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 64])
+@pytest.mark.parametrize("nbytes", [1e3, 1e9])
+def test_ring_formulas(n, nbytes):
+    beta, alpha = 50e9, 2e-6
+    ar = 2 * (n - 1) / n * nbytes / beta + 2 * (n - 1) * alpha
+    assert collective_time("all_reduce", nbytes, n, ONE_LEVEL) == pytest.approx(ar)
+    half = (n - 1) / n * nbytes / beta + (n - 1) * alpha
+    assert collective_time("reduce_scatter", nbytes, n, ONE_LEVEL) == pytest.approx(half)
+    assert collective_time("all_gather", nbytes, n, ONE_LEVEL) == pytest.approx(half)
+    assert collective_time("send", nbytes, 2, ONE_LEVEL) == pytest.approx(nbytes / beta + alpha)
+    assert collective_time("all_reduce", nbytes, 1, ONE_LEVEL) == 0.0
+
+
+def test_hierarchical_all_reduce(chip):
+    # toy chip: 4 devices per fast domain (100 GB/s, 1 us), slow level 10 GB/s, 10 us
+    D = 1e9
+    # group of 4 consecutive ranks: fast ring only
+    assert collective_time("all_reduce", D, 4, chip) == pytest.approx(2 * 3 / 4 * D / 100e9 + 6e-6)
+    # group of 8 ranks: 4 inside each domain, 2 domains; slow ring carries D/4
+    expect = 2 * 3 / 4 * D / 100e9 + 6e-6 + 2 * 1 / 2 * (D / 4) / 10e9 + 2 * 1e-5
+    assert collective_time("all_reduce", D, 8, chip) == pytest.approx(expect)
+    # stride 4: every member in its own domain -> one flat slow ring of 3
+    assert collective_time("all_reduce", D, 3, chip, stride=4) == pytest.approx(
+        2 * 2 / 3 * D / 10e9 + 4 * 1e-5)
+    # send between neighbours stays inside the domain; stride 4 crosses it
+    assert collective_time("send", D, 2, chip, stride=1) == pytest.approx(D / 100e9 + 1e-6)
+    assert collective_time("send", D, 2, chip, stride=4) == pytest.approx(D / 10e9 + 1e-5)
+
+
+# --- monotonicity: less hardware is never faster -------------------------------------------------
+shapes = st.tuples(st.integers(1, 16), st.integers(1, 8192), st.integers(1, 8192), st.integers(1, 8192))
+DOWN = [
+    ("hbm_bandwidth_bytes_per_s", lambda c, f: replace(c, hbm_bandwidth_bytes_per_s=c.hbm_bandwidth_bytes_per_s * f)),
+    ("shared_buffer_bandwidth", lambda c, f: replace(
+        c, shared_buffer_bandwidth_bytes_per_s=c.shared_buffer_bandwidth_bytes_per_s * f)),
+    ("shared_buffer_bytes", lambda c, f: replace(c, shared_buffer_bytes=c.shared_buffer_bytes * f)),
+    ("local_sram_bytes", lambda c, f: replace(c, local_sram_bytes=c.local_sram_bytes * f)),
+    ("tensor_count", lambda c, f: c.with_units(tensor_count=max(1, int(c.tensor.count * f)))),
+    ("vector_count", lambda c, f: c.with_units(vector_count=max(1, int(c.vector.count * f)))),
+    ("vector_lanes", lambda c, f: c.with_units(vector_lanes=max(1, int(c.vector.lanes * f)))),
+    ("clock_hz", lambda c, f: replace(c, clock_hz=c.clock_hz * f)),
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=shapes, chip_name=st.sampled_from(["a100-80gb", "h100-sxm", "tpuv4"]),
+       which=st.sampled_from(range(len(DOWN))), factor=st.floats(0.05, 0.99))
+def test_less_hardware_is_never_faster(shape, chip_name, which, factor):
+    c = load_chip(chip_name)
+    if which == 7:   # the listed peak overrides the units; scale it with the clock
+        c = replace(c, peak_flops_per_s=())
+    worse = DOWN[which][1](c, factor)
+    b, M, K, N = shape
+    assert gemm_time(b, M, K, N, worse) >= gemm_time(b, M, K, N, c) * (1 - 1e-12)
+    elements = b * M * N
+    assert (vector_time(elements, 5 * elements, 4 * elements, worse)
+            >= vector_time(elements, 5 * elements, 4 * elements, c) * (1 - 1e-12))
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(2, 512), stride=st.sampled_from([1, 2, 8, 16]), nbytes=st.floats(1e3, 1e10),
+       kind=st.sampled_from(["all_reduce", "reduce_scatter", "all_gather", "send"]),
+       level=st.sampled_from([0, 1]), factor=st.floats(0.05, 0.99))
+def test_slower_links_are_never_faster(n, stride, nbytes, kind, level, factor):
+    c = load_chip("a100-80gb")
+    links = list(c.links)
+    links[level] = replace(links[level], bandwidth_bytes_per_s=links[level].bandwidth_bytes_per_s * factor)
+    worse = replace(c, links=tuple(links))
+    assert (collective_time(kind, nbytes, n, worse, stride)
+            >= collective_time(kind, nbytes, n, c, stride) * (1 - 1e-12))
+
+
+def test_bigger_buffers_reduce_hbm_traffic():
+    c = load_chip("tpuv4")
+    small = replace(c, shared_buffer_bytes=1 << 20, hbm_bandwidth_bytes_per_s=1e11)
+    big = replace(small, shared_buffer_bytes=1 << 30)
+    assert gemm_time(1, 8192, 8192, 8192, big) < gemm_time(1, 8192, 8192, 8192, small)
+    assert math.isfinite(gemm_time(1, 8192, 8192, 8192, small))
