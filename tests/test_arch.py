@@ -1,0 +1,233 @@
+"""Chip configs against the datasheet table, and the chip schema's validation.
+
+The reference figures come from phaze/data/reference/device_specs.csv (copied from public
+datasheets), never from our own YAML. Capacities are binary (the shipped YAMLs document that
+NVIDIA's "80 GB" HBM is 80 GiB, "50 MB" L2 is 50 MiB, "228 KB" shared memory is 228 KiB);
+bandwidths and FLOP rates are decimal.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from phaze.arch import load_chip
+from phaze.configio import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCH_DIR = ROOT / "arch_configs"
+SPECS_CSV = ROOT / "phaze" / "data" / "reference" / "device_specs.csv"
+
+SHIPPED = sorted(p.stem for p in ARCH_DIR.glob("*.yaml"))
+# shipped chip name -> row of device_specs.csv
+CSV_ROW = {
+    "a100-80gb": "A100-SXM4-80GB",
+    "a100-40gb": "A100-SXM4-40GB",
+    "h100-sxm": "H100-SXM5-80GB",
+    "tpuv4": "TPUv4",
+}
+GPUS = ["a100-80gb", "a100-40gb", "h100-sxm"]
+GiB, MiB, KiB = 2**30, 2**20, 2**10
+
+
+def _specs() -> dict[str, dict[str, str]]:
+    with SPECS_CSV.open(newline="") as fh:
+        return {row["gpu"]: row for row in csv.DictReader(fh)}
+
+
+SPECS = _specs()
+
+
+def _num(text: str) -> float | None:
+    """Leading number of a CSV cell ('1830 (tensor-core peak basis)...' -> 1830); None if none."""
+    m = re.match(r"\s*([0-9]+(?:\.[0-9]+)?)", text or "")
+    return float(m.group(1)) if m else None
+
+
+def spec(chip: str, column: str) -> float:
+    value = _num(SPECS[CSV_ROW[chip]][column])
+    assert value is not None, f"device_specs.csv has no number for {chip} {column}"
+    return value
+
+
+# ---- shipped chips against the datasheets ----
+
+def test_expected_chips_are_shipped():
+    assert set(CSV_ROW) <= set(SHIPPED)
+    assert set(CSV_ROW.values()) <= set(SPECS)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_chip_loads(name):
+    chip = load_chip(name)
+    assert chip.tensor.macs_per_cycle > 0
+    assert chip.links and chip.links[-1].devices == 0
+    # loading by path gives the same chip as loading by name
+    assert load_chip(ARCH_DIR / f"{name}.yaml") == chip
+
+
+@pytest.mark.parametrize("name", sorted(CSV_ROW))
+def test_implied_16bit_peak_matches_datasheet(name):
+    chip = load_chip(name)
+    datasheet = spec(name, "tensor_tflops_bf16_dense") * 1e12
+    assert chip.implied_peak_flops_per_s == pytest.approx(datasheet, rel=0.01)
+    assert chip.peak_flops("bf16") == pytest.approx(datasheet, rel=0.01)
+    assert chip.peak_flops("fp16") == pytest.approx(datasheet, rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(CSV_ROW))
+def test_hbm_matches_datasheet(name):
+    chip = load_chip(name)
+    assert chip.hbm_bytes == spec(name, "hbm_gb") * GiB
+    # the CSV rounds to 3-4 significant digits
+    assert chip.hbm_bandwidth_bytes_per_s == pytest.approx(spec(name, "hbm_tb_s") * 1e12, rel=2e-3)
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_gpu_units_match_datasheet(name):
+    chip = load_chip(name)
+    assert chip.kind == "gpu"
+    assert chip.tensor.count == spec(name, "sms")
+    assert chip.vector.count == spec(name, "sms")
+    # the FP32 datasheet figure is quoted at the max boost clock (H100: 1980 MHz), phaze's clock is
+    # the tensor-peak one: compare at the datasheet's clock
+    boost = {"h100-sxm": 1980e6}.get(name, chip.clock_hz)
+    assert chip.vector_flops_per_s * boost / chip.clock_hz == pytest.approx(
+        spec(name, "fp32_tflops") * 1e12, rel=0.03)
+    assert chip.clock_hz == pytest.approx(spec(name, "clock_mhz") * 1e6, rel=1e-3)
+    assert chip.shared_buffer_bytes == spec(name, "l2_mb") * MiB
+    assert chip.local_sram_bytes == spec(name, "smem_per_sm_kb") * KiB
+    assert chip.tdp_w == spec(name, "tdp_w")
+    nvlink = chip.links[0]
+    assert nvlink.devices == 8
+    # the CSV gives NVLink bidirectional; the schema is per direction
+    assert 2 * nvlink.bandwidth_bytes_per_s == spec(name, "nvlink_gb_s_per_gpu_bidirectional") * 1e9
+
+
+def test_tpuv4_units_match_docs():
+    chip = load_chip("tpuv4")
+    assert chip.kind == "accelerator"
+    cores, mxus, rows, cols = map(int, re.findall(r"\d+", SPECS["TPUv4"]["sms"]))
+    assert (chip.tensor.count, chip.tensor.rows, chip.tensor.cols) == (cores * mxus, rows, cols)
+    assert chip.tensor.fill_drain
+    assert chip.tdp_w == spec("tpuv4", "tdp_w")
+
+
+def test_h100_fp8_peak_matches_datasheet():
+    chip = load_chip("h100-sxm")
+    assert chip.peak_flops("fp8") == pytest.approx(spec("h100-sxm", "tensor_tflops_fp8_dense") * 1e12,
+                                                   rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["a100-80gb", "a100-40gb", "tpuv4"])
+def test_no_fp8_where_datasheet_has_none(name):
+    assert _num(SPECS[CSV_ROW[name]]["tensor_tflops_fp8_dense"]) is None
+    with pytest.raises(ConfigError, match="fp8"):
+        load_chip(name).peak_flops("fp8")
+
+
+# ---- bad chip files ----
+
+GOOD = {
+    "name": "test-chip",
+    "kind": "accelerator",
+    "clock_hz": 1.0e9,
+    "tensor_units": {"count": 4, "rows": 128, "cols": 128},
+    "vector_units": {"count": 4, "lanes": 128},
+    "local_sram_bytes": 4.0e6,
+    "shared_buffer_bytes": 64.0e6,
+    "shared_buffer_bandwidth_bytes_per_s": 2.0e12,
+    "hbm_bytes": 32.0e9,
+    "hbm_bandwidth_bytes_per_s": 1.0e12,
+    "peak_flops_per_s": {"bf16": 131.0e12},
+    "links": [
+        {"name": "board", "devices": 4, "bandwidth_bytes_per_s": 100.0e9, "latency_s": 1.0e-6},
+        {"name": "net", "devices": 0, "bandwidth_bytes_per_s": 25.0e9, "latency_s": 5.0e-6},
+    ],
+}
+
+
+def _write(tmp_path, data) -> Path:
+    path = tmp_path / "chip.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_good_fixture_loads(tmp_path):
+    chip = load_chip(_write(tmp_path, GOOD))
+    assert chip.implied_peak_flops_per_s == 2 * 4 * 128 * 128 * 1.0e9
+
+
+def _drop_tensor(d):
+    del d["tensor_units"]
+
+
+def _zero_tensor_count(d):
+    d["tensor_units"]["count"] = 0
+
+
+def _negative_hbm_bw(d):
+    d["hbm_bandwidth_bytes_per_s"] = -1.0e12
+
+
+def _unknown_key(d):
+    d["hbm_bandwith_bytes_per_s"] = 1.0e12
+
+
+def _unknown_precision(d):
+    d["peak_flops_per_s"]["fp4"] = 1.0e15
+
+
+def _zero_devices_not_last(d):
+    d["links"][0]["devices"] = 0
+
+
+def _levels_not_increasing(d):
+    d["links"].insert(1, {"name": "rack", "devices": 4, "bandwidth_bytes_per_s": 50.0e9,
+                          "latency_s": 2.0e-6})
+    d["links"][2]["devices"] = 16
+
+
+def _levels_decreasing(d):
+    d["links"].insert(1, {"name": "rack", "devices": 2, "bandwidth_bytes_per_s": 50.0e9,
+                          "latency_s": 2.0e-6})
+
+
+def _links_not_list(d):
+    d["links"] = d["links"][0]
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (_drop_tensor, "tensor_units"),
+    (_zero_tensor_count, "tensor_units.count"),
+    (_negative_hbm_bw, "hbm_bandwidth_bytes_per_s"),
+    (_unknown_key, "hbm_bandwith_bytes_per_s"),
+    (_unknown_precision, "peak_flops_per_s.fp4"),
+    (_zero_devices_not_last, "links[0].devices"),
+    (_levels_not_increasing, "links[1].devices"),
+    (_levels_decreasing, "links[1].devices"),
+    (_links_not_list, "links"),
+])
+def test_bad_chip_yaml_names_path_and_field(tmp_path, mutate, field):
+    data = copy.deepcopy(GOOD)
+    mutate(data)
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        load_chip(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert f"field '{field}'" in message
+    assert info.value.field == field
+
+
+def test_unknown_arch_lists_shipped_names():
+    with pytest.raises(ConfigError) as info:
+        load_chip("no-such-chip")
+    message = str(info.value)
+    assert "no-such-chip" in message
+    for name in SHIPPED:
+        assert name in message

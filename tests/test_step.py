@@ -1,0 +1,115 @@
+"""Step-time composition: pipeline, data parallelism, memory per stage, invariants."""
+from dataclasses import replace
+
+import pytest
+
+from phaze.arch import load_chip
+from phaze.memory import activation_bytes_per_layer, state_bytes_per_param
+from phaze.plan import Plan, parse_plan
+from phaze.step import evaluate, layer_time, stage_layers
+from phaze.workload import load_model
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    return load_model("gpt3-175b")
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return load_chip("a100-80gb")
+
+
+@pytest.mark.parametrize("layers,pp", [(96, 16), (105, 35), (10, 4), (7, 7), (80, 3), (5, 1)])
+def test_stage_layers(layers, pp):
+    c = stage_layers(layers, pp)
+    assert len(c) == pp and sum(c) == layers and max(c) - min(c) <= 1
+    if pp > 2 and 0 < layers % pp <= pp - 2:
+        assert c[0] == c[-1] == min(c)   # first and last stages carry embedding / loss
+
+
+def test_breakdown_sums_to_step_time(gpt3, a100):
+    for text in ("tp=8,pp=16,recompute=full", "tp=8,pp=8,mbs=2,recompute=selective,vp=2",
+                 "tp=4,pp=16,zero=1", "tp=8,pp=16,zero=3,recompute=full"):
+        r = evaluate(gpt3, a100, 1024, 1536, parse_plan(text))
+        assert sum(r.breakdown_s.values()) == pytest.approx(r.step_time_s, rel=1e-12)
+        assert r.samples_per_s == pytest.approx(1536 / r.step_time_s)
+
+
+def test_pipeline_time_by_hand(gpt3, a100):
+    """96 layers over 16 stages, 1F1B: m * t_stage + bubble; without embedding and head every
+    stage is equal and the bubble is (p-1) * t_stage."""
+    plan = Plan(tp=8, pp=16, mbs=1, recompute="full", dp_overlap=True)
+    r = evaluate(gpt3, a100, 1024, 1536, plan)
+    f, b = layer_time(gpt3, a100, 1, 8, True, "flash", "full")
+    m = r.micro_batches
+    assert m == 1536 // 8
+    inner = 6 * (f.total + b.total)
+    # the slowest stage includes embedding or head; all others are 'inner' plus sends
+    assert r.breakdown_s["pipeline_bubble_s"] >= 14 * inner
+    assert r.step_time_s >= m * inner + 15 * inner
+
+
+def test_more_micro_batches_shrink_bubble_share(gpt3, a100):
+    small = evaluate(gpt3, a100, 1024, 512, Plan(tp=8, pp=16, recompute="full"))
+    large = evaluate(gpt3, a100, 1024, 4096, Plan(tp=8, pp=16, recompute="full"))
+    share = lambda r: r.breakdown_s["pipeline_bubble_s"] / r.step_time_s  # noqa: E731
+    assert share(large) < share(small)
+    assert large.mfu > small.mfu
+
+
+def test_interleaving_shrinks_bubble(gpt3, a100):
+    one = evaluate(gpt3, a100, 1024, 1536, Plan(tp=8, pp=16, recompute="full"))
+    two = evaluate(gpt3, a100, 1024, 1536, Plan(tp=8, pp=16, vp=2, recompute="full"))
+    assert two.breakdown_s["pipeline_bubble_s"] == pytest.approx(one.breakdown_s["pipeline_bubble_s"] / 2, rel=0.05)
+
+
+def test_stage_memory_hand_count(gpt3, a100):
+    plan = Plan(tp=8, pp=16, mbs=1, recompute="selective", attention="standard")
+    r = evaluate(gpt3, a100, 1024, 1536, plan)
+    act = activation_bytes_per_layer(gpt3, 1, 8, True, "selective", "standard")
+    per_param = state_bytes_per_param("adam", 0, 8)
+    assert per_param == 16
+    for m in r.stage_memory:
+        assert m.layers == 6
+        assert m.activation_bytes == pytest.approx(6 * act * (16 - m.stage))   # p - i in flight
+    mid = r.stage_memory[5]
+    assert mid.weights_and_optimizer_bytes == pytest.approx(16 * 6 * gpt3.layer_params / 8)
+    first = r.stage_memory[0]
+    assert first.weights_and_optimizer_bytes == pytest.approx(
+        16 * (6 * gpt3.layer_params + gpt3.embedding_params) / 8)
+    assert r.memory_per_device_bytes == max(m.total_bytes for m in r.stage_memory)
+
+
+def test_distributed_optimizer_and_fsdp_cut_state(gpt3, a100):
+    base = evaluate(gpt3, a100, 1024, 1536, Plan(tp=8, pp=16, recompute="full"))
+    z1 = evaluate(gpt3, a100, 1024, 1536, Plan(tp=8, pp=16, recompute="full", zero=1))
+    ratio = z1.stage_memory[5].weights_and_optimizer_bytes / base.stage_memory[5].weights_and_optimizer_bytes
+    assert ratio == pytest.approx((2 + 2 + 12 / 8) / 16)
+
+
+def test_more_hbm_or_bandwidth_never_hurts(gpt3, a100):
+    plan = Plan(tp=8, pp=16, recompute="full")
+    r = evaluate(gpt3, a100, 1024, 1536, plan)
+    faster = replace(a100, hbm_bandwidth_bytes_per_s=2 * a100.hbm_bandwidth_bytes_per_s)
+    assert evaluate(gpt3, faster, 1024, 1536, plan).step_time_s <= r.step_time_s
+    links = tuple(replace(l, bandwidth_bytes_per_s=2 * l.bandwidth_bytes_per_s) for l in a100.links)
+    assert evaluate(gpt3, replace(a100, links=links), 1024, 1536, plan).step_time_s <= r.step_time_s
+
+
+def test_data_parallel_scaling_keeps_per_device_memory(gpt3, a100):
+    plan = Plan(tp=8, pp=16, recompute="full")
+    r1 = evaluate(gpt3, a100, 512, 768, plan)
+    r2 = evaluate(gpt3, a100, 1024, 1536, plan)
+    assert r1.micro_batches == r2.micro_batches
+    assert r1.memory_per_device_bytes == pytest.approx(r2.memory_per_device_bytes)
+    # twice the devices and twice the batch: about the same step time (more DP communication only)
+    assert r2.step_time_s == pytest.approx(r1.step_time_s, rel=0.05)
+    assert r2.step_time_s >= r1.step_time_s * (1 - 1e-12)
+
+
+def test_mfu_definition(gpt3, a100):
+    r = evaluate(gpt3, a100, 1024, 1536, Plan(tp=8, pp=16, recompute="full"))
+    assert r.mfu == pytest.approx(r.model_flops_per_step / (r.step_time_s * 1024 * a100.peak_flops("fp16")))
+    assert r.hfu == pytest.approx(r.mfu * 4 / 3, rel=0.01)   # full recompute: 4 passes instead of 3
+    assert 0 < r.mfu < 1
