@@ -14,7 +14,7 @@ GiB = 2.0 ** 30
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit status 2, no usage dump
-        self.exit(2, f"phaze: error: {message} (see 'phaze {self.prog.split()[-1]} --help')\n")
+        self.exit(2, f"phaze: error: {message} (see '{self.prog} --help')\n")
 
 
 def _positive_int(text: str) -> int:

@@ -55,13 +55,15 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, sep, raw = item.partition("=")
         key, raw = key.strip(), raw.strip()
-        if not sep:
-            raise ConfigError(source, key, f"expected key=value, got {item!r}")
+        if not sep or not key:
+            raise ConfigError(source, key or None, f"expected key=value, got {item!r}")
         if key not in allowed:
             raise ConfigError(source, key, f"unknown key; allowed: {', '.join(allowed)}")
+        if key in values:
+            raise ConfigError(source, key, "given twice; allowed: each key at most once")
         if key in _INT_KEYS or key == "zero":
             lo = 0 if key == "zero" else 1
-            if not raw.isdigit() or int(raw) < lo or (key == "zero" and int(raw) > 3):
+            if not (raw.isascii() and raw.isdigit()) or int(raw) < lo or (key == "zero" and int(raw) > 3):
                 what = "0, 1, 2 or 3" if key == "zero" else "a positive integer"
                 raise ConfigError(source, key, f"must be {what}, got {raw!r}")
             values[key] = int(raw)

@@ -143,7 +143,8 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                                           f"({model.kv_heads}), got {plan.tp}")
     width = plan.tp * plan.pp * plan.cp
     if devices % width:
-        raise ConfigError("--plan", "tp", f"tp*pp*cp = {width} must divide the devices ({devices})")
+        raise ConfigError("--plan", "tp*pp*cp", f"{plan.tp}*{plan.pp}*{plan.cp} = {width} must divide "
+                                               f"the devices ({devices})")
     if plan.pp * plan.vp > model.layers:
         raise ConfigError("--plan", "pp", f"pp*vp must be <= layers ({model.layers}), "
                                           f"got {plan.pp * plan.vp}")

@@ -263,6 +263,8 @@ def workload_dirs() -> list[Path]:
 
 def resolve_config(name: str, dirs: list[Path], what: str, flag: str) -> Path:
     """A name (``gpt3-175b``) or a path; one clear error when it is neither."""
+    if not name.strip():
+        raise ConfigError(flag, None, f"must name a shipped {what} or a .yaml path, got ''")
     path = Path(name)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         if path.exists():
