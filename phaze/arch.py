@@ -7,7 +7,6 @@ so both run through the same cost model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 
 from .configio import ConfigError, Fields, read_mapping
@@ -159,10 +158,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
 def arch_dirs() -> list[Path]:
     """Where chip names are looked up: ./arch_configs, then the shipped ones."""
     dirs = [Path.cwd() / "arch_configs"]
-    try:
-        dirs.append(Path(str(resources.files("phaze.arch_configs"))))
-    except ModuleNotFoundError:
-        pass
+    dirs.append(Path(__file__).resolve().parent / "arch_configs")  # installed (non-editable)
     dirs.append(Path(__file__).resolve().parent.parent / "arch_configs")
     return dirs
 

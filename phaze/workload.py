@@ -7,7 +7,6 @@ frozen :class:`Model`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 
 from .configio import ConfigError, Fields, read_mapping
@@ -253,10 +252,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
 def workload_dirs() -> list[Path]:
     """Where workload names are looked up: ./workloads, then the shipped ones."""
     dirs = [Path.cwd() / "workloads"]
-    try:
-        dirs.append(Path(str(resources.files("phaze.workloads"))))
-    except ModuleNotFoundError:
-        pass
+    dirs.append(Path(__file__).resolve().parent / "workloads")  # installed (non-editable)
     dirs.append(Path(__file__).resolve().parent.parent / "workloads")
     return dirs
 
