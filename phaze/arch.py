@@ -71,6 +71,11 @@ class Chip:
     process_node_nm: float = 7.0
     area_mm2: float | None = None
     tdp_w: float | None = None
+    family: str = ""               # chips sharing silicon and software (calibration group)
+
+    def __post_init__(self):
+        if not self.family:
+            object.__setattr__(self, "family", self.name)
 
     @property
     def implied_peak_flops_per_s(self) -> float:
@@ -150,6 +155,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         links=tuple(links), peak_flops_per_s=tuple(peaks),
         process_node_nm=f.number("process_node_nm", 7.0),
         area_mm2=f.number("area_mm2", None), tdp_w=f.number("tdp_w", None),
+        family=f.str("family", ""),
     )
     f.finish()
     return chip

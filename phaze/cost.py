@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from .arch import Chip
 from .graph import Collective, Op
@@ -27,6 +28,8 @@ class Efficiency:
     link_fraction: float = 1.0       # achieved bus bandwidth / link peak for collectives
     attention_fraction: float = 1.0  # fused-attention kernel throughput relative to GEMM peak
     kernel_overhead_s: float = 0.0   # fixed cost per kernel (launch, synchronisation)
+    overlap_slowdown: float = 0.0    # share of communication hidden behind compute that still
+                                     # costs time (collective kernels take SMs and HBM bandwidth)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -77,6 +80,29 @@ def _buffer_block(chip: Chip, p: int) -> int:
     return max(1, int(math.sqrt(chip.shared_buffer_bytes / (3.0 * p))))
 
 
+@lru_cache(maxsize=1 << 16)
+def _gemm_geometry(batch: int, M: int, K: int, N: int, chip: Chip, n_units: int, p: int,
+                   work_fraction: float, fused: bool) -> tuple[tuple[tuple[float, float], ...], float]:
+    """Efficiency-independent part of a GEMM: per candidate tile (cycles over all waves, bytes
+    from the shared buffer), and the HBM bytes."""
+    tu = chip.tensor
+    per_tile = []
+    for tm, tn in tile_candidates(chip, p):
+        tiles = batch * _ceil(M, tm) * _ceil(N, tn) * work_fraction
+        waves = math.ceil(tiles / n_units)
+        cycles = (tm * tn) / (tu.rows * tu.cols) * K + ((tu.rows + tu.cols) if tu.fill_drain else 0)
+        # shared buffer -> units: every tile streams its A strip and B strip; outputs written once
+        onchip = p * (tiles * K * (tm + tn) + (0 if fused else batch * M * N)) * n_units / tu.count
+        per_tile.append((waves * cycles, onchip))
+    if fused:
+        return tuple(per_tile), 0.0
+    blk = _buffer_block(chip, p)
+    half = chip.shared_buffer_bytes / 2
+    a_reads = 1 if M * K * p <= half else _ceil(N, blk)
+    b_reads = 1 if K * N * p <= half else _ceil(M, blk)
+    return tuple(per_tile), p * batch * (M * K * a_reads + K * N * b_reads + M * N)
+
+
 def gemm_time(batch: int, M: int, K: int, N: int, chip: Chip, precision: str = "bf16",
               eff: Efficiency = IDEAL, units: int | None = None, work_fraction: float = 1.0,
               bytes_per_element: int = 2, fused: bool = False) -> float:
@@ -84,27 +110,12 @@ def gemm_time(batch: int, M: int, K: int, N: int, chip: Chip, precision: str = "
 
     ``fused`` is a product whose output never leaves the unit (fused attention's scores): no
     output traffic, and HBM traffic is left to the caller."""
-    tu = chip.tensor
-    n_units = units or tu.count
-    p = bytes_per_element
+    per_tile, hbm = _gemm_geometry(batch, M, K, N, chip, units or chip.tensor.count,
+                                   bytes_per_element, work_fraction, fused)
     scale = chip.peak_flops(precision) / chip.implied_peak_flops_per_s
-    cycle_rate = chip.clock_hz * scale * eff.tensor_fraction
-    best = math.inf
-    for tm, tn in tile_candidates(chip, p):
-        tiles = batch * _ceil(M, tm) * _ceil(N, tn) * work_fraction
-        waves = math.ceil(tiles / n_units)
-        cycles = (tm * tn) / (tu.rows * tu.cols) * K + ((tu.rows + tu.cols) if tu.fill_drain else 0)
-        compute = waves * cycles / cycle_rate
-        # shared buffer -> units: every tile streams its A strip and B strip; outputs written once
-        onchip = p * (tiles * K * (tm + tn) + (0 if fused else batch * M * N)) * n_units / tu.count
-        best = min(best, max(compute, onchip / chip.shared_buffer_bandwidth_bytes_per_s))
-    if fused:
-        return best + eff.kernel_overhead_s
-    blk = _buffer_block(chip, p)
-    half = chip.shared_buffer_bytes / 2
-    a_reads = 1 if M * K * p <= half else _ceil(N, blk)
-    b_reads = 1 if K * N * p <= half else _ceil(M, blk)
-    hbm = p * batch * (M * K * a_reads + K * N * b_reads + M * N)
+    rate = chip.clock_hz * scale * eff.tensor_fraction
+    bw = chip.shared_buffer_bandwidth_bytes_per_s
+    best = min(max(cycles / rate, onchip / bw) for cycles, onchip in per_tile)
     memory = hbm / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
     return max(best, memory) + eff.kernel_overhead_s
 
@@ -168,6 +179,11 @@ def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: 
     if op.unit == "vector":
         return vector_time(op.elements, op.flops, op.bytes, chip, eff, units)
     batch, M, K, N = op.gemm
+    if precision == "fp8":
+        if op.weighted:
+            bytes_per_element = 1   # fp8 operands of the linear layers
+        else:
+            precision = "bf16"      # fp8 training quantises the linear layers; attention stays 16-bit
     if op.unit == "tensor+vector":
         attn = Efficiency(tensor_fraction=eff.tensor_fraction * eff.attention_fraction,
                           hbm_fraction=eff.hbm_fraction, kernel_overhead_s=eff.kernel_overhead_s)

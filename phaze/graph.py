@@ -38,6 +38,7 @@ class Op:
     deps: tuple[str, ...] = ()
     core_attention: bool = False   # recomputed under selective recompute
     work_fraction: float = 1.0     # share of ``flops`` actually executed (causal skipping)
+    weighted: bool = False         # a GEMM with a weight operand (linear layer, its gradients)
 
     @property
     def bytes(self) -> float:
@@ -69,11 +70,14 @@ class _Builder:
         return name
 
 
-def _gemm(b: _Builder, name, batch, M, K, N, p, weights: bool, deps=None, **kw) -> str:
+def _gemm(b: _Builder, name, batch, M, K, N, p, weights: bool, deps=None, linear: bool | None = None,
+          **kw) -> str:
+    """A GEMM; ``weights`` says whether one operand is a weight read once; ``linear`` whether it
+    belongs to a linear layer (forward or gradient; default: ``weights``)."""
     flops = 2.0 * batch * M * K * N
     read = p * batch * (M * K + K * N) if not weights else p * (batch * M * K + K * N)
-    return b.add(name, "tensor", deps, flops=flops, gemm=(batch, M, K, N),
-                 bytes_read=read, bytes_written=p * batch * M * N, **kw)
+    return b.add(name, "tensor", deps, flops=flops, gemm=(batch, M, K, N), bytes_read=read,
+                 bytes_written=p * batch * M * N, weighted=weights if linear is None else linear, **kw)
 
 
 def _vector(b: _Builder, name, elements, p, reads=1.0, writes=1.0, flops_per_element=1.0,
@@ -181,7 +185,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             if input_gathered:   # Megatron-SP re-gathers the sharded input for the weight gradient
                 wdeps = grad + (_coll(bb, f"{op.name}.input_all_gather", "all_gather", "tp",
                                       p * T * h, deps=grad),)
-            _gemm(bb, f"{op.name}.wgrad", 1, K, M, N, p, weights=False, deps=wdeps)
+            _gemm(bb, f"{op.name}.wgrad", 1, K, M, N, p, weights=False, deps=wdeps, linear=True)
             grad = (dgrad,)
             if t > 1 and not sp and op.name in ("qkv", "ffn_up"):
                 grad = (_coll(bb, f"{op.name}.dgrad.all_reduce", "all_reduce", "tp", p * T * h,
@@ -223,7 +227,7 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False) -> dict[st
     if t > 1 and sp:
         _coll(emb_b, "embedding.all_gather.bwd", "all_gather", "tp", p * T * h)
     if e != h:
-        _gemm(emb_b, "embedding.project_in.wgrad", 1, e, T, h, p, weights=False)
+        _gemm(emb_b, "embedding.project_in.wgrad", 1, e, T, h, p, weights=False, linear=True)
     _vector(emb_b, "embedding.grad_accumulate", T * e, p, reads=2, flops_per_element=1)
 
     head = _Builder("fwd")
@@ -243,16 +247,18 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False) -> dict[st
     head_b = _Builder("bwd")
     _vector(head_b, "cross_entropy.bwd", T * Vt, p, reads=2, flops_per_element=2)
     _gemm(head_b, "logits.dgrad", 1, T, Vt, e, p, weights=True)
-    _gemm(head_b, "logits.wgrad", 1, e, T, Vt, p, weights=False, deps=("cross_entropy.bwd",))
+    _gemm(head_b, "logits.wgrad", 1, e, T, Vt, p, weights=False, deps=("cross_entropy.bwd",), linear=True)
     head_b.last = ("logits.dgrad",)
     if e != h:
         _gemm(head_b, "head.project_out.dgrad", 1, T, e, h, p, weights=True)
-        _gemm(head_b, "head.project_out.wgrad", 1, h, T, e, p, weights=False, deps=("logits.dgrad",))
+        _gemm(head_b, "head.project_out.wgrad", 1, h, T, e, p, weights=False, deps=("logits.dgrad",),
+              linear=True)
         head_b.last = ("head.project_out.dgrad",)
     if model.architecture == "encoder":
         _vector(head_b, "mlm_norm.bwd", T * h, p, reads=2, flops_per_element=10)
         _gemm(head_b, "mlm_transform.dgrad", 1, T, h, h, p, weights=True)
-        _gemm(head_b, "mlm_transform.wgrad", 1, h, T, h, p, weights=False, deps=("mlm_norm.bwd",))
+        _gemm(head_b, "mlm_transform.wgrad", 1, h, T, h, p, weights=False, deps=("mlm_norm.bwd",),
+              linear=True)
         head_b.last = ("mlm_transform.dgrad",)
     if t > 1:
         _coll(head_b, "head.dgrad." + ("reduce_scatter" if sp else "all_reduce"),

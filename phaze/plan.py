@@ -15,7 +15,9 @@ class Plan:
     """Tensor (``tp``), pipeline (``pp``) and context (``cp``) parallel widths; data parallelism
     takes the remaining devices. ``vp`` interleaved chunks per pipeline stage; ``zero`` 0-3
     shards optimizer state / gradients / weights over data parallelism (3 = FSDP); ``sp``
-    sequence parallelism (default: on whenever ``tp > 1``)."""
+    sequence parallelism (default: on whenever ``tp > 1``); ``dp_overlap`` hides the gradient
+    reduction behind the last backward pass; ``tp_overlap`` hides tensor-parallel collectives
+    behind the layer's GEMMs (Megatron's ``--tp-comm-overlap``)."""
 
     tp: int = 1
     pp: int = 1
@@ -28,6 +30,7 @@ class Plan:
     attention: str = "flash"
     optimizer: str = "adam"
     dp_overlap: bool = True
+    tp_overlap: bool = False
 
     def __post_init__(self):
         if self.sp is None:
@@ -40,7 +43,8 @@ class Plan:
         return (f"tp={self.tp},pp={self.pp},mbs={self.mbs},recompute={self.recompute}"
                 + (",sp=1" if self.sp and self.tp > 1 else "")
                 + (f",vp={self.vp}" if self.vp > 1 else "") + (f",cp={self.cp}" if self.cp > 1 else "")
-                + (f",zero={self.zero}" if self.zero else "") + f",attention={self.attention}")
+                + (f",zero={self.zero}" if self.zero else "") + f",attention={self.attention}"
+                + (",tp_overlap=1" if self.tp_overlap else ""))
 
 
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp")
@@ -67,7 +71,7 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 what = "0, 1, 2 or 3" if key == "zero" else "a positive integer"
                 raise ConfigError(source, key, f"must be {what}, got {raw!r}")
             values[key] = int(raw)
-        elif key in ("sp", "dp_overlap"):
+        elif key in ("sp", "dp_overlap", "tp_overlap"):
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = _BOOL[raw.lower()]

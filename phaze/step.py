@@ -42,6 +42,12 @@ class PhaseTime:
         return PhaseTime(self.compute * k, self.memory * k, self.communication * k)
 
 
+def exposed(comm: float, cover: float, eff: Efficiency) -> float:
+    """Time ``comm`` adds when it runs concurrently with ``cover`` seconds of compute: what does
+    not fit under it, plus the slowdown the overlapped part causes."""
+    return max(0.0, comm - cover) + eff.overlap_slowdown * min(comm, cover)
+
+
 def _sum_ops(ops, chip: Chip, precision: str, eff: Efficiency, groups: dict, p: int) -> PhaseTime:
     acc = {"compute": 0.0, "memory": 0.0, "communication": 0.0}
     for op in ops:
@@ -175,17 +181,20 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     fwd, bwd = layer_time(shard, chip, plan.mbs, tp, plan.sp, plan.attention, plan.recompute, eff)
     emb, head = edge_time(shard, chip, plan.mbs, tp, plan.sp, eff)
     p = model.bytes_per_element
+    if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
+        fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
+        bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
     layer = fwd + bwd
     if plan.cp > 1:   # ring attention: K and V pass around the cp ring, once forward, twice backward
         kv = p * plan.mbs * shard.seq_len * 2 * model.kv_dim / tp
         ring = 3 * collective_time("all_gather", kv * plan.cp, plan.cp, chip, tp, eff)
-        layer = layer + PhaseTime(communication=max(0.0, ring - layer.compute))
+        layer = layer + PhaseTime(communication=exposed(ring, layer.compute, eff))
     counts = stage_layers(model.layers, pp)
     if plan.zero >= 3 and dp > 1:   # FSDP: gather weights forward and backward, scatter grads
         wbytes = p * model.layer_params / tp
         fs = collective_time("all_gather", wbytes, dp, chip, tp * pp * plan.cp, eff)
         fs_total = 2 * fs + collective_time("reduce_scatter", wbytes, dp, chip, tp * pp * plan.cp, eff)
-        layer = layer + PhaseTime(communication=max(0.0, fs_total - layer.compute - layer.memory))
+        layer = layer + PhaseTime(communication=exposed(fs_total, layer.compute + layer.memory, eff))
     send = 0.0
     if pp > 1:
         act = p * plan.mbs * shard.seq_len * model.hidden / (tp if plan.sp else 1)
@@ -217,7 +226,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         kind = "all_reduce"
         t_dp = collective_time(kind, grads, dp * plan.cp, chip, tp * pp if plan.cp == 1 else tp, eff)
         hide = (bwd.total * counts[crit]) if plan.dp_overlap else 0.0
-        dp_exposed = max(0.0, t_dp - hide)
+        dp_exposed = exposed(t_dp, hide, eff)
     else:
         dp_exposed = 0.0
     opt_params = stage_params[crit] / (dp * plan.cp if plan.zero >= 1 else 1)

@@ -1,0 +1,96 @@
+"""Fit the cost model's efficiency parameters on published runs (scipy least squares).
+
+The parameters are the fields of :class:`phaze.cost.Efficiency`: each scales one physical
+resource of a chip family (tensor units, fused attention, HBM, links, per-kernel cost). They are
+fitted per chip family on the log of predicted / measured step time, within physical bounds,
+and never depend on a model name, a source or a row.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from .configio import ConfigError, read_mapping
+from .cost import IDEAL, Efficiency
+
+# name: (lower bound, upper bound, start). Bounds are physical: a fraction of a datasheet
+# resource lies in (0, 1]; a per-kernel cost of launch plus synchronisation is tens of us at most.
+BOUNDS = {
+    "tensor_fraction": (0.3, 1.0, 0.8),
+    "attention_fraction": (0.1, 1.0, 0.6),
+    "hbm_fraction": (0.2, 1.0, 0.8),
+    "link_fraction": (0.1, 1.0, 0.7),
+    "kernel_overhead_s": (0.0, 50e-6, 5e-6),
+    "overlap_slowdown": (0.0, 1.0, 0.2),
+}
+FITTED = tuple(BOUNDS)
+
+
+def _to_x(eff: Efficiency, names) -> np.ndarray:
+    return np.array([(getattr(eff, n) - BOUNDS[n][0]) / (BOUNDS[n][1] - BOUNDS[n][0]) for n in names])
+
+
+def _from_x(x, names, base: Efficiency = IDEAL) -> Efficiency:
+    values = asdict(base)
+    for n, v in zip(names, x):
+        lo, hi, _ = BOUNDS[n]
+        values[n] = lo + float(np.clip(v, 0.0, 1.0)) * (hi - lo)
+    return Efficiency(**values)
+
+
+def fit(cases, predict, names=FITTED, start: Efficiency | None = None,
+        weights=None) -> tuple[Efficiency, dict]:
+    """Weighted least-squares fit of ``names`` on ``cases`` (log of predicted / measured);
+    ``predict(case, eff)`` gives seconds per step. Returns the fitted efficiency and a report."""
+    names = tuple(names)
+    if not cases:
+        return start or Efficiency(**{n: BOUNDS[n][2] for n in names}), {"rows": 0}
+    start = start or Efficiency(**{n: BOUNDS[n][2] for n in names})
+    measured = np.array([c.measured_step_s for c in cases])
+    w = np.sqrt(np.ones(len(cases)) if weights is None else np.asarray(weights, dtype=float))
+
+    def residuals(x):
+        eff = _from_x(x, names, start)
+        pred = np.array([predict(c, eff) for c in cases])
+        return w * np.log(pred / measured)
+
+    res = least_squares(residuals, _to_x(start, names), bounds=(0.0, 1.0), diff_step=1e-3,
+                        x_scale=1.0, max_nfev=200)
+    eff = _from_x(res.x, names, start)
+    report = {"rows": len(cases), "rms_log_error": float(math.sqrt(np.sum(res.fun ** 2) / np.sum(w ** 2))),
+              "evaluations": int(res.nfev), "status": res.message}
+    return eff, report
+
+
+def save_params(params: dict[str, Efficiency], path: str | Path, meta: dict | None = None) -> None:
+    """Write fitted parameters per chip family as JSON."""
+    data = {"parameters": {fam: asdict(e) for fam, e in sorted(params.items())}}
+    if meta:
+        data.update(meta)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def load_params(path: str | Path) -> dict[str, Efficiency]:
+    """Read a parameter file written by :func:`save_params`."""
+    data = read_mapping(path)
+    table = data.get("parameters")
+    if not isinstance(table, dict):
+        raise ConfigError(path, "parameters", "must map chip family -> efficiency parameters")
+    allowed = {f.name for f in fields(Efficiency)}
+    out = {}
+    for fam, values in table.items():
+        if not isinstance(values, dict):
+            raise ConfigError(path, f"parameters.{fam}", "must be a mapping")
+        for key, value in values.items():
+            if key not in allowed:
+                raise ConfigError(path, f"parameters.{fam}.{key}",
+                                  f"unknown parameter; allowed: {', '.join(sorted(allowed))}")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(path, f"parameters.{fam}.{key}", f"must be a number >= 0, got {value!r}")
+        out[fam] = Efficiency(**values)
+    return out
