@@ -7,6 +7,7 @@ import sys
 
 from .api import as_chip, as_model, as_plan
 from .configio import ConfigError
+from .cost import IDEAL
 from .step import StepResult, evaluate
 
 GiB = 2.0 ** 30
@@ -52,11 +53,22 @@ def format_result(r: StepResult) -> str:
     return "\n".join(lines)
 
 
+def efficiency_for(chip, args):
+    """Calibrated efficiency for the chip's family (shipped, or ``--params``); ``--ideal`` for
+    the datasheet machine."""
+    from .calibrate import load_params
+    from .validate import load_default_params, params_for
+    if getattr(args, "ideal", False):
+        return IDEAL
+    params = load_params(args.params) if getattr(args, "params", None) else load_default_params()
+    return params_for(chip, params)
+
+
 def cmd_evaluate(args) -> int:
     model = as_model(args.workload, args.seq_len)
     chip = as_chip(args.arch)
     plan = as_plan(args.plan)
-    result = evaluate(model, chip, args.devices, args.global_batch, plan)
+    result = evaluate(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args))
     if not result.fits and not args.allow_oom:
         m = result.stage_memory[result.binding_stage]
         raise ConfigError("--plan", None, f"does not fit: needs {m.total_bytes / GiB:.1f} GiB per device "
@@ -67,6 +79,162 @@ def cmd_evaluate(args) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(format_result(result))
+    return 0
+
+
+def _pct(x) -> str:
+    return f"{x:5.1f}%" if x is not None else "    -"
+
+
+def _stats_line(name: str, st: dict) -> str:
+    if not st.get("rows"):
+        return f"  {name:<28} {0:>5}"
+    return (f"  {name:<28} {st['rows']:>5}  {_pct(st['mape_pct'])}  {_pct(st['median_pct'])}  "
+            f"{_pct(st['max_pct'])}  {100 * st['within_10pct_share']:5.0f}%")
+
+
+def _groups(texts):
+    out = {}
+    for text in texts:
+        name, sep, srcs = text.partition("=")
+        if not sep or not name.strip() or not srcs.strip():
+            raise ConfigError("--group", None, f"expected NAME=SRC,SRC (source_id prefixes), got {text!r}")
+        out[name.strip()] = tuple(x.strip() for x in srcs.split(",") if x.strip())
+    return out
+
+
+def cmd_validate(args) -> int:
+    from . import validate as v
+    from .calibrate import load_params
+    from .progress import Progress
+    groups = _groups(args.group)
+    runs_path = args.runs or v.default_runs_path()
+    rows = v.read_runs(runs_path)
+    params = load_params(args.params) if args.params else v.load_default_params()
+    chips: dict = {}
+    items = [v.row_to_case(r, chips) for r in rows]
+    cases = [c for c in items if isinstance(c, v.Case)]
+    preds = v.predict_all(items, params)
+    if args.out:
+        _write_predictions(args.out, preds)
+    summary = v.summarize(preds)
+    ok = [p for p in preds if p.status == "ok"]
+    for name, prefixes in groups.items():
+        summary.setdefault("groups", {})[name] = v.error_stats(
+            [p.error for p in ok if p.source.startswith(prefixes)])
+    if not args.no_loso and cases:
+        bar = Progress(len({c.source for c in cases}), "leave-one-source-out")
+        loso, loso_preds = v.leave_one_source_out(cases, progress=bar.step)
+        for name, prefixes in groups.items():
+            loso.setdefault("groups", {})[name] = v.error_stats(
+                [p.error for p in loso_preds if p.source.startswith(prefixes)])
+        summary["leave_one_source_out"] = loso
+    if args.unseen:
+        train, sep, test = args.unseen.partition(":")
+        if not sep:
+            raise ConfigError("--unseen", None, f"expected TRAIN:TEST chip families, got {args.unseen!r}")
+        summary["unseen_gpu"] = v.unseen_gpu(cases, train, test)
+    if args.plot:
+        _plot(args.plot, preds)
+    summary["skipped"] = [{"run_id": p.run_id, "reason": p.reason} for p in preds if p.status == "skipped"]
+    summary["runs"] = str(runs_path)
+    summary["params"] = str(args.params or v.shipped_params_path())
+    if args.format == "json":
+        print(json.dumps(summary, indent=2))
+        return 0
+    o = summary["overall"]
+    print(f"phaze validate: {o['expressed']} of {o['total']} runs expressed, {o['skipped']} skipped "
+          f"({runs_path})")
+    print(f"parameters: {summary['params']}")
+    print(f"  {'':<28} {'rows':>5}  {'MAPE':>6}  {'median':>6}  {'max':>6}  {'<=10%':>6}")
+    print(_stats_line("all expressed runs", o))
+    for name, st in summary.get("groups", {}).items():
+        print(_stats_line(f"group {name}", st))
+    for name, st in summary["per_gpu"].items():
+        print(_stats_line(name, st))
+    for name, st in summary["per_source"].items():
+        print(_stats_line(name, st))
+    if "leave_one_source_out" in summary:
+        loso = summary["leave_one_source_out"]
+        print("leave-one-source-out (calibrated without the source, then predicted):")
+        print(_stats_line("all expressed runs", loso["overall"]))
+        for name, st in loso.get("groups", {}).items():
+            print(_stats_line(f"group {name}", st))
+        for name, st in loso["per_source"].items():
+            print(_stats_line(name, st))
+    if summary.get("unseen_gpu", {}).get("overall"):
+        u = summary["unseen_gpu"]
+        print(f"unseen GPU (calibrated on {u['train']} only, predicting {u['test']} from its datasheet):")
+        print(_stats_line(f"{u['test']} runs", u["overall"]))
+        for name, st in u["per_source"].items():
+            print(_stats_line(name, st))
+    for s in summary["skipped"]:
+        print(f"skipped {s['run_id']}: {s['reason']}")
+    return 0
+
+
+def _write_predictions(path, preds) -> None:
+    import csv
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["run_id", "source_id", "gpu", "measured_step_s", "predicted_step_s", "error",
+                    "status", "reason", "layout_from"])
+        for p in preds:
+            fmt = lambda x: "" if x is None else f"{x:.6g}"  # noqa: E731
+            w.writerow([p.run_id, p.source, p.gpu, fmt(p.measured_step_s), fmt(p.predicted_step_s),
+                        fmt(p.error), p.status, p.reason, p.layout_from])
+            fh.flush()
+
+
+def _plot(path, preds) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ok = [p for p in preds if p.status == "ok"]
+    fig, ax = plt.subplots(figsize=(6.4, 6.0))
+    for gpu in sorted({p.gpu for p in ok}):
+        xs = [p.measured_step_s for p in ok if p.gpu == gpu]
+        ys = [p.predicted_step_s for p in ok if p.gpu == gpu]
+        ax.scatter(xs, ys, s=14, alpha=0.75, label=f"{gpu} ({len(xs)})")
+    lo = min(min(p.measured_step_s, p.predicted_step_s) for p in ok) / 1.5
+    hi = max(max(p.measured_step_s, p.predicted_step_s) for p in ok) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="black", lw=1)
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="grey", alpha=0.2,
+                    label="within 10 %")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+           xlabel="measured step time (s)", ylabel="predicted step time (s)",
+           title="phaze vs published training runs")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def cmd_calibrate(args) -> int:
+    from . import validate as v
+    from .calibrate import BOUNDS, PRIOR_WEIGHT, save_params
+    from .progress import Progress
+    runs_path = args.runs or v.default_runs_path()
+    rows = v.read_runs(runs_path)
+    items = [v.row_to_case(r, {}) for r in rows]
+    cases = [c for c in items if isinstance(c, v.Case)]
+    if not cases:
+        raise ConfigError(runs_path, None, "no run could be expressed; nothing to calibrate on")
+    bar = Progress(len({c.chip.family for c in cases}) + 1, "calibrate")
+    params = v.calibrate_cases(cases, progress=bar.step)
+    fitted = {fam: v.summarize(v.predict_all([c for c in cases if fam in ("default", c.chip.family)],
+                                             {fam: e, "default": e}))["overall"]
+              for fam, e in params.items()}
+    save_params(params, args.out, meta={
+        "runs": str(runs_path), "rows_used": len(cases),
+        "bounds_and_priors": {k: {"low": lo, "high": hi, "prior": pr} for k, (lo, hi, pr) in BOUNDS.items()},
+        "prior_weight": PRIOR_WEIGHT, "in_sample_error": fitted})
+    names = list(BOUNDS)
+    print(f"{'family':<10} " + " ".join(f"{n:>18}" for n in names) + "   rows  MAPE")
+    for fam, e in params.items():
+        vals = " ".join(f"{getattr(e, n):>18.4g}" for n in names)
+        print(f"{fam:<10} {vals}  {fitted[fam]['rows']:>5} {fitted[fam]['mape_pct']:5.1f}%")
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -83,7 +251,27 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seq-len", type=_positive_int, default=None, help="override the sequence length")
     ev.add_argument("--format", choices=("text", "json"), default="text")
     ev.add_argument("--allow-oom", action="store_true", help="print the result even if it does not fit")
+    ev.add_argument("--params", help="efficiency parameters from 'phaze calibrate' (default: shipped)")
+    ev.add_argument("--ideal", action="store_true", help="ideal datasheet machine: no efficiency losses")
     ev.set_defaults(func=cmd_evaluate)
+
+    va = sub.add_parser("validate", help="compare predicted and published step times")
+    va.add_argument("--runs", help="CSV of published runs (default: the bundled reference runs)")
+    va.add_argument("--params", help="efficiency parameters (default: the shipped calibration)")
+    va.add_argument("--out", help="write one row per run: run_id, measured, predicted, error, status")
+    va.add_argument("--plot", help="write predicted vs measured (PNG or SVG)")
+    va.add_argument("--format", choices=("text", "json"), default="text")
+    va.add_argument("--group", action="append", default=[], metavar="NAME=SRC,SRC",
+                    help="also report the rows of these sources together (source_id prefixes)")
+    va.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out refits")
+    va.add_argument("--unseen", default="A100:H100", metavar="TRAIN:TEST",
+                    help="calibrate on one chip family, predict another (default A100:H100; '' skips)")
+    va.set_defaults(func=cmd_validate)
+
+    ca = sub.add_parser("calibrate", help="fit the efficiency parameters on published runs")
+    ca.add_argument("--runs", help="CSV of published runs (default: the bundled reference runs)")
+    ca.add_argument("--out", required=True, help="parameter file to write (JSON)")
+    ca.set_defaults(func=cmd_calibrate)
     return parser
 
 

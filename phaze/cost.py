@@ -30,6 +30,8 @@ class Efficiency:
     kernel_overhead_s: float = 0.0   # fixed cost per kernel (launch, synchronisation)
     overlap_slowdown: float = 0.0    # share of communication hidden behind compute that still
                                      # costs time (collective kernels take SMs and HBM bandwidth)
+    tile_overhead_k: float = 0.0     # per output tile, extra K-steps of prologue and epilogue
+                                     # (first loads, write-back): small-K GEMMs run below peak
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -82,18 +84,19 @@ def _buffer_block(chip: Chip, p: int) -> int:
 
 @lru_cache(maxsize=1 << 16)
 def _gemm_geometry(batch: int, M: int, K: int, N: int, chip: Chip, n_units: int, p: int,
-                   work_fraction: float, fused: bool) -> tuple[tuple[tuple[float, float], ...], float]:
-    """Efficiency-independent part of a GEMM: per candidate tile (cycles over all waves, bytes
-    from the shared buffer), and the HBM bytes."""
+                   work_fraction: float, fused: bool) -> tuple[tuple[tuple[float, float, float], ...], float]:
+    """Efficiency-independent part of a GEMM: per candidate tile (array passes per unit over all
+    waves, cycles of those passes, bytes from the shared buffer), and the HBM bytes."""
     tu = chip.tensor
     per_tile = []
     for tm, tn in tile_candidates(chip, p):
         tiles = batch * _ceil(M, tm) * _ceil(N, tn) * work_fraction
         waves = math.ceil(tiles / n_units)
-        cycles = (tm * tn) / (tu.rows * tu.cols) * K + ((tu.rows + tu.cols) if tu.fill_drain else 0)
+        passes = waves * (tm * tn) / (tu.rows * tu.cols)
+        cycles = passes * K + waves * ((tu.rows + tu.cols) if tu.fill_drain else 0)
         # shared buffer -> units: every tile streams its A strip and B strip; outputs written once
         onchip = p * (tiles * K * (tm + tn) + (0 if fused else batch * M * N)) * n_units / tu.count
-        per_tile.append((waves * cycles, onchip))
+        per_tile.append((passes, cycles, onchip))
     if fused:
         return tuple(per_tile), 0.0
     blk = _buffer_block(chip, p)
@@ -115,7 +118,8 @@ def gemm_time(batch: int, M: int, K: int, N: int, chip: Chip, precision: str = "
     scale = chip.peak_flops(precision) / chip.implied_peak_flops_per_s
     rate = chip.clock_hz * scale * eff.tensor_fraction
     bw = chip.shared_buffer_bandwidth_bytes_per_s
-    best = min(max(cycles / rate, onchip / bw) for cycles, onchip in per_tile)
+    k0 = eff.tile_overhead_k
+    best = min(max((cycles + passes * k0) / rate, onchip / bw) for passes, cycles, onchip in per_tile)
     memory = hbm / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
     return max(best, memory) + eff.kernel_overhead_s
 

@@ -241,11 +241,15 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False) -> dict[st
     if e != h:
         _gemm(head, "head.project_out", 1, T, h, e, p, weights=True)
     _gemm(head, "logits", 1, T, e, Vt, p, weights=True)
-    _vector(head, "cross_entropy", T * Vt, p, reads=1, writes=2, flops_per_element=6)
+    # loss in fp32 as frameworks compute it: upcast the logits, log-softmax, gather (fwd);
+    # softmax minus one-hot, downcast (bwd); bytes per logit, expressed in units of p
+    _vector(head, "cross_entropy", T * Vt, p, reads=(p + 4 + 4) / p, writes=(4 + 4) / p,
+            flops_per_element=6)
     if t > 1:
         _coll(head, "cross_entropy.all_reduce", "all_reduce", "tp", 3 * 4 * T)
     head_b = _Builder("bwd")
-    _vector(head_b, "cross_entropy.bwd", T * Vt, p, reads=2, flops_per_element=2)
+    _vector(head_b, "cross_entropy.bwd", T * Vt, p, reads=(4 + 4) / p, writes=(4 + p) / p,
+            flops_per_element=2)
     _gemm(head_b, "logits.dgrad", 1, T, Vt, e, p, weights=True)
     _gemm(head_b, "logits.wgrad", 1, e, T, Vt, p, weights=False, deps=("cross_entropy.bwd",), linear=True)
     head_b.last = ("logits.dgrad",)

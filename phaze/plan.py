@@ -17,7 +17,9 @@ class Plan:
     shards optimizer state / gradients / weights over data parallelism (3 = FSDP); ``sp``
     sequence parallelism (default: on whenever ``tp > 1``); ``dp_overlap`` hides the gradient
     reduction behind the last backward pass; ``tp_overlap`` hides tensor-parallel collectives
-    behind the layer's GEMMs (Megatron's ``--tp-comm-overlap``)."""
+    behind the layer's GEMMs (Megatron's ``--tp-comm-overlap``); ``reduce_fp32`` reduces
+    gradients in fp32 (Megatron's ``--accumulate-allreduce-grads-in-fp32``, FSDP's default
+    mixed precision)."""
 
     tp: int = 1
     pp: int = 1
@@ -31,6 +33,7 @@ class Plan:
     optimizer: str = "adam"
     dp_overlap: bool = True
     tp_overlap: bool = False
+    reduce_fp32: bool = False
 
     def __post_init__(self):
         if self.sp is None:
@@ -71,7 +74,7 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 what = "0, 1, 2 or 3" if key == "zero" else "a positive integer"
                 raise ConfigError(source, key, f"must be {what}, got {raw!r}")
             values[key] = int(raw)
-        elif key in ("sp", "dp_overlap", "tp_overlap"):
+        elif key in ("sp", "dp_overlap", "tp_overlap", "reduce_fp32"):
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = _BOOL[raw.lower()]

@@ -190,11 +190,17 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         ring = 3 * collective_time("all_gather", kv * plan.cp, plan.cp, chip, tp, eff)
         layer = layer + PhaseTime(communication=exposed(ring, layer.compute, eff))
     counts = stage_layers(model.layers, pp)
-    if plan.zero >= 3 and dp > 1:   # FSDP: gather weights forward and backward, scatter grads
-        wbytes = p * model.layer_params / tp
-        fs = collective_time("all_gather", wbytes, dp, chip, tp * pp * plan.cp, eff)
-        fs_total = 2 * fs + collective_time("reduce_scatter", wbytes, dp, chip, tp * pp * plan.cp, eff)
-        layer = layer + PhaseTime(communication=exposed(fs_total, layer.compute + layer.memory, eff))
+    grad_bytes = 4 if plan.reduce_fp32 else p
+    if plan.zero >= 3 and dp > 1:
+        # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
+        # layer's forward; in backward they are gathered again and the gradients reduce-scattered
+        # on the same communication stream, under the layer's backward
+        group = (dp, tp * pp * plan.cp)
+        gather = collective_time("all_gather", p * model.layer_params / tp, group[0], chip, group[1], eff)
+        scatter = collective_time("reduce_scatter", grad_bytes * model.layer_params / tp, group[0], chip,
+                                  group[1], eff)
+        layer = layer + PhaseTime(communication=exposed(gather, fwd.compute + fwd.memory, eff)
+                                  + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
     send = 0.0
     if pp > 1:
         act = p * plan.mbs * shard.seq_len * model.hidden / (tp if plan.sp else 1)
@@ -221,7 +227,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         q = n * model.layer_params + (emb_params if i == 0 else 0) + (head_params if i == pp - 1 else 0)
         stage_params.append(q / tp)
     dp_group = (dp, tp * pp * plan.cp)
-    grads = p * stage_params[crit]
+    grads = grad_bytes * stage_params[crit]
     if dp * plan.cp > 1 and plan.zero < 3:
         kind = "all_reduce"
         t_dp = collective_time(kind, grads, dp * plan.cp, chip, tp * pp if plan.cp == 1 else tp, eff)

@@ -211,7 +211,8 @@ def _row_to_case(row, run_id, source, gpu, chips) -> Case:
     elif "overlap-param-gather" in low or "distributed optimizer" in low or "distributed-optimizer" in low:
         zero = 1
     plan = Plan(tp=tp, pp=pp, mbs=mbs, recompute=recompute, sp=sp, vp=vp, cp=cp, zero=zero,
-                attention=attention, tp_overlap="tp-comm-overlap" in low)
+                attention=attention, tp_overlap="tp-comm-overlap" in low,
+                reduce_fp32="mp=default" in precision_text or "allreduce-grads-in-fp32" in low)
     dp_col = _int(row, "dp")
     if dp_col is not None and dp_col * tp * pp * cp != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * cp} != gpu_count {devices}")
@@ -259,3 +260,104 @@ class Prediction:
 
 def predict_case(case: Case, eff: Efficiency = IDEAL) -> float:
     return evaluate(case.model, case.chip, case.devices, case.global_batch, case.plan, eff).step_time_s
+
+
+# --- calibration, summaries, the full validation ------------------------------------------------
+def case_weights(cases) -> list[float]:
+    """Each source weighs the same in a fit (one benchmark suite with many rows must not decide the
+    parameters alone); rows whose layout comes from unconfirmed notes weigh half."""
+    counts: dict[str, int] = {}
+    for c in cases:
+        counts[c.source] = counts.get(c.source, 0) + 1
+    return [(0.5 if c.layout_from == "notes" else 1.0) / counts[c.source] for c in cases]
+
+
+def calibrate_cases(cases, progress=None) -> dict[str, Efficiency]:
+    """Fit efficiency parameters per chip family, plus ``default`` pooled over all families (used
+    for chips no published run covers, such as a proposed accelerator)."""
+    from .calibrate import fit
+    families = sorted({c.chip.family for c in cases})
+    groups = [(fam, [c for c in cases if c.chip.family == fam]) for fam in families]
+    groups.append(("default", list(cases)))
+    params = {}
+    for fam, group in groups:
+        params[fam] = fit(group, predict_case, weights=case_weights(group))[0]
+        if progress:
+            progress(fam)
+    return params
+
+
+def params_for(chip: Chip, params: dict[str, Efficiency] | None) -> Efficiency:
+    if not params:
+        return IDEAL
+    return params.get(chip.family) or params.get("default") or IDEAL
+
+
+def predict_all(items, params: dict[str, Efficiency] | None) -> list[Prediction]:
+    out = []
+    for c in items:
+        if isinstance(c, Skipped):
+            out.append(Prediction(c.run_id, c.source, c.gpu, None, None, None, "skipped", c.reason))
+            continue
+        pred = predict_case(c, params_for(c.chip, params))
+        out.append(Prediction(c.run_id, c.source, c.gpu, c.measured_step_s, pred,
+                              (pred - c.measured_step_s) / c.measured_step_s, "ok", "", c.layout_from))
+    return out
+
+
+def error_stats(errors) -> dict:
+    """MAPE, median, max and share within 10 % of a list of relative errors (as percentages)."""
+    a = sorted(abs(e) for e in errors)
+    if not a:
+        return {"rows": 0}
+    n = len(a)
+    median = a[n // 2] if n % 2 else 0.5 * (a[n // 2 - 1] + a[n // 2])
+    return {"rows": n, "mape_pct": 100 * sum(a) / n, "median_pct": 100 * median,
+            "max_pct": 100 * a[-1], "within_10pct_share": sum(x <= 0.10 for x in a) / n}
+
+
+def summarize(preds: list[Prediction]) -> dict:
+    ok = [p for p in preds if p.status == "ok"]
+    out = {"overall": dict(error_stats([p.error for p in ok]), expressed=len(ok),
+                           skipped=len(preds) - len(ok), total=len(preds)),
+           "per_gpu": {}, "per_source": {}}
+    for key, attr in (("per_gpu", "gpu"), ("per_source", "source")):
+        for name in sorted({getattr(p, attr) for p in ok}):
+            out[key][name] = error_stats([p.error for p in ok if getattr(p, attr) == name])
+    return out
+
+
+def leave_one_source_out(cases, progress=None) -> tuple[dict, list[Prediction]]:
+    """Calibrate without each source in turn and predict that source: the honest error."""
+    sources = sorted({c.source for c in cases})
+    preds = []
+    for s in sources:
+        train = [c for c in cases if c.source != s]
+        params = calibrate_cases(train)
+        preds += predict_all([c for c in cases if c.source == s], params)
+        if progress:
+            progress(s)
+    return summarize(preds), preds
+
+
+def unseen_gpu(cases, train_family: str = "A100", test_family: str = "H100") -> dict:
+    """Calibrate on one chip family only, predict another from its datasheet alone."""
+    train = [c for c in cases if c.chip.family == train_family]
+    test = [c for c in cases if c.chip.family == test_family]
+    if not train or not test:
+        return {"rows": 0}
+    from .calibrate import fit
+    eff = fit(train, predict_case, weights=case_weights(train))[0]
+    preds = predict_all(test, {test_family: eff})
+    return dict(summarize(preds), train=train_family, test=test_family)
+
+
+def shipped_params_path() -> Path:
+    return Path(__file__).resolve().parent / "data" / "calibration.json"
+
+
+def load_default_params() -> dict[str, Efficiency] | None:
+    """The calibration shipped with phaze (``phaze calibrate`` on the bundled runs)."""
+    from .calibrate import load_params
+    path = shipped_params_path()
+    return load_params(path) if path.exists() else None
