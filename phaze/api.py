@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arch import Chip, load_chip
-from .cost import IDEAL, Efficiency
+from .cost import Efficiency
 from .plan import Plan, parse_plan
 from .step import StepResult, evaluate as _evaluate
 from .workload import Model, load_model, with_seq_len
@@ -26,11 +26,20 @@ def as_plan(plan: str | Plan | None) -> Plan:
     return plan if isinstance(plan, Plan) else parse_plan(plan)
 
 
+def calibrated_efficiency(chip: Chip) -> Efficiency:
+    """The shipped calibration for the chip's family (pooled ``default`` for other chips)."""
+    from .validate import load_default_params, params_for
+    return params_for(chip, load_default_params())
+
+
 def evaluate(workload: str | Path | Model, arch: str | Path | Chip, devices: int, global_batch: int,
-             plan: str | Plan | None = None, efficiency: Efficiency = IDEAL,
+             plan: str | Plan | None = None, efficiency: Efficiency | None = None,
              seq_len: int | None = None) -> StepResult:
     """Evaluate one training plan: ``phaze.evaluate("gpt3-175b", "a100-80gb", 1024, 1536,
-    "tp=8,pp=16,mbs=1,recompute=full")``. Names resolve to shipped configs; paths and
-    objects work too. Raises :class:`phaze.ConfigError` on bad input."""
-    return _evaluate(as_model(workload, seq_len), as_chip(arch), int(devices), int(global_batch),
-                     as_plan(plan), efficiency)
+    "tp=8,pp=16,mbs=1,recompute=full")``. Names resolve to shipped configs; paths and objects
+    work too. ``efficiency`` defaults to the shipped calibration (``phaze.Efficiency()`` is the
+    ideal datasheet machine). Raises :class:`phaze.ConfigError` on bad input."""
+    chip = as_chip(arch)
+    eff = calibrated_efficiency(chip) if efficiency is None else efficiency
+    return _evaluate(as_model(workload, seq_len), chip, int(devices), int(global_batch),
+                     as_plan(plan), eff)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import csv
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from .arch import Chip, load_chip
@@ -356,6 +357,7 @@ def shipped_params_path() -> Path:
     return Path(__file__).resolve().parent / "data" / "calibration.json"
 
 
+@lru_cache(maxsize=1)
 def load_default_params() -> dict[str, Efficiency] | None:
     """The calibration shipped with phaze (``phaze calibrate`` on the bundled runs)."""
     from .calibrate import load_params
