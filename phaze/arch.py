@@ -36,11 +36,18 @@ class TensorUnits:
 
 @dataclass(frozen=True)
 class VectorUnits:
-    """``count`` SIMD units of ``lanes`` lanes, each ``flops_per_lane_per_cycle`` (2 for FMA)."""
+    """``count`` SIMD units of ``lanes`` lanes, each ``flops_per_lane_per_cycle`` (2 for FMA);
+    ``special_per_cycle`` transcendental results (exp, tanh, rsqrt) per unit and cycle from the
+    special-function units (0: a quarter of the lanes)."""
 
     count: int
     lanes: int
     flops_per_lane_per_cycle: int = 2
+    special_per_cycle: int = 0
+
+    def __post_init__(self):
+        if self.special_per_cycle == 0:
+            object.__setattr__(self, "special_per_cycle", max(1, self.lanes // 4))
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,11 @@ class Chip:
                                      f"listed: {', '.join(table) or 'none (16-bit only)'}")
 
     @property
+    def special_per_s(self) -> float:
+        """Transcendental evaluations per second over all vector units."""
+        return self.vector.count * self.vector.special_per_cycle * self.clock_hz
+
+    @property
     def vector_flops_per_s(self) -> float:
         v = self.vector
         return v.count * v.lanes * v.flops_per_lane_per_cycle * self.clock_hz
@@ -117,7 +129,8 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
     t.finish()
     v = f.sub("vector_units")
     vector = VectorUnits(count=v.int("count"), lanes=v.int("lanes"),
-                         flops_per_lane_per_cycle=v.int("flops_per_lane_per_cycle", 2))
+                         flops_per_lane_per_cycle=v.int("flops_per_lane_per_cycle", 2),
+                         special_per_cycle=v.int("special_per_cycle", 0, minimum=0))
     v.finish()
     peaks = []
     p = f.sub("peak_flops_per_s", None)

@@ -103,11 +103,30 @@ def _groups(texts):
     return out
 
 
+def _check_output(flag: str, path: str, image: bool = False) -> None:
+    """Refuse an output path that cannot be written before any long computation runs."""
+    from pathlib import Path
+    p = Path(path)
+    if p.is_dir() or not p.parent.is_dir():
+        raise ConfigError(flag, None, f"cannot write {path!r}: "
+                          f"{'is a directory' if p.is_dir() else 'its folder does not exist'}")
+    if image:
+        from matplotlib.backend_bases import FigureCanvasBase
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if p.suffix and p.suffix[1:].lower() not in formats:
+            raise ConfigError(flag, None, f"unknown image format {p.suffix!r}; allowed: "
+                                          f"{', '.join(sorted(formats))}")
+
+
 def cmd_validate(args) -> int:
     from . import validate as v
     from .calibrate import load_params
     from .progress import Progress
     groups = _groups(args.group)
+    if args.out:
+        _check_output("--out", args.out)
+    if args.plot:
+        _check_output("--plot", args.plot, image=True)
     runs_path = args.runs or v.default_runs_path()
     rows = v.read_runs(runs_path)
     params = load_params(args.params) if args.params else v.load_default_params()
@@ -175,7 +194,11 @@ def cmd_validate(args) -> int:
 
 def _write_predictions(path, preds) -> None:
     import csv
-    with open(path, "w", newline="") as fh:
+    try:
+        fh = open(path, "w", newline="")
+    except OSError as exc:
+        raise ConfigError("--out", None, f"cannot write {path!r} ({exc.strerror})") from None
+    with fh:
         w = csv.writer(fh)
         w.writerow(["run_id", "source_id", "gpu", "measured_step_s", "predicted_step_s", "error",
                     "status", "reason", "layout_from"])
@@ -191,6 +214,8 @@ def _plot(path, preds) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ok = [p for p in preds if p.status == "ok"]
+    if not ok:
+        raise ConfigError("--plot", None, "no run could be expressed; nothing to plot")
     fig, ax = plt.subplots(figsize=(6.4, 6.0))
     for gpu in sorted({p.gpu for p in ok}):
         xs = [p.measured_step_s for p in ok if p.gpu == gpu]
@@ -206,14 +231,21 @@ def _plot(path, preds) -> None:
            title="phaze vs published training runs")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=150)
+    except OSError as exc:
+        raise ConfigError("--plot", None, f"cannot write {path!r} ({exc.strerror})") from None
+    except ValueError as exc:   # an image format matplotlib does not know
+        raise ConfigError("--plot", None, f"{exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def cmd_calibrate(args) -> int:
     from . import validate as v
     from .calibrate import BOUNDS, PRIOR_WEIGHT, save_params
     from .progress import Progress
+    _check_output("--out", args.out)
     runs_path = args.runs or v.default_runs_path()
     rows = v.read_runs(runs_path)
     items = [v.row_to_case(r, {}) for r in rows]
@@ -225,10 +257,13 @@ def cmd_calibrate(args) -> int:
     fitted = {fam: v.summarize(v.predict_all([c for c in cases if fam in ("default", c.chip.family)],
                                              {fam: e, "default": e}))["overall"]
               for fam, e in params.items()}
-    save_params(params, args.out, meta={
-        "runs": str(runs_path), "rows_used": len(cases),
-        "bounds_and_priors": {k: {"low": lo, "high": hi, "prior": pr} for k, (lo, hi, pr) in BOUNDS.items()},
-        "prior_weight": PRIOR_WEIGHT, "in_sample_error": fitted})
+    try:
+        save_params(params, args.out, meta={
+            "runs": str(runs_path), "rows_used": len(cases),
+            "bounds_and_priors": {k: {"low": lo, "high": hi, "prior": pr} for k, (lo, hi, pr) in BOUNDS.items()},
+            "prior_weight": PRIOR_WEIGHT, "in_sample_error": fitted})
+    except OSError as exc:
+        raise ConfigError("--out", None, f"cannot write {args.out!r} ({exc.strerror})") from None
     names = list(BOUNDS)
     print(f"{'family':<10} " + " ".join(f"{n:>18}" for n in names) + "   rows  MAPE")
     for fam, e in params.items():

@@ -125,10 +125,11 @@ def gemm_time(batch: int, M: int, K: int, N: int, chip: Chip, precision: str = "
 
 
 def vector_time(elements: float, flops: float, nbytes: float, chip: Chip, eff: Efficiency = IDEAL,
-                units: int | None = None) -> float:
-    """Seconds for an element-wise or reduction op: lane throughput vs HBM traffic."""
+                units: int | None = None, special: float = 0.0) -> float:
+    """Seconds for an element-wise or reduction op: lane and special-function throughput vs HBM
+    traffic."""
     share = (units or chip.vector.count) / chip.vector.count
-    compute = flops / (chip.vector_flops_per_s * share)
+    compute = (flops / chip.vector_flops_per_s + special / chip.special_per_s) / share
     memory = nbytes / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
     return max(compute, memory) + eff.kernel_overhead_s
 
@@ -181,7 +182,7 @@ def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: 
         size, stride = (groups or {}).get(c.group, (tp, 1))
         return collective_time(c.kind, c.bytes, size, chip, stride, eff)
     if op.unit == "vector":
-        return vector_time(op.elements, op.flops, op.bytes, chip, eff, units)
+        return vector_time(op.elements, op.flops, op.bytes, chip, eff, units, op.special)
     batch, M, K, N = op.gemm
     if precision == "fp8":
         if op.weighted:
@@ -194,5 +195,8 @@ def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: 
         passes = op.flops / (2.0 * batch * M * K * N)
         t = passes * gemm_time(batch, M, K, N, chip, precision, attn, units, op.work_fraction,
                                bytes_per_element, fused=True)
-        return max(t, vector_time(0, 0, op.bytes, chip, eff, units))
+        # the softmax runs between the two products of each tile, on the vector and special units
+        w = op.work_fraction
+        softmax = vector_time(0, w * op.vector_flops, 0, chip, IDEAL, units, w * op.special)
+        return max(t + softmax, vector_time(0, 0, op.bytes, chip, eff, units))
     return gemm_time(batch, M, K, N, chip, precision, eff, units, op.work_fraction, bytes_per_element)

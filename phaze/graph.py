@@ -39,6 +39,8 @@ class Op:
     core_attention: bool = False   # recomputed under selective recompute
     work_fraction: float = 1.0     # share of ``flops`` actually executed (causal skipping)
     weighted: bool = False         # a GEMM with a weight operand (linear layer, its gradients)
+    special: float = 0.0           # transcendental evaluations (exp, tanh) on special-function units
+    vector_flops: float = 0.0      # fused ops: the element-wise FLOPs beside the GEMM ones
 
     @property
     def bytes(self) -> float:
@@ -81,9 +83,10 @@ def _gemm(b: _Builder, name, batch, M, K, N, p, weights: bool, deps=None, linear
 
 
 def _vector(b: _Builder, name, elements, p, reads=1.0, writes=1.0, flops_per_element=1.0,
-            deps=None, **kw) -> str:
+            deps=None, special_per_element=0.0, **kw) -> str:
     return b.add(name, "vector", deps, flops=flops_per_element * elements, elements=elements,
-                 bytes_read=reads * p * elements, bytes_written=writes * p * elements, **kw)
+                 bytes_read=reads * p * elements, bytes_written=writes * p * elements,
+                 special=special_per_element * elements, **kw)
 
 
 def _coll(b: _Builder, name, kind, group, nbytes, deps=None) -> str:
@@ -126,9 +129,10 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * T * h)
         _gemm(fb, n("ffn_up"), 1, T, h, ffn_out, p, weights=True)
         if model.activation == "swiglu":
-            _vector(fb, n("swiglu"), T * f_t, p, reads=2, flops_per_element=6)
+            _vector(fb, n("swiglu"), T * f_t, p, reads=2, flops_per_element=6, special_per_element=1)
         else:
-            _vector(fb, n(model.activation), T * f_t, p, flops_per_element=8)
+            _vector(fb, n(model.activation), T * f_t, p, flops_per_element=8,
+                    special_per_element=1 if model.activation == "gelu" else 0)
         _gemm(fb, n("ffn_down"), 1, T, f_t, h, p, weights=True)
         if t > 1:
             _coll(fb, n("ffn_down." + ("reduce_scatter" if sp else "all_reduce")),
@@ -138,12 +142,16 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     def _attention_core(fb: _Builder, n) -> None:
         if attention == "flash":
             flops = 4.0 * b * a_t * s * s * d
+            # fused: S = Q.K^T and O = P.V per query tile, accumulating over the keys (K = s);
+            # the online softmax takes one exp and ~5 FLOPs per score
+            scores = b * a_t * s * s
             fb.add(n("flash_attention"), "tensor+vector", flops=flops, work_fraction=work,
-                   gemm=(b * a_t, s, d, s), elements=b * a_t * s * s,
+                   gemm=(b * a_t, s, s, d), elements=scores, special=scores, vector_flops=5 * scores,
                    bytes_read=p * T * qkv_n, bytes_written=p * T * a_t * d, core_attention=True)
             return
         _gemm(fb, n("scores"), b * a_t, s, d, s, p, weights=False, core_attention=True)
-        _vector(fb, n("softmax"), b * a_t * s * s, p, flops_per_element=5, core_attention=True)
+        _vector(fb, n("softmax"), b * a_t * s * s, p, flops_per_element=5, core_attention=True,
+                special_per_element=1)
         if model.dropout:
             _vector(fb, n("attn_dropout"), b * a_t * s * s, p, writes=1.5, core_attention=True)
         _gemm(fb, n("context"), b * a_t, s, s, d, p, weights=False, core_attention=True)
@@ -168,11 +176,14 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if op.unit == "vector":
             grad = (_vector(bb, f"{op.name}.bwd", op.elements, p, reads=2 * op.bytes_read / (p * op.elements),
                             flops_per_element=op.flops / op.elements, deps=grad,
+                            special_per_element=op.special / op.elements,
                             core_attention=op.core_attention),)
             continue
         if op.unit == "tensor+vector":     # fused attention backward: recomputes the scores
+            # recomputes P = exp(S - L) (one exp per score) and dS = P * (dP - D)
             grad = (bb.add(f"{op.name}.bwd", "tensor+vector", grad, flops=2.5 * op.flops,
-                           work_fraction=op.work_fraction, gemm=op.gemm, elements=2 * op.elements,
+                           work_fraction=op.work_fraction, gemm=op.gemm, elements=op.elements,
+                           special=op.elements, vector_flops=8 * op.elements,
                            bytes_read=op.bytes_read + 2 * op.bytes_written,
                            bytes_written=op.bytes_read, core_attention=True),)
             continue
@@ -244,7 +255,7 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False) -> dict[st
     # loss in fp32 as frameworks compute it: upcast the logits, log-softmax, gather (fwd);
     # softmax minus one-hot, downcast (bwd); bytes per logit, expressed in units of p
     _vector(head, "cross_entropy", T * Vt, p, reads=(p + 4 + 4) / p, writes=(4 + 4) / p,
-            flops_per_element=6)
+            flops_per_element=6, special_per_element=1)
     if t > 1:
         _coll(head, "cross_entropy.all_reduce", "all_reduce", "tp", 3 * 4 * T)
     head_b = _Builder("bwd")

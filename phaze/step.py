@@ -203,8 +203,13 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
                                   + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
     send = 0.0
     if pp > 1:
-        act = p * plan.mbs * shard.seq_len * model.hidden / (tp if plan.sp else 1)
-        send = 2 * v * collective_time("send", act, 2, chip, tp * plan.cp, eff)
+        # scatter/gather (Narayanan et al. SC'21, 4.1): each of the tp ranks sends 1/tp of the
+        # activation over its own link; without sequence parallelism the receivers re-gather it
+        act = p * plan.mbs * shard.seq_len * model.hidden
+        one = collective_time("send", act / tp, 2, chip, tp * plan.cp, eff)
+        if tp > 1 and not plan.sp:
+            one += collective_time("all_gather", act, tp, chip, 1, eff)
+        send = 2 * v * one
     stage_t = []
     for i, n in enumerate(counts):
         t = layer * n + PhaseTime(communication=send)
@@ -226,15 +231,22 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     for i, n in enumerate(counts):
         q = n * model.layer_params + (emb_params if i == 0 else 0) + (head_params if i == pp - 1 else 0)
         stage_params.append(q / tp)
-    dp_group = (dp, tp * pp * plan.cp)
     grads = grad_bytes * stage_params[crit]
-    if dp * plan.cp > 1 and plan.zero < 3:
-        kind = "all_reduce"
-        t_dp = collective_time(kind, grads, dp * plan.cp, chip, tp * pp if plan.cp == 1 else tp, eff)
-        hide = (bwd.total * counts[crit]) if plan.dp_overlap else 0.0
-        dp_exposed = exposed(t_dp, hide, eff)
-    else:
-        dp_exposed = 0.0
+    group, stride = dp * plan.cp, (tp * pp if plan.cp == 1 else tp)
+    dp_exposed = 0.0
+    if group > 1 and plan.zero < 3:
+        # gradients accumulate over micro-batches: only the last backward can hide their reduction
+        bwd_window = bwd.total * counts[crit] if plan.dp_overlap else 0.0
+        if plan.zero >= 1:
+            # distributed optimizer: reduce-scatter the gradients under the last backward, all-gather
+            # the updated weights under the next step's first forward
+            rs = collective_time("reduce_scatter", grads, group, chip, stride, eff)
+            ag = collective_time("all_gather", p * stage_params[crit], group, chip, stride, eff)
+            fwd_window = fwd.total * counts[crit] if plan.dp_overlap else 0.0
+            dp_exposed = exposed(rs, bwd_window, eff) + exposed(ag, fwd_window, eff)
+        else:
+            dp_exposed = exposed(collective_time("all_reduce", grads, group, chip, stride, eff),
+                                 bwd_window, eff)
     opt_params = stage_params[crit] / (dp * plan.cp if plan.zero >= 1 else 1)
     opt = optimizer_op(opt_params, plan.optimizer)
     t_opt = vector_time(opt.elements, opt.flops, opt.bytes, chip, eff)

@@ -238,6 +238,8 @@ def read_runs(path: str | Path) -> list[dict]:
             return list(reader)
     except FileNotFoundError:
         raise ConfigError(path, None, "file not found") from None
+    except OSError as exc:   # a directory, no permission, ...
+        raise ConfigError(path, None, f"cannot read file ({exc.strerror})") from None
     except (UnicodeDecodeError, csv.Error) as exc:
         raise ConfigError(path, None, f"not a readable CSV ({exc})") from None
 
