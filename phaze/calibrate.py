@@ -101,7 +101,9 @@ def load_params(path: str | Path) -> dict[str, Efficiency]:
             if key not in allowed:
                 raise ConfigError(path, f"parameters.{fam}.{key}",
                                   f"unknown parameter; allowed: {', '.join(sorted(allowed))}")
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ConfigError(path, f"parameters.{fam}.{key}", f"must be a number >= 0, got {value!r}")
+            lo, hi = BOUNDS[key][:2] if key in BOUNDS else (0.0, 1.0)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value <= hi:
+                raise ConfigError(path, f"parameters.{fam}.{key}",
+                                  f"must be a number in [{lo:g}, {hi:g}], got {value!r}")
         out[fam] = Efficiency(**values)
     return out

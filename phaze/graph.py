@@ -112,14 +112,24 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     f_t = model.ffn_hidden // t
     work = 0.5 if (model.causal and attention == "flash") else 1.0
 
+    fp8 = model.precision == "fp8"
+
+    def linear(fb: _Builder, name: str, M: int, K: int, N: int) -> None:
+        """A linear layer's GEMM; in fp8 training its input is first scaled and cast to fp8 in
+        both layouts (row-wise for this GEMM, column-wise for the weight gradient). The weights'
+        cast is done once per step and cached across micro-batches (Transformer Engine)."""
+        if fp8:
+            _vector(fb, name + ".fp8_cast", M * K, p, reads=1, writes=2 / p, flops_per_element=2)
+        _gemm(fb, name, 1, M, K, N, p, weights=True)
+
     def forward(fb: _Builder, prefix: str = "") -> None:
         n = lambda x: prefix + x  # noqa: E731
         _vector(fb, n("ln1"), Tn * h, p, flops_per_element=8)
         if t > 1 and sp:
             _coll(fb, n("ln1.all_gather"), "all_gather", "tp", p * T * h)
-        _gemm(fb, n("qkv"), 1, T, h, qkv_n, p, weights=True)
+        linear(fb, n("qkv"), T, h, qkv_n)
         _attention_core(fb, n)
-        _gemm(fb, n("attn_out"), 1, T, a_t * d, h, p, weights=True)
+        linear(fb, n("attn_out"), T, a_t * d, h)
         if t > 1:
             _coll(fb, n("attn_out." + ("reduce_scatter" if sp else "all_reduce")),
                   "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
@@ -127,13 +137,13 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(fb, n("ln2"), Tn * h, p, flops_per_element=8)
         if t > 1 and sp:
             _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * T * h)
-        _gemm(fb, n("ffn_up"), 1, T, h, ffn_out, p, weights=True)
+        linear(fb, n("ffn_up"), T, h, ffn_out)
         if model.activation == "swiglu":
             _vector(fb, n("swiglu"), T * f_t, p, reads=2, flops_per_element=6, special_per_element=1)
         else:
             _vector(fb, n(model.activation), T * f_t, p, flops_per_element=8,
                     special_per_element=1 if model.activation == "gelu" else 0)
-        _gemm(fb, n("ffn_down"), 1, T, f_t, h, p, weights=True)
+        linear(fb, n("ffn_down"), T, f_t, h)
         if t > 1:
             _coll(fb, n("ffn_down." + ("reduce_scatter" if sp else "all_reduce")),
                   "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
@@ -167,6 +177,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     grad = bb.last
 
     for op in reversed(fb.ops):
+        if op.name.endswith(".fp8_cast"):
+            continue
         if op.unit == "link":
             c = op.collective
             mirror = {"all_reduce": None, "reduce_scatter": "all_gather", "all_gather": "reduce_scatter"}
@@ -191,6 +203,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         weighted = op.name.split(".")[-1] in ("qkv", "attn_out", "ffn_up", "ffn_down")
         if weighted:
             input_gathered = t > 1 and sp and op.name in ("qkv", "ffn_up")
+            if fp8:   # the output gradient is cast to fp8 (both layouts) before dgrad and wgrad
+                grad = (_vector(bb, f"{op.name}.grad_fp8_cast", M * N, p, reads=1, writes=2 / p,
+                                flops_per_element=2, deps=grad),)
             dgrad = _gemm(bb, f"{op.name}.dgrad", 1, M, N, K, p, weights=True, deps=grad)
             wdeps = grad
             if input_gathered:   # Megatron-SP re-gathers the sharded input for the weight gradient
