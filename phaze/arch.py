@@ -79,10 +79,15 @@ class Chip:
     area_mm2: float | None = None
     tdp_w: float | None = None
     family: str = ""               # chips sharing silicon and software (calibration group)
+    unit_sharing: str = ""         # sequential: kernels run one after another over the whole chip,
+                                   # vector units are the tensor units' SMs (GPU) | concurrent:
+                                   # independent tensor and vector unit pools; "" = by kind
 
     def __post_init__(self):
         if not self.family:
             object.__setattr__(self, "family", self.name)
+        if not self.unit_sharing:
+            object.__setattr__(self, "unit_sharing", "sequential" if self.kind == "gpu" else "concurrent")
 
     @property
     def implied_peak_flops_per_s(self) -> float:
@@ -169,6 +174,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         process_node_nm=f.number("process_node_nm", 7.0),
         area_mm2=f.number("area_mm2", None), tdp_w=f.number("tdp_w", None),
         family=f.str("family", ""),
+        unit_sharing=f.choice("unit_sharing", ("sequential", "concurrent"), ""),
     )
     f.finish()
     return chip
