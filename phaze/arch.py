@@ -79,6 +79,7 @@ class Chip:
     area_mm2: float | None = None
     tdp_w: float | None = None
     family: str = ""               # chips sharing silicon and software (calibration group)
+    local_sram_bandwidth_bytes_per_cycle: float = 0.0  # per tensor unit; 0: not a bound
     unit_sharing: str = ""         # sequential: kernels run one after another over the whole chip,
                                    # vector units are the tensor units' SMs (GPU) | concurrent:
                                    # independent tensor and vector unit pools; "" = by kind
@@ -175,6 +176,8 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         area_mm2=f.number("area_mm2", None), tdp_w=f.number("tdp_w", None),
         family=f.str("family", ""),
         unit_sharing=f.choice("unit_sharing", ("sequential", "concurrent"), ""),
+        local_sram_bandwidth_bytes_per_cycle=f.number("local_sram_bandwidth_bytes_per_cycle", 0.0,
+                                                      inclusive=True),
     )
     f.finish()
     return chip

@@ -84,9 +84,11 @@ def _buffer_block(chip: Chip, p: int) -> int:
 
 @lru_cache(maxsize=1 << 16)
 def _gemm_geometry(batch: int, M: int, K: int, N: int, chip: Chip, n_units: int, p: int,
-                   work_fraction: float, fused: bool) -> tuple[tuple[tuple[float, float, float], ...], float]:
+                   work_fraction: float, fused: bool, reuse: int = 0
+                   ) -> tuple[tuple[tuple[float, float, float, float], ...], float]:
     """Efficiency-independent part of a GEMM: per candidate tile (array passes per unit over all
-    waves, cycles of those passes, bytes from the shared buffer), and the HBM bytes."""
+    waves, cycles of those passes, bytes from the shared buffer, seconds to feed the arrays from
+    local SRAM), and the HBM bytes."""
     tu = chip.tensor
     per_tile = []
     for tm, tn in tile_candidates(chip, p):
@@ -96,7 +98,13 @@ def _gemm_geometry(batch: int, M: int, K: int, N: int, chip: Chip, n_units: int,
         cycles = passes * K + waves * ((tu.rows + tu.cols) if tu.fill_drain else 0)
         # shared buffer -> units: every tile streams its A strip and B strip; outputs written once
         onchip = p * (tiles * K * (tm + tn) + (0 if fused else batch * M * N)) * n_units / tu.count
-        per_tile.append((passes, cycles, onchip))
+        # local SRAM -> array: each operand element read once per `reuse` rows (default: per tile)
+        per_mac = p / reuse if reuse else p * (1.0 / tm + 1.0 / tn)
+        local = 0.0
+        if chip.local_sram_bandwidth_bytes_per_cycle:
+            macs_per_unit = waves * tm * tn * K
+            local = macs_per_unit * per_mac / (chip.local_sram_bandwidth_bytes_per_cycle * chip.clock_hz)
+        per_tile.append((passes, cycles, onchip, local))
     if fused:
         return tuple(per_tile), 0.0
     blk = _buffer_block(chip, p)
@@ -108,18 +116,20 @@ def _gemm_geometry(batch: int, M: int, K: int, N: int, chip: Chip, n_units: int,
 
 def gemm_time(batch: int, M: int, K: int, N: int, chip: Chip, precision: str = "bf16",
               eff: Efficiency = IDEAL, units: int | None = None, work_fraction: float = 1.0,
-              bytes_per_element: int = 2, fused: bool = False) -> float:
+              bytes_per_element: int = 2, fused: bool = False, reuse: int = 0) -> float:
     """Seconds for ``batch`` products (M x K) . (K x N) on ``units`` tensor units (default all).
 
     ``fused`` is a product whose output never leaves the unit (fused attention's scores): no
-    output traffic, and HBM traffic is left to the caller."""
+    output traffic, and HBM traffic is left to the caller. ``reuse``: rows sharing each operand
+    element read from local SRAM (0: the whole output tile)."""
     per_tile, hbm = _gemm_geometry(batch, M, K, N, chip, units or chip.tensor.count,
-                                   bytes_per_element, work_fraction, fused)
+                                   bytes_per_element, work_fraction, fused, reuse)
     scale = chip.peak_flops(precision) / chip.implied_peak_flops_per_s
     rate = chip.clock_hz * scale * eff.tensor_fraction
     bw = chip.shared_buffer_bandwidth_bytes_per_s
     k0 = eff.tile_overhead_k
-    best = min(max((cycles + passes * k0) / rate, onchip / bw) for passes, cycles, onchip in per_tile)
+    best = min(max((cycles + passes * k0) / rate, onchip / bw, local)
+               for passes, cycles, onchip, local in per_tile)
     memory = hbm / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
     return max(best, memory) + eff.kernel_overhead_s
 
@@ -190,11 +200,13 @@ def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: 
         else:
             precision = "bf16"      # fp8 training quantises the linear layers; attention stays 16-bit
     if op.unit == "tensor+vector":
-        attn = Efficiency(tensor_fraction=eff.tensor_fraction * eff.attention_fraction,
-                          hbm_fraction=eff.hbm_fraction, kernel_overhead_s=eff.kernel_overhead_s)
+        # the fused kernel reaches `attention_fraction` of its own roofline: the slower of the
+        # tensor units and the local-SRAM operand feed
+        roof = Efficiency(tensor_fraction=eff.tensor_fraction, hbm_fraction=eff.hbm_fraction)
         passes = op.flops / (2.0 * batch * M * K * N)
-        t = passes * gemm_time(batch, M, K, N, chip, precision, attn, units, op.work_fraction,
-                               bytes_per_element, fused=True)
+        t = passes * gemm_time(batch, M, K, N, chip, precision, roof, units, op.work_fraction,
+                               bytes_per_element, fused=True, reuse=op.operand_reuse)
+        t = t / eff.attention_fraction + eff.kernel_overhead_s
         # the softmax runs between the two products of each tile, on the vector and special units
         w = op.work_fraction
         softmax = vector_time(0, w * op.vector_flops, 0, chip, IDEAL, units, w * op.special)

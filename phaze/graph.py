@@ -41,6 +41,7 @@ class Op:
     weighted: bool = False         # a GEMM with a weight operand (linear layer, its gradients)
     special: float = 0.0           # transcendental evaluations (exp, tanh) on special-function units
     vector_flops: float = 0.0      # fused ops: the element-wise FLOPs beside the GEMM ones
+    operand_reuse: int = 0         # rows sharing each operand read from local SRAM (0: the tile)
 
     @property
     def bytes(self) -> float:
@@ -110,7 +111,11 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     a_t, d = model.heads // t, model.head_dim
     ffn_out = model.ffn_hidden * (2 if model.activation == "swiglu" else 1) // t
     f_t = model.ffn_hidden // t
-    work = 0.5 if (model.causal and attention == "flash") else 1.0
+    fused = attention in ("flash", "flash2")
+    work = 0.5 if (model.causal and fused) else 1.0
+    # operands of the fused products are streamed from local SRAM once per this many query rows
+    # (FlashAttention-2: 16, the height of an mma.sync fragment); 0: reuse of a full output tile
+    reuse = 16 if attention == "flash2" else 0
 
     fp8 = model.precision == "fp8"
 
@@ -150,14 +155,15 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
 
     def _attention_core(fb: _Builder, n) -> None:
-        if attention == "flash":
+        if fused:
             flops = 4.0 * b * a_t * s * s * d
             # fused: S = Q.K^T and O = P.V per query tile, accumulating over the keys (K = s);
             # the online softmax takes one exp and ~5 FLOPs per score
             scores = b * a_t * s * s
             fb.add(n("flash_attention"), "tensor+vector", flops=flops, work_fraction=work,
                    gemm=(b * a_t, s, s, d), elements=scores, special=scores, vector_flops=5 * scores,
-                   bytes_read=p * T * qkv_n, bytes_written=p * T * a_t * d, core_attention=True)
+                   bytes_read=p * T * qkv_n, bytes_written=p * T * a_t * d, core_attention=True,
+                   operand_reuse=reuse)
             return
         _gemm(fb, n("scores"), b * a_t, s, d, s, p, weights=False, core_attention=True)
         _vector(fb, n("softmax"), b * a_t * s * s, p, flops_per_element=5, core_attention=True,
@@ -172,7 +178,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     bb = _Builder("bwd")
     if recompute == "full":
         forward(bb, "recompute.")
-    elif recompute == "selective" and attention != "flash":
+    elif recompute == "selective" and not fused:
         _attention_core(bb, lambda x: "recompute." + x)
     grad = bb.last
 
@@ -196,6 +202,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             grad = (bb.add(f"{op.name}.bwd", "tensor+vector", grad, flops=2.5 * op.flops,
                            work_fraction=op.work_fraction, gemm=op.gemm, elements=op.elements,
                            special=op.elements, vector_flops=8 * op.elements,
+                           operand_reuse=op.operand_reuse,
                            bytes_read=op.bytes_read + 2 * op.bytes_written,
                            bytes_written=op.bytes_read, core_attention=True),)
             continue

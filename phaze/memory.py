@@ -34,7 +34,7 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     act_inputs = 2 if model.activation == "swiglu" else 1
     split = p * sb * (q + kv + kv + q + act_inputs * f + f) / t  # Q, K, V, out-proj in, act in, down in
     a = model.heads
-    if attention == "flash":
+    if attention in ("flash", "flash2"):
         core = 4.0 * a * sb / t                                    # fp32 log-sum-exp per row
     elif recompute == "selective":
         core = 0.0

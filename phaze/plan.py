@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from .configio import ConfigError
 
 RECOMPUTE = ("none", "selective", "full")
-ATTENTION = ("flash", "standard")
+ATTENTION = ("flash", "flash2", "standard")
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -15,7 +15,10 @@ class Plan:
     """Tensor (``tp``), pipeline (``pp``) and context (``cp``) parallel widths; data parallelism
     takes the remaining devices. ``vp`` interleaved chunks per pipeline stage; ``zero`` 0-3
     shards optimizer state / gradients / weights over data parallelism (3 = FSDP); ``sp``
-    sequence parallelism (default: on whenever ``tp > 1``); ``dp_overlap`` hides the gradient
+    sequence parallelism (default: on whenever ``tp > 1``); ``attention`` is the kernel: ``flash``
+    a fused attention written for the chip, ``flash2`` FlashAttention-2 (mma.sync fragments of
+    16 query rows, the design of the Ampere generation), ``standard`` unfused (scores in HBM);
+    ``dp_overlap`` hides the gradient
     reduction behind the last backward pass; ``tp_overlap`` hides tensor-parallel collectives
     behind the layer's GEMMs (Megatron's ``--tp-comm-overlap``); ``reduce_fp32`` reduces
     gradients in fp32 (Megatron's ``--accumulate-allreduce-grads-in-fp32``, FSDP's default

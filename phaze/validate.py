@@ -168,7 +168,13 @@ def _row_to_case(row, run_id, source, gpu, chips) -> Case:
     vocab = _search(r"vocab(?:ulary)?(?:\s+size)?\s*[=:]?\s*(\d{4,7})", notes) or DEFAULT_VOCAB
     precision_text = (row.get("precision") or "").lower()
     precision = next((p for p in ("fp8", "bf16", "fp16") if p in precision_text), "bf16")
-    attention = "flash" if ("flash" in notes.lower() or precision != "fp16") else "standard"
+    # FlashAttention named in the notes is the flash-attn library (FlashAttention-2 since 2023);
+    # frameworks' own fused attention (cuDNN / Transformer Engine) otherwise; fp16 runs of the
+    # Megatron papers predate both and materialise the scores
+    if "flashattention" in notes.lower().replace("-", "").replace(" ", ""):
+        attention = "flash2"
+    else:
+        attention = "flash" if precision != "fp16" else "standard"
     gated = ffn % hidden != 0
     model = Model(
         name=(row.get("model") or run_id).strip(), layers=layers, hidden=hidden, heads=heads,

@@ -1,0 +1,669 @@
+"""Optimal operator schedule of one layer phase on one chip (shared/DESIGN.md section 4).
+
+One phase (a layer's forward ops, or its backward ops) is a DAG. Each op picks one *mode*
+(how many tensor / vector units it runs on; the cost model gives its time for that many) and a
+start time; the tensor units, the vector units and the chip's links are cumulative resources.
+The objective is the makespan. CP-SAT (OR-Tools) solves it:
+
+- one optional fixed-size interval per (op, mode), exactly one mode per op;
+- ``AddCumulative`` per resource (``AddNoOverlap`` when every holder takes the whole resource);
+- precedence ``start(op) >= end(dep)``; makespan ``>= end`` of every sink;
+- a list schedule (ops in topological order, each in its fastest mode at the earliest feasible
+  time) as the hint and as the upper bound of every domain; the critical path (fastest modes)
+  and total work / capacity per resource as lower bounds on the makespan; earliest / latest
+  starts from the longest paths; identical interchangeable ops ordered (symmetry breaking).
+  When the list schedule already meets the lower bound it is optimal and no model is built.
+
+Time unit: integer *ticks* of ``tick_s = 2**e`` seconds, the power of two that puts the sum of
+the ops' fastest durations in [2**20, 2**21) ticks (so a tick is ~1e-6 of the phase). Durations
+are rounded UP to whole ticks, which can only lengthen ops, so the tick schedule is valid in
+real time. A power-of-two tick makes ``seconds / tick`` exact in floating point. The reported
+schedule is re-timed in real seconds: the solver's modes, and its start order as the priority of
+a serial schedule-generation pass with the real durations; every op then starts no later than in
+the tick solution, so the real makespan is at most the tick makespan. Lower bound in seconds:
+the analytic bounds, and the solver's proven tick bound ``B`` less ``n + 1`` ticks of rounding
+slack when some duration is not a whole number of ticks (``(B - n - 1) * tick`` bounds the real
+optimum: shifting the k-th op of any real schedule by k ticks makes it a valid tick schedule).
+
+Chip sharing (``Chip.unit_sharing``): ``sequential`` chips (GPUs: every kernel runs over all
+SMs, one after another) give every op one mode, the whole chip, and one shared resource of
+capacity 1, so the optimum is the sequential sum of the op times (as ``phaze.step`` computes it).
+``concurrent`` chips (accelerators) have independent tensor and vector unit pools and links.
+
+Results are cached in memory and on disk (one small JSON file per key under
+``$PHAZE_CACHE_DIR`` or ``~/.cache/phaze/schedules``; ``PHAZE_CACHE_DIR=off`` disables it).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import tempfile
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .arch import Chip
+from .configio import ConfigError
+from .cost import IDEAL, Efficiency, op_time
+from .graph import Op
+
+DEFAULT_SHARES = (1.0, 0.5, 0.25, 0.125)   # share of a unit pool an op may run on
+TICK_RESOLUTION_EXP = 20                    # sum of fastest durations spans [2**20, 2**21) ticks
+FORMULATION = 1                             # bump when results change meaning (invalidates caches)
+STATUSES = ("OPTIMAL", "FEASIBLE", "HEURISTIC")
+_MEMORY_CACHE_SIZE = 4096
+
+
+# --- data ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mode:
+    """One way to run a task: its duration and the units it holds on each scheduling resource
+    for that whole time. ``tensor_units`` / ``vector_units`` say what the op runs on (reporting,
+    checking); ``demand`` is what the scheduler reserves."""
+
+    duration_s: float
+    demand: tuple[tuple[str, int], ...]
+    tensor_units: int = 0
+    vector_units: int = 0
+
+
+@dataclass(frozen=True)
+class Task:
+    """An abstract scheduling task; ``deps`` naming tasks outside the list are ignored."""
+
+    name: str
+    modes: tuple[Mode, ...]
+    deps: tuple[str, ...] = ()
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class ScheduledOp:
+    name: str
+    unit: str                 # tensor | vector | tensor+vector | link (or the task's unit)
+    mode: int                 # index into the task's modes
+    tensor_units: int
+    vector_units: int
+    start_s: float
+    duration_s: float
+    demand: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The schedule of one phase. ``status``: OPTIMAL (proven, in the tick model), FEASIBLE (the
+    solver's best at the time limit) or HEURISTIC (the list schedule: the solver found nothing
+    in time). ``gap`` = (makespan - lower bound) / makespan. ``utilisation``: busy unit-seconds /
+    (capacity x makespan) per resource."""
+
+    makespan_s: float
+    status: str
+    lower_bound_s: float
+    gap: float
+    solve_time_s: float
+    ops: tuple[ScheduledOp, ...]
+    utilisation: dict
+    sequential_sum_s: float      # every op in its fastest mode, one after another
+    critical_path_s: float       # longest dependency chain, fastest modes
+    work_bound_s: float          # max over resources of total work / capacity
+    capacities: dict
+    tick_s: float
+    time_limit_s: float
+    note: str = ""
+    cached: bool = False
+
+    def op(self, name: str) -> ScheduledOp:
+        for e in self.ops:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ops"] = [dict(asdict(e), demand=[list(x) for x in e.demand]) for e in self.ops]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Schedule":
+        d = dict(d)
+        d["ops"] = tuple(ScheduledOp(**dict(e, demand=tuple((str(r), int(k)) for r, k in e["demand"])))
+                         for e in d["ops"])
+        s = cls(**d)
+        if s.status not in STATUSES or not isinstance(s.utilisation, dict):
+            raise ValueError("bad schedule record")
+        return s
+
+
+# --- list scheduling (serial schedule generation) ---------------------------------------------
+def _sgs(order: Sequence[int], dur: Sequence, dem: Sequence[dict], deps: Sequence[Sequence[int]],
+         capacities: dict) -> list:
+    """Serial schedule generation: take ops in ``order`` and start each at the earliest time at
+    which its deps have ended and its resources are free for its whole duration, given the ops
+    placed before it (gaps may be filled). Works on ints (ticks) and floats (seconds)."""
+    start = [None] * len(dur)
+    placed: dict[str, list] = {r: [] for r in capacities}   # (start, end, demand)
+    for i in order:
+        est = max((start[j] + dur[j] for j in deps[i]), default=0)
+        d = dur[i]
+        need = [(r, k) for r, k in dem[i].items() if k > 0]
+        if d <= 0 or not need:
+            start[i] = est
+            continue
+        live = {r: [iv for iv in placed[r] if iv[1] > est] for r, _ in need}
+        cands = sorted({est} | {iv[1] for r, _ in need for iv in live[r]})
+        t = None
+        for c in cands:
+            ok = True
+            for r, k in need:
+                cap = capacities[r]
+                ivs = [iv for iv in live[r] if iv[0] < c + d and iv[1] > c]
+                if not ivs:
+                    continue
+                points = [c] + [iv[0] for iv in ivs if iv[0] > c]
+                for p in points:
+                    if sum(iv[2] for iv in ivs if iv[0] <= p < iv[1]) + k > cap:
+                        ok = False
+                        break
+                if not ok:
+                    break
+            if ok:
+                t = c
+                break
+        start[i] = t
+        for r, k in need:
+            placed[r].append((t, t + d, k))
+    return start
+
+
+def _topo_order(n: int, deps: Sequence[Sequence[int]]) -> list[int]:
+    succ = [[] for _ in range(n)]
+    indeg = [len(d) for d in deps]
+    for i, ds in enumerate(deps):
+        for j in ds:
+            succ[j].append(i)
+    ready = [i for i in range(n) if indeg[i] == 0]
+    out = []
+    while ready:
+        ready.sort()
+        i = ready.pop(0)
+        out.append(i)
+        for k in succ[i]:
+            indeg[k] -= 1
+            if indeg[k] == 0:
+                ready.append(k)
+    if len(out) != n:
+        raise ValueError("the task dependencies contain a cycle")
+    return out
+
+
+# --- caching ------------------------------------------------------------------------------------
+_memory: "OrderedDict[str, Schedule]" = OrderedDict()
+
+
+def cache_dir() -> Path | None:
+    """Where schedules are cached on disk (``$PHAZE_CACHE_DIR``, default
+    ``~/.cache/phaze/schedules``); None when ``PHAZE_CACHE_DIR`` is ``off``/``none``/``0``."""
+    env = os.environ.get("PHAZE_CACHE_DIR")
+    if env is not None and env.strip().lower() in ("off", "none", "0", "false"):
+        return None
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "phaze" / "schedules"
+
+
+def clear_memory_cache() -> None:
+    _memory.clear()
+
+
+def _key(tasks: Sequence[Task], capacities: dict, unit_counts: dict | None, tick_s: float | None) -> str:
+    names = {t.name for t in tasks}
+    spec = {
+        "v": FORMULATION,
+        "cap": sorted((str(r), int(k)) for r, k in capacities.items()),
+        "units": sorted((str(r), int(k)) for r, k in (unit_counts or {}).items()),
+        "tick": None if tick_s is None else float(tick_s).hex(),
+        "tasks": [[t.name, t.unit, [d for d in t.deps if d in names],
+                   [[float(m.duration_s).hex(), sorted([str(r), int(k)] for r, k in m.demand),
+                     m.tensor_units, m.vector_units] for m in t.modes]] for t in tasks],
+    }
+    return hashlib.sha256(json.dumps(spec, separators=(",", ":")).encode()).hexdigest()[:40]
+
+
+def _reusable(s: Schedule, time_limit_s: float) -> bool:
+    return s.status == "OPTIMAL" or s.time_limit_s >= time_limit_s
+
+
+def _cache_get(key: str, time_limit_s: float) -> Schedule | None:
+    s = _memory.get(key)
+    if s is not None and _reusable(s, time_limit_s):
+        _memory.move_to_end(key)
+        return replace(s, cached=True)
+    d = cache_dir()
+    if d is None:
+        return None
+    path = d / f"{key}.json"
+    try:
+        rec = json.loads(path.read_text())
+        if rec.get("key") != key or rec.get("formulation") != FORMULATION:
+            return None
+        s = Schedule.from_dict(rec["schedule"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None      # missing or corrupt: recompute (and overwrite)
+    if not _reusable(s, time_limit_s):
+        return None
+    _memory_put(key, replace(s, cached=False))
+    return replace(s, cached=True)
+
+
+def _memory_put(key: str, s: Schedule) -> None:
+    _memory[key] = s
+    _memory.move_to_end(key)
+    while len(_memory) > _MEMORY_CACHE_SIZE:
+        _memory.popitem(last=False)
+
+
+def _cache_put(key: str, s: Schedule) -> None:
+    _memory_put(key, s)
+    d = cache_dir()
+    if d is None:
+        return
+    rec = {"key": key, "formulation": FORMULATION, "schedule": s.to_dict()}
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{key}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(rec, fh, separators=(",", ":"))
+            os.replace(tmp, d / f"{key}.json")
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError:
+        pass    # the disk cache is best effort
+
+
+# --- the solver ---------------------------------------------------------------------------------
+def solve(tasks: Sequence[Task], capacities: dict, *, time_limit_s: float = 10.0, num_workers: int = 1,
+          tick_s: float | None = None, cache: bool = False, unit_counts: dict | None = None) -> Schedule:
+    """Minimum-makespan schedule of abstract ``tasks`` on cumulative ``capacities``
+    (resource -> units). ``unit_counts`` (e.g. ``{"tensor": 8, "vector": 2}``) adds the
+    utilisation of physical unit pools measured by the modes' ``tensor_units`` / ``vector_units``
+    (``link``: time of link tasks). Never raises on a time-out: the best schedule found is
+    returned, flagged; raises ValueError on malformed tasks (cycle, duplicate name, no mode that
+    fits the capacities)."""
+    if cache:
+        key = _key(tasks, capacities, unit_counts, tick_s)
+        hit = _cache_get(key, time_limit_s)
+        if hit is not None:
+            return hit
+    s = _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts)
+    if cache:
+        _cache_put(key, s)
+    return s
+
+
+def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) -> Schedule:
+    t0 = time.perf_counter()
+    capacities = {str(r): int(k) for r, k in capacities.items()}
+    n = len(tasks)
+    index = {}
+    for i, t in enumerate(tasks):
+        if t.name in index:
+            raise ValueError(f"duplicate task name {t.name!r}")
+        index[t.name] = i
+    deps = [sorted({index[d] for d in t.deps if d in index}) for t in tasks]
+    order = _topo_order(n, deps)
+    succ = [[] for _ in range(n)]
+    for i, ds in enumerate(deps):
+        for j in ds:
+            succ[j].append(i)
+
+    # modes: drop those that do not fit, and dominated ones (no faster and no fewer units)
+    modes: list[list[int]] = []      # per task: indices into task.modes
+    dem: list[list[dict]] = []
+    for t in tasks:
+        ok = []
+        for m, mode in enumerate(t.modes):
+            dm = {r: int(k) for r, k in mode.demand if int(k) > 0}
+            if any(r not in capacities or k > capacities[r] for r, k in dm.items()):
+                continue
+            if not (mode.duration_s >= 0 and math.isfinite(mode.duration_s)):
+                raise ValueError(f"task {t.name!r}: bad duration {mode.duration_s!r}")
+            ok.append((m, dm))
+        if not ok:
+            raise ValueError(f"task {t.name!r}: no mode fits the capacities {capacities}")
+        keep = []
+        for a, (m, dm) in enumerate(ok):
+            da = t.modes[m].duration_s
+            dominated = False
+            for b, (m2, dm2) in enumerate(ok):
+                if b == a:
+                    continue
+                db = t.modes[m2].duration_s
+                le = db <= da and all(dm2.get(r, 0) <= dm.get(r, 0) for r in set(dm) | set(dm2))
+                same = db == da and dm2 == dm
+                if le and (not same or b < a):
+                    dominated = True
+                    break
+            if not dominated:
+                keep.append((m, dm))
+        modes.append([m for m, _ in keep])
+        dem.append([dm for _, dm in keep])
+    dur = [[tasks[i].modes[m].duration_s for m in modes[i]] for i in range(n)]
+    fast = [min(range(len(modes[i])), key=lambda a: (dur[i][a], sum(dem[i][a].values()), a))
+            for i in range(n)]
+    fd = [dur[i][fast[i]] for i in range(n)]
+
+    # analytic bounds in seconds
+    seq_sum = sum(fd)
+    cp_s = _longest_path(order, deps, fd)
+    work_s = {r: sum(min(dur[i][a] * dem[i][a].get(r, 0) for a in range(len(modes[i]))) for i in range(n)) / c
+              for r, c in capacities.items() if c > 0}
+    work_bound_s = max(work_s.values(), default=0.0)
+
+    # ticks
+    if tick_s is None:
+        if seq_sum > 0:
+            _, e = math.frexp(seq_sum)
+            tick_s = math.ldexp(1.0, e - 1 - TICK_RESOLUTION_EXP)
+        else:
+            tick_s = 1.0
+    D = [[math.ceil(d / tick_s) for d in dur[i]] for i in range(n)]
+    exact = all(D[i][a] * tick_s == dur[i][a] for i in range(n) for a in range(len(D[i])))
+    fD = [min(x) for x in D]
+    head = [0] * n
+    for i in order:
+        head[i] = max((head[j] + fD[j] for j in deps[i]), default=0)
+    tail = [0] * n
+    for i in reversed(order):
+        tail[i] = fD[i] + max((tail[k] for k in succ[i]), default=0)
+    lb_ticks = max([max((head[i] + fD[i] for i in range(n)), default=0)]
+                   + [-(-sum(min(D[i][a] * dem[i][a].get(r, 0) for a in range(len(D[i]))) for i in range(n)) // c)
+                      for r, c in capacities.items() if c > 0])
+
+    # list schedule: topological order, fastest mode, earliest feasible start
+    ls_mode = fast[:]
+    ls_start = _sgs(order, [D[i][ls_mode[i]] for i in range(n)], [dem[i][ls_mode[i]] for i in range(n)],
+                    deps, capacities)
+    ub = max((ls_start[i] + D[i][ls_mode[i]] for i in range(n)), default=0)
+
+    status, note = "HEURISTIC", ""
+    chosen, tick_start, bound = ls_mode, ls_start, lb_ticks
+    if ub <= lb_ticks:
+        status = "OPTIMAL"
+    elif time_limit_s > 0:
+        res = _cpsat(n, deps, succ, D, dem, capacities, head, tail, lb_ticks, ub, ls_mode, ls_start,
+                     time_limit_s - (time.perf_counter() - t0), num_workers)
+        if res[0] in ("OPTIMAL", "FEASIBLE"):
+            status, chosen, tick_start, bound = res
+        else:
+            note = f"CP-SAT returned {res[0]}; list schedule"
+    else:
+        note = "no time to solve; list schedule"
+
+    # re-time in real seconds: solver's modes, its start order as the priority
+    prio = sorted(range(n), key=lambda i: (tick_start[i], order.index(i)))
+    rd = [dur[i][chosen[i]] for i in range(n)]
+    rs = _sgs(prio, rd, [dem[i][chosen[i]] for i in range(n)], deps, capacities)
+    makespan = max((rs[i] + rd[i] for i in range(n)), default=0.0)
+    slack = 0 if exact else n + 1
+    lower = max(cp_s, work_bound_s, (bound - slack) * tick_s)
+    lower = min(lower, makespan)
+    if status == "OPTIMAL" and exact:
+        lower = makespan
+    gap = (makespan - lower) / makespan if makespan > 0 else 0.0
+
+    entries = []
+    for i in range(n):
+        mode = tasks[i].modes[modes[i][chosen[i]]]
+        entries.append(ScheduledOp(name=tasks[i].name, unit=tasks[i].unit, mode=modes[i][chosen[i]],
+                                   tensor_units=mode.tensor_units, vector_units=mode.vector_units,
+                                   start_s=rs[i], duration_s=rd[i],
+                                   demand=tuple(sorted(dem[i][chosen[i]].items()))))
+    util = {}
+    for r, c in capacities.items():
+        busy = sum(e.duration_s * dict(e.demand).get(r, 0) for e in entries)
+        util[r] = busy / (c * makespan) if makespan > 0 and c > 0 else 0.0
+    for r, c in (unit_counts or {}).items():
+        if r in util or c <= 0:
+            continue
+        if r == "tensor":
+            busy = sum(e.duration_s * e.tensor_units for e in entries)
+        elif r == "vector":
+            busy = sum(e.duration_s * e.vector_units for e in entries)
+        else:
+            busy = sum(e.duration_s for e in entries if e.unit == r)
+        util[r] = busy / (c * makespan) if makespan > 0 else 0.0
+    return Schedule(makespan_s=makespan, status=status, lower_bound_s=lower, gap=gap,
+                    solve_time_s=time.perf_counter() - t0, ops=tuple(entries), utilisation=util,
+                    sequential_sum_s=seq_sum, critical_path_s=cp_s, work_bound_s=work_bound_s,
+                    capacities=dict(capacities), tick_s=tick_s, time_limit_s=float(time_limit_s),
+                    note=note)
+
+
+def _longest_path(order, deps, d) -> float:
+    fin = [0.0] * len(d)
+    for i in order:
+        fin[i] = max((fin[j] for j in deps[i]), default=0.0) + d[i]
+    return max(fin, default=0.0)
+
+
+def _cpsat(n, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hint_start, time_left,
+           num_workers):
+    """Returns (status, modes, starts, proven lower bound) in ticks; status UNKNOWN etc. when
+    no solution was found."""
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    starts, ends, bools = [], [], []
+    per_res: dict[str, list] = {r: [] for r in capacities}
+    for i in range(n):
+        lo, hi = head[i], ub - tail[i]
+        s = m.new_int_var(lo, hi, f"s{i}")
+        starts.append(s)
+        if len(D[i]) == 1:
+            iv = m.new_fixed_size_interval_var(s, D[i][0], f"iv{i}")
+            ends.append(s + D[i][0])
+            bools.append(None)
+            for r, k in dem[i][0].items():
+                per_res[r].append((iv, k))
+            continue
+        bs = [m.new_bool_var(f"b{i}_{a}") for a in range(len(D[i]))]
+        m.add_exactly_one(bs)
+        e = m.new_int_var(lo + min(D[i]), hi + max(D[i]), f"e{i}")
+        m.add(e == s + sum(D[i][a] * bs[a] for a in range(len(D[i]))))
+        ends.append(e)
+        bools.append(bs)
+        for a, b in enumerate(bs):
+            iv = m.new_optional_fixed_size_interval_var(s, D[i][a], b, f"iv{i}_{a}")
+            for r, k in dem[i][a].items():
+                per_res[r].append((iv, k))
+    for i in range(n):
+        for j in deps[i]:
+            m.add(starts[i] >= ends[j])
+    mk = m.new_int_var(lb, ub, "makespan")
+    for i in range(n):
+        if not succ[i]:
+            m.add(mk >= ends[i])
+    for r, items in per_res.items():
+        cap = capacities[r]
+        if sum(k for _, k in items) <= cap:
+            continue
+        if all(k == cap for _, k in items):
+            m.add_no_overlap([iv for iv, _ in items])
+        else:
+            m.add_cumulative([iv for iv, _ in items], [k for _, k in items], cap)
+    # symmetry: interchangeable ops (same modes, same deps, same successors) start in index order
+    groups: dict = {}
+    for i in range(n):
+        sig = (tuple(D[i]), tuple(tuple(sorted(x.items())) for x in dem[i]), tuple(deps[i]),
+               tuple(sorted(succ[i])))
+        groups.setdefault(sig, []).append(i)
+    for g in groups.values():
+        for a, b in zip(g, g[1:]):
+            m.add(starts[a] <= starts[b])
+    m.minimize(mk)
+    for i in range(n):
+        m.add_hint(starts[i], hint_start[i])
+        if bools[i] is not None:
+            for a, b in enumerate(bools[i]):
+                m.add_hint(b, a == hint_mode[i])
+    m.add_hint(mk, ub)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(1e-3, time_left)
+    solver.parameters.num_workers = max(1, int(num_workers))
+    solver.parameters.random_seed = 0
+    st = solver.solve(m)
+    name = solver.status_name(st)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return (name, None, None, None)
+    modes = []
+    for i in range(n):
+        if bools[i] is None:
+            modes.append(0)
+        else:
+            modes.append(next(a for a, b in enumerate(bools[i]) if solver.boolean_value(b)))
+    st_ticks = [solver.value(s) for s in starts]
+    bound = int(math.ceil(solver.best_objective_bound - 1e-9))
+    bound = max(bound, lb)
+    return ("OPTIMAL" if st == cp_model.OPTIMAL else "FEASIBLE", modes, st_ticks, bound)
+
+
+# --- ops on a chip --------------------------------------------------------------------------------
+def unit_choices(n: int, shares: Iterable[float] = DEFAULT_SHARES) -> tuple[int, ...]:
+    """Distinct unit counts ``round(n * share)`` (at least 1), largest first."""
+    return tuple(sorted({max(1, min(n, int(math.floor(n * s + 0.5)))) for s in shares}, reverse=True))
+
+
+def sharing(chip: Chip) -> str:
+    s = chip.unit_sharing or ("sequential" if chip.kind == "gpu" else "concurrent")
+    if s not in ("sequential", "concurrent"):
+        raise ConfigError(chip.name, "unit_sharing", f"must be sequential or concurrent, got {s!r}")
+    return s
+
+
+def chip_capacities(chip: Chip) -> dict:
+    """Scheduling resources of a chip: one shared ``chip`` resource for sequential chips;
+    ``tensor``, ``vector`` unit pools and a ``link`` for concurrent ones."""
+    if sharing(chip) == "sequential":
+        return {"chip": 1}
+    return {"tensor": chip.tensor.count, "vector": chip.vector.count, "link": 1}
+
+
+_OP_TIME_VECTOR_UNITS = "vector_units" in inspect.signature(op_time).parameters
+
+
+def fused_time(op: Op, chip: Chip, precision: str, eff: Efficiency, *, groups: dict, bytes_per_element: int,
+               tensor_units: int, vector_units: int) -> float:
+    """Seconds of a fused (tensor+vector) op on ``tensor_units`` tensor and ``vector_units``
+    vector units. ``op_time(..., units=k)`` runs both parts of a fused op on ``k`` units of each
+    kind; with unequal pools (TPUv4: 8 MXUs, 2 VPUs) the vector share must differ, so the
+    softmax work is scaled by ``k / k'`` to run it on ``k'`` vector units (exact: its time is
+    work / units)."""
+    kw = dict(groups=groups, bytes_per_element=bytes_per_element)
+    if tensor_units == chip.tensor.count and vector_units == chip.vector.count:
+        return op_time(op, chip, precision, eff, **kw)
+    if _OP_TIME_VECTOR_UNITS:    # a cost model that takes both counts
+        return op_time(op, chip, precision, eff, units=tensor_units, vector_units=vector_units, **kw)
+    scale = tensor_units / vector_units
+    scaled = replace(op, vector_flops=op.vector_flops * scale, special=op.special * scale)
+    return op_time(scaled, chip, precision, eff, units=tensor_units, **kw)
+
+
+def op_modes(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, groups: dict,
+             bytes_per_element: int, shares: Iterable[float] | None = None) -> tuple[Mode, ...]:
+    """The modes of one op on ``chip`` (see the module docstring for the sharing rules)."""
+    kw = dict(groups=groups, bytes_per_element=bytes_per_element)
+    nt, nv = chip.tensor.count, chip.vector.count
+    shares = tuple(DEFAULT_SHARES if shares is None else shares)
+    if sharing(chip) == "sequential":
+        t = op_time(op, chip, precision, eff, **kw)
+        return (Mode(t, (("chip", 1),), nt if op.unit in ("tensor", "tensor+vector") else 0,
+                     nv if op.unit in ("vector", "tensor+vector") else 0),)
+    if op.unit == "link":
+        return (Mode(op_time(op, chip, precision, eff, **kw), (("link", 1),)),)
+    if op.unit == "tensor":
+        return tuple(Mode(op_time(op, chip, precision, eff, units=None if k == nt else k, **kw),
+                          (("tensor", k),), k, 0) for k in unit_choices(nt, shares))
+    if op.unit == "vector":
+        return tuple(Mode(op_time(op, chip, precision, eff, units=None if k == nv else k, **kw),
+                          (("vector", k),), 0, k) for k in unit_choices(nv, shares))
+    if op.unit == "tensor+vector":
+        pairs = sorted({(unit_choices(nt, (s,))[0], unit_choices(nv, (s,))[0]) for s in shares}, reverse=True)
+        return tuple(Mode(fused_time(op, chip, precision, eff, tensor_units=kt, vector_units=kv, **kw),
+                          (("tensor", kt), ("vector", kv)), kt, kv) for kt, kv in pairs)
+    raise ValueError(f"op {op.name!r}: unknown unit {op.unit!r}")
+
+
+def op_tasks(ops: Sequence[Op], chip: Chip, precision: str, eff: Efficiency = IDEAL, *, groups: dict,
+             bytes_per_element: int, shares: Iterable[float] | None = None) -> tuple[Task, ...]:
+    names = {o.name for o in ops}
+    return tuple(Task(o.name, op_modes(o, chip, precision, eff, groups=groups,
+                                       bytes_per_element=bytes_per_element, shares=shares),
+                      tuple(d for d in o.deps if d in names), o.unit) for o in ops)
+
+
+def schedule_ops(ops: Sequence[Op], chip: Chip, precision: str, eff: Efficiency = IDEAL, *, groups: dict,
+                 bytes_per_element: int, time_limit_s: float = 10.0, modes: Iterable[float] | None = None,
+                 num_workers: int = 1, cache: bool = True) -> Schedule:
+    """Minimum-makespan schedule of one phase's ops on one chip.
+
+    ``modes``: the shares of a unit pool an op may run on (default ``DEFAULT_SHARES``: all,
+    half, a quarter, an eighth of the units, rounded); ignored on sequential chips.
+    ``groups`` / ``bytes_per_element`` / ``precision`` go to :func:`phaze.cost.op_time`."""
+    tasks = op_tasks(ops, chip, precision, eff, groups=groups, bytes_per_element=bytes_per_element,
+                     shares=modes)
+    units = {"tensor": chip.tensor.count, "vector": chip.vector.count, "link": 1}
+    return solve(tasks, chip_capacities(chip), time_limit_s=time_limit_s, num_workers=num_workers,
+                 cache=cache, unit_counts=units)
+
+
+def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompute: str) -> None:
+    """Raise :class:`ConfigError` (naming the CLI flag) for a layer that cannot be built."""
+    from .plan import ATTENTION, RECOMPUTE
+    if mbs < 1:
+        raise ConfigError("--mbs", None, f"must be a positive integer, got {mbs}")
+    if tp < 1:
+        raise ConfigError("--tp", None, f"must be a positive integer, got {tp}")
+    if model.heads % tp or model.ffn_hidden % tp:
+        g = math.gcd(model.heads, model.ffn_hidden)
+        raise ConfigError("--tp", None, f"must divide the heads ({model.heads}) and FFN width "
+                          f"({model.ffn_hidden}) of {model.name}; allowed: "
+                          f"{', '.join(str(d) for d in range(1, g + 1) if g % d == 0)}")
+    if model.kv_heads % tp and tp % model.kv_heads:
+        raise ConfigError("--tp", None, f"must divide or be a multiple of the kv heads "
+                                        f"({model.kv_heads}), got {tp}")
+    if sp and tp > 1 and model.seq_len % tp:
+        raise ConfigError("--sp", None, f"sequence parallelism needs tp ({tp}) to divide the "
+                                        f"sequence length ({model.seq_len})")
+    if attention not in ATTENTION:
+        raise ConfigError("--attention", None, f"must be one of {', '.join(ATTENTION)}, got {attention!r}")
+    if recompute not in RECOMPUTE:
+        raise ConfigError("--recompute", None, f"must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+
+
+def schedule_layer(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
+                   eff: Efficiency = IDEAL, *, time_limit_s: float = 10.0, modes: Iterable[float] | None = None,
+                   num_workers: int = 1, cache: bool = True) -> tuple[Schedule, Schedule]:
+    """(forward, backward incl. recompute) schedules of one layer for one micro-batch, with the
+    ops, groups and precision of :func:`phaze.step.layer_time`."""
+    from .graph import layer_graph
+    check_layer_args(model, mbs, tp, sp, attention, recompute)
+    g = layer_graph(model, mbs, tp, sp, attention, recompute)
+    kw = dict(groups={"tp": (tp, 1)}, bytes_per_element=model.bytes_per_element, time_limit_s=time_limit_s,
+              modes=modes, num_workers=num_workers, cache=cache)
+    return (schedule_ops(g.fwd, chip, model.precision, eff, **kw),
+            schedule_ops(g.bwd, chip, model.precision, eff, **kw))
