@@ -203,7 +203,7 @@ def _write_predictions(path, preds) -> None:
         w.writerow(["run_id", "source_id", "gpu", "measured_step_s", "predicted_step_s", "error",
                     "status", "reason", "layout_from"])
         for p in preds:
-            fmt = lambda x: "" if x is None else f"{x:.6g}"  # noqa: E731
+            fmt = lambda x: "" if x is None else f"{x:.9g}"  # noqa: E731
             w.writerow([p.run_id, p.source, p.gpu, fmt(p.measured_step_s), fmt(p.predicted_step_s),
                         fmt(p.error), p.status, p.reason, p.layout_from])
             fh.flush()

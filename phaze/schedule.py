@@ -57,6 +57,7 @@ TICK_RESOLUTION_EXP = 20                    # sum of fastest durations spans [2*
 FORMULATION = 1                             # bump when results change meaning (invalidates caches)
 STATUSES = ("OPTIMAL", "FEASIBLE", "HEURISTIC")
 _MEMORY_CACHE_SIZE = 4096
+_SOLVER_PARAMS: dict = {}
 
 
 # --- data ---------------------------------------------------------------------------------
@@ -526,6 +527,8 @@ def _cpsat(n, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hin
     solver.parameters.max_time_in_seconds = max(1e-3, time_left)
     solver.parameters.num_workers = max(1, int(num_workers))
     solver.parameters.random_seed = 0
+    for k, v in _SOLVER_PARAMS.items():
+        setattr(solver.parameters, k, v)
     st = solver.solve(m)
     name = solver.status_name(st)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
