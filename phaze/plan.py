@@ -37,6 +37,8 @@ class Plan:
     dp_overlap: bool = True
     tp_overlap: bool = False
     reduce_fp32: bool = False
+    stages: tuple[int, ...] = ()           # layers per pipeline stage (empty: even split)
+    stage_recompute: tuple[str, ...] = ()  # recompute per stage (empty: ``recompute`` everywhere)
 
     def __post_init__(self):
         if self.sp is None:
@@ -50,7 +52,9 @@ class Plan:
                 + (",sp=1" if self.sp and self.tp > 1 else "")
                 + (f",vp={self.vp}" if self.vp > 1 else "") + (f",cp={self.cp}" if self.cp > 1 else "")
                 + (f",zero={self.zero}" if self.zero else "") + f",attention={self.attention}"
-                + (",tp_overlap=1" if self.tp_overlap else ""))
+                + (",tp_overlap=1" if self.tp_overlap else "")
+                + (",stages=" + ":".join(map(str, self.stages)) if self.stages else "")
+                + (",stage_recompute=" + ":".join(self.stage_recompute) if self.stage_recompute else ""))
 
 
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp")
@@ -77,6 +81,17 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 what = "0, 1, 2 or 3" if key == "zero" else "a positive integer"
                 raise ConfigError(source, key, f"must be {what}, got {raw!r}")
             values[key] = int(raw)
+        elif key == "stages":
+            parts = raw.split(":")
+            if not all(x.isascii() and x.isdigit() and int(x) > 0 for x in parts):
+                raise ConfigError(source, key, f"must be positive layer counts joined by ':', got {raw!r}")
+            values[key] = tuple(int(x) for x in parts)
+        elif key == "stage_recompute":
+            parts = tuple(x.strip().lower() for x in raw.split(":"))
+            if not all(x in RECOMPUTE for x in parts):
+                raise ConfigError(source, key, f"must be {'/'.join(RECOMPUTE)} per stage joined by ':', "
+                                               f"got {raw!r}")
+            values[key] = parts
         elif key in ("sp", "dp_overlap", "tp_overlap", "reduce_fp32"):
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")

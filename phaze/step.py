@@ -8,7 +8,7 @@ shared/DESIGN.md section 5.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 from .arch import Chip
@@ -162,45 +162,137 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                                           f"the sequence length ({model.seq_len})")
     if model.seq_len % plan.cp:
         raise ConfigError("--plan", "cp", f"must divide the sequence length ({model.seq_len})")
+    if plan.stages and (len(plan.stages) != plan.pp or sum(plan.stages) != model.layers):
+        raise ConfigError("--plan", "stages", f"must give pp = {plan.pp} layer counts summing to the "
+                                              f"layers ({model.layers}), got {':'.join(map(str, plan.stages))}")
+    if plan.stages and plan.vp > 1 and any(n % plan.vp for n in plan.stages):
+        raise ConfigError("--plan", "stages", f"with vp = {plan.vp} every stage's layers must be a "
+                                              f"multiple of vp")
+    if plan.stage_recompute and len(plan.stage_recompute) != plan.pp:
+        raise ConfigError("--plan", "stage_recompute", f"must give one mode per stage (pp = {plan.pp}), "
+                                                       f"got {len(plan.stage_recompute)}")
     dp = devices // width
     if global_batch % (dp * plan.mbs):
         raise ConfigError("--global-batch", None, f"must be a multiple of dp*mbs = {dp}*{plan.mbs} "
                                                   f"= {dp * plan.mbs}, got {global_batch}")
 
 
-@lru_cache(maxsize=65536)
-def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan,
-             eff: Efficiency = IDEAL) -> StepResult:
-    """Step time, throughput, utilisation and per-device memory of ``plan``."""
-    check_plan(model, devices, global_batch, plan)
+@dataclass(frozen=True)
+class StageCosts:
+    """Everything a stage's time, tail and memory depend on, for one layout (tp, pp, mbs, ...)
+    and each recompute mode: the pieces :func:`evaluate` and the placement search share."""
+
+    model: Model
+    plan: Plan
+    devices: int
+    micro_batches: int
+    layer: dict            # recompute -> PhaseTime of one layer (forward + backward), one micro-batch
+    fwd: dict              # recompute -> PhaseTime of one layer's forward
+    bwd: dict              # recompute -> PhaseTime of one layer's backward (recompute included)
+    act_bytes: dict        # recompute -> stored activation bytes of one layer, one micro-batch
+    full_act_bytes: float
+    embedding: PhaseTime
+    head: PhaseTime
+    send_s: float
+    state_bytes_per_param: float
+    chip: Chip
+    eff: Efficiency
+
+    def params(self, i: int, n: int) -> float:
+        """Parameters one device of stage ``i`` holds with ``n`` layers."""
+        m, pp = self.model, self.plan.pp
+        q = n * m.layer_params
+        if i == 0:
+            q += m.embedding_params
+        if i == pp - 1:
+            q += m.head_params
+            if m.tied_embeddings and pp > 1:   # the last stage keeps its own copy of the table
+                q += m.vocab * (m.embedding_projection_dim or m.hidden)
+        return q / self.plan.tp
+
+    def time(self, i: int, n: int, r: str) -> PhaseTime:
+        """Stage ``i`` with ``n`` layers and recompute ``r``: one micro-batch forward + backward."""
+        t = self.layer[r] * n + PhaseTime(communication=self.send_s)
+        if i == 0:
+            t = t + self.embedding
+        if i == self.plan.pp - 1:
+            t = t + self.head
+        return t
+
+    def tail(self, i: int, n: int, r: str) -> tuple[float, float]:
+        """(exposed data-parallel communication, optimizer step) after the stage's last backward."""
+        plan, chip, eff = self.plan, self.chip, self.eff
+        p = self.model.bytes_per_element
+        dp = plan.dp(self.devices)
+        params = self.params(i, n)
+        group, stride = dp * plan.cp, (plan.tp * plan.pp if plan.cp == 1 else plan.tp)
+        grad_bytes = 4 if plan.reduce_fp32 else p
+        exposed_s = 0.0
+        if group > 1 and plan.zero < 3:
+            # gradients accumulate over micro-batches: only the last backward can hide their reduction
+            bwd_window = self.bwd[r].total * n if plan.dp_overlap else 0.0
+            if plan.zero >= 1:
+                # distributed optimizer: reduce-scatter the gradients under the last backward,
+                # all-gather the updated weights under the next step's first forward
+                rs = collective_time("reduce_scatter", grad_bytes * params, group, chip, stride, eff)
+                ag = collective_time("all_gather", p * params, group, chip, stride, eff)
+                fwd_window = self.fwd[r].total * n if plan.dp_overlap else 0.0
+                exposed_s = exposed(rs, bwd_window, eff) + exposed(ag, fwd_window, eff)
+            else:
+                exposed_s = exposed(collective_time("all_reduce", grad_bytes * params, group, chip, stride,
+                                                    eff), bwd_window, eff)
+        opt = optimizer_op(params / (group if plan.zero >= 1 else 1), plan.optimizer)
+        return exposed_s, vector_time(opt.elements, opt.flops, opt.bytes, chip, eff)
+
+    def memory(self, i: int, n: int, r: str) -> StageMemory:
+        """Peak bytes on a device of stage ``i``: under 1F1B it holds min(pp - i, m) micro-batches."""
+        plan, m = self.plan, self.model
+        pp, v = plan.pp, plan.vp
+        inflight = min(pp - i, self.micro_batches) * (1 + (pp - 1) / (pp * v) if v > 1 else 1.0)
+        transient = self.full_act_bytes if r != "none" else 0.0    # one layer re-materialised
+        if i == pp - 1:   # fp32 logits for the loss
+            transient += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
+        if plan.zero >= 3:
+            transient += 2 * m.bytes_per_element * m.layer_params / plan.tp   # gathered layer weights
+        return StageMemory(i, n, self.state_bytes_per_param * self.params(i, n),
+                           n * self.act_bytes[r] * inflight, transient)
+
+
+@lru_cache(maxsize=16384)
+def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan,
+                eff: Efficiency = IDEAL) -> StageCosts:
+    """Per-layer and per-stage costs of a layout, for every recompute mode. ``plan``'s recompute
+    and stage fields are ignored: callers pass the layout only."""
     tp, pp, v = plan.tp, plan.pp, plan.vp
     dp = plan.dp(devices)
-    m = global_batch // (dp * plan.mbs)
+    p = model.bytes_per_element
     # context parallelism splits each sequence over cp devices: a layer sees seq/cp tokens
     shard = model if plan.cp == 1 else with_seq_len(model, model.seq_len // plan.cp)
-    fwd, bwd = layer_time(shard, chip, plan.mbs, tp, plan.sp, plan.attention, plan.recompute, eff)
-    emb, head = edge_time(shard, chip, plan.mbs, tp, plan.sp, eff)
-    p = model.bytes_per_element
-    if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
-        fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
-        bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
-    layer = fwd + bwd
-    if plan.cp > 1:   # ring attention: K and V pass around the cp ring, once forward, twice backward
-        kv = p * plan.mbs * shard.seq_len * 2 * model.kv_dim / tp
-        ring = 3 * collective_time("all_gather", kv * plan.cp, plan.cp, chip, tp, eff)
-        layer = layer + PhaseTime(communication=exposed(ring, layer.compute, eff))
-    counts = stage_layers(model.layers, pp)
     grad_bytes = 4 if plan.reduce_fp32 else p
-    if plan.zero >= 3 and dp > 1:
-        # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
-        # layer's forward; in backward they are gathered again and the gradients reduce-scattered
-        # on the same communication stream, under the layer's backward
-        group = (dp, tp * pp * plan.cp)
-        gather = collective_time("all_gather", p * model.layer_params / tp, group[0], chip, group[1], eff)
-        scatter = collective_time("reduce_scatter", grad_bytes * model.layer_params / tp, group[0], chip,
-                                  group[1], eff)
-        layer = layer + PhaseTime(communication=exposed(gather, fwd.compute + fwd.memory, eff)
-                                  + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
+    layer, fwds, bwds, acts = {}, {}, {}, {}
+    for r in ("none", "selective", "full"):
+        fwd, bwd = layer_time(shard, chip, plan.mbs, tp, plan.sp, plan.attention, r, eff)
+        if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
+            fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
+            bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
+        total = fwd + bwd
+        if plan.cp > 1:   # ring attention: K and V pass around the cp ring, once forward, twice backward
+            kv = p * plan.mbs * shard.seq_len * 2 * model.kv_dim / tp
+            ring = 3 * collective_time("all_gather", kv * plan.cp, plan.cp, chip, tp, eff)
+            total = total + PhaseTime(communication=exposed(ring, total.compute, eff))
+        if plan.zero >= 3 and dp > 1:
+            # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
+            # layer's forward; in backward they are gathered again and the gradients
+            # reduce-scattered on the same communication stream, under the layer's backward
+            stride = tp * pp * plan.cp
+            gather = collective_time("all_gather", p * model.layer_params / tp, dp, chip, stride, eff)
+            scatter = collective_time("reduce_scatter", grad_bytes * model.layer_params / tp, dp, chip,
+                                      stride, eff)
+            total = total + PhaseTime(communication=exposed(gather, fwd.compute + fwd.memory, eff)
+                                      + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
+        layer[r], fwds[r], bwds[r] = total, fwd, bwd
+        acts[r] = activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, r, plan.attention)
+    emb, head = edge_time(shard, chip, plan.mbs, tp, plan.sp, eff)
     send = 0.0
     if pp > 1:
         # scatter/gather (Narayanan et al. SC'21, 4.1): each of the tp ranks sends 1/tp of the
@@ -210,48 +302,43 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         if tp > 1 and not plan.sp:
             one += collective_time("all_gather", act, tp, chip, 1, eff)
         send = 2 * v * one
-    stage_t = []
-    for i, n in enumerate(counts):
-        t = layer * n + PhaseTime(communication=send)
-        if i == 0:
-            t = t + emb
-        if i == pp - 1:
-            t = t + head
-        stage_t.append(t)
-    crit = max(range(pp), key=lambda i: stage_t[i].total)
-    t_max = stage_t[crit].total
-    bubble = (sum(s.total for s in stage_t) - t_max) / v
-    per_mb = stage_t[crit]
+    return StageCosts(model, plan, devices, global_batch // (dp * plan.mbs), layer, fwds, bwds, acts,
+                      acts["none"], emb, head, send,
+                      state_bytes_per_param(plan.optimizer, plan.zero, dp * plan.cp, p, p), chip, eff)
 
-    # parameters held by one device of each stage (embedding on the first stage, head on the last)
-    emb_params = model.embedding_params
-    head_params = model.head_params + (model.vocab * (model.embedding_projection_dim or model.hidden)
-                                       if model.tied_embeddings and pp > 1 else 0)
-    stage_params = []
-    for i, n in enumerate(counts):
-        q = n * model.layer_params + (emb_params if i == 0 else 0) + (head_params if i == pp - 1 else 0)
-        stage_params.append(q / tp)
-    grads = grad_bytes * stage_params[crit]
-    group, stride = dp * plan.cp, (tp * pp if plan.cp == 1 else tp)
-    dp_exposed = 0.0
-    if group > 1 and plan.zero < 3:
-        # gradients accumulate over micro-batches: only the last backward can hide their reduction
-        bwd_window = bwd.total * counts[crit] if plan.dp_overlap else 0.0
-        if plan.zero >= 1:
-            # distributed optimizer: reduce-scatter the gradients under the last backward, all-gather
-            # the updated weights under the next step's first forward
-            rs = collective_time("reduce_scatter", grads, group, chip, stride, eff)
-            ag = collective_time("all_gather", p * stage_params[crit], group, chip, stride, eff)
-            fwd_window = fwd.total * counts[crit] if plan.dp_overlap else 0.0
-            dp_exposed = exposed(rs, bwd_window, eff) + exposed(ag, fwd_window, eff)
-        else:
-            dp_exposed = exposed(collective_time("all_reduce", grads, group, chip, stride, eff),
-                                 bwd_window, eff)
-    opt_params = stage_params[crit] / (dp * plan.cp if plan.zero >= 1 else 1)
-    opt = optimizer_op(opt_params, plan.optimizer)
-    t_opt = vector_time(opt.elements, opt.flops, opt.bytes, chip, eff)
 
-    step = m * t_max + bubble + dp_exposed + t_opt
+def layout_of(plan: Plan) -> Plan:
+    """The plan without its recompute and stage choices (the key of :func:`stage_costs`)."""
+    return replace(plan, recompute="none", stages=(), stage_recompute=())
+
+
+def step_time_of(costs: StageCosts, counts, recomputes) -> tuple[float, int, int]:
+    """Step time of a stage assignment under 1F1B: ``m * T_max + (sum T - T_max) / v`` plus the
+    largest stage tail (data-parallel reduction not hidden, optimizer). Returns (seconds,
+    critical stage, tail stage). The one formula both :func:`evaluate` and the placement DP use."""
+    m, v = costs.micro_batches, costs.plan.vp
+    times = [costs.time(i, n, r).total for i, (n, r) in enumerate(zip(counts, recomputes))]
+    tails = [sum(costs.tail(i, n, r)) for i, (n, r) in enumerate(zip(counts, recomputes))]
+    crit = max(range(len(times)), key=times.__getitem__)
+    last = max(range(len(tails)), key=tails.__getitem__)
+    return (m - 1.0 / v) * times[crit] + sum(times) / v + tails[last], crit, last
+
+
+@lru_cache(maxsize=65536)
+def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan,
+             eff: Efficiency = IDEAL) -> StepResult:
+    """Step time, throughput, utilisation and per-device memory of ``plan``."""
+    check_plan(model, devices, global_batch, plan)
+    pp, v = plan.pp, plan.vp
+    costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), eff)
+    counts = plan.stages or stage_layers(model.layers, pp)
+    recs = plan.stage_recompute or (plan.recompute,) * pp
+    step, crit, last = step_time_of(costs, counts, recs)
+    per_mb = costs.time(crit, counts[crit], recs[crit])
+    m = costs.micro_batches
+    bubble = (sum(costs.time(i, n, r).total for i, (n, r) in enumerate(zip(counts, recs)))
+              - per_mb.total) / v
+    dp_exposed, t_opt = costs.tail(last, counts[last], recs[last])
     breakdown = {
         "compute_s": m * per_mb.compute,
         "memory_bound_s": m * per_mb.memory,
@@ -261,36 +348,32 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
-    hw = _hardware_flops_per_sample(model, plan) * global_batch
-
-    # memory per stage under 1F1B: stage i holds min(pp - i, m) micro-batches in flight
-    act = activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, plan.recompute, plan.attention)
-    full_act = activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, "none", plan.attention)
-    per_param = state_bytes_per_param(plan.optimizer, plan.zero, dp * plan.cp, p, p)
-    interleave = 1 + (pp - 1) / (pp * v) if v > 1 else 1.0
-    stages = []
-    for i, n in enumerate(counts):
-        inflight = min(pp - i, m) * interleave
-        transient = full_act if plan.recompute != "none" else 0.0  # one layer re-materialised
-        if i == pp - 1:
-            transient += 4.0 * plan.mbs * shard.seq_len * model.vocab / tp  # fp32 logits for the loss
-        if plan.zero >= 3:
-            transient += 2 * p * model.layer_params / tp                  # gathered layer weights
-        stages.append(StageMemory(i, n, per_param * stage_params[i], n * act * inflight, transient))
+    hw = sum(n * _hardware_flops_per_layer(model, r) for n, r in zip(counts, recs)) / model.layers
+    hw = (hw + _edge_flops(model)) * global_batch
+    stages = [costs.memory(i, n, r) for i, (n, r) in enumerate(zip(counts, recs))]
     worst = max(range(pp), key=lambda i: stages[i].total_bytes)
     need = stages[worst].total_bytes
     return StepResult(
         workload=model.name, chip=chip.name, devices=devices, global_batch=global_batch,
-        plan=plan.label(), dp=dp, micro_batches=m, step_time_s=step,
+        plan=plan.label(), dp=plan.dp(devices), micro_batches=m, step_time_s=step,
         samples_per_s=global_batch / step, tokens_per_s=global_batch * model.seq_len / step,
         model_flops_per_step=flops, mfu=flops / (step * peak), hfu=hw / (step * peak),
         memory_per_device_bytes=need, hbm_bytes=chip.hbm_bytes, fits=need <= chip.hbm_bytes,
         binding_stage=worst, breakdown_s=breakdown, stage_memory=tuple(stages))
 
 
-def _hardware_flops_per_sample(model: Model, plan: Plan) -> float:
-    """FLOPs the hardware executes per sequence, recompute included (for HFU)."""
-    g = layer_graph(model, 1, 1, False, "standard", plan.recompute if plan.recompute != "selective"
-                    else "selective")
+@lru_cache(maxsize=4096)
+def _hardware_flops_per_layer(model: Model, recompute: str) -> float:
+    """FLOPs the hardware executes per layer and sequence, recompute included (for HFU)."""
+    return model.layers * tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute).ops)
+
+
+@lru_cache(maxsize=4096)
+def _edge_flops(model: Model) -> float:
     e = edge_graph(model, 1, 1, False)
-    return model.layers * tensor_flops(g.ops) + tensor_flops(e["embedding"] + e["head"])
+    return tensor_flops(e["embedding"] + e["head"])
+
+
+def _hardware_flops_per_sample(model: Model, plan: Plan) -> float:
+    """FLOPs the hardware executes per sequence under a uniform recompute (for HFU)."""
+    return _hardware_flops_per_layer(model, plan.recompute) + _edge_flops(model)
