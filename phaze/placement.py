@@ -1,0 +1,259 @@
+"""Device placement: the best execution plan of a model on a cluster (shared/DESIGN.md section 5).
+
+For every layout (tensor-parallel width tp, pipeline depth pp, micro-batch mbs, interleaving vp)
+an exact dynamic program chooses the contiguous stage partition of the layers and each stage's
+recompute mode, within every device's memory, to minimise the step time of
+:func:`phaze.step.step_time_of`::
+
+    step = (m - 1/v) * max_i T_i + sum_i T_i / v + max_i tail_i
+
+The two maxima are handled by enumerating caps: for a cap on the slowest stage time and a cap on
+the largest tail, a (min, +) recurrence over (stages used, layers placed) gives the smallest sum of
+stage times; the minimum over caps of ``(m - 1/v) * cap_T + sum / v + cap_tail`` is the optimum
+(attained when both caps equal the true maxima). Caps are visited in increasing order and pruned
+by a lower bound, so only a few are solved.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from .arch import Chip
+from .configio import ConfigError
+from .cost import IDEAL, Efficiency
+from .plan import RECOMPUTE, Plan
+from .step import StageCosts, StepResult, check_plan, evaluate, layout_of, stage_costs, stage_layers
+from .workload import Model
+
+GiB = 2.0 ** 30
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """The space searched. ``tp``, ``mbs``, ``vp``: candidate values (invalid ones are skipped);
+    ``pp``: candidate depths (empty: every divisor of devices/tp up to the layer count)."""
+
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    mbs: tuple[int, ...] = (1, 2, 4, 8)
+    recompute: tuple[str, ...] = RECOMPUTE
+    pp: tuple[int, ...] = ()
+    vp: tuple[int, ...] = (1,)
+    zero: int = 0
+    attention: str = "flash"
+    sp: bool = True
+    optimizer: str = "adam"
+
+
+@dataclass(frozen=True)
+class Placement:
+    plan: Plan
+    result: StepResult
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    best: Placement | None
+    top: tuple[Placement, ...]
+    baseline: Placement | None          # even split, one recompute mode: a Megatron-style plan
+    layouts_considered: int
+    layouts_feasible: int
+    solve_time_s: float
+    infeasible_reason: str = ""
+
+    @property
+    def gain_over_baseline(self) -> float | None:
+        """Throughput of the best plan over the baseline's, minus one."""
+        if not self.best or not self.baseline:
+            return None
+        return self.baseline.result.step_time_s / self.best.result.step_time_s - 1.0
+
+
+# --- per-stage option tables -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Options:
+    """For each stage i, layer count n (index n, 0 unused) and recompute r: time, tail, fits."""
+
+    time: np.ndarray      # [pp, L+1, R]
+    tail: np.ndarray      # [pp, L+1, R]
+    fits: np.ndarray      # [pp, L+1, R] bool
+    memory: np.ndarray    # [pp, L+1, R] bytes
+    modes: tuple[str, ...]
+
+
+def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n) -> _Options:
+    """Evaluate every (stage, layers, recompute) through :class:`StageCosts` itself (its time and
+    memory are linear in the layer count and accept an array of counts), so the DP scores exactly
+    what :func:`phaze.step.evaluate` scores. Interior stages share times and tails."""
+    pp, L = costs.plan.pp, costs.model.layers
+    R = len(modes)
+    shape = (pp, L + 1, R)
+    t, tl, mem = np.full(shape, np.inf), np.full(shape, np.inf), np.full(shape, np.inf)
+    ns = np.asarray(sorted(allowed_n), dtype=float)
+    idx = ns.astype(int)
+    for k, r in enumerate(modes):
+        classes = {0, pp - 1} | ({1} if pp > 2 else set())
+        for i in classes:
+            t[i, idx, k] = costs.time(i, ns, r).total
+            tl[i, idx, k] = [sum(costs.tail(i, int(n), r)) for n in idx]
+        for i in range(pp):
+            if i not in classes:
+                t[i, idx, k], tl[i, idx, k] = t[1, idx, k], tl[1, idx, k]
+            mem[i, idx, k] = costs.memory(i, ns, r).total_bytes
+    return _Options(t, tl, mem <= costs.chip.hbm_bytes, mem, modes)
+
+
+@lru_cache(maxsize=64)
+def _shift_index(L: int) -> tuple[np.ndarray, np.ndarray]:
+    j = np.arange(L + 1)[:, None]
+    n = np.arange(L + 1)[None, :]
+    return np.clip(j - n, 0, L), (n > j) | (n == 0)
+
+
+def _min_plus(best: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """new[j] = min over n >= 1 of best[j - n] + cost[n], with the arg-min n."""
+    idx, invalid = _shift_index(len(best) - 1)
+    total = best[idx] + cost[None, :]
+    total[invalid] = np.inf
+    arg = np.argmin(total, axis=1)
+    return total[np.arange(len(best)), arg], arg
+
+
+def _solve_layout(costs: StageCosts, opts: _Options):
+    """Exact optimum of one layout: (objective, counts, recomputes) or None if nothing fits."""
+    pp, L = costs.plan.pp, costs.model.layers
+    m, v = costs.micro_batches, costs.plan.vp
+    a = m - 1.0 / v
+    ok = opts.fits & np.isfinite(opts.time)
+    if not ok.any():
+        return None
+
+    def run(t_cap: float, tail_cap: float):
+        """Smallest sum of stage times with every stage within both caps, and its solution."""
+        allowed = ok & (opts.time <= t_cap) & (opts.tail <= tail_cap)
+        masked = np.where(allowed, opts.time, np.inf)
+        stage_cost, stage_mode = masked.min(axis=2), masked.argmin(axis=2)
+        acc = np.full(L + 1, np.inf)
+        acc[0] = 0.0
+        args = []
+        for i in range(pp):
+            acc, arg = _min_plus(acc, stage_cost[i])
+            args.append(arg)
+        if not np.isfinite(acc[L]):
+            return None
+        counts, j = [], L
+        for i in reversed(range(pp)):
+            counts.append(int(args[i][j]))
+            j -= counts[-1]
+        counts.reverse()
+        ks = [int(stage_mode[i, n]) for i, n in enumerate(counts)]
+        t_max = max(opts.time[i, n, k] for i, (n, k) in enumerate(zip(counts, ks)))
+        tail_max = max(opts.tail[i, n, k] for i, (n, k) in enumerate(zip(counts, ks)))
+        return float(acc[L]), float(t_max), float(tail_max), counts, ks
+
+    t_caps = np.unique(opts.time[ok])
+    tails = np.unique(opts.tail[ok])
+    # feasibility only grows with the time cap: bisect for the smallest feasible one
+    lo, hi = 0, len(t_caps) - 1
+    if run(t_caps[hi], math.inf) is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if run(t_caps[mid], math.inf) is not None else (mid + 1, hi)
+    widest = run(t_caps[-1], math.inf)
+    floor = widest[0] / v + tails[0]          # no solution has a smaller sum or tail
+    best_obj, best = math.inf, None
+    for t_cap in t_caps[lo:]:
+        if a * t_cap + floor >= best_obj:
+            break
+        sol = run(t_cap, math.inf)
+        # walk the tail cap down through the tails the optimal sums actually reach
+        while sol is not None:
+            total, t_max, tail_max, counts, ks = sol
+            obj = a * t_max + total / v + tail_max
+            if obj < best_obj:
+                best_obj, best = obj, (counts, ks)
+            lower = tails[tails < tail_max]
+            if not len(lower) or a * t_cap + total / v + tails[0] >= best_obj:
+                break
+            sol = run(t_cap, lower[-1])
+    counts, ks = best
+    return best_obj, tuple(counts), tuple(opts.modes[k] for k in ks)
+
+
+# --- layouts -----------------------------------------------------------------------------------------
+def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions):
+    """Every valid layout of the option space, as base plans."""
+    for tp in sorted(set(options.tp)):
+        if tp > devices or devices % tp:
+            continue
+        depths = options.pp or tuple(d for d in range(1, devices // tp + 1) if (devices // tp) % d == 0)
+        for pp in sorted(set(depths)):
+            for vp in sorted(set(options.vp)):
+                for mbs in sorted(set(options.mbs)):
+                    plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, zero=options.zero, sp=options.sp and tp > 1,
+                                attention=options.attention, optimizer=options.optimizer)
+                    try:
+                        check_plan(model, devices, global_batch, plan)
+                    except ConfigError:
+                        continue
+                    yield plan
+
+
+def place(model: Model, chip: Chip, devices: int, global_batch: int,
+          options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL,
+          top: int = 5) -> PlacementResult:
+    """The best plan (and the ``top`` best, one per layout) of ``model`` on ``devices`` chips."""
+    start = time.perf_counter()
+    modes = tuple(r for r in RECOMPUTE if r in options.recompute)
+    if not modes:
+        raise ConfigError("--recompute", None, f"must list at least one of {', '.join(RECOMPUTE)}")
+    heap: list = []
+    baseline, closest = None, None
+    considered = feasible = 0
+    for base in layouts(model, devices, global_batch, options):
+        considered += 1
+        costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
+        L, pp = model.layers, base.pp
+        even = stage_layers(L, pp)
+        allowed_n = sorted({even[0]} if base.vp > 1 else range(1, L - pp + 2))
+        opts = _options(costs, modes, allowed_n)
+        solved = _solve_layout(costs, opts)
+        # the Megatron-style plan: even split, one recompute mode for every stage
+        for k, r in enumerate(modes):
+            if all(opts.fits[i, n, k] for i, n in enumerate(even)):
+                plan = replace(base, recompute=r)
+                res = evaluate(model, chip, devices, global_batch, plan, eff)
+                if baseline is None or res.step_time_s < baseline.result.step_time_s:
+                    baseline = Placement(plan, res)
+                break
+        if solved is None:
+            worst = min(max(opts.memory[i, n, k] for i, n in enumerate(even)) for k in range(len(modes)))
+            if closest is None or worst < closest[0]:
+                closest = (worst, base)
+            continue
+        feasible += 1
+        _, counts, recs = solved
+        uniform = len(set(recs)) == 1
+        plan = replace(base, recompute=recs[0],
+                       stages=() if counts == even else counts,
+                       stage_recompute=() if uniform else recs)
+        res = evaluate(model, chip, devices, global_batch, plan, eff)
+        heapq.heappush(heap, (res.tokens_per_s, considered, Placement(plan, res)))
+        if len(heap) > max(1, top):
+            heapq.heappop(heap)
+    ranked = tuple(p for _, _, p in sorted(heap, key=lambda x: (-x[0], x[1])))
+    reason = ""
+    if not ranked:
+        if closest is None:
+            reason = "no valid layout: no tp in the options divides the heads and the devices"
+        else:
+            worst, base = closest
+            reason = (f"nothing fits: the closest plan ({base.label()}, full recompute allowed) needs "
+                      f"{worst / GiB:.1f} GiB per device, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB")
+    return PlacementResult(ranked[0] if ranked else None, ranked, baseline, considered, feasible,
+                           time.perf_counter() - start, reason)
