@@ -5,14 +5,15 @@
 ...                    plan="tp=8,pp=16,mbs=1,recompute=full")
 >>> r.step_time_s, r.mfu, r.fits
 """
-from .api import evaluate
+from .api import evaluate, place
 from .arch import Chip, load_chip
 from .configio import ConfigError
 from .cost import Efficiency
+from .placement import PlacementOptions, PlacementResult
 from .plan import Plan, parse_plan
 from .step import StepResult
 from .workload import Model, load_model
 
-__all__ = ["evaluate", "Chip", "load_chip", "ConfigError", "Efficiency", "Plan", "parse_plan",
+__all__ = ["evaluate", "place", "PlacementOptions", "PlacementResult", "Chip", "load_chip", "ConfigError", "Efficiency", "Plan", "parse_plan",
            "StepResult", "Model", "load_model"]
 __version__ = "0.1.0"

@@ -43,3 +43,15 @@ def evaluate(workload: str | Path | Model, arch: str | Path | Chip, devices: int
     eff = calibrated_efficiency(chip) if efficiency is None else efficiency
     return _evaluate(as_model(workload, seq_len), chip, int(devices), int(global_batch),
                      as_plan(plan), eff)
+
+
+def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, global_batch: int,
+          options=None, efficiency: Efficiency | None = None, top: int = 5, seq_len: int | None = None):
+    """Best execution plans of a workload on ``devices`` chips: ``phaze.place("gpt3-175b",
+    "a100-80gb", 1024, 1536).best.plan``. ``options`` is a :class:`phaze.PlacementOptions`."""
+    from .placement import PlacementOptions, place as _place
+    chip = as_chip(arch)
+    eff = calibrated_efficiency(chip) if efficiency is None else efficiency
+    return _place(as_model(workload, seq_len), chip, int(devices), int(global_batch),
+                  options or PlacementOptions(), eff, top)
+

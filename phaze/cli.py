@@ -273,6 +273,65 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _recompute_list(text: str) -> tuple[str, ...]:
+    from .plan import RECOMPUTE
+    values = tuple(x.strip().lower() for x in text.split(",") if x.strip())
+    if not values or any(v not in RECOMPUTE for v in values):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated subset of {','.join(RECOMPUTE)}, got {text!r}")
+    return values
+
+
+def cmd_place(args) -> int:
+    from .placement import PlacementOptions, place
+    model = as_model(args.workload, args.seq_len)
+    chip = as_chip(args.arch)
+    options = PlacementOptions(tp=args.tp, mbs=args.mbs, recompute=args.recompute, pp=args.pp or (),
+                               vp=args.vp, zero=args.zero, attention=args.attention)
+    res = place(model, chip, args.devices, args.global_batch, options, efficiency_for(chip, args), args.top)
+    if res.best is None:
+        raise ConfigError("--arch", None, res.infeasible_reason)
+    baseline = None
+    if args.baseline:
+        plan = as_plan(args.baseline)
+        r = evaluate(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args))
+        from .placement import Placement
+        baseline = Placement(plan, r)
+    baseline = baseline or res.baseline
+    gain = (baseline.result.step_time_s / res.best.result.step_time_s - 1) if baseline else None
+    if args.format == "json":
+        out = {"best": dict(res.best.result.to_dict(), plan=res.best.plan.label()),
+               "top": [dict(p.result.to_dict(), plan=p.plan.label()) for p in res.top],
+               "baseline": dict(baseline.result.to_dict(), plan=baseline.plan.label()) if baseline else None,
+               "gain_over_baseline": gain, "layouts_considered": res.layouts_considered,
+               "layouts_feasible": res.layouts_feasible, "solve_time_s": res.solve_time_s}
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"phaze place: {model.name} on {args.devices} x {chip.name}, global batch {args.global_batch}: "
+          f"{res.layouts_feasible} of {res.layouts_considered} layouts fit, solved in {res.solve_time_s:.2f} s")
+    print(format_result(res.best.result))
+    print(f"  {'rank':<5} {'step (s)':>9} {'tokens/s':>12} {'MFU':>6} {'mem GiB':>8}  plan")
+    for k, p in enumerate(res.top, 1):
+        r = p.result
+        print(f"  {k:<5} {r.step_time_s:9.3f} {r.tokens_per_s:12,.0f} {100 * r.mfu:5.1f}% "
+              f"{r.memory_per_device_bytes / GiB:8.1f}  {p.plan.label()}")
+    if baseline:
+        r = baseline.result
+        fit = "" if r.fits else " (does not fit)"
+        print(f"  baseline {baseline.plan.label()}: {r.step_time_s:.3f} s{fit}; "
+              f"best plan is {100 * gain:+.1f} % throughput over it")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phaze", description="Co-design a training accelerator and how LLMs train on it.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -302,6 +361,27 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--unseen", default="A100:H100", metavar="TRAIN:TEST",
                     help="calibrate on one chip family, predict another (default A100:H100; '' skips)")
     va.set_defaults(func=cmd_validate)
+
+    pl = sub.add_parser("place", help="the best data/tensor/pipeline layout, micro-batch and recompute")
+    pl.add_argument("--workload", required=True, help="shipped name, a YAML, or a HF config.json")
+    pl.add_argument("--arch", required=True, help="shipped chip name or a YAML path")
+    pl.add_argument("--devices", required=True, type=_positive_int)
+    pl.add_argument("--global-batch", required=True, type=_positive_int)
+    pl.add_argument("--top", type=_positive_int, default=5, help="runner-up plans to list (default 5)")
+    pl.add_argument("--tp", type=_int_list, default=(1, 2, 4, 8), help="tensor-parallel widths (default 1,2,4,8)")
+    pl.add_argument("--mbs", type=_int_list, default=(1, 2, 4, 8), help="micro-batch sizes (default 1,2,4,8)")
+    pl.add_argument("--pp", type=_int_list, default=None, help="pipeline depths (default: every divisor)")
+    pl.add_argument("--vp", type=_int_list, default=(1,), help="interleaved chunks per stage (default 1)")
+    pl.add_argument("--recompute", type=_recompute_list, default=("none", "selective", "full"))
+    pl.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0)
+    pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default="flash")
+    pl.add_argument("--baseline", help="score this plan as the baseline (default: the best even split "
+                                       "with one recompute mode)")
+    pl.add_argument("--seq-len", type=_positive_int, default=None)
+    pl.add_argument("--format", choices=("text", "json"), default="text")
+    pl.add_argument("--params", help="efficiency parameters (default: shipped calibration)")
+    pl.add_argument("--ideal", action="store_true", help="ideal datasheet machine")
+    pl.set_defaults(func=cmd_place)
 
     ca = sub.add_parser("calibrate", help="fit the efficiency parameters on published runs")
     ca.add_argument("--runs", help="CSV of published runs (default: the bundled reference runs)")

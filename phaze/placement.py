@@ -99,7 +99,8 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n) -> _Options:
         classes = {0, pp - 1} | ({1} if pp > 2 else set())
         for i in classes:
             t[i, idx, k] = costs.time(i, ns, r).total
-            tl[i, idx, k] = [sum(costs.tail(i, int(n), r)) for n in idx]
+            comm, opt = costs.tail(i, ns, r)
+            tl[i, idx, k] = comm + opt
         for i in range(pp):
             if i not in classes:
                 t[i, idx, k], tl[i, idx, k] = t[1, idx, k], tl[1, idx, k]
@@ -232,9 +233,11 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
                     baseline = Placement(plan, res)
                 break
         if solved is None:
-            worst = min(max(opts.memory[i, n, k] for i, n in enumerate(even)) for k in range(len(modes)))
-            if closest is None or worst < closest[0]:
-                closest = (worst, base)
+            for k, r in enumerate(modes):
+                stage = max(range(pp), key=lambda i: opts.memory[i, even[i], k])
+                need = opts.memory[stage, even[stage], k]
+                if closest is None or need < closest[0]:
+                    closest = (need, replace(base, recompute=r), stage)
             continue
         feasible += 1
         _, counts, recs = solved
@@ -252,8 +255,8 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         if closest is None:
             reason = "no valid layout: no tp in the options divides the heads and the devices"
         else:
-            worst, base = closest
-            reason = (f"nothing fits: the closest plan ({base.label()}, full recompute allowed) needs "
-                      f"{worst / GiB:.1f} GiB per device, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB")
+            need, plan, stage = closest
+            reason = (f"nothing fits: the closest plan ({plan.label()}) needs {need / GiB:.1f} GiB per "
+                      f"device on stage {stage}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB")
     return PlacementResult(ranked[0] if ranked else None, ranked, baseline, considered, feasible,
                            time.perf_counter() - start, reason)

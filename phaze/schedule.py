@@ -70,7 +70,7 @@ class Mode:
     duration_s: float
     demand: tuple[tuple[str, int], ...]
     tensor_units: int = 0
-    vector_units: int = 0
+    vector_units: float = 0     # fused ops may hold a fraction of a vector unit
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class ScheduledOp:
     unit: str                 # tensor | vector | tensor+vector | link (or the task's unit)
     mode: int                 # index into the task's modes
     tensor_units: int
-    vector_units: int
+    vector_units: float
     start_s: float
     duration_s: float
     demand: tuple[tuple[str, int], ...] = ()
@@ -373,6 +373,8 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     work_s = {r: sum(min(dur[i][a] * dem[i][a].get(r, 0) for a in range(len(modes[i]))) for i in range(n)) / c
               for r, c in capacities.items() if c > 0}
     work_bound_s = max(work_s.values(), default=0.0)
+    energy_s = max([cp_s] + [_energy_bound(order, deps, succ, fd, dur, dem, r, c, False)
+                             for r, c in capacities.items() if c > 0])
 
     # ticks
     if tick_s is None:
@@ -391,7 +393,7 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     for i in reversed(order):
         tail[i] = fD[i] + max((tail[k] for k in succ[i]), default=0)
     lb_ticks = max([max((head[i] + fD[i] for i in range(n)), default=0)]
-                   + [-(-sum(min(D[i][a] * dem[i][a].get(r, 0) for a in range(len(D[i]))) for i in range(n)) // c)
+                   + [_energy_bound(order, deps, succ, fD, D, dem, r, c, True)
                       for r, c in capacities.items() if c > 0])
 
     # list schedule: topological order, fastest mode, earliest feasible start
@@ -420,7 +422,7 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     rs = _sgs(prio, rd, [dem[i][chosen[i]] for i in range(n)], deps, capacities)
     makespan = max((rs[i] + rd[i] for i in range(n)), default=0.0)
     slack = 0 if exact else n + 1
-    lower = max(cp_s, work_bound_s, (bound - slack) * tick_s)
+    lower = max(energy_s, (bound - slack) * tick_s)
     lower = min(lower, makespan)
     if status == "OPTIMAL" and exact:
         lower = makespan
@@ -452,6 +454,33 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
                     sequential_sum_s=seq_sum, critical_path_s=cp_s, work_bound_s=work_bound_s,
                     capacities=dict(capacities), tick_s=tick_s, time_limit_s=float(time_limit_s),
                     note=note)
+
+
+def _energy_bound(order, deps, succ, fast, dur, dem, r, cap, integral):
+    """Lower bound on the makespan from resource ``r``: the ops that cannot start before ``h``
+    and leave at least ``q`` of dependent work after they end must fit their least energy
+    (duration x units, over their modes) into [h, makespan - q]; the best over all (h, q)."""
+    n = len(fast)
+    head = [0] * n
+    for i in order:
+        head[i] = max((head[j] + fast[j] for j in deps[i]), default=0)
+    after = [0] * n
+    for i in reversed(order):
+        after[i] = max((after[k] + fast[k] for k in succ[i]), default=0)
+    items = []
+    for i in range(n):
+        e = min(d * x.get(r, 0) for d, x in zip(dur[i], dem[i]))
+        if e > 0:
+            items.append((head[i], after[i], e))
+    best = 0
+    for h in sorted({it[0] for it in items}):
+        group = sorted((it for it in items if it[0] >= h), key=lambda it: -it[1])
+        energy = 0
+        for _, q, e in group:
+            energy += e
+            need = -(-energy // cap) if integral else energy / cap
+            best = max(best, h + need + q)
+    return best
 
 
 def _longest_path(order, deps, d) -> float:
@@ -558,24 +587,33 @@ def sharing(chip: Chip) -> str:
     return s
 
 
+def vector_slots(chip: Chip) -> int:
+    """Scheduling slots per vector unit on a concurrent chip: fused ops hold the same share of
+    the vector units as of the tensor units (TPUv4: 1 of 8 MXUs with a quarter of one of its
+    2 VPUs), so the vector pool is counted in slots of ``1 / g`` unit, ``g = n_t / gcd(n_t,
+    n_v)``, which makes every such share a whole number of slots."""
+    return chip.tensor.count // math.gcd(chip.tensor.count, chip.vector.count)
+
+
 def chip_capacities(chip: Chip) -> dict:
     """Scheduling resources of a chip: one shared ``chip`` resource for sequential chips;
-    ``tensor``, ``vector`` unit pools and a ``link`` for concurrent ones."""
+    ``tensor`` units, ``vector`` unit slots (:func:`vector_slots`) and a ``link`` for
+    concurrent ones."""
     if sharing(chip) == "sequential":
         return {"chip": 1}
-    return {"tensor": chip.tensor.count, "vector": chip.vector.count, "link": 1}
+    return {"tensor": chip.tensor.count, "vector": chip.vector.count * vector_slots(chip), "link": 1}
 
 
 _OP_TIME_VECTOR_UNITS = "vector_units" in inspect.signature(op_time).parameters
 
 
 def fused_time(op: Op, chip: Chip, precision: str, eff: Efficiency, *, groups: dict, bytes_per_element: int,
-               tensor_units: int, vector_units: int) -> float:
-    """Seconds of a fused (tensor+vector) op on ``tensor_units`` tensor and ``vector_units``
-    vector units. ``op_time(..., units=k)`` runs both parts of a fused op on ``k`` units of each
-    kind; with unequal pools (TPUv4: 8 MXUs, 2 VPUs) the vector share must differ, so the
-    softmax work is scaled by ``k / k'`` to run it on ``k'`` vector units (exact: its time is
-    work / units)."""
+               tensor_units: int, vector_units: float) -> float:
+    """Seconds of a fused (tensor+vector) op on ``tensor_units`` tensor units and
+    ``vector_units`` (possibly fractional) vector units. ``op_time(..., units=k)`` runs a fused
+    op's softmax on ``k`` vector units too; with unequal pools (TPUv4: 8 MXUs, 2 VPUs) the
+    softmax work is scaled by ``k / k'`` so that it takes its time on ``k'`` vector units
+    (exact: the softmax time is work / units)."""
     kw = dict(groups=groups, bytes_per_element=bytes_per_element)
     if tensor_units == chip.tensor.count and vector_units == chip.vector.count:
         return op_time(op, chip, precision, eff, **kw)
@@ -592,10 +630,13 @@ def op_modes(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, gro
     kw = dict(groups=groups, bytes_per_element=bytes_per_element)
     nt, nv = chip.tensor.count, chip.vector.count
     shares = tuple(DEFAULT_SHARES if shares is None else shares)
+    if any(not (0 < x <= 1) for x in shares) or not shares:
+        raise ValueError(f"unit shares must be in (0, 1], got {shares}")
     if sharing(chip) == "sequential":
         t = op_time(op, chip, precision, eff, **kw)
         return (Mode(t, (("chip", 1),), nt if op.unit in ("tensor", "tensor+vector") else 0,
                      nv if op.unit in ("vector", "tensor+vector") else 0),)
+    g = vector_slots(chip)
     if op.unit == "link":
         return (Mode(op_time(op, chip, precision, eff, **kw), (("link", 1),)),)
     if op.unit == "tensor":
@@ -603,11 +644,15 @@ def op_modes(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, gro
                           (("tensor", k),), k, 0) for k in unit_choices(nt, shares))
     if op.unit == "vector":
         return tuple(Mode(op_time(op, chip, precision, eff, units=None if k == nv else k, **kw),
-                          (("vector", k),), 0, k) for k in unit_choices(nv, shares))
+                          (("vector", k * g),), 0, k) for k in unit_choices(nv, shares))
     if op.unit == "tensor+vector":
-        pairs = sorted({(unit_choices(nt, (s,))[0], unit_choices(nv, (s,))[0]) for s in shares}, reverse=True)
-        return tuple(Mode(fused_time(op, chip, precision, eff, tensor_units=kt, vector_units=kv, **kw),
-                          (("tensor", kt), ("vector", kv)), kt, kv) for kt, kv in pairs)
+        out = []
+        for kt in unit_choices(nt, shares):
+            slots = kt * nv * g // nt          # the same share of the vector units
+            kv = nv if kt == nt else slots / g
+            out.append(Mode(fused_time(op, chip, precision, eff, tensor_units=kt, vector_units=kv, **kw),
+                            (("tensor", kt), ("vector", slots)), kt, kv))
+        return tuple(out)
     raise ValueError(f"op {op.name!r}: unknown unit {op.unit!r}")
 
 

@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
+import numpy as np
+
 from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, collective_time, op_time, vector_time
@@ -42,9 +44,11 @@ class PhaseTime:
         return PhaseTime(self.compute * k, self.memory * k, self.communication * k)
 
 
-def exposed(comm: float, cover: float, eff: Efficiency) -> float:
+def exposed(comm, cover, eff: Efficiency):
     """Time ``comm`` adds when it runs concurrently with ``cover`` seconds of compute: what does
-    not fit under it, plus the slowdown the overlapped part causes."""
+    not fit under it, plus the slowdown the overlapped part causes (scalars or arrays)."""
+    if isinstance(comm, np.ndarray) or isinstance(cover, np.ndarray):
+        return np.maximum(0.0, comm - cover) + eff.overlap_slowdown * np.minimum(comm, cover)
     return max(0.0, comm - cover) + eff.overlap_slowdown * min(comm, cover)
 
 
@@ -219,30 +223,37 @@ class StageCosts:
             t = t + self.head
         return t
 
-    def tail(self, i: int, n: int, r: str) -> tuple[float, float]:
-        """(exposed data-parallel communication, optimizer step) after the stage's last backward."""
+    def tail(self, i: int, n, r: str):
+        """(exposed data-parallel communication, optimizer step) after the stage's last backward;
+        ``n`` may be an array of layer counts."""
         plan, chip, eff = self.plan, self.chip, self.eff
         p = self.model.bytes_per_element
         dp = plan.dp(self.devices)
         params = self.params(i, n)
         group, stride = dp * plan.cp, (plan.tp * plan.pp if plan.cp == 1 else plan.tp)
         grad_bytes = 4 if plan.reduce_fp32 else p
-        exposed_s = 0.0
+
+        def coll(kind, nbytes):   # a collective's time is affine in its size: slope + latency
+            one = collective_time(kind, 1.0, group, chip, stride, eff)
+            return (collective_time(kind, 2.0, group, chip, stride, eff) - one) * (nbytes - 1.0) + one
+
+        exposed_s = 0.0 * params
         if group > 1 and plan.zero < 3:
             # gradients accumulate over micro-batches: only the last backward can hide their reduction
-            bwd_window = self.bwd[r].total * n if plan.dp_overlap else 0.0
+            bwd_window = self.bwd[r].total * n if plan.dp_overlap else 0.0 * params
             if plan.zero >= 1:
                 # distributed optimizer: reduce-scatter the gradients under the last backward,
                 # all-gather the updated weights under the next step's first forward
-                rs = collective_time("reduce_scatter", grad_bytes * params, group, chip, stride, eff)
-                ag = collective_time("all_gather", p * params, group, chip, stride, eff)
-                fwd_window = self.fwd[r].total * n if plan.dp_overlap else 0.0
-                exposed_s = exposed(rs, bwd_window, eff) + exposed(ag, fwd_window, eff)
+                fwd_window = self.fwd[r].total * n if plan.dp_overlap else 0.0 * params
+                exposed_s = (exposed(coll("reduce_scatter", grad_bytes * params), bwd_window, eff)
+                             + exposed(coll("all_gather", p * params), fwd_window, eff))
             else:
-                exposed_s = exposed(collective_time("all_reduce", grad_bytes * params, group, chip, stride,
-                                                    eff), bwd_window, eff)
-        opt = optimizer_op(params / (group if plan.zero >= 1 else 1), plan.optimizer)
-        return exposed_s, vector_time(opt.elements, opt.flops, opt.bytes, chip, eff)
+                exposed_s = exposed(coll("all_reduce", grad_bytes * params), bwd_window, eff)
+        opt = optimizer_op(1.0, plan.optimizer)    # per parameter; the update is element-wise
+        updated = params / (group if plan.zero >= 1 else 1)
+        opt_s = np.maximum(opt.flops * updated / chip.vector_flops_per_s,
+                           opt.bytes * updated / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction))
+        return exposed_s, opt_s + eff.kernel_overhead_s
 
     def memory(self, i: int, n: int, r: str) -> StageMemory:
         """Peak bytes on a device of stage ``i``: under 1F1B it holds min(pp - i, m) micro-batches."""
