@@ -53,7 +53,7 @@ from .cost import IDEAL, Efficiency, op_time
 from .graph import Op
 
 DEFAULT_SHARES = (1.0, 0.5, 0.25, 0.125)   # share of a unit pool an op may run on
-TICK_RESOLUTION_EXP = 14                    # sum of fastest durations spans [2**20, 2**21) ticks
+TICK_RESOLUTION_EXP = 20                    # sum of fastest durations spans [2**20, 2**21) ticks
 FORMULATION = 1                             # bump when results change meaning (invalidates caches)
 STATUSES = ("OPTIMAL", "FEASIBLE", "HEURISTIC")
 _MEMORY_CACHE_SIZE = 4096

@@ -136,3 +136,41 @@ def test_nothing_fits_names_the_binding_constraint():
     assert res.best is None
     assert "needs" in res.infeasible_reason and "GiB per device" in res.infeasible_reason
     assert "A100-SXM4-80GB has 80.0 GiB" in res.infeasible_reason
+
+
+def _cli(*args, cwd):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "phaze.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_cli_place_json(tmp_path):
+    import json
+    proc = _cli("place", "--workload", "megatron-gpt-1.7b", "--arch", "a100-80gb", "--devices", "16",
+                "--global-batch", "64", "--top", "3", "--mbs", "1,2", "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert len(out["top"]) == 3
+    steps = [t["step_time_s"] for t in out["top"]]
+    assert steps == sorted(steps) and out["best"]["step_time_s"] == steps[0]
+    assert out["gain_over_baseline"] >= 0
+    for t in out["top"]:
+        assert t["fits"] and t["memory_per_device_bytes"] <= t["hbm_bytes"]
+        assert sum(t["breakdown_s"].values()) == pytest.approx(t["step_time_s"], rel=1e-9)
+
+
+def test_cli_place_nothing_fits_is_one_line(tmp_path):
+    proc = _cli("place", "--workload", "gpt3-175b", "--arch", "a100-80gb", "--devices", "8",
+                "--global-batch", "8", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "needs" in lines[0] and "on stage" in lines[0] and "has 80.0 GiB" in lines[0]
+
+
+@pytest.mark.parametrize("flag,value", [("--tp", "0"), ("--mbs", "a,b"), ("--recompute", "sometimes")])
+def test_cli_place_bad_options(tmp_path, flag, value):
+    proc = _cli("place", "--workload", "gpt3-175b", "--arch", "a100-80gb", "--devices", "8",
+                "--global-batch", "8", flag, value, cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert flag in proc.stderr
