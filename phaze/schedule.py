@@ -57,7 +57,11 @@ TICK_RESOLUTION_EXP = 20                    # sum of fastest durations spans [2*
 FORMULATION = 1                             # bump when results change meaning (invalidates caches)
 STATUSES = ("OPTIMAL", "FEASIBLE", "HEURISTIC")
 _MEMORY_CACHE_SIZE = 4096
-_SOLVER_PARAMS: dict = {}
+_SOLVER_PARAMS: dict = {          # cumulative propagation that proves these instances fast
+    "use_timetable_edge_finding_in_cumulative": True,
+    "use_overload_checker_in_cumulative": True,
+}
+_ACTIVE = True
 
 
 # --- data ---------------------------------------------------------------------------------
@@ -145,12 +149,12 @@ class Schedule:
 
 
 # --- list scheduling (serial schedule generation) ---------------------------------------------
-def _sgs(order: Sequence[int], dur: Sequence, dem: Sequence[dict], deps: Sequence[Sequence[int]],
-         capacities: dict) -> list:
+def _sgs(order, dur, dem, deps, capacities) -> dict:
     """Serial schedule generation: take ops in ``order`` and start each at the earliest time at
     which its deps have ended and its resources are free for its whole duration, given the ops
-    placed before it (gaps may be filled). Works on ints (ticks) and floats (seconds)."""
-    start = [None] * len(dur)
+    placed before it (gaps may be filled). ``dur``, ``dem``, ``deps`` are indexed by op id (lists
+    or dicts); works on ints (ticks) and floats (seconds). Returns {op: start}."""
+    start = {}
     placed: dict[str, list] = {r: [] for r in capacities}   # (start, end, demand)
     for i in order:
         est = max((start[j] + dur[j] for j in deps[i]), default=0)
@@ -160,18 +164,15 @@ def _sgs(order: Sequence[int], dur: Sequence, dem: Sequence[dict], deps: Sequenc
             start[i] = est
             continue
         live = {r: [iv for iv in placed[r] if iv[1] > est] for r, _ in need}
-        cands = sorted({est} | {iv[1] for r, _ in need for iv in live[r]})
         t = None
-        for c in cands:
+        for c in sorted({est} | {iv[1] for r, _ in need for iv in live[r]}):
             ok = True
             for r, k in need:
-                cap = capacities[r]
                 ivs = [iv for iv in live[r] if iv[0] < c + d and iv[1] > c]
                 if not ivs:
                     continue
-                points = [c] + [iv[0] for iv in ivs if iv[0] > c]
-                for p in points:
-                    if sum(iv[2] for iv in ivs if iv[0] <= p < iv[1]) + k > cap:
+                for p in [c] + [iv[0] for iv in ivs if iv[0] > c]:
+                    if sum(iv[2] for iv in ivs if iv[0] <= p < iv[1]) + k > capacities[r]:
                         ok = False
                         break
                 if not ok:
@@ -331,7 +332,16 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
         for j in ds:
             succ[j].append(i)
 
-    # modes: drop those that do not fit, and dominated ones (no faster and no fewer units)
+    desc = [0] * n                   # bitmasks of descendants / ancestors
+    for i in reversed(order):
+        for k in succ[i]:
+            desc[i] |= desc[k] | (1 << k)
+    anc = [0] * n
+    for i in order:
+        for j in deps[i]:
+            anc[i] |= anc[j] | (1 << j)
+
+    # modes: drop those that do not fit the capacities
     modes: list[list[int]] = []      # per task: indices into task.modes
     dem: list[list[dict]] = []
     for t in tasks:
@@ -345,38 +355,31 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
             ok.append((m, dm))
         if not ok:
             raise ValueError(f"task {t.name!r}: no mode fits the capacities {capacities}")
-        keep = []
-        for a, (m, dm) in enumerate(ok):
-            da = t.modes[m].duration_s
-            dominated = False
-            for b, (m2, dm2) in enumerate(ok):
-                if b == a:
-                    continue
-                db = t.modes[m2].duration_s
-                le = db <= da and all(dm2.get(r, 0) <= dm.get(r, 0) for r in set(dm) | set(dm2))
-                same = db == da and dm2 == dm
-                if le and (not same or b < a):
-                    dominated = True
-                    break
-            if not dominated:
-                keep.append((m, dm))
-        modes.append([m for m, _ in keep])
-        dem.append([dm for _, dm in keep])
+        modes.append([m for m, _ in ok])
+        dem.append([dm for _, dm in ok])
+    # ... and dominated ones: mode a of op i goes when another mode is no longer and holds no
+    # more units of every resource that some op able to run beside i (neither ancestor nor
+    # descendant) may use: switching i to it keeps any schedule valid and no longer
+    uses = [set().union(*[set(x) for x in dem[i]]) for i in range(n)]
+    for i in range(n):
+        free = ~(anc[i] | desc[i] | (1 << i))
+        contested = set().union(*[uses[j] for j in range(n) if (free >> j) & 1])
+        ds = [tasks[i].modes[m].duration_s for m in modes[i]]
+        proj = [tuple(dem[i][a].get(r, 0) for r in sorted(contested)) for a in range(len(modes[i]))]
+        rank = [(ds[a], proj[a], sum(dem[i][a].values()), a) for a in range(len(modes[i]))]
+        keep = [a for a in range(len(modes[i]))
+                if not any(b != a and ds[b] <= ds[a] and all(x <= y for x, y in zip(proj[b], proj[a]))
+                           and (ds[b] < ds[a] or proj[b] != proj[a] or rank[b] < rank[a])
+                           for b in range(len(modes[i])))]
+        modes[i] = [modes[i][a] for a in keep]
+        dem[i] = [dem[i][a] for a in keep]
     dur = [[tasks[i].modes[m].duration_s for m in modes[i]] for i in range(n)]
     fast = [min(range(len(modes[i])), key=lambda a: (dur[i][a], sum(dem[i][a].values()), a))
             for i in range(n)]
     fd = [dur[i][fast[i]] for i in range(n)]
 
-    # analytic bounds in seconds
-    seq_sum = sum(fd)
-    cp_s = _longest_path(order, deps, fd)
-    work_s = {r: sum(min(dur[i][a] * dem[i][a].get(r, 0) for a in range(len(modes[i]))) for i in range(n)) / c
-              for r, c in capacities.items() if c > 0}
-    work_bound_s = max(work_s.values(), default=0.0)
-    energy_s = max([cp_s] + [_energy_bound(order, deps, succ, fd, dur, dem, r, c, False)
-                             for r, c in capacities.items() if c > 0])
-
     # ticks
+    seq_sum = sum(fd)
     if tick_s is None:
         if seq_sum > 0:
             _, e = math.frexp(seq_sum)
@@ -385,45 +388,72 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
             tick_s = 1.0
     D = [[math.ceil(d / tick_s) for d in dur[i]] for i in range(n)]
     exact = all(D[i][a] * tick_s == dur[i][a] for i in range(n) for a in range(len(D[i])))
-    fD = [min(x) for x in D]
-    head = [0] * n
-    for i in order:
-        head[i] = max((head[j] + fD[j] for j in deps[i]), default=0)
-    tail = [0] * n
-    for i in reversed(order):
-        tail[i] = fD[i] + max((tail[k] for k in succ[i]), default=0)
-    lb_ticks = max([max((head[i] + fD[i] for i in range(n)), default=0)]
-                   + [_energy_bound(order, deps, succ, fD, D, dem, r, c, True)
-                      for r, c in capacities.items() if c > 0])
 
-    # list schedule: topological order, fastest mode, earliest feasible start
-    ls_mode = fast[:]
-    ls_start = _sgs(order, [D[i][ls_mode[i]] for i in range(n)], [dem[i][ls_mode[i]] for i in range(n)],
-                    deps, capacities)
-    ub = max((ls_start[i] + D[i][ls_mode[i]] for i in range(n)), default=0)
+    # cut ops (every other op is an ancestor or a descendant) run alone in their fastest mode
+    # and split the phase into segments that are scheduled independently, one after another
+    everyone = (1 << n) - 1
+    cuts = [i for i in order if (anc[i] | desc[i] | (1 << i)) == everyone]
+    segments, prev = [], 0
+    for c in cuts + [None]:
+        upto = anc[c] if c is not None else everyone
+        seg = [i for i in order if (upto >> i) & 1 and (prev >> i) & 1 == 0 and i not in cuts]
+        if c is not None:
+            prev |= anc[c] | (1 << c)
+        if seg:
+            segments.append(seg)
 
-    status, note = "HEURISTIC", ""
-    chosen, tick_start, bound = ls_mode, ls_start, lb_ticks
-    if ub <= lb_ticks:
+    deadline = t0 + max(0.0, time_limit_s)
+    chosen, tick_start = fast[:], [0] * n
+    bound_ticks, lower_s, statuses, notes = 0, 0.0, [], []
+    offset = 0
+    for c in cuts:
+        bound_ticks += D[c][fast[c]]
+        lower_s += fd[c]
+    seg_of = {}
+    for k, seg in enumerate(segments):
+        for i in seg:
+            seg_of[i] = k
+    # segments and cuts alternate in topological order; lay them out one after another
+    for piece in _pieces(order, cuts, segments):
+        if isinstance(piece, int):
+            tick_start[piece] = offset
+            offset += D[piece][fast[piece]]
+            continue
+        st, md, starts, b, lo_s, note = _solve_segment(piece, deps, succ, D, dur, dem, fast, capacities,
+                                                       deadline, num_workers)
+        statuses.append(st)
+        if note:
+            notes.append(note)
+        for i in piece:
+            chosen[i] = md[i]
+            tick_start[i] = offset + starts[i]
+        offset = max(tick_start[i] + D[i][chosen[i]] for i in piece)
+        bound_ticks += b
+        # the proven tick bound, less the rounding slack (see the module docstring)
+        lower_s += max(lo_s, (b - (0 if exact else len(piece) + 1)) * tick_s)
+    if all(x == "OPTIMAL" for x in statuses):
         status = "OPTIMAL"
-    elif time_limit_s > 0:
-        res = _cpsat(n, deps, succ, D, dem, capacities, head, tail, lb_ticks, ub, ls_mode, ls_start,
-                     time_limit_s - (time.perf_counter() - t0), num_workers)
-        if res[0] in ("OPTIMAL", "FEASIBLE"):
-            status, chosen, tick_start, bound = res
-        else:
-            note = f"CP-SAT returned {res[0]}; list schedule"
+    elif any(x in ("OPTIMAL", "FEASIBLE") for x in statuses):
+        status = "FEASIBLE"
     else:
-        note = "no time to solve; list schedule"
+        status = "HEURISTIC"
+    note = "; ".join(sorted(set(notes)))
+    bound = bound_ticks
+    cp_s = _longest_path(order, deps, fd)
+    work_s = {r: sum(min(dur[i][a] * dem[i][a].get(r, 0) for a in range(len(modes[i]))) for i in range(n)) / c
+              for r, c in capacities.items() if c > 0}
+    work_bound_s = max(work_s.values(), default=0.0)
+    energy_s = max(cp_s, lower_s)
+    _energy_all = max([0.0] + [_energy_bound(order, deps, succ, fd, dur, dem, r, c, False)
+                               for r, c in capacities.items() if c > 0])
 
     # re-time in real seconds: solver's modes, its start order as the priority
-    prio = sorted(range(n), key=lambda i: (tick_start[i], order.index(i)))
+    pos = {i: k for k, i in enumerate(order)}
+    prio = sorted(range(n), key=lambda i: (tick_start[i], pos[i]))
     rd = [dur[i][chosen[i]] for i in range(n)]
     rs = _sgs(prio, rd, [dem[i][chosen[i]] for i in range(n)], deps, capacities)
     makespan = max((rs[i] + rd[i] for i in range(n)), default=0.0)
-    slack = 0 if exact else n + 1
-    lower = max(energy_s, (bound - slack) * tick_s)
-    lower = min(lower, makespan)
+    lower = min(max(energy_s, _energy_all), makespan)
     if status == "OPTIMAL" and exact:
         lower = makespan
     gap = (makespan - lower) / makespan if makespan > 0 else 0.0
@@ -456,19 +486,63 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
                     note=note)
 
 
+def _pieces(order, cuts, segments):
+    """Cut ops and segments in the order they run."""
+    first = {seg[0]: seg for seg in segments}
+    cutset = set(cuts)
+    for i in order:
+        if i in cutset:
+            yield i
+        elif i in first:
+            yield first[i]
+
+
+def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num_workers):
+    """Schedule the ops ``seg`` (closed under the precedence between two cuts) in ticks.
+    Returns (status, mode per op, start per op, proven tick bound, lower bound in seconds,
+    note); starts are relative to the segment's start."""
+    inside = set(seg)
+    sdeps = {i: [j for j in deps[i] if j in inside] for i in seg}
+    ssucc = {i: [k for k in succ[i] if k in inside] for i in seg}
+    fD = {i: D[i][fast[i]] for i in seg}
+    head, tail = {}, {}
+    for i in seg:
+        head[i] = max((head[j] + fD[j] for j in sdeps[i]), default=0)
+    for i in reversed(seg):
+        tail[i] = fD[i] + max((tail[k] for k in ssucc[i]), default=0)
+    lb = max([head[i] + fD[i] for i in seg]
+             + [_energy_bound(seg, sdeps, ssucc, fD, D, dem, r, c, True) for r, c in capacities.items() if c > 0])
+    fd = {i: dur[i][fast[i]] for i in seg}
+    lb_s = max([_longest_path(seg, sdeps, fd)]
+               + [_energy_bound(seg, sdeps, ssucc, fd, dur, dem, r, c, False)
+                  for r, c in capacities.items() if c > 0])
+    # list schedule: topological order, fastest mode, earliest feasible start
+    mode = {i: fast[i] for i in seg}
+    start = _sgs(seg, {i: D[i][mode[i]] for i in seg}, {i: dem[i][mode[i]] for i in seg}, sdeps, capacities)
+    ub = max(start[i] + D[i][mode[i]] for i in seg)
+    if ub <= lb:
+        return "OPTIMAL", mode, start, lb, lb_s, ""
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        return "HEURISTIC", mode, start, lb, lb_s, "no time left to solve; list schedule"
+    res = _cpsat(seg, sdeps, ssucc, D, dem, capacities, head, tail, lb, ub, mode, start, left, num_workers)
+    if res[0] in ("OPTIMAL", "FEASIBLE"):
+        return res + (lb_s, "")
+    return "HEURISTIC", mode, start, lb, lb_s, f"CP-SAT returned {res[0]}; list schedule"
+
+
 def _energy_bound(order, deps, succ, fast, dur, dem, r, cap, integral):
     """Lower bound on the makespan from resource ``r``: the ops that cannot start before ``h``
     and leave at least ``q`` of dependent work after they end must fit their least energy
-    (duration x units, over their modes) into [h, makespan - q]; the best over all (h, q)."""
-    n = len(fast)
-    head = [0] * n
+    (duration x units, over their modes) into [h, makespan - q]; the best over all (h, q).
+    Ops are the ids in ``order`` (topological); the other arguments are indexed by id."""
+    head, after = {}, {}
     for i in order:
         head[i] = max((head[j] + fast[j] for j in deps[i]), default=0)
-    after = [0] * n
     for i in reversed(order):
         after[i] = max((after[k] + fast[k] for k in succ[i]), default=0)
     items = []
-    for i in range(n):
+    for i in order:
         e = min(d * x.get(r, 0) for d, x in zip(dur[i], dem[i]))
         if e > 0:
             items.append((head[i], after[i], e))
@@ -484,47 +558,67 @@ def _energy_bound(order, deps, succ, fast, dur, dem, r, cap, integral):
 
 
 def _longest_path(order, deps, d) -> float:
-    fin = [0.0] * len(d)
+    fin = {}
     for i in order:
-        fin[i] = max((fin[j] for j in deps[i]), default=0.0) + d[i]
-    return max(fin, default=0.0)
+        fin[i] = max((fin[j] for j in deps[i]), default=0) + d[i]
+    return max(fin.values(), default=0)
 
 
-def _cpsat(n, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hint_start, time_left,
+def _active_starts(m, seg, deps, succ, dem, starts, ends):
+    """Active schedules suffice (every op starts at 0 or when some op ends: a dep, or one that
+    held a resource it needs, since a later start could shift left), so each start is tied to
+    one such end: the search then picks which op an op follows rather than a time value."""
+    desc = {}
+    for i in reversed(seg):
+        desc[i] = set().union(*[desc[k] | {k} for k in succ[i]])
+    uses = {i: set().union(*[set(x) for x in dem[i]]) for i in seg}
+    for i in seg:
+        cands = set(deps[i]) | {j for j in seg if j != i and j not in desc[i] and uses[i] & uses[j]}
+        lits = []
+        if not deps[i]:
+            z = m.new_bool_var("")
+            m.add(starts[i] == 0).only_enforce_if(z)
+            lits.append(z)
+        for j in sorted(cands):
+            z = m.new_bool_var("")
+            m.add(starts[i] == ends[j]).only_enforce_if(z)
+            lits.append(z)
+        m.add_bool_or(lits)
+
+
+def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hint_start, time_left,
            num_workers):
-    """Returns (status, modes, starts, proven lower bound) in ticks; status UNKNOWN etc. when
-    no solution was found."""
+    """CP-SAT on the ops ``seg`` in ticks. Returns (status, {op: mode}, {op: start}, proven
+    lower bound); status is CP-SAT's name (UNKNOWN, ...) and the rest None when no solution
+    was found."""
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
-    starts, ends, bools = [], [], []
+    starts, ends, bools = {}, {}, {}
     per_res: dict[str, list] = {r: [] for r in capacities}
-    for i in range(n):
+    for i in seg:
         lo, hi = head[i], ub - tail[i]
-        s = m.new_int_var(lo, hi, f"s{i}")
-        starts.append(s)
+        s = starts[i] = m.new_int_var(lo, hi, "")
         if len(D[i]) == 1:
-            iv = m.new_fixed_size_interval_var(s, D[i][0], f"iv{i}")
-            ends.append(s + D[i][0])
-            bools.append(None)
+            iv = m.new_fixed_size_interval_var(s, D[i][0], "")
+            ends[i] = s + D[i][0]
+            bools[i] = None
             for r, k in dem[i][0].items():
                 per_res[r].append((iv, k))
             continue
-        bs = [m.new_bool_var(f"b{i}_{a}") for a in range(len(D[i]))]
+        bs = bools[i] = [m.new_bool_var("") for _ in D[i]]
         m.add_exactly_one(bs)
-        e = m.new_int_var(lo + min(D[i]), hi + max(D[i]), f"e{i}")
-        m.add(e == s + sum(D[i][a] * bs[a] for a in range(len(D[i]))))
-        ends.append(e)
-        bools.append(bs)
+        e = ends[i] = m.new_int_var(lo + min(D[i]), hi + max(D[i]), "")
+        m.add(e == s + sum(d * b for d, b in zip(D[i], bs)))
         for a, b in enumerate(bs):
-            iv = m.new_optional_fixed_size_interval_var(s, D[i][a], b, f"iv{i}_{a}")
+            iv = m.new_optional_fixed_size_interval_var(s, D[i][a], b, "")
             for r, k in dem[i][a].items():
                 per_res[r].append((iv, k))
-    for i in range(n):
+    for i in seg:
         for j in deps[i]:
             m.add(starts[i] >= ends[j])
     mk = m.new_int_var(lb, ub, "makespan")
-    for i in range(n):
+    for i in seg:
         if not succ[i]:
             m.add(mk >= ends[i])
     for r, items in per_res.items():
@@ -535,17 +629,19 @@ def _cpsat(n, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hin
             m.add_no_overlap([iv for iv, _ in items])
         else:
             m.add_cumulative([iv for iv, _ in items], [k for _, k in items], cap)
-    # symmetry: interchangeable ops (same modes, same deps, same successors) start in index order
+    # symmetry: interchangeable ops (same modes, same deps, same successors) start in order
     groups: dict = {}
-    for i in range(n):
-        sig = (tuple(D[i]), tuple(tuple(sorted(x.items())) for x in dem[i]), tuple(deps[i]),
+    for i in seg:
+        sig = (tuple(D[i]), tuple(tuple(sorted(x.items())) for x in dem[i]), tuple(sorted(deps[i])),
                tuple(sorted(succ[i])))
         groups.setdefault(sig, []).append(i)
     for g in groups.values():
         for a, b in zip(g, g[1:]):
             m.add(starts[a] <= starts[b])
+    if _ACTIVE:
+        _active_starts(m, seg, deps, succ, dem, starts, ends)
     m.minimize(mk)
-    for i in range(n):
+    for i in seg:
         m.add_hint(starts[i], hint_start[i])
         if bools[i] is not None:
             for a, b in enumerate(bools[i]):
@@ -559,18 +655,12 @@ def _cpsat(n, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hin
     for k, v in _SOLVER_PARAMS.items():
         setattr(solver.parameters, k, v)
     st = solver.solve(m)
-    name = solver.status_name(st)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return (name, None, None, None)
-    modes = []
-    for i in range(n):
-        if bools[i] is None:
-            modes.append(0)
-        else:
-            modes.append(next(a for a, b in enumerate(bools[i]) if solver.boolean_value(b)))
-    st_ticks = [solver.value(s) for s in starts]
-    bound = int(math.ceil(solver.best_objective_bound - 1e-9))
-    bound = max(bound, lb)
+        return (solver.status_name(st), None, None, None)
+    modes = {i: 0 if bools[i] is None else next(a for a, b in enumerate(bools[i]) if solver.boolean_value(b))
+             for i in seg}
+    st_ticks = {i: solver.value(starts[i]) for i in seg}
+    bound = max(int(math.ceil(solver.best_objective_bound - 1e-9)), lb)
     return ("OPTIMAL" if st == cp_model.OPTIMAL else "FEASIBLE", modes, st_ticks, bound)
 
 
