@@ -332,6 +332,58 @@ def cmd_place(args) -> int:
     return 0
 
 
+def cmd_schedule(args) -> int:
+    """``phaze schedule``: the CP-SAT schedule of one layer (forward, backward) on one chip."""
+    from .schedule import schedule_layer, sharing, write_gantt
+    model = as_model(args.workload, args.seq_len)
+    chip = as_chip(args.arch)
+    if args.gantt:
+        _check_output("--gantt", args.gantt, image=True)
+    if not args.time_limit > 0:
+        raise ConfigError("--time-limit", None, f"must be a positive number of seconds, got {args.time_limit}")
+    sp = args.tp > 1 if args.sp is None else args.sp
+    eff = efficiency_for(chip, args)
+    fwd, bwd = schedule_layer(model, chip, args.mbs, args.tp, sp, args.attention, args.recompute, eff,
+                              time_limit_s=args.time_limit)
+    head = (f"{model.name} on {chip.name}: one layer, mbs={args.mbs}, tp={args.tp}, sp={'on' if sp else 'off'}, "
+            f"attention={args.attention}, recompute={args.recompute}; {sharing(chip)} units "
+            f"({chip.tensor.count} tensor, {chip.vector.count} vector)")
+    if args.gantt:
+        try:
+            write_gantt(args.gantt, [("forward", fwd), ("backward", bwd)], head)
+        except OSError as exc:
+            raise ConfigError("--gantt", None, f"cannot write {args.gantt!r} ({exc.strerror})") from None
+        except ValueError as exc:
+            raise ConfigError("--gantt", None, f"{exc}") from None
+    if args.format == "json":
+        print(json.dumps({"workload": model.name, "chip": chip.name, "unit_sharing": sharing(chip),
+                          "mbs": args.mbs, "tp": args.tp, "sp": sp, "attention": args.attention,
+                          "recompute": args.recompute, "forward": fwd.to_dict(), "backward": bwd.to_dict()},
+                         indent=2))
+        return 0
+
+    def t(x):
+        return f"{x * 1e3:.4f} ms" if x >= 1e-3 else f"{x * 1e6:.3f} us"
+    rows = [("makespan", lambda s: t(s.makespan_s)), ("status", lambda s: s.status),
+            ("lower bound", lambda s: t(s.lower_bound_s)), ("gap", lambda s: f"{100 * s.gap:.4f} %"),
+            ("ops", lambda s: str(len(s.ops))), ("solve time", lambda s: f"{s.solve_time_s:.3f} s"
+                                                  + (" (cached)" if s.cached else "")),
+            ("sequential sum", lambda s: t(s.sequential_sum_s)), ("critical path", lambda s: t(s.critical_path_s))]
+    for res in ("tensor", "vector", "link", "chip"):
+        if res in fwd.utilisation:
+            rows.append((f"utilisation {res}", lambda s, r=res: f"{100 * s.utilisation.get(r, 0.0):.1f} %"))
+    print(head)
+    print(f"  {'':<20} {'forward':>16} {'backward':>16}")
+    for name, f in rows:
+        print(f"  {name:<20} {f(fwd):>16} {f(bwd):>16}")
+    for label, s in (("forward", fwd), ("backward", bwd)):
+        if s.note:
+            print(f"  {label}: {s.note}")
+    if args.gantt:
+        print(f"wrote {args.gantt}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phaze", description="Co-design a training accelerator and how LLMs train on it.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -387,6 +439,22 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--runs", help="CSV of published runs (default: the bundled reference runs)")
     ca.add_argument("--out", required=True, help="parameter file to write (JSON)")
     ca.set_defaults(func=cmd_calibrate)
+    sc = sub.add_parser("schedule", help="optimal operator schedule of one layer on one chip (CP-SAT)")
+    sc.add_argument("--workload", required=True, help="shipped name (gpt3-175b), a YAML, or a HF config.json")
+    sc.add_argument("--arch", required=True, help="shipped chip name (tpuv4) or a YAML path")
+    sc.add_argument("--mbs", type=_positive_int, default=1, help="micro-batch size (default 1)")
+    sc.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel width (default 1)")
+    sc.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
+                    help="sequence parallelism (default: on when tp > 1)")
+    sc.add_argument("--attention", choices=("flash", "standard"), default="flash")
+    sc.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    sc.add_argument("--seq-len", type=_positive_int, default=None, help="override the sequence length")
+    sc.add_argument("--time-limit", type=float, default=10.0, help="solver seconds per phase (default 10)")
+    sc.add_argument("--format", choices=("text", "json"), default="text")
+    sc.add_argument("--gantt", help="write a Gantt chart of both phases (PNG, SVG, PDF)")
+    sc.add_argument("--params", help="efficiency parameters from 'phaze calibrate' (default: shipped)")
+    sc.add_argument("--ideal", action="store_true", help="ideal datasheet machine: no efficiency losses")
+    sc.set_defaults(func=cmd_schedule)
     return parser
 
 

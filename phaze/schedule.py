@@ -1,37 +1,64 @@
 """Optimal operator schedule of one layer phase on one chip (shared/DESIGN.md section 4).
 
-One phase (a layer's forward ops, or its backward ops) is a DAG. Each op picks one *mode*
-(how many tensor / vector units it runs on; the cost model gives its time for that many) and a
-start time; the tensor units, the vector units and the chip's links are cumulative resources.
-The objective is the makespan. CP-SAT (OR-Tools) solves it:
+One phase (a layer's forward ops, or its backward ops) is a DAG. Each op picks one *mode* (how
+many tensor / vector units it runs on; the cost model gives its time on that many) and a start
+time; tensor units, vector units and the chip's links are cumulative resources; the objective is
+the makespan. :func:`solve` does it for abstract tasks, :func:`schedule_ops` for a phase's ops on
+a chip, :func:`schedule_layer` for a layer (forward, backward).
 
-- one optional fixed-size interval per (op, mode), exactly one mode per op;
-- ``AddCumulative`` per resource (``AddNoOverlap`` when every holder takes the whole resource);
-- precedence ``start(op) >= end(dep)``; makespan ``>= end`` of every sink;
+Formulation (CP-SAT, OR-Tools): one optional fixed-size interval per (op, mode) sharing the op's
+start variable, exactly one mode per op, ``AddCumulative`` per resource (``AddNoOverlap`` when
+every holder takes the whole resource), ``start >= end`` of each dep, makespan ``>=`` the end of
+every sink, minimise the makespan. What makes it prove optimality in well under a second on one
+core (all exact: each keeps at least one optimal schedule):
+
+- mode dominance: a mode goes when another one is no longer and holds no more units of every
+  resource that an op able to run beside this one (neither ancestor nor descendant) may use;
+- decomposition: an op that every other op precedes or follows runs alone (fastest mode) and
+  splits the phase into segments solved independently, one after another (a forward chain, or a
+  recompute prefix, needs no solver at all);
 - a list schedule (ops in topological order, each in its fastest mode at the earliest feasible
-  time) as the hint and as the upper bound of every domain; the critical path (fastest modes)
-  and total work / capacity per resource as lower bounds on the makespan; earliest / latest
-  starts from the longest paths; identical interchangeable ops ordered (symmetry breaking).
-  When the list schedule already meets the lower bound it is optimal and no model is built.
+  time) is the hint and the upper bound of every domain; earliest / latest starts come from the
+  longest paths; when it meets the lower bound it is optimal and no model is built;
+- lower bounds on the makespan: the critical path (fastest modes) and, per resource, the least
+  energy (duration x units) of the ops that cannot start before ``h`` and leave ``q`` of
+  dependent work after them, over ``[h, makespan - q]`` (``h = q = 0``: total work / capacity);
+- active starts: some optimal schedule starts every op at 0 or when a dep or an op sharing one
+  of its resources ends, so each start is tied to one such end (the search picks whom an op
+  follows instead of a time value: the key to fine time ticks);
+- precedence energy: on each resource the ops between two ops, before one, or after one fit
+  their mode-dependent energy into the time between them;
+- identical interchangeable ops start in order (symmetry);
+- propagation-only search (no LP), timetable edge finding and the overload checker in the
+  cumulative constraints; ``num_workers=1`` (deterministic) by default.
 
-Time unit: integer *ticks* of ``tick_s = 2**e`` seconds, the power of two that puts the sum of
-the ops' fastest durations in [2**20, 2**21) ticks (so a tick is ~1e-6 of the phase). Durations
-are rounded UP to whole ticks, which can only lengthen ops, so the tick schedule is valid in
-real time. A power-of-two tick makes ``seconds / tick`` exact in floating point. The reported
-schedule is re-timed in real seconds: the solver's modes, and its start order as the priority of
-a serial schedule-generation pass with the real durations; every op then starts no later than in
-the tick solution, so the real makespan is at most the tick makespan. Lower bound in seconds:
-the analytic bounds, and the solver's proven tick bound ``B`` less ``n + 1`` ticks of rounding
-slack when some duration is not a whole number of ticks (``(B - n - 1) * tick`` bounds the real
-optimum: shifting the k-th op of any real schedule by k ticks makes it a valid tick schedule).
+Time: integer ticks of ``tick_s = 2**e`` seconds, the power of two that puts the sum of the ops'
+fastest durations in [2**20, 2**21) ticks (a tick is ~1e-6 of the phase; the horizon stays below
+2**21 ticks). Durations are rounded UP to whole ticks (exact in floating point: the tick is a power
+of two), so a tick schedule is valid in real time. The reported schedule is re-timed in seconds:
+the solver's modes, its start order as the priority of a serial schedule-generation pass with
+the real durations; no op starts later than in the tick solution, so the real makespan is at
+most the tick one. The lower bound in seconds is the largest of the analytic bounds and, per
+segment, the solver's proven tick bound ``B`` less ``n + 1`` ticks of rounding slack when some
+duration is not a whole number of ticks (shifting the k-th op of any real schedule by k ticks
+makes a valid tick schedule, so ``(B - n - 1) * tick`` bounds the real optimum); a proven
+optimum therefore shows a gap of at most ~(n + 1) * 1e-6.
 
 Chip sharing (``Chip.unit_sharing``): ``sequential`` chips (GPUs: every kernel runs over all
-SMs, one after another) give every op one mode, the whole chip, and one shared resource of
-capacity 1, so the optimum is the sequential sum of the op times (as ``phaze.step`` computes it).
-``concurrent`` chips (accelerators) have independent tensor and vector unit pools and links.
+SMs, one after another, and the vector units are the same SMs) give every op one mode, the whole
+chip, holding one shared resource of capacity 1, so the optimum is the sequential sum of the op
+times as :func:`phaze.step.layer_time` adds them. ``concurrent`` chips (accelerators) have
+independent tensor and vector pools and a link (capacity 1) for collectives: tensor ops run on
+``k`` of the ``n_t`` tensor units, ``k`` in ``round(n_t * share)`` for the shares
+:data:`DEFAULT_SHARES` (all, half, a quarter, an eighth); vector ops likewise on the vector
+units; fused attention holds the same share of both (the vector pool is counted in slots of a
+fraction of a unit so that share is whole, :func:`vector_slots`); collectives hold the link.
+HBM bandwidth is not a scheduled resource: concurrent ops each get the bandwidth the cost model
+gives them alone.
 
-Results are cached in memory and on disk (one small JSON file per key under
-``$PHAZE_CACHE_DIR`` or ``~/.cache/phaze/schedules``; ``PHAZE_CACHE_DIR=off`` disables it).
+Results are cached per key (every task's name, deps and modes, the capacities) in memory and on
+disk: one small JSON file per key under ``$PHAZE_CACHE_DIR`` (default ``~/.cache/phaze/schedules``;
+``off`` disables it), written atomically; a corrupt file is ignored and recomputed.
 """
 from __future__ import annotations
 
@@ -43,25 +70,28 @@ import os
 import tempfile
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from ortools.sat.python import cp_model
 
 from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, op_time
 from .graph import Op
 
-DEFAULT_SHARES = (1.0, 0.5, 0.25, 0.125)   # share of a unit pool an op may run on
-TICK_RESOLUTION_EXP = 20                    # sum of fastest durations spans [2**20, 2**21) ticks
+DEFAULT_SHARES = (1.0, 0.5, 0.25, 0.125)   # shares of a unit pool an op may run on
+TICK_RESOLUTION_EXP = 20                    # fastest-mode sum of a phase spans [2**20, 2**21) ticks
 FORMULATION = 1                             # bump when results change meaning (invalidates caches)
 STATUSES = ("OPTIMAL", "FEASIBLE", "HEURISTIC")
-_MEMORY_CACHE_SIZE = 4096
-_SOLVER_PARAMS: dict = {          # cumulative propagation that proves these instances fast
+SOLVER_PARAMETERS = {                       # CP-SAT parameters besides time limit, workers, seed
     "use_timetable_edge_finding_in_cumulative": True,
     "use_overload_checker_in_cumulative": True,
+    "linearization_level": 0,               # propagation only: the LP costs more than it prunes here
 }
-_ACTIVE = True
+_MEMORY_CACHE_SIZE = 4096
+_SHORTCUTS = True          # tests turn off dominance, decomposition and the list-schedule exit
 
 
 # --- data ---------------------------------------------------------------------------------
@@ -230,6 +260,7 @@ def _key(tasks: Sequence[Task], capacities: dict, unit_counts: dict | None, tick
     names = {t.name for t in tasks}
     spec = {
         "v": FORMULATION,
+        "res": TICK_RESOLUTION_EXP,
         "cap": sorted((str(r), int(k)) for r, k in capacities.items()),
         "units": sorted((str(r), int(k)) for r, k in (unit_counts or {}).items()),
         "tick": None if tick_s is None else float(tick_s).hex(),
@@ -361,7 +392,7 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     # more units of every resource that some op able to run beside i (neither ancestor nor
     # descendant) may use: switching i to it keeps any schedule valid and no longer
     uses = [set().union(*[set(x) for x in dem[i]]) for i in range(n)]
-    for i in range(n):
+    for i in range(n if _SHORTCUTS else 0):
         free = ~(anc[i] | desc[i] | (1 << i))
         contested = set().union(*[uses[j] for j in range(n) if (free >> j) & 1])
         ds = [tasks[i].modes[m].duration_s for m in modes[i]]
@@ -392,7 +423,7 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     # cut ops (every other op is an ancestor or a descendant) run alone in their fastest mode
     # and split the phase into segments that are scheduled independently, one after another
     everyone = (1 << n) - 1
-    cuts = [i for i in order if (anc[i] | desc[i] | (1 << i)) == everyone]
+    cuts = [i for i in order if (anc[i] | desc[i] | (1 << i)) == everyone and _SHORTCUTS]
     segments, prev = [], 0
     for c in cuts + [None]:
         upto = anc[c] if c is not None else everyone
@@ -404,20 +435,13 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
 
     deadline = t0 + max(0.0, time_limit_s)
     chosen, tick_start = fast[:], [0] * n
-    bound_ticks, lower_s, statuses, notes = 0, 0.0, [], []
-    offset = 0
-    for c in cuts:
-        bound_ticks += D[c][fast[c]]
-        lower_s += fd[c]
-    seg_of = {}
-    for k, seg in enumerate(segments):
-        for i in seg:
-            seg_of[i] = k
+    lower_s, statuses, notes, offset = 0.0, [], [], 0
     # segments and cuts alternate in topological order; lay them out one after another
     for piece in _pieces(order, cuts, segments):
         if isinstance(piece, int):
             tick_start[piece] = offset
             offset += D[piece][fast[piece]]
+            lower_s += fd[piece]
             continue
         st, md, starts, b, lo_s, note = _solve_segment(piece, deps, succ, D, dur, dem, fast, capacities,
                                                        deadline, num_workers)
@@ -428,7 +452,6 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
             chosen[i] = md[i]
             tick_start[i] = offset + starts[i]
         offset = max(tick_start[i] + D[i][chosen[i]] for i in piece)
-        bound_ticks += b
         # the proven tick bound, less the rounding slack (see the module docstring)
         lower_s += max(lo_s, (b - (0 if exact else len(piece) + 1)) * tick_s)
     if all(x == "OPTIMAL" for x in statuses):
@@ -438,14 +461,12 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     else:
         status = "HEURISTIC"
     note = "; ".join(sorted(set(notes)))
-    bound = bound_ticks
     cp_s = _longest_path(order, deps, fd)
     work_s = {r: sum(min(dur[i][a] * dem[i][a].get(r, 0) for a in range(len(modes[i]))) for i in range(n)) / c
               for r, c in capacities.items() if c > 0}
     work_bound_s = max(work_s.values(), default=0.0)
-    energy_s = max(cp_s, lower_s)
-    _energy_all = max([0.0] + [_energy_bound(order, deps, succ, fd, dur, dem, r, c, False)
-                               for r, c in capacities.items() if c > 0])
+    energy_s = max([cp_s, lower_s] + [_energy_bound(order, deps, succ, fd, dur, dem, r, c, False)
+                                      for r, c in capacities.items() if c > 0])
 
     # re-time in real seconds: solver's modes, its start order as the priority
     pos = {i: k for k, i in enumerate(order)}
@@ -453,7 +474,7 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     rd = [dur[i][chosen[i]] for i in range(n)]
     rs = _sgs(prio, rd, [dem[i][chosen[i]] for i in range(n)], deps, capacities)
     makespan = max((rs[i] + rd[i] for i in range(n)), default=0.0)
-    lower = min(max(energy_s, _energy_all), makespan)
+    lower = min(energy_s, makespan)
     if status == "OPTIMAL" and exact:
         lower = makespan
     gap = (makespan - lower) / makespan if makespan > 0 else 0.0
@@ -520,7 +541,7 @@ def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num
     mode = {i: fast[i] for i in seg}
     start = _sgs(seg, {i: D[i][mode[i]] for i in seg}, {i: dem[i][mode[i]] for i in seg}, sdeps, capacities)
     ub = max(start[i] + D[i][mode[i]] for i in seg)
-    if ub <= lb:
+    if ub <= lb and _SHORTCUTS:
         return "OPTIMAL", mode, start, lb, lb_s, ""
     left = deadline - time.perf_counter()
     if left <= 0:
@@ -586,13 +607,40 @@ def _active_starts(m, seg, deps, succ, dem, starts, ends):
         m.add_bool_or(lits)
 
 
+def _precedence_energy(m, seg, deps, succ, D, dem, capacities, starts, ends, bools, mk):
+    """Redundant energy constraints along the precedence: an op's ancestors run before it
+    starts and its descendants after it ends, so on each resource their energy (duration x
+    units of the chosen modes) fits in [0, start] and [end, makespan]."""
+    anc, desc = {}, {}
+    for i in seg:
+        anc[i] = set().union(*[anc[j] | {j} for j in deps[i]])
+    for i in reversed(seg):
+        desc[i] = set().union(*[desc[k] | {k} for k in succ[i]])
+    for r, cap in capacities.items():
+        energy = {}
+        for j in seg:
+            e = [D[j][a] * dem[j][a].get(r, 0) for a in range(len(D[j]))]
+            if max(e) <= 0:
+                continue
+            energy[j] = e[0] if bools[j] is None else sum(x * b for x, b in zip(e, bools[j]))
+        for i in seg:
+            before = [energy[j] for j in anc[i] if j in energy]
+            if len(before) > 1:
+                m.add(cap * starts[i] >= sum(before))
+            after = [energy[j] for j in desc[i] if j in energy]
+            if len(after) > 1:
+                m.add(cap * (mk - ends[i]) >= sum(after))
+            for u in anc[i]:
+                between = [energy[j] for j in (desc[u] & anc[i]) if j in energy]
+                if len(between) > 1:
+                    m.add(cap * (starts[i] - ends[u]) >= sum(between))
+
+
 def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hint_start, time_left,
            num_workers):
     """CP-SAT on the ops ``seg`` in ticks. Returns (status, {op: mode}, {op: start}, proven
     lower bound); status is CP-SAT's name (UNKNOWN, ...) and the rest None when no solution
     was found."""
-    from ortools.sat.python import cp_model
-
     m = cp_model.CpModel()
     starts, ends, bools = {}, {}, {}
     per_res: dict[str, list] = {r: [] for r in capacities}
@@ -638,8 +686,8 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, h
     for g in groups.values():
         for a, b in zip(g, g[1:]):
             m.add(starts[a] <= starts[b])
-    if _ACTIVE:
-        _active_starts(m, seg, deps, succ, dem, starts, ends)
+    _active_starts(m, seg, deps, succ, dem, starts, ends)
+    _precedence_energy(m, seg, deps, succ, D, dem, capacities, starts, ends, bools, mk)
     m.minimize(mk)
     for i in seg:
         m.add_hint(starts[i], hint_start[i])
@@ -652,7 +700,9 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, h
     solver.parameters.max_time_in_seconds = max(1e-3, time_left)
     solver.parameters.num_workers = max(1, int(num_workers))
     solver.parameters.random_seed = 0
-    for k, v in _SOLVER_PARAMS.items():
+    for k, v in SOLVER_PARAMETERS.items():
+        if isinstance(v, str):      # an enum value by name
+            v = getattr(type(getattr(solver.parameters, k)), v)
         setattr(solver.parameters, k, v)
     st = solver.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -805,3 +855,90 @@ def schedule_layer(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: st
               modes=modes, num_workers=num_workers, cache=cache)
     return (schedule_ops(g.fwd, chip, model.precision, eff, **kw),
             schedule_ops(g.bwd, chip, model.precision, eff, **kw))
+
+
+# --- Gantt chart ----------------------------------------------------------------------------------
+_ROWS = (("tensor units", "tensor", ("tensor", "tensor+vector")),
+         ("vector units", "vector", ("vector", "tensor+vector")),
+         ("links", "link", ("link",)))
+
+
+def _lanes(sched: Schedule):
+    """Per row: (capacity, [(entry, [lane indices])]); lanes assigned greedily, lowest first."""
+    out = []
+    for _, res, kinds in _ROWS:
+        sequential = res not in sched.capacities
+        cap = 1 if sequential else int(sched.capacities[res])
+        busy = [float("-inf")] * max(cap, 1)
+        items = []
+        for e in sorted(sched.ops, key=lambda e: (e.start_s, e.name)):
+            if e.unit not in kinds or e.duration_s <= 0:
+                continue
+            k = cap if sequential else int(dict(e.demand).get(res, 0))
+            if k <= 0:
+                continue
+            eps = 1e-12 * max(sched.makespan_s, 1e-30)
+            free = [u for u in range(len(busy)) if busy[u] <= e.start_s + eps]
+            lanes = free[:k] if len(free) >= k else list(range(k))
+            for u in lanes:
+                busy[u] = e.end_s
+            items.append((e, lanes))
+        out.append((cap, items))
+    return out
+
+
+def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "") -> None:
+    """Draw ``panels`` ((label, schedule), ...) as Gantt charts, one panel each: a row per unit
+    group (tensor units, vector units, links), a bar per op over the units it holds, labelled
+    by name where the name fits."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 2.6 * len(panels) + 0.6), squeeze=False)
+    colours = plt.get_cmap("tab20").colors
+    for ax, (label, sched) in zip(axes[:, 0], panels):
+        scale, unit = (1e3, "ms") if sched.makespan_s >= 1e-3 else (1e6, "us")
+        ax.set_xlim(0, max(sched.makespan_s * scale, 1e-9))
+        fig.canvas.draw()   # so that bar widths in pixels are known
+        px_per_x = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
+        by_start = sorted(sched.ops, key=lambda e: (e.start_s, e.name))   # neighbours differ
+        colour = {e.name: colours[i % len(colours)] for i, e in enumerate(by_start)}
+        for row, ((row_name, _, _), (cap, items)) in enumerate(zip(_ROWS, _lanes(sched))):
+            base = len(_ROWS) - 1 - row
+            for e, lanes in items:
+                runs, start = [], None
+                for u in sorted(lanes) + [None]:
+                    if start is None:
+                        start = prev = u
+                    elif u is not None and u == prev + 1:
+                        prev = u
+                    else:
+                        runs.append((start, prev))
+                        start = prev = u
+                x, w = e.start_s * scale, e.duration_s * scale
+                for lo, hi in runs:
+                    if lo is None:
+                        continue
+                    y0, h = base + 0.05 + 0.9 * lo / cap, 0.9 * (hi - lo + 1) / cap
+                    ax.add_patch(plt.Rectangle((x, y0), w, h, facecolor=colour[e.name], edgecolor="black",
+                                               linewidth=0.4))
+                lo, hi = max((r for r in runs if r[0] is not None), key=lambda r: r[1] - r[0])
+                h_px = 0.9 * (hi - lo + 1) / cap * (ax.transData.transform((0, 1))[1]
+                                                    - ax.transData.transform((0, 0))[1])
+                if w * px_per_x > 6.0 * len(e.name) + 4 and h_px > 9:
+                    ax.text(x + w / 2, base + 0.05 + 0.9 * (lo + hi + 1) / (2 * cap), e.name, ha="center",
+                            va="center", fontsize=7, clip_on=True)
+        ax.set_ylim(0, len(_ROWS))
+        ax.set_yticks([len(_ROWS) - 1 - r + 0.5 for r in range(len(_ROWS))])
+        ax.set_yticklabels([r[0] for r in _ROWS])
+        ax.set_xlabel(f"time ({unit})")
+        ax.set_title(f"{label}: {sched.makespan_s * scale:.4g} {unit}, {sched.status}"
+                     f" (sequential {sched.sequential_sum_s * scale:.4g} {unit})", fontsize=10)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=150)
+    finally:
+        plt.close(fig)
