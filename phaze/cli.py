@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from .api import as_chip, as_model, as_plan
 from .configio import ConfigError
@@ -68,6 +69,8 @@ def cmd_evaluate(args) -> int:
     model = as_model(args.workload, args.seq_len)
     chip = as_chip(args.arch)
     plan = as_plan(args.plan)
+    if args.schedule:
+        plan = replace(plan, schedule=args.schedule)
     result = evaluate(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args))
     if not result.fits and not args.allow_oom:
         m = result.stage_memory[result.binding_stage]
@@ -399,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--allow-oom", action="store_true", help="print the result even if it does not fit")
     ev.add_argument("--params", help="efficiency parameters from 'phaze calibrate' (default: shipped)")
     ev.add_argument("--ideal", action="store_true", help="ideal datasheet machine: no efficiency losses")
+    ev.add_argument("--schedule", choices=("optimal", "sequential"), default=None,
+                    help="layer time from the CP-SAT schedule (default) or the sum of the operators")
     ev.set_defaults(func=cmd_evaluate)
 
     va = sub.add_parser("validate", help="compare predicted and published step times")

@@ -8,6 +8,7 @@ from .configio import ConfigError
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "flash2", "standard")
 OPTIMIZERS = ("adam", "sgd")
+SCHEDULES = ("optimal", "sequential")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Plan:
     dp_overlap: bool = True
     tp_overlap: bool = False
     reduce_fp32: bool = False
+    schedule: str = "optimal"              # layer time: CP-SAT schedule | sequential sum of ops
     stages: tuple[int, ...] = ()           # layers per pipeline stage (empty: even split)
     stage_recompute: tuple[str, ...] = ()  # recompute per stage (empty: ``recompute`` everywhere)
 
@@ -53,6 +55,7 @@ class Plan:
                 + (f",vp={self.vp}" if self.vp > 1 else "") + (f",cp={self.cp}" if self.cp > 1 else "")
                 + (f",zero={self.zero}" if self.zero else "") + f",attention={self.attention}"
                 + (",tp_overlap=1" if self.tp_overlap else "")
+                + (f",schedule={self.schedule}" if self.schedule != "optimal" else "")
                 + (",stages=" + ":".join(map(str, self.stages)) if self.stages else "")
                 + (",stage_recompute=" + ":".join(self.stage_recompute) if self.stage_recompute else ""))
 
@@ -97,7 +100,8 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = _BOOL[raw.lower()]
         else:
-            choices = {"recompute": RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS}[key]
+            choices = {"recompute": RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
+                       "schedule": SCHEDULES}[key]
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()

@@ -63,13 +63,24 @@ def _sum_ops(ops, chip: Chip, precision: str, eff: Efficiency, groups: dict, p: 
 
 @lru_cache(maxsize=65536)
 def layer_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str,
-               recompute: str, eff: Efficiency = IDEAL) -> tuple[PhaseTime, PhaseTime]:
-    """(forward, backward incl. recompute) time of one layer for one micro-batch, sequential."""
+               recompute: str, eff: Efficiency = IDEAL,
+               schedule: str = "optimal") -> tuple[PhaseTime, PhaseTime]:
+    """(forward, backward incl. recompute) time of one layer for one micro-batch.
+
+    ``optimal``: the makespan of the CP-SAT schedule of each phase on the chip's units
+    (:mod:`phaze.schedule`), its parts scaled from the operators' sums; ``sequential``: the sum
+    of the operator times. On a chip whose units are shared sequentially (a GPU) the optimal
+    schedule is that sum, computed directly."""
     g = layer_graph(model, mbs, tp, sp, attention, recompute)
     groups = {"tp": (tp, 1)}
     p = model.bytes_per_element
-    return (_sum_ops(g.fwd, chip, model.precision, eff, groups, p),
-            _sum_ops(g.bwd, chip, model.precision, eff, groups, p))
+    fwd = _sum_ops(g.fwd, chip, model.precision, eff, groups, p)
+    bwd = _sum_ops(g.bwd, chip, model.precision, eff, groups, p)
+    if schedule == "sequential" or chip.unit_sharing == "sequential":
+        return fwd, bwd
+    from .schedule import schedule_layer
+    sf, sb = schedule_layer(model, chip, mbs, tp, sp, attention, recompute, eff)
+    return fwd * (sf.makespan_s / fwd.total), bwd * (sb.makespan_s / bwd.total)
 
 
 @lru_cache(maxsize=16384)
@@ -282,7 +293,7 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     grad_bytes = 4 if plan.reduce_fp32 else p
     layer, fwds, bwds, acts = {}, {}, {}, {}
     for r in ("none", "selective", "full"):
-        fwd, bwd = layer_time(shard, chip, plan.mbs, tp, plan.sp, plan.attention, r, eff)
+        fwd, bwd = layer_time(shard, chip, plan.mbs, tp, plan.sp, plan.attention, r, eff, plan.schedule)
         if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
             fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
             bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))

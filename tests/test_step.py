@@ -113,3 +113,18 @@ def test_mfu_definition(gpt3, a100):
     assert r.mfu == pytest.approx(r.model_flops_per_step / (r.step_time_s * 1024 * a100.peak_flops("fp16")))
     assert r.hfu == pytest.approx(r.mfu * 4 / 3, rel=0.01)   # full recompute: 4 passes instead of 3
     assert 0 < r.mfu < 1
+
+
+def test_schedule_is_the_sequential_sum_on_gpus_and_never_slower_on_accelerators(gpt3, a100, tmp_path,
+                                                                                 monkeypatch):
+    monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path))
+    plan = Plan(tp=8, pp=16, recompute="selective")
+    opt = evaluate(gpt3, a100, 1024, 1536, plan)
+    seq = evaluate(gpt3, a100, 1024, 1536, replace(plan, schedule="sequential"))
+    assert opt.step_time_s == seq.step_time_s          # GPUs run kernels one after another
+    tpu = load_chip("tpuv4")
+    plan = Plan(tp=8, pp=16, mbs=1)
+    opt = evaluate(gpt3, tpu, 1024, 1536, plan)
+    seq = evaluate(gpt3, tpu, 1024, 1536, replace(plan, schedule="sequential"))
+    assert opt.step_time_s < seq.step_time_s            # concurrent units overlap some ops
+    assert sum(opt.breakdown_s.values()) == pytest.approx(opt.step_time_s, rel=1e-12)
