@@ -6,7 +6,7 @@ so both run through the same cost model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .configio import ConfigError, Fields, read_mapping

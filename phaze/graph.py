@@ -7,7 +7,7 @@ communication, its :class:`Collective`. FLOPs are the arithmetic the hardware pe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from .workload import Model

@@ -15,7 +15,7 @@ import numpy as np
 
 from .arch import Chip
 from .configio import ConfigError
-from .cost import IDEAL, Efficiency, collective_time, op_time, vector_time
+from .cost import IDEAL, Efficiency, collective_time, op_time
 from .graph import edge_graph, layer_graph, optimizer_op, tensor_flops
 from .memory import StageMemory, activation_bytes_per_layer, state_bytes_per_param
 from .plan import Plan

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from phaze.arch import LinkLevel, TensorUnits, VectorUnits, load_chip
+from phaze.arch import LinkLevel, TensorUnits, load_chip
 from phaze.cost import collective_time, gemm_time, vector_time, tile_candidates
 
 from conftest import toy_chip

@@ -2,7 +2,7 @@
 import pytest
 
 from phaze.memory import activation_bytes_per_layer, korthikanti_bytes_per_layer, state_bytes_per_param
-from phaze.workload import Model, load_model
+from phaze.workload import load_model
 
 MODELS = ["gpt3-175b", "megatron-gpt-18b", "megatron-gpt-1t"]
 
