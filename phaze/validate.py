@@ -32,11 +32,24 @@ REQUIRED_COLUMNS = (
     "recompute", "precision", "measured_metric", "measured_value", "notes")
 METRICS = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "tokens_per_s_total", "step_time_s")
 DEFAULT_VOCAB = 51200   # GPT-2 BPE padded to a multiple of 1024 (Megatron's default); see module doc
-GPU_CHIPS = {           # the `gpu` column -> shipped chip config
-    "a100-sxm4-80gb": "a100-80gb", "a100-80gb": "a100-80gb", "a100-sxm4-40gb": "a100-40gb",
-    "a100-40gb": "a100-40gb", "h100-sxm5-80gb": "h100-sxm", "h100-sxm": "h100-sxm",
-    "h100-80gb": "h100-sxm",
-}
+SHIPPED_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm")
+_TRUE = ("yes", "true", "1", "on", "y")
+_FALSE = ("no", "false", "0", "off", "n")
+_RECOMPUTE = {"full": "full", "uniform": "full", "block": "full", "selective": "selective",
+              "none": "none", **{t: "full" for t in _TRUE}, **{f: "none" for f in _FALSE}}
+
+
+def chip_for_gpu(gpu: str) -> str | None:
+    """The shipped chip config for a `gpu` column (A100 SXM 40/80 GB, H100 SXM), or None for a
+    GPU phaze does not describe (PCIe and NVL variants, H200, B200, ...)."""
+    g = re.sub(r"[\s_]+", "-", gpu.strip().lower())
+    if any(x in g for x in ("pcie", "nvl", "h200", "gh200", "b200", "h800", "a800")):
+        return None
+    if "h100" in g:
+        return "h100-sxm"
+    if "a100" in g:
+        return "a100-40gb" if "40" in g.replace("a100", "") else "a100-80gb"
+    return None
 DEFAULT_PEAK_16BIT = {"a100-80gb": 312e12, "a100-40gb": 312e12, "h100-sxm": 989.4e12}
 
 
@@ -147,9 +160,9 @@ def row_to_case(row: dict, chips: dict[str, Chip] | None = None) -> Case | Skipp
 
 def _row_to_case(row, run_id, source, gpu, chips) -> Case:
     notes = row.get("notes") or ""
-    chip_name = GPU_CHIPS.get(gpu.lower())
+    chip_name = chip_for_gpu(gpu)
     if chip_name is None:
-        raise ValueError(f"unknown GPU {gpu!r}; phaze models {', '.join(sorted(set(GPU_CHIPS.values())))}")
+        raise ValueError(f"unknown GPU {gpu!r}; phaze models A100 SXM 40/80 GB and H100 SXM")
     if chip_name not in chips:
         chips[chip_name] = load_chip(chip_name)
     chip = chips[chip_name]
@@ -207,8 +220,8 @@ def _row_to_case(row, run_id, source, gpu, chips) -> Case:
     vp = vp or _search(r"interleaving\s*=\s*(\d+)", notes) or 1
     cp = cp or 1
     mbs = mbs or 1
-    recompute = recompute if recompute in ("none", "selective", "full") else "none"
-    sp = {"yes": True, "true": True, "no": False, "false": False}.get(sp_text, tp > 1)
+    recompute = _RECOMPUTE.get(recompute or "none", "none")
+    sp = True if sp_text in _TRUE else False if sp_text in _FALSE else tp > 1
     low = notes.lower()
     zero = 0
     if "full_shard" in low or ("fsdp" in low and "shard_grad_op" not in low):

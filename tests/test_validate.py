@@ -623,3 +623,23 @@ def test_cli_calibrate_writes_a_loadable_file(tmp_path, small_csv):
     proc = ok_cli(phaze_cli(tmp_path, "validate", "--runs", str(small_csv), "--params", "params.json",
                             "--no-loso", "--unseen", "", "--format", "json"))
     assert json.loads(proc.stdout)["params"] == "params.json"
+
+
+@pytest.mark.parametrize("gpu,chip", [
+    ("A100-SXM4-80GB", "a100-80gb"), ("A100 80GB", "a100-80gb"), ("a100_sxm4_40gb", "a100-40gb"),
+    ("A100-SXM4-40GB", "a100-40gb"), ("H100-SXM5-80GB", "h100-sxm"), ("H100 SXM", "h100-sxm"),
+    ("H100 80GB HBM3", "h100-sxm"), ("H100 PCIe", None), ("H200 SXM", None), ("A100 PCIe 40GB", None),
+    ("V100", None)])
+def test_gpu_names(gpu, chip):
+    from phaze.validate import chip_for_gpu
+    assert chip_for_gpu(gpu) == chip
+
+
+@pytest.mark.parametrize("text,mode", [("full", "full"), ("uniform", "full"), ("block", "full"),
+                                       ("True", "full"), ("selective", "selective"), ("no", "none"),
+                                       ("", "none")])
+def test_recompute_spellings(text, mode):
+    from phaze.validate import row_to_case, read_runs, default_runs_path
+    row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"))
+    row["recompute"] = text
+    assert row_to_case(row).plan.recompute == mode
