@@ -178,7 +178,7 @@ def _row_to_case(row, run_id, source, gpu, chips) -> Case:
         raise ValueError("gpu_count, layers, hidden, heads and seq_len are required")
     ffn = _int(row, "ffn_hidden", 4 * hidden)
     kv = _search(r"kv_groups\s*=\s*(\d+)", notes) or heads
-    vocab = _search(r"vocab(?:ulary)?(?:\s+size)?\s*[=:]?\s*(\d{4,7})", notes) or DEFAULT_VOCAB
+    vocab = _search(r"vocab(?:ulary)?(?:[\s_-]*size)?\s*[=:]?\s*(\d{4,7})", notes) or DEFAULT_VOCAB
     precision_text = (row.get("precision") or "").lower()
     precision = next((p for p in ("fp8", "bf16", "fp16") if p in precision_text), "bf16")
     # FlashAttention named in the notes is the flash-attn library (FlashAttention-2 since 2023);
@@ -217,18 +217,25 @@ def _row_to_case(row, run_id, source, gpu, chips) -> Case:
             sp_text = "yes"
     if tp is None or pp is None or batch is None:
         raise ValueError("parallel layout not published (tp, pp or global_batch missing)")
+    if recompute is None:   # the column is blank: the framework flags the notes quote, if any
+        low = notes.lower()
+        if re.search(r"activation[_ -]checkpointing\s*=\s*true|full (activation )?recompute", low):
+            recompute = "full"
+        elif "selective" in low and "recompute" in low:
+            recompute = "selective"
     vp = vp or _search(r"interleaving\s*=\s*(\d+)", notes) or 1
     cp = cp or 1
     mbs = mbs or 1
     recompute = _RECOMPUTE.get(recompute or "none", "none")
     sp = True if sp_text in _TRUE else False if sp_text in _FALSE else tp > 1
     low = notes.lower()
-    zero = 0
-    if "full_shard" in low or ("fsdp" in low and "shard_grad_op" not in low):
+    zero = _search(r"zero[\s_-]*(?:stage)?[\s_-]*([0-3])\b", low) or 0
+    if "full_shard" in low or "hybrid_shard" in low or ("fsdp" in low and "shard_grad_op" not in low):
         zero = 3
     elif "shard_grad_op" in low:
         zero = 2
-    elif "overlap-param-gather" in low or "distributed optimizer" in low or "distributed-optimizer" in low:
+    elif not zero and ("overlap-param-gather" in low or "distributed optimizer" in low
+                       or "distributed-optimizer" in low):
         zero = 1
     plan = Plan(tp=tp, pp=pp, mbs=mbs, recompute=recompute, sp=sp, vp=vp, cp=cp, zero=zero,
                 attention=attention, tp_overlap="tp-comm-overlap" in low,

@@ -643,3 +643,17 @@ def test_recompute_spellings(text, mode):
     row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"))
     row["recompute"] = text
     assert row_to_case(row).plan.recompute == mode
+
+
+@pytest.mark.parametrize("note,zero,recompute,vocab", [
+    ("DeepSpeed ZeRO stage 1, vocab_size=50257", 1, "none", 50257),
+    ("ZeRO-3 offload off; activation_checkpointing=True", 3, "full", 51200),
+    ("FSDP HYBRID_SHARD; full recompute; padded_vocab_size 128256", 3, "full", 128256),
+    ("selective activation recompute, distributed optimizer", 1, "selective", 51200),
+])
+def test_notes_rules_for_blank_columns(note, zero, recompute, vocab):
+    from phaze.validate import row_to_case, read_runs, default_runs_path
+    row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"))
+    row["notes"], row["recompute"] = note, ""
+    case = row_to_case(row)
+    assert (case.plan.zero, case.plan.recompute, case.model.vocab) == (zero, recompute, vocab)
