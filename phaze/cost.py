@@ -185,8 +185,12 @@ def collective_time(kind: str, nbytes: float, n: int, chip: Chip, stride: int = 
 
 def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: int = 1,
             dp_stride: int = 1, pp_stride: int = 1, groups: dict | None = None,
-            bytes_per_element: int = 2, units: int | None = None) -> float:
-    """Seconds for one operator; ``groups`` maps a collective group name to (size, stride)."""
+            bytes_per_element: int = 2, units: int | None = None,
+            vector_units: float | None = None) -> float:
+    """Seconds for one operator; ``groups`` maps a collective group name to (size, stride).
+    ``units``: tensor units for tensor ops, vector units for vector ops (default all); a fused op
+    runs on ``units`` tensor units and ``vector_units`` vector units (default: the same share of
+    the vector pool)."""
     if op.unit == "link":
         c: Collective = op.collective
         size, stride = (groups or {}).get(c.group, (tp, 1))
@@ -208,7 +212,9 @@ def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: 
                                bytes_per_element, fused=True, reuse=op.operand_reuse)
         t = t / eff.attention_fraction + eff.kernel_overhead_s
         # the softmax runs between the two products of each tile, on the vector and special units
+        if vector_units is None and units is not None:
+            vector_units = units * chip.vector.count / chip.tensor.count
         w = op.work_fraction
-        softmax = vector_time(0, w * op.vector_flops, 0, chip, IDEAL, units, w * op.special)
-        return max(t + softmax, vector_time(0, 0, op.bytes, chip, eff, units))
+        softmax = vector_time(0, w * op.vector_flops, 0, chip, IDEAL, vector_units, w * op.special)
+        return max(t + softmax, vector_time(0, 0, op.bytes, chip, eff, vector_units))
     return gemm_time(batch, M, K, N, chip, precision, eff, units, op.work_fraction, bytes_per_element)

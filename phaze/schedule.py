@@ -63,7 +63,6 @@ disk: one small JSON file per key under ``$PHAZE_CACHE_DIR`` (default ``~/.cache
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -744,24 +743,14 @@ def chip_capacities(chip: Chip) -> dict:
     return {"tensor": chip.tensor.count, "vector": chip.vector.count * vector_slots(chip), "link": 1}
 
 
-_OP_TIME_VECTOR_UNITS = "vector_units" in inspect.signature(op_time).parameters
 
 
 def fused_time(op: Op, chip: Chip, precision: str, eff: Efficiency, *, groups: dict, bytes_per_element: int,
                tensor_units: int, vector_units: float) -> float:
     """Seconds of a fused (tensor+vector) op on ``tensor_units`` tensor units and
-    ``vector_units`` (possibly fractional) vector units. ``op_time(..., units=k)`` runs a fused
-    op's softmax on ``k`` vector units too; with unequal pools (TPUv4: 8 MXUs, 2 VPUs) the
-    softmax work is scaled by ``k / k'`` so that it takes its time on ``k'`` vector units
-    (exact: the softmax time is work / units)."""
-    kw = dict(groups=groups, bytes_per_element=bytes_per_element)
-    if tensor_units == chip.tensor.count and vector_units == chip.vector.count:
-        return op_time(op, chip, precision, eff, **kw)
-    if _OP_TIME_VECTOR_UNITS:    # a cost model that takes both counts
-        return op_time(op, chip, precision, eff, units=tensor_units, vector_units=vector_units, **kw)
-    scale = tensor_units / vector_units
-    scaled = replace(op, vector_flops=op.vector_flops * scale, special=op.special * scale)
-    return op_time(scaled, chip, precision, eff, units=tensor_units, **kw)
+    ``vector_units`` (possibly fractional) vector units."""
+    return op_time(op, chip, precision, eff, groups=groups, bytes_per_element=bytes_per_element,
+                   units=tensor_units, vector_units=vector_units)
 
 
 def op_modes(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, groups: dict,

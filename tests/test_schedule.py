@@ -354,11 +354,12 @@ def test_fused_modes_hold_the_same_share_and_match_op_time():
     g = S.vector_slots(c)
     assert [dict(md.demand)["vector"] for md in modes] == [2 * g, g, g // 2, g // 4]
     assert modes[0].duration_s == op_time(op, c, m.precision, EFF, **kw)
-    # the scaling fused_time relies on: op_time(units=k) runs the softmax on k vector units, so
-    # k/n_v times its work on k units takes as long as its work on all n_v units
-    f = c.tensor.count / c.vector.count
-    scaled = replace(op, vector_flops=op.vector_flops * f, special=op.special * f)
-    assert op_time(scaled, c, m.precision, EFF, units=c.tensor.count, **kw) == pytest.approx(modes[0].duration_s)
+    # op_time(units=k) on a fused op takes the same share of the vector pool (k/n_t of the VPUs)
+    assert op_time(op, c, m.precision, EFF, units=c.tensor.count, **kw) == pytest.approx(modes[0].duration_s)
+    for md in modes:
+        assert op_time(op, c, m.precision, EFF, units=md.tensor_units, **kw) == pytest.approx(md.duration_s)
+        assert op_time(op, c, m.precision, EFF, units=md.tensor_units, vector_units=md.vector_units,
+                       **kw) == pytest.approx(md.duration_s)
     for a, b in zip(modes, modes[1:]):     # fewer units are never faster
         assert b.duration_s >= a.duration_s * (1 - 1e-12)
 
