@@ -184,7 +184,7 @@ def collective_time(kind: str, nbytes: float, n: int, chip: Chip, stride: int = 
 
 
 def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: int = 1,
-            dp_stride: int = 1, pp_stride: int = 1, groups: dict | None = None,
+            groups: dict | None = None,
             bytes_per_element: int = 2, units: int | None = None,
             vector_units: float | None = None) -> float:
     """Seconds for one operator; ``groups`` maps a collective group name to (size, stride).

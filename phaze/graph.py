@@ -12,9 +12,6 @@ from functools import lru_cache
 
 from .workload import Model
 
-UNITS = ("tensor", "vector", "tensor+vector", "link")
-
-
 @dataclass(frozen=True)
 class Collective:
     """A collective over one parallel group; ``bytes`` is the full (unsharded) buffer."""
