@@ -1,9 +1,9 @@
 """Step time of one training step under a given plan: the function every later stage calls.
 
 ``evaluate`` is pure and cached by its arguments: (workload, chip, cluster, batch, plan,
-efficiency) -> :class:`StepResult`. Layer times are the sequential sum of their operators (a GPU
-runs a layer's kernels one after another); pipeline, data-parallel and optimizer terms follow
-shared/DESIGN.md section 5.
+efficiency) -> :class:`StepResult`. Layer times are the makespans of the layers' optimal
+schedules (on a GPU, the sum of the operators: its kernels run one after another); pipeline,
+data-parallel and optimizer terms follow shared/DESIGN.md section 5.
 """
 from __future__ import annotations
 
@@ -20,9 +20,6 @@ from .graph import edge_graph, layer_graph, optimizer_op, tensor_flops
 from .memory import StageMemory, activation_bytes_per_layer, state_bytes_per_param
 from .plan import Plan
 from .workload import Model, with_seq_len
-
-CATEGORIES = ("compute", "memory", "communication")
-
 
 @dataclass(frozen=True)
 class PhaseTime:
@@ -334,16 +331,17 @@ def layout_of(plan: Plan) -> Plan:
     return replace(plan, recompute="none", stages=(), stage_recompute=())
 
 
-def step_time_of(costs: StageCosts, counts, recomputes) -> tuple[float, int, int]:
+def step_time_of(costs: StageCosts, counts, recomputes) -> tuple[float, int, int, list[float]]:
     """Step time of a stage assignment under 1F1B: ``m * T_max + (sum T - T_max) / v`` plus the
     largest stage tail (data-parallel reduction not hidden, optimizer). Returns (seconds,
-    critical stage, tail stage). The one formula both :func:`evaluate` and the placement DP use."""
+    critical stage, tail stage, stage times). The placement DP minimises this same expression
+    over the same :class:`StageCosts` (its tests check the two agree)."""
     m, v = costs.micro_batches, costs.plan.vp
     times = [costs.time(i, n, r).total for i, (n, r) in enumerate(zip(counts, recomputes))]
     tails = [sum(costs.tail(i, n, r)) for i, (n, r) in enumerate(zip(counts, recomputes))]
     crit = max(range(len(times)), key=times.__getitem__)
     last = max(range(len(tails)), key=tails.__getitem__)
-    return (m - 1.0 / v) * times[crit] + sum(times) / v + tails[last], crit, last
+    return (m - 1.0 / v) * times[crit] + sum(times) / v + tails[last], crit, last, times
 
 
 @lru_cache(maxsize=65536)
@@ -355,11 +353,10 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), eff)
     counts = plan.stages or stage_layers(model.layers, pp)
     recs = plan.stage_recompute or (plan.recompute,) * pp
-    step, crit, last = step_time_of(costs, counts, recs)
+    step, crit, last, times = step_time_of(costs, counts, recs)
     per_mb = costs.time(crit, counts[crit], recs[crit])
     m = costs.micro_batches
-    bubble = (sum(costs.time(i, n, r).total for i, (n, r) in enumerate(zip(counts, recs)))
-              - per_mb.total) / v
+    bubble = (sum(times) - times[crit]) / v
     dp_exposed, t_opt = costs.tail(last, counts[last], recs[last])
     breakdown = {
         "compute_s": m * per_mb.compute,
