@@ -57,12 +57,14 @@ def format_result(r: StepResult) -> str:
 def efficiency_for(chip, args):
     """Calibrated efficiency for the chip's family (shipped, or ``--params``); ``--ideal`` for
     the datasheet machine."""
+    from .api import calibrated_efficiency
     from .calibrate import load_params
-    from .validate import load_default_params, params_for
+    from .validate import params_for
     if getattr(args, "ideal", False):
         return IDEAL
-    params = load_params(args.params) if getattr(args, "params", None) else load_default_params()
-    return params_for(chip, params)
+    if getattr(args, "params", None):
+        return params_for(chip, load_params(args.params))
+    return calibrated_efficiency(chip)
 
 
 def cmd_evaluate(args) -> int:

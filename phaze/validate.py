@@ -301,16 +301,21 @@ def case_weights(cases) -> list[float]:
     return [(0.5 if c.layout_from == "notes" else 1.0) / counts[c.source] for c in cases]
 
 
+def fit_cases(cases) -> Efficiency:
+    """One efficiency set fitted on ``cases`` with :func:`case_weights`."""
+    from .calibrate import fit
+    return fit(cases, predict_case, weights=case_weights(cases))[0]
+
+
 def calibrate_cases(cases, progress=None) -> dict[str, Efficiency]:
     """Fit efficiency parameters per chip family, plus ``default`` pooled over all families (used
     for chips no published run covers, such as a proposed accelerator)."""
-    from .calibrate import fit
     families = sorted({c.chip.family for c in cases})
     groups = [(fam, [c for c in cases if c.chip.family == fam]) for fam in families]
     groups.append(("default", list(cases)))
     params = {}
     for fam, group in groups:
-        params[fam] = fit(group, predict_case, weights=case_weights(group))[0]
+        params[fam] = fit_cases(group)
         if progress:
             progress(fam)
     return params
@@ -375,9 +380,7 @@ def unseen_gpu(cases, train_family: str = "A100", test_family: str = "H100") -> 
     test = [c for c in cases if c.chip.family == test_family]
     if not train or not test:
         return {"rows": 0}
-    from .calibrate import fit
-    eff = fit(train, predict_case, weights=case_weights(train))[0]
-    preds = predict_all(test, {test_family: eff})
+    preds = predict_all(test, {test_family: fit_cases(train)})
     return dict(summarize(preds), train=train_family, test=test_family)
 
 
