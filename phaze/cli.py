@@ -305,14 +305,12 @@ def cmd_place(args) -> int:
     res = place(model, chip, args.devices, args.global_batch, options, efficiency_for(chip, args), args.top)
     if res.best is None:
         raise ConfigError("--arch", None, res.infeasible_reason)
-    baseline = None
     if args.baseline:
+        from .placement import Placement
         plan = as_plan(args.baseline)
         r = evaluate(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args))
-        from .placement import Placement
-        baseline = Placement(plan, r)
-    baseline = baseline or res.baseline
-    gain = (baseline.result.step_time_s / res.best.result.step_time_s - 1) if baseline else None
+        res = replace(res, baseline=Placement(plan, r))
+    baseline, gain = res.baseline, res.gain_over_baseline
     if args.format == "json":
         out = {"best": dict(res.best.result.to_dict(), plan=res.best.plan.label()),
                "top": [dict(p.result.to_dict(), plan=p.plan.label()) for p in res.top],
