@@ -13,7 +13,6 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
@@ -69,6 +68,7 @@ def fit(cases, predict, names=FITTED, start: Efficiency | None = None,
         pred = np.array([predict(c, eff) for c in cases])
         return np.concatenate([w * np.log(pred / measured), ridge * (x - prior)])
 
+    from scipy.optimize import least_squares   # imported here: loading parameters must stay cheap
     res = least_squares(residuals, _to_x(start, names), bounds=(0.0, 1.0), diff_step=1e-3,
                         x_scale=1.0, max_nfev=200)
     eff = _from_x(res.x, names, start)

@@ -198,17 +198,21 @@ class StageCosts:
     plan: Plan
     devices: int
     micro_batches: int
-    layer: dict            # recompute -> PhaseTime of one layer (forward + backward), one micro-batch
-    fwd: dict              # recompute -> PhaseTime of one layer's forward
-    bwd: dict              # recompute -> PhaseTime of one layer's backward (recompute included)
-    act_bytes: dict        # recompute -> stored activation bytes of one layer, one micro-batch
-    full_act_bytes: float
+    full_act_bytes: float  # activations of one layer without recompute, one micro-batch
     embedding: PhaseTime
     head: PhaseTime
     send_s: float
     state_bytes_per_param: float
     chip: Chip
     eff: Efficiency
+
+    _modes: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def mode(self, r: str) -> "ModeCosts":
+        """One layer's costs under recompute ``r`` (computed on first use, then kept)."""
+        if r not in self._modes:
+            self._modes[r] = mode_costs(self.model, self.chip, self.devices, self.plan, self.eff, r)
+        return self._modes[r]
 
     def params(self, i: int, n: int) -> float:
         """Parameters one device of stage ``i`` holds with ``n`` layers."""
@@ -224,7 +228,7 @@ class StageCosts:
 
     def time(self, i: int, n: int, r: str) -> PhaseTime:
         """Stage ``i`` with ``n`` layers and recompute ``r``: one micro-batch forward + backward."""
-        t = self.layer[r] * n + PhaseTime(communication=self.send_s)
+        t = self.mode(r).layer * n + PhaseTime(communication=self.send_s)
         if i == 0:
             t = t + self.embedding
         if i == self.plan.pp - 1:
@@ -248,11 +252,11 @@ class StageCosts:
         exposed_s = 0.0 * params
         if group > 1 and plan.zero < 3:
             # gradients accumulate over micro-batches: only the last backward can hide their reduction
-            bwd_window = self.bwd[r].total * n if plan.dp_overlap else 0.0 * params
+            bwd_window = self.mode(r).bwd.total * n if plan.dp_overlap else 0.0 * params
             if plan.zero >= 1:
                 # distributed optimizer: reduce-scatter the gradients under the last backward,
                 # all-gather the updated weights under the next step's first forward
-                fwd_window = self.fwd[r].total * n if plan.dp_overlap else 0.0 * params
+                fwd_window = self.mode(r).fwd.total * n if plan.dp_overlap else 0.0 * params
                 exposed_s = (exposed(coll("reduce_scatter", grad_bytes * params), bwd_window, eff)
                              + exposed(coll("all_gather", p * params), fwd_window, eff))
             else:
@@ -274,43 +278,65 @@ class StageCosts:
         if plan.zero >= 3:
             transient += 2 * m.bytes_per_element * m.layer_params / plan.tp   # gathered layer weights
         return StageMemory(i, n, self.state_bytes_per_param * self.params(i, n),
-                           n * self.act_bytes[r] * inflight, transient)
+                           n * self.mode(r).act_bytes * inflight, transient)
+
+
+@dataclass(frozen=True)
+class ModeCosts:
+    """One layer, one micro-batch, under one recompute mode."""
+
+    layer: PhaseTime       # forward + backward, with exposed FSDP / context-parallel traffic
+    fwd: PhaseTime
+    bwd: PhaseTime         # recompute included
+    act_bytes: float       # stored activations
+
+
+def _shard(model: Model, plan: Plan) -> Model:
+    """Context parallelism splits each sequence over cp devices: a layer sees seq/cp tokens."""
+    return model if plan.cp == 1 else with_seq_len(model, model.seq_len // plan.cp)
+
+
+@lru_cache(maxsize=65536)
+def mode_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficiency,
+               r: str) -> ModeCosts:
+    """The costs of one layer of the layout ``plan`` under recompute ``r``."""
+    tp, pp, dp = plan.tp, plan.pp, plan.dp(devices)
+    p = model.bytes_per_element
+    shard = _shard(model, plan)
+    fwd, bwd = layer_time(shard, chip, plan.mbs, tp, plan.sp, plan.attention, r, eff, plan.schedule)
+    if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
+        fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
+        bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
+    total = fwd + bwd
+    if plan.cp > 1:   # ring attention: K and V pass around the cp ring, once forward, twice backward
+        kv = p * plan.mbs * shard.seq_len * 2 * model.kv_dim / tp
+        ring = 3 * collective_time("all_gather", kv * plan.cp, plan.cp, chip, tp, eff)
+        total = total + PhaseTime(communication=exposed(ring, total.compute, eff))
+    if plan.zero >= 3 and dp > 1:
+        # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
+        # layer's forward; in backward they are gathered again and the gradients
+        # reduce-scattered on the same communication stream, under the layer's backward
+        grad_bytes = 4 if plan.reduce_fp32 else p
+        stride = tp * pp * plan.cp
+        gather = collective_time("all_gather", p * model.layer_params / tp, dp, chip, stride, eff)
+        scatter = collective_time("reduce_scatter", grad_bytes * model.layer_params / tp, dp, chip,
+                                  stride, eff)
+        total = total + PhaseTime(communication=exposed(gather, fwd.compute + fwd.memory, eff)
+                                  + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
+    return ModeCosts(total, fwd, bwd,
+                     activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, r, plan.attention))
 
 
 @lru_cache(maxsize=16384)
 def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan,
                 eff: Efficiency = IDEAL) -> StageCosts:
-    """Per-layer and per-stage costs of a layout, for every recompute mode. ``plan``'s recompute
-    and stage fields are ignored: callers pass the layout only."""
+    """Per-stage costs of a layout; per-layer costs of each recompute mode come from
+    :meth:`StageCosts.mode`. ``plan``'s recompute and stage fields are ignored: callers pass the
+    layout only."""
     tp, pp, v = plan.tp, plan.pp, plan.vp
     dp = plan.dp(devices)
     p = model.bytes_per_element
-    # context parallelism splits each sequence over cp devices: a layer sees seq/cp tokens
-    shard = model if plan.cp == 1 else with_seq_len(model, model.seq_len // plan.cp)
-    grad_bytes = 4 if plan.reduce_fp32 else p
-    layer, fwds, bwds, acts = {}, {}, {}, {}
-    for r in ("none", "selective", "full"):
-        fwd, bwd = layer_time(shard, chip, plan.mbs, tp, plan.sp, plan.attention, r, eff, plan.schedule)
-        if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
-            fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
-            bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
-        total = fwd + bwd
-        if plan.cp > 1:   # ring attention: K and V pass around the cp ring, once forward, twice backward
-            kv = p * plan.mbs * shard.seq_len * 2 * model.kv_dim / tp
-            ring = 3 * collective_time("all_gather", kv * plan.cp, plan.cp, chip, tp, eff)
-            total = total + PhaseTime(communication=exposed(ring, total.compute, eff))
-        if plan.zero >= 3 and dp > 1:
-            # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
-            # layer's forward; in backward they are gathered again and the gradients
-            # reduce-scattered on the same communication stream, under the layer's backward
-            stride = tp * pp * plan.cp
-            gather = collective_time("all_gather", p * model.layer_params / tp, dp, chip, stride, eff)
-            scatter = collective_time("reduce_scatter", grad_bytes * model.layer_params / tp, dp, chip,
-                                      stride, eff)
-            total = total + PhaseTime(communication=exposed(gather, fwd.compute + fwd.memory, eff)
-                                      + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
-        layer[r], fwds[r], bwds[r] = total, fwd, bwd
-        acts[r] = activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, r, plan.attention)
+    shard = _shard(model, plan)
     emb, head = edge_time(shard, chip, plan.mbs, tp, plan.sp, eff)
     send = 0.0
     if pp > 1:
@@ -321,8 +347,8 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
         if tp > 1 and not plan.sp:
             one += collective_time("all_gather", act, tp, chip, 1, eff)
         send = 2 * v * one
-    return StageCosts(model, plan, devices, global_batch // (dp * plan.mbs), layer, fwds, bwds, acts,
-                      acts["none"], emb, head, send,
+    full_act = activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, "none", plan.attention)
+    return StageCosts(model, plan, devices, global_batch // (dp * plan.mbs), full_act, emb, head, send,
                       state_bytes_per_param(plan.optimizer, plan.zero, dp * plan.cp, p, p), chip, eff)
 
 

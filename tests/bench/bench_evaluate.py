@@ -9,7 +9,7 @@ import time
 from phaze import evaluate, load_chip, load_model
 from phaze.graph import edge_graph, layer_graph
 from phaze.plan import Plan
-from phaze.step import edge_time, evaluate as _evaluate, layer_time
+from phaze.step import edge_time, evaluate as _evaluate, layer_time, mode_costs, stage_costs
 
 CMD = [sys.executable, "-m", "phaze.cli", "evaluate", "--workload", "gpt3-175b", "--arch", "a100-80gb",
        "--devices", "1024", "--global-batch", "1536", "--plan", "tp=8,pp=16,mbs=1,recompute=full"]
@@ -27,7 +27,7 @@ def main() -> None:
     model, chip = load_model("gpt3-175b"), load_chip("a100-80gb")
     plans = [Plan(tp=tp, pp=pp, mbs=mbs, recompute=rc) for tp in (1, 2, 4, 8) for pp in (8, 16, 32)
              for mbs in (1, 2, 4) for rc in ("none", "selective", "full")]
-    for f in (_evaluate, layer_time, edge_time, layer_graph, edge_graph):
+    for f in (_evaluate, stage_costs, mode_costs, layer_time, edge_time, layer_graph, edge_graph):
         f.cache_clear()
     t = time.perf_counter()
     for p in plans:
