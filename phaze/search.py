@@ -1,0 +1,447 @@
+"""The architecture search: an Optuna study over chip designs (shared/DESIGN.md section 6).
+
+Each trial samples the chip parameters of a sweep config, builds the chip, scores it on every
+workload (:func:`phaze.candidate.evaluate_chip`) and records the objectives, the budgets through
+``trial.set_constraint`` (feasible when every value is <= 0) and everything an architect needs
+later (chip, plans, time breakdown, area, power, cost, schedule status) as user attributes. The
+study lives in an Optuna storage (SQLite at ``results/<study>/study.db`` by default), so a rerun
+of the same command resumes: ``--trials N`` is the total of complete trials, and a design that
+was already evaluated is never evaluated again (a repeat proposal is pruned as a duplicate).
+``sweep`` walks the whole grid instead, largest area first (the original paper's method).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .configio import ConfigError
+from .space import CONSTRAINTS, SweepConfig, build_chip, chip_values
+
+STATES_COUNTED = ("COMPLETE", "RUNNING")   # toward --trials: done, or in flight on another worker
+DUPLICATE_STREAK = 200                     # consecutive repeat proposals that end a search
+
+
+def _optuna():
+    import warnings
+
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna
+
+
+def default_storage(cfg: SweepConfig, study: str | None = None, root: str | Path = "results") -> str:
+    """SQLite file under ``results/<study>/``, as a relative URL (no machine paths in files)."""
+    return f"sqlite:///{Path(root) / (study or cfg.name) / 'study.db'}"
+
+
+def study_dir(storage: str, study: str, root: str | Path = "results") -> Path:
+    """Where a study's files go: beside its SQLite file, else ``results/<study>/``."""
+    if storage.startswith("sqlite:///"):
+        return Path(storage[len("sqlite:///"):]).parent
+    return Path(root) / study
+
+
+def make_storage(url: str, heartbeat: bool = True):
+    """An Optuna RDB storage; with ``heartbeat``, a killed worker's trial is failed and retried
+    once (heartbeats work only inside ``study.optimize``)."""
+    _optuna()
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+    kwargs = {}
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError("--storage", None, f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
+        kwargs = {"connect_args": {"timeout": 60}}
+    elif url.startswith("postgresql"):
+        kwargs = {"connect_args": {"connect_timeout": 10}}
+    try:
+        if not heartbeat:
+            return RDBStorage(url, engine_kwargs=kwargs)
+        return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=5, grace_period=30,
+                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+    except Exception as exc:   # bad URL, missing driver, unreachable server: one line
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError("--storage", None, f"cannot open {url!r}: {detail[:200]}; allowed: "
+                          f"sqlite:///PATH, postgresql://USER@HOST/DB (pip install -e '.[postgres]'), "
+                          f"or any SQLAlchemy URL Optuna supports") from None
+
+
+def make_sampler(cfg: SweepConfig, worker: int = 0):
+    """The config's sampler, seeded (``seed + worker`` so parallel workers differ)."""
+    optuna = _optuna()
+    s = optuna.samplers
+    seed = cfg.seed + worker
+    kw = dict(cfg.sampler_options)
+    try:
+        if cfg.sampler == "tpe":
+            return s.TPESampler(seed=seed, **{"n_startup_trials": 10, **kw})
+        if cfg.sampler == "nsga2":
+            return s.NSGAIISampler(seed=seed, **{"population_size": 20, **kw})
+        if cfg.sampler == "random":
+            return s.RandomSampler(seed=seed, **kw)
+        if cfg.sampler == "grid":
+            return s.GridSampler(cfg.grid(), seed=seed, **kw)
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ConfigError(cfg.source, "sampler", "gp needs PyTorch, which phaze does not install "
+                              "(pip install torch); allowed without it: tpe, nsga2, random, grid") from None
+        return s.GPSampler(seed=seed, **kw)
+    except TypeError as exc:
+        raise ConfigError(cfg.source, "sampler_options", f"{exc}") from None
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+@dataclass
+class _Objective:
+    """The trial function (picklable, so worker processes can run it)."""
+
+    cfg: SweepConfig
+
+    def __post_init__(self):
+        self.seen: dict[tuple, int] = {}
+
+    def refresh(self, study) -> None:
+        for t in study.get_trials(deepcopy=False, states=(_optuna().trial.TrialState.COMPLETE,)):
+            self.seen.setdefault(_key(t.params), t.number)
+
+    def __call__(self, trial):
+        optuna = _optuna()
+        cfg = self.cfg
+        choices = {d.param: d.suggest(trial) for d in cfg.searched}
+        key = _key(choices)
+        if key not in self.seen:
+            self.refresh(trial.study)
+        if key in self.seen:
+            trial.set_user_attr("duplicate_of", self.seen[key])
+            raise optuna.TrialPruned(f"design already evaluated in trial {self.seen[key]}")
+        values = record(trial, cfg, choices)
+        self.seen[key] = trial.number
+        return values[0] if len(values) == 1 else values
+
+
+def record(trial, cfg: SweepConfig, choices: dict) -> list[float]:
+    """Evaluate the design of ``choices`` and record it on ``trial``; return the objective values."""
+    from .candidate import evaluate_chip
+    start = time.perf_counter()
+    values = cfg.values(choices)
+    chip = build_chip(cfg.base, values, cfg.process_node_nm, cfg.link_latency_s)
+    ev = evaluate_chip(chip, cfg.workloads, constraints=cfg.constraints)
+    trial.set_user_attr("chip", chip_values(chip))
+    store_evaluation(trial.set_user_attr, ev, cfg)
+    trial.set_user_attr("eval_time_s", time.perf_counter() - start)
+    for key, v in ev.violations(cfg.constraints).items():
+        trial.set_constraint(key, v)
+    return [ev.metric(o) for o in cfg.objectives]
+
+
+def store_evaluation(put, ev, cfg: SweepConfig) -> None:
+    """The attributes every trial (and baseline) carries."""
+    reasons = ev.reasons(cfg.constraints)
+    put("feasible", not reasons)
+    put("reason", "; ".join(reasons))
+    put("reason_kinds", ev.reason_kinds(cfg.constraints))
+    put("evaluated", ev.evaluated)
+    put("area_mm2", ev.area_mm2)
+    put("power_w", ev.power_w)
+    put("cost_usd", ev.cost_usd)
+    put("throughput_tokens_per_s", ev.throughput)
+    put("silicon", _jsonable(ev.silicon))
+    put("workloads", [_jsonable(o.__dict__) for o in ev.outcomes])
+    statuses = [o.schedule_status for o in ev.outcomes if o.schedule_status]
+    put("schedule_status", max(statuses, key=lambda s: ("OPTIMAL", "FEASIBLE", "HEURISTIC").index(s))
+        if statuses else "")
+    put("schedule_gap", max((o.schedule_gap for o in ev.outcomes), default=0.0))
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+# --- studies ---------------------------------------------------------------------------------------
+def open_study(cfg: SweepConfig, storage: str, name: str, create: bool = True, sampler=None,
+               heartbeat: bool = True):
+    optuna = _optuna()
+    st = make_storage(storage, heartbeat)
+    if not create:
+        try:
+            return optuna.load_study(study_name=name, storage=st, sampler=sampler)
+        except KeyError:
+            raise ConfigError("--study", None, f"no study {name!r} in {storage}") from None
+    study = optuna.create_study(study_name=name, storage=st, directions=cfg.directions,
+                                sampler=sampler, load_if_exists=True)
+    attrs = study.user_attrs
+    if "fingerprint" not in attrs:
+        study.set_user_attr("fingerprint", cfg.fingerprint())
+        study.set_user_attr("config", {"name": cfg.name, "objectives": list(cfg.objectives),
+                                       "constraints": dict(cfg.constraints),
+                                       "workloads": [w.label for w in cfg.workloads],
+                                       "weights": [w.weight for w in cfg.workloads],
+                                       "space": {d.key: (d.expression or list(d.values)) for d in cfg.dimensions},
+                                       "base": cfg.base.name, "sampler": cfg.sampler, "seed": cfg.seed})
+    elif attrs["fingerprint"] != cfg.fingerprint():
+        raise ConfigError("--study", None, f"study {name!r} in {storage} was made by a different space, "
+                          f"workloads, budgets or objectives; allowed: the same config, or a new --study name")
+    if [d.name.lower() for d in study.directions] != cfg.directions:
+        raise ConfigError("--study", None, f"study {name!r} has objectives of other directions")
+    return study
+
+
+def count(study, states=STATES_COUNTED) -> int:
+    optuna = _optuna()
+    return len(study.get_trials(deepcopy=False, states=tuple(getattr(optuna.trial.TrialState, s)
+                                                               for s in states)))
+
+
+def template_choices(cfg: SweepConfig) -> dict:
+    """The template chip snapped to the nearest point of the space: the first trial."""
+    v = chip_values(cfg.base)
+    return {d.param: d.nearest_choice(v[d.key]) for d in cfg.searched}
+
+
+def check_budgets(cfg: SweepConfig) -> None:
+    """Refuse budgets that no point can meet. Area and cost grow with every parameter, so the
+    smallest corner bounds them from below and the largest from above."""
+    from .area import silicon
+    if not cfg.constraints:
+        return
+    lo = {d.param: d.choices[0] for d in cfg.searched}
+    hi = {d.param: d.choices[-1] for d in cfg.searched}
+    small = silicon(build_chip(cfg.base, cfg.values(lo), cfg.process_node_nm))
+    large = silicon(build_chip(cfg.base, cfg.values(hi), cfg.process_node_nm))
+    metric = {"area": ("area_mm2", "mm²"), "cost": ("cost_usd", "$")}
+    for key, bound in cfg.constraints:
+        what, sense = CONSTRAINTS[key]
+        if what not in metric:
+            continue
+        attr, unit = metric[what]
+        edge = getattr(small if sense == "max" else large, attr)
+        if (sense == "max" and edge > bound) or (sense == "min" and edge < bound):
+            raise ConfigError(cfg.source, f"constraints.{key}", f"no point of the space can meet it: "
+                              f"the {'smallest' if sense == 'max' else 'largest'} design has "
+                              f"{what} {edge:,.1f} {unit} against the bound {bound:,.1f} {unit}")
+
+
+def evaluate_baselines(cfg: SweepConfig, study) -> dict:
+    """Each baseline chip scored by the same code on the same workloads; stored on the study."""
+    from .arch import load_chip
+    from .candidate import evaluate_chip
+    stored = dict(study.user_attrs.get("baselines", {}))
+    for name in cfg.baselines:
+        if name in stored:
+            continue
+        chip = load_chip(name)
+        ev = evaluate_chip(chip, cfg.workloads, constraints=cfg.constraints, skip_if_over_budget=False)
+        attrs: dict = {"chip_name": chip.name, "chip": chip_values(chip)}
+        store_evaluation(attrs.__setitem__, ev, cfg)
+        attrs["objectives"] = {o: ev.metric(o) for o in cfg.objectives}
+        stored[name] = attrs
+        study.set_user_attr("baselines", stored)
+    return stored
+
+
+class _Progress:
+    """tqdm bar of trials done, feasible so far and the best first objective."""
+
+    def __init__(self, cfg: SweepConfig, study, total: int, enabled: bool):
+        from tqdm import tqdm
+        self.cfg, self.total = cfg, total
+        self.bar = tqdm(total=total, initial=min(total, count(study, ("COMPLETE",))), unit="trial",
+                        desc=f"search {study.study_name}", disable=not enabled, dynamic_ncols=True)
+        self.update(study)
+
+    def update(self, study) -> None:
+        optuna = _optuna()
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        feas = [t for t in done if t.user_attrs.get("feasible")]
+        self.bar.n = min(self.total, len(done))
+        post = {"feasible": len(feas)}
+        if feas:
+            sign = 1 if self.cfg.directions[0] == "maximize" else -1
+            best = max(feas, key=lambda t: sign * t.values[0])
+            post[f"best {self.cfg.objectives[0]}"] = f"{best.values[0]:.4g}"
+        self.bar.set_postfix(post)
+        self.bar.refresh()
+
+    def __call__(self, study, trial) -> None:
+        self.update(study)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _Stops:
+    """Ends a study that reached its total, or whose sampler only repeats evaluated designs."""
+
+    def __init__(self, cfg: SweepConfig, total: int):
+        self.total, self.streak, self.size, self.note = total, 0, cfg.grid_size(), ""
+
+    def __call__(self, study, trial) -> None:
+        pruned = trial.state.name == "PRUNED"
+        self.streak = self.streak + 1 if pruned else 0
+        done = count(study, ("COMPLETE",))
+        if count(study) >= self.total:
+            study.stop()
+        elif done >= self.size:
+            self.note = f"every one of the {self.size} designs of the space is evaluated"
+            study.stop()
+        elif self.streak >= DUPLICATE_STREAK:
+            self.note = (f"the sampler proposed {self.streak} evaluated designs in a row "
+                         f"(converged, or the space is nearly exhausted)")
+            study.stop()
+
+
+def _worker(cfg: SweepConfig, storage: str, name: str, total: int, worker: int) -> None:
+    study = open_study(cfg, storage, name, sampler=make_sampler(cfg, worker))
+    objective = _Objective(cfg)
+    objective.refresh(study)
+    study.optimize(objective, callbacks=[_Stops(cfg, total)], catch=())
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    study_name: str
+    storage: str
+    out_dir: Path
+    complete: int
+    elapsed_s: float
+    note: str = ""
+
+
+def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None = None, jobs: int = 1,
+           progress: bool = True, write: bool = True) -> SearchResult:
+    """Run (or resume) the study of ``cfg`` until it holds ``cfg.trials`` complete trials."""
+    optuna = _optuna()
+    name = study_name or cfg.name
+    url = storage or cfg.storage or default_storage(cfg, name)
+    check_budgets(cfg)
+    study = open_study(cfg, url, name, sampler=make_sampler(cfg))
+    optuna.storages.fail_stale_trials(study)
+    if not study.get_trials(deepcopy=False):
+        study.enqueue_trial(template_choices(cfg), user_attrs={"template": cfg.base.name})
+    start = time.perf_counter()
+    evaluate_baselines(cfg, study)
+    bar = _Progress(cfg, study, cfg.trials, progress)
+    stops = _Stops(cfg, cfg.trials)
+    try:
+        if count(study) < cfg.trials and count(study, ("COMPLETE",)) < stops.size:
+            if jobs <= 1:
+                objective = _Objective(cfg)
+                objective.refresh(study)
+                study.optimize(objective, callbacks=[stops, bar], catch=())
+            else:
+                _run_workers(cfg, url, name, jobs, bar, study)
+    finally:
+        bar.update(study)
+        bar.close()
+        if write:
+            from .report import write_study_files
+            write_study_files(study, cfg, study_dir(url, name))
+    return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
+                        time.perf_counter() - start, stops.note)
+
+
+def _run_workers(cfg, url, name, jobs, bar, study) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(cfg, url, name, cfg.trials, w), daemon=True)
+             for w in range(jobs)]
+    for p in procs:
+        p.start()
+    try:
+        while any(p.is_alive() for p in procs):
+            time.sleep(1.0)
+            bar.update(study)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        raise
+    finally:
+        for p in procs:
+            p.join()
+    bad = [p.exitcode for p in procs if p.exitcode]
+    if bad:
+        logging.getLogger("phaze").warning("%d worker(s) ended with an error", len(bad))
+
+
+def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None = None,
+          limit: int | None = None, progress: bool = True, write: bool = True) -> SearchResult:
+    """Every point of the grid, largest area first; points over the area or cost budget are
+    counted on the study (``sweep_skipped``) rather than evaluated. Resumes like :func:`search`."""
+    from tqdm import tqdm
+
+    from .area import silicon
+    optuna = _optuna()
+    name = study_name or f"{cfg.name}-sweep"
+    url = storage or cfg.storage or default_storage(cfg, name)
+    check_budgets(cfg)
+    study = open_study(cfg, url, name, sampler=optuna.samplers.RandomSampler(seed=cfg.seed), heartbeat=False)
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)  # a sweep is one process
+    start = time.perf_counter()
+    evaluate_baselines(cfg, study)
+    grid = cfg.grid()
+    keys = list(grid)
+    points, skipped = [], {}
+    static = [(k, b) for k, b in cfg.constraints if CONSTRAINTS[k][0] in ("area", "cost")]
+    for combo in _product([grid[k] for k in keys]):
+        choices = dict(zip(keys, combo, strict=True))
+        chip = build_chip(cfg.base, cfg.values(choices), cfg.process_node_nm)
+        si = silicon(chip)
+        over = [k for k, b in static if (_static_value(si, k) > b if CONSTRAINTS[k][1] == "max"
+                                         else _static_value(si, k) < b)]
+        if over:
+            skipped[over[0]] = skipped.get(over[0], 0) + 1
+        else:
+            points.append((-si.area_mm2, choices))
+    points.sort(key=lambda p: p[0])
+    if limit:
+        points = points[:limit]
+    study.set_user_attr("sweep_skipped", skipped)
+    done = {_key(t.params) for t in study.get_trials(deepcopy=False)
+            if t.state == optuna.trial.TrialState.COMPLETE}
+    todo = [c for _, c in points if _key(c) not in done]
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="design",
+               desc=f"sweep {name}", disable=not progress, dynamic_ncols=True)
+    try:
+        for choices in todo:
+            study.enqueue_trial(choices)
+            trial = study.ask()
+            try:
+                values = record(trial, cfg, choices)
+            except BaseException:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            study.tell(trial, values)
+            bar.update(1)
+    finally:
+        bar.close()
+        if write:
+            from .report import write_study_files
+            write_study_files(study, cfg, study_dir(url, name))
+    return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
+                        time.perf_counter() - start)
+
+
+def _static_value(si, key: str) -> float:
+    return si.area_mm2 if CONSTRAINTS[key][0] == "area" else si.cost_usd
+
+
+def _product(lists):
+    import itertools
+    return itertools.product(*lists)

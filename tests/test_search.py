@@ -1,0 +1,231 @@
+"""Sweep configs, the chip builder, the Pareto set and the search as a user runs it.
+
+The end-to-end studies use a GPU template (kernels run one after another, so no CP-SAT solve)
+and a small model, so that each design evaluates in a fraction of a second.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phaze.arch import load_chip
+from phaze.area import silicon
+from phaze.configio import ConfigError
+from phaze.report import pareto_mask
+from phaze.workload import load_model
+from phaze.search import search, sweep
+from phaze.space import build_chip, chip_values, load_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMALL = {
+    "name": "tiny",
+    "base": "a100-80gb",
+    "workloads": [{"workload": "mpt-125m", "devices": 8, "global_batch": 16,
+                   "placement": {"tp": [1], "mbs": [1, 2], "recompute": ["none"], "pp": [1]}}],
+    "space": {"tensor_units": [27, 54, 108], "hbm_gib": [40, 80], "clock_ghz": 1.41},
+    "constraints": {"area_mm2": 2000},
+    "objectives": ["throughput", "area"],
+    "sampler": "random",
+    "trials": 4,
+    "seed": 3,
+    "baselines": ["a100-80gb"],
+}
+
+
+def write(tmp_path: Path, cfg: dict, name: str = "sweep.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "phaze.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+# --- the config ------------------------------------------------------------------------------------
+def test_ranges_expand_as_written(tmp_path):
+    cfg = dict(SMALL, space={"tensor_units": {"low": 3, "high": 40, "log2": True},
+                             "hbm_gib": {"low": 16, "high": 40, "step": 8},
+                             "tensor_rows": 32, "tensor_cols": "tensor_rows * 2"})
+    c = load_sweep(write(tmp_path, cfg))
+    dims = {d.key: d for d in c.dimensions}
+    assert dims["tensor_units"].values == (4.0, 8.0, 16.0, 32.0)
+    assert dims["tensor_units"].choices == (2, 3, 4, 5)          # the sampler sees exponents
+    assert dims["hbm_gib"].values == (16.0, 24.0, 32.0, 40.0)
+    assert dims["tensor_rows"].fixed
+    assert c.grid_size() == 16
+    v = c.values({"log2_tensor_units": 3, "hbm_gib": 24.0})
+    assert v["tensor_units"] == 8 and v["tensor_cols"] == 64 and v["hbm_gib"] == 24
+
+
+def test_template_round_trips_through_the_builder():
+    """A chip rebuilt from its own parameters has the same peak, memory and links."""
+    for name in ("tpuv4", "a100-80gb", "h100-sxm"):
+        base = load_chip(name)
+        c = build_chip(base, chip_values(base))
+        assert c.implied_peak_flops_per_s == pytest.approx(base.implied_peak_flops_per_s)
+        assert c.peak_flops("bf16") == pytest.approx(base.peak_flops("bf16"))
+        assert c.hbm_bytes == pytest.approx(base.hbm_bytes)
+        assert c.shared_buffer_bandwidth_bytes_per_s == pytest.approx(base.shared_buffer_bandwidth_bytes_per_s)
+        assert [lv.bandwidth_bytes_per_s for lv in c.links] == pytest.approx(
+            [lv.bandwidth_bytes_per_s for lv in base.links])
+
+
+def test_builder_scales_what_follows_from_the_units():
+    base = load_chip("tpuv4")
+    c = build_chip(base, {"tensor_units": 16, "tensor_rows": 64, "clock_ghz": 2.1,
+                          "link_bandwidth_gb_per_s": 100})
+    # 16 x 64 x 128 MACs at 2.1 GHz, 2 FLOP each
+    assert c.implied_peak_flops_per_s == pytest.approx(2 * 16 * 64 * 128 * 2.1e9)
+    # the shared buffer feeds each array row the same bytes per clock as on the template
+    per_row = base.shared_buffer_bandwidth_bytes_per_s / (8 * 128 * 1.05e9)
+    assert c.shared_buffer_bandwidth_bytes_per_s == pytest.approx(per_row * 16 * 64 * 2.1e9)
+    assert c.links[0].bandwidth_bytes_per_s == pytest.approx(100e9)
+    assert c.area_mm2 is None and c.tdp_w is None
+
+
+BAD = [
+    ({"space": {"tensor_unit": [1, 2]}}, "space.tensor_unit", "unknown parameter"),
+    ({"space": {"tensor_units": []}}, "space.tensor_units", "empty list"),
+    ({"space": {"tensor_units": {"low": 64, "high": 8, "log2": True}}}, "space.tensor_units", "reversed range"),
+    ({"space": {"tensor_units": {"low": 5, "high": 7, "log2": True}}}, "space.tensor_units", "empty range"),
+    ({"space": {"tensor_units": {"low": 1, "high": 8}}}, "space.tensor_units", "needs 'step'"),
+    ({"space": {"tensor_units": 8}}, "space", "nothing to search"),
+    ({"space": {"tensor_units": [8, 16], "tensor_rows": "tensor_colz"}}, "space.tensor_rows", "unknown parameter"),
+    ({"objectives": ["throughput", "speed"]}, "objectives", "unknown objective"),
+    ({"constraints": {"area_mm": 600}}, "constraints.area_mm", "unknown constraint"),
+    ({"sampler": "annealing"}, "sampler", "must be one of"),
+    ({"workloads": [{"workload": "mpt-125m", "devices": -8, "global_batch": 16}]}, "workloads[0].devices",
+     "positive integer"),
+]
+
+
+@pytest.mark.parametrize("change,field,words", BAD)
+def test_bad_sweep_configs_name_the_field(tmp_path, change, field, words):
+    with pytest.raises(ConfigError) as e:
+        load_sweep(write(tmp_path, dict(SMALL, **change)))
+    assert e.value.field == field and words in e.value.message
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    """The CLI as a user meets it: unreachable budget, storage and --trials 0."""
+    cases = [
+        (["search", str(write(tmp_path, dict(SMALL, constraints={"area_mm2": 1}), "budget.yaml"))],
+         "constraints.area_mm2"),
+        (["search", str(write(tmp_path, SMALL)), "--storage", "nosuchdb://x/y"], "--storage"),
+        (["search", str(write(tmp_path, SMALL)), "--trials", "0"], "--trials"),
+        (["search", str(tmp_path / "missing.yaml")], "file not found"),
+        (["search", str(write(tmp_path, dict(SMALL, objectives=["fast"]), "objective.yaml"))], "objectives"),
+    ]
+    for args, words in cases:
+        r = run_cli(tmp_path, *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert words in r.stderr and "Traceback" not in r.stderr
+
+
+# --- the Pareto set ----------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=25),
+       st.sampled_from([("maximize", "minimize"), ("maximize", "maximize"), ("minimize", "minimize")]))
+def test_pareto_mask_matches_brute_force(points, directions):
+    v = np.array(points, dtype=float)
+    sign = np.array([1 if d == "maximize" else -1 for d in directions])
+
+    def dominated(i):
+        return any(all(sign * v[j] >= sign * v[i]) and any(sign * v[j] > sign * v[i])
+                   for j in range(len(v)) if j != i)
+    assert list(pareto_mask(v, directions)) == [not dominated(i) for i in range(len(v))]
+
+
+# --- studies ----------------------------------------------------------------------------------------
+def test_search_resumes_to_exactly_n_distinct_trials(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_sweep(write(tmp_path, SMALL))
+    first = search(replace(cfg, trials=3), progress=False)
+    assert first.complete == 3
+    res = search(cfg, progress=False)                 # the same command, a larger total
+    assert res.complete == 4
+    again = search(cfg, progress=False)               # nothing left to do
+    assert again.complete == 4
+    trials = pd.read_csv(res.out_dir / "trials.csv")
+    done = trials[trials["state"] == "COMPLETE"]
+    assert len(done) == 4
+    keys = [tuple(r) for r in done[[c for c in done.columns if c.startswith("param:")]].to_numpy()]
+    assert len(set(keys)) == len(keys)               # no design evaluated twice
+    assert str(res.out_dir) == str(Path("results") / "tiny")
+    # the template (A100-80GB snapped into the space) was the first trial
+    first_row = trials.sort_values("trial").iloc[0]
+    assert first_row["chip:tensor_units"] == 108 and first_row["chip:hbm_gib"] == 80
+    assert first_row["template"] == "A100-SXM4-80GB"
+
+
+def test_pareto_csv_is_the_non_dominated_feasible_set_of_trials_csv(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_sweep(write(tmp_path, SMALL))
+    areas = sorted(silicon(build_chip(cfg.base, cfg.values(dict(zip(cfg.grid(), c, strict=True))))).area_mm2
+                   for c in itertools.product(*cfg.grid().values()))
+    distinct = sorted(set(areas))
+    budget = (distinct[len(distinct) // 2 - 1] + distinct[len(distinct) // 2]) / 2   # some are over it
+    within = sum(a <= budget for a in areas)
+    assert 0 < within < len(areas)
+    cfg = load_sweep(write(tmp_path, dict(SMALL, constraints={"area_mm2": budget}, trials=6)))
+    res = sweep(cfg, progress=False)
+    trials = pd.read_csv(res.out_dir / "trials.csv")
+    front = pd.read_csv(res.out_dir / "pareto.csv")
+    ok = trials[(trials["state"] == "COMPLETE") & trials["feasible"]]
+    obj = ok[["throughput", "area"]].to_numpy()
+    expected = set()
+    for i, (t, a) in enumerate(obj):
+        if not any((t2 >= t and a2 <= a) and (t2 > t or a2 < a) for t2, a2 in obj):
+            expected.add(int(ok.iloc[i]["trial"]))
+    assert set(front["trial"]) == expected and expected
+    # every infeasible design says why, and the sweep did not evaluate those over the area budget
+    bad = trials[(trials["state"] == "COMPLETE") & ~trials["feasible"]]
+    assert all(isinstance(r, str) and r for r in bad["reason"])
+    assert len(trials) == within and (trials["area_mm2"] <= budget).all()
+    report = (res.out_dir / "report.md").read_text()
+    assert "not evaluated by the sweep" in report
+    for f in ("trials.csv", "pareto.csv", "baselines.csv", "report.md"):
+        assert "/tmp" not in (res.out_dir / f).read_text() and str(tmp_path) not in (res.out_dir / f).read_text()
+
+
+def test_sweep_orders_largest_area_first_and_covers_the_grid(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_sweep(write(tmp_path, SMALL))
+    res = sweep(cfg, progress=False)
+    trials = pd.read_csv(res.out_dir / "trials.csv").sort_values("trial")
+    assert len(trials) == cfg.grid_size() == 6
+    assert list(trials["area_mm2"]) == sorted(trials["area_mm2"], reverse=True)
+    combos = set(itertools.product([27, 54, 108], [40, 80]))
+    assert {(r["chip:tensor_units"], r["chip:hbm_gib"]) for _, r in trials.iterrows()} == combos
+    # more tensor units at the same memory never lowers the throughput on this small model
+    for hbm in (40, 80):
+        t = trials[trials["chip:hbm_gib"] == hbm].sort_values("chip:tensor_units")["throughput"]
+        assert list(t) == sorted(t)
+
+
+def test_infeasible_trials_carry_their_reason(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = dict(SMALL, workloads=[{"workload": "gpt3-175b", "devices": 8, "global_batch": 8,
+                                  "placement": {"tp": [8], "mbs": [1], "pp": [1], "recompute": ["full"]}}],
+               trials=2, objectives=["throughput"])
+    res = search(load_sweep(write(tmp_path, cfg)), progress=False)
+    trials = pd.read_csv(res.out_dir / "trials.csv")
+    done = trials[trials["state"] == "COMPLETE"]
+    assert not done["feasible"].any()
+    name = load_model("gpt3-175b").name
+    assert all(f"{name}: nothing fits" in r and "GiB per device" in r for r in done["reason"])
+    assert all(k == f"no plan fits {name}" for k in done["reason_kinds"])
