@@ -12,6 +12,8 @@ from pathlib import Path
 from .configio import ConfigError, Fields, read_mapping
 from .workload import PRECISIONS, resolve_config
 
+HBM_GENERATIONS = ("hbm2", "hbm2e", "hbm3")
+
 
 @dataclass(frozen=True)
 class TensorUnits:
@@ -83,6 +85,12 @@ class Chip:
     unit_sharing: str = ""         # sequential: kernels run one after another over the whole chip,
                                    # vector units are the tensor units' SMs (GPU) | concurrent:
                                    # independent tensor and vector unit pools; "" = by kind
+    # area / power / cost model (phaze/area.py); defaults derive everything from the fields above
+    hbm_generation: str = ""       # hbm2 | hbm2e | hbm3 ("" = by process node: hbm2e at >= 7 nm)
+    hbm_stacks: int = 0            # HBM stacks in the package (0 = from capacity and bandwidth)
+    link_phys: int = 0             # chip-to-chip link PHYs (0 = first link level / 25 GB/s per link)
+    die_units_ratio: float = 1.0   # units built on the die / units enabled (harvested for yield)
+    die_memory_ratio: float = 1.0  # shared buffer and HBM PHYs built / enabled
 
     def __post_init__(self):
         if not self.family:
@@ -178,6 +186,10 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         unit_sharing=f.choice("unit_sharing", ("sequential", "concurrent"), ""),
         local_sram_bandwidth_bytes_per_cycle=f.number("local_sram_bandwidth_bytes_per_cycle", 0.0,
                                                       inclusive=True),
+        hbm_generation=f.choice("hbm_generation", HBM_GENERATIONS, ""),
+        hbm_stacks=f.int("hbm_stacks", 0, minimum=0), link_phys=f.int("link_phys", 0, minimum=0),
+        die_units_ratio=f.number("die_units_ratio", 1.0, minimum=1.0, inclusive=True),
+        die_memory_ratio=f.number("die_memory_ratio", 1.0, minimum=1.0, inclusive=True),
     )
     f.finish()
     return chip

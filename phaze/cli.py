@@ -29,6 +29,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
 def format_result(r: StepResult) -> str:
     pct = lambda x: f"{100 * x:5.1f} %"  # noqa: E731
     lines = [
@@ -126,7 +136,7 @@ def _check_output(flag: str, path: str, image: bool = False) -> None:
 def cmd_validate(args) -> int:
     from . import validate as v
     from .calibrate import load_params
-    from .progress import Progress
+    from tqdm import tqdm
     groups = _groups(args.group)
     if args.out:
         _check_output("--out", args.out)
@@ -147,8 +157,8 @@ def cmd_validate(args) -> int:
         summary.setdefault("groups", {})[name] = v.error_stats(
             [p.error for p in ok if p.source.startswith(prefixes)])
     if not args.no_loso and cases:
-        bar = Progress(len({c.source for c in cases}), "leave-one-source-out")
-        loso, loso_preds = v.leave_one_source_out(cases, progress=bar.step)
+        with tqdm(total=len({c.source for c in cases}), desc="leave-one-source-out", unit="source") as bar:
+            loso, loso_preds = v.leave_one_source_out(cases, progress=lambda _: bar.update(1))
         for name, prefixes in groups.items():
             loso.setdefault("groups", {})[name] = v.error_stats(
                 [p.error for p in loso_preds if p.source.startswith(prefixes)])
@@ -249,7 +259,7 @@ def _plot(path, preds) -> None:
 def cmd_calibrate(args) -> int:
     from . import validate as v
     from .calibrate import BOUNDS, PRIOR_WEIGHT, save_params
-    from .progress import Progress
+    from tqdm import tqdm
     _check_output("--out", args.out)
     runs_path = args.runs or v.default_runs_path()
     rows = v.read_runs(runs_path)
@@ -257,8 +267,8 @@ def cmd_calibrate(args) -> int:
     cases = [c for c in items if isinstance(c, v.Case)]
     if not cases:
         raise ConfigError(runs_path, None, "no run could be expressed; nothing to calibrate on")
-    bar = Progress(len({c.chip.family for c in cases}) + 1, "calibrate")
-    params = v.calibrate_cases(cases, progress=bar.step)
+    with tqdm(total=len({c.chip.family for c in cases}) + 1, desc="calibrate", unit="fit") as bar:
+        params = v.calibrate_cases(cases, progress=lambda _: bar.update(1))
     fitted = {fam: v.summarize(v.predict_all([c for c in cases if fam in ("default", c.chip.family)],
                                              {fam: e, "default": e}))["overall"]
               for fam, e in params.items()}
@@ -387,6 +397,97 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+def _search_summary(res, cfg) -> None:
+    """The end of ``phaze search`` / ``sweep``: where the files are and the best designs."""
+    from .report import baselines_frame, best_designs, gains, trials_frame
+    from .search import open_study
+    study = open_study(cfg, res.storage, res.study_name, create=False, heartbeat=False)
+    trials = trials_frame(study, cfg.objectives)
+    base = baselines_frame(study, cfg.objectives)
+    if res.note:
+        print(f"stopped early: {res.note}")
+    print(f"phaze {res.study_name}: {res.complete} designs evaluated in {res.elapsed_s:.0f} s "
+          f"(storage {res.storage})")
+    best = best_designs(trials, cfg) if len(trials) else trials
+    if not len(best):
+        print("no feasible design: see the reasons in trials.csv and report.md")
+    keys = [d.key for d in cfg.searched]
+    for _, r in best.iterrows():
+        chip = ", ".join(f"{k}={r.get(f'chip:{k}'):g}" for k in keys)
+        print(f"  trial {r['trial']}: {chip}")
+        print(f"    area {r['area_mm2']:.0f} mm², power {r['power_w']:.0f} W, cost ${r['cost_usd']:,.0f}, "
+              f"throughput {r['throughput_tokens_per_s']:,.0f} tokens/s (geomean)")
+        for name, per in gains(r, base, [w.model.name for w in cfg.workloads]).items():
+            g = per["overall"]
+            print(f"    vs {name}: " + ("baseline has no plan" if g is None else f"{100 * g:+.1f} % throughput"))
+    print(f"wrote {res.out_dir}/trials.csv, pareto.csv, baselines.csv, report.md")
+
+
+def cmd_search(args) -> int:
+    """``phaze search CONFIG``: the Optuna study over the config's chip space."""
+    from .search import search
+    from .space import load_sweep, override
+    cfg = override(load_sweep(args.config), trials=args.trials, sampler=args.sampler, seed=args.seed)
+    res = search(cfg, storage=args.storage, study_name=args.study, jobs=args.jobs, progress=not args.quiet)
+    _search_summary(res, cfg)
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """``phaze sweep CONFIG``: every design of the space, largest area first."""
+    from .search import sweep
+    from .space import load_sweep
+    cfg = load_sweep(args.config)
+    res = sweep(cfg, storage=args.storage, study_name=args.study, limit=args.limit, progress=not args.quiet)
+    _search_summary(res, cfg)
+    return 0
+
+
+def cmd_area(args) -> int:
+    """``phaze area``: die area, cost and leakage of a chip; with a workload, its step energy,
+    average power and tokens per joule under a plan (phaze/area.py)."""
+    from .area import DEFAULT, silicon, step_energy
+    chip = as_chip(args.arch)
+    si = silicon(chip)
+    out = {"chip": chip.name, "process_node_nm": chip.process_node_nm, "silicon": si.to_dict(),
+           "coefficients": DEFAULT.to_dict(), "energy": None}
+    if args.workload:
+        model = as_model(args.workload, args.seq_len)
+        eff = efficiency_for(chip, args)
+        if args.plan:
+            plan = as_plan(args.plan)
+            result = evaluate(model, chip, args.devices, args.global_batch, plan, eff)
+        else:
+            from .placement import PlacementOptions, place
+            res = place(model, chip, args.devices, args.global_batch, PlacementOptions(), eff, 1)
+            if res.best is None:
+                raise ConfigError("--arch", None, res.infeasible_reason)
+            plan, result = res.best.plan, res.best.result
+        en = step_energy(model, chip, args.devices, args.global_batch, plan, eff, result)
+        out["energy"] = dict(en.to_dict(), workload=model.name, devices=args.devices,
+                             global_batch=args.global_batch, plan=plan.label(), fits=result.fits)
+    if args.format == "json":
+        print(json.dumps(out, indent=2, default=float))
+        return 0
+    print(f"{chip.name} ({chip.process_node_nm:g} nm): die {si.area_mm2:.1f} mm^2"
+          + (f" (published {chip.area_mm2:g} mm^2)" if chip.area_mm2 else ""))
+    for k, v in si.area_breakdown_mm2.items():
+        print(f"    {k:<14} {v:8.1f} mm^2  {100 * v / si.area_mm2:5.1f} %")
+    print(f"  cost {si.cost_usd:,.0f} USD: " + ", ".join(f"{k} {v:,.0f}" for k, v in si.cost_breakdown_usd.items())
+          + f"; {si.dies_per_wafer:.1f} dies per 300 mm wafer, yield {100 * si.die_yield:.1f} %, "
+          f"{si.hbm_stacks} HBM stacks")
+    print(f"  leakage {si.leakage_w:.1f} W")
+    e = out["energy"]
+    if e:
+        print(f"  {e['workload']} on {e['devices']} chips, global batch {e['global_batch']}, plan {e['plan']}:")
+        print(f"    energy per step {e['energy_per_step_j'] / 1e3:,.2f} kJ per device over "
+              f"{e['step_time_s']:.3f} s: average power {e['power_w']:.1f} W"
+              + (f" (TDP {chip.tdp_w:g} W)" if chip.tdp_w else "") + f", {e['tokens_per_joule']:.3f} tokens/J")
+        for k, v in e["breakdown_j"].items():
+            print(f"    {k:<14} {v / e['step_time_s']:8.1f} W  {100 * v / e['energy_per_step_j']:5.1f} %")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phaze", description="Co-design a training accelerator and how LLMs train on it.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -460,6 +561,36 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--params", help="efficiency parameters from 'phaze calibrate' (default: shipped)")
     sc.add_argument("--ideal", action="store_true", help="ideal datasheet machine: no efficiency losses")
     sc.set_defaults(func=cmd_schedule)
+    se = sub.add_parser("search", help="search chip designs for training throughput (Optuna study)")
+    se.add_argument("config", help="sweep config (search/quickstart.yaml)")
+    se.add_argument("--trials", type=_positive_int, default=None,
+                    help="complete trials the study should hold (default: the config's)")
+    se.add_argument("--sampler", default=None, help="tpe, nsga2, gp, random or grid (default: the config's)")
+    se.add_argument("--seed", type=_nonnegative_int, default=None, help="sampler seed (default: the config's)")
+    se.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///results/<study>/study.db)")
+    se.add_argument("--study", default=None, help="study name (default: the config's name)")
+    se.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
+    se.add_argument("--quiet", action="store_true", help="no progress bar")
+    se.set_defaults(func=cmd_search)
+    sw = sub.add_parser("sweep", help="evaluate every design of a sweep config, largest area first")
+    sw.add_argument("config", help="sweep config")
+    sw.add_argument("--limit", type=_positive_int, default=None, help="evaluate only the N largest designs")
+    sw.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///results/<study>/study.db)")
+    sw.add_argument("--study", default=None, help="study name (default: <config name>-sweep)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.set_defaults(func=cmd_sweep)
+    ar = sub.add_parser("area", help="die area, cost and power of a chip (area, power and cost model)")
+    ar.add_argument("--arch", required=True, help="shipped chip name (tpuv4) or a YAML path")
+    ar.add_argument("--workload", default=None, help="also the step energy and power of this workload "
+                    "(e.g. gpt3-175b)")
+    ar.add_argument("--devices", type=_positive_int, default=1024, help="devices (default 1024)")
+    ar.add_argument("--global-batch", type=_positive_int, default=1536, help="sequences per step (default 1536)")
+    ar.add_argument("--plan", default="", help="execution plan (default: phaze place's best plan)")
+    ar.add_argument("--seq-len", type=_positive_int, default=None, help="override the sequence length")
+    ar.add_argument("--format", choices=("text", "json"), default="text")
+    ar.add_argument("--params", help="efficiency parameters (default: shipped calibration)")
+    ar.add_argument("--ideal", action="store_true", help="ideal datasheet machine")
+    ar.set_defaults(func=cmd_area)
     return parser
 
 

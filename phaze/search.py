@@ -423,7 +423,7 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
             study.enqueue_trial(choices)
             trial = study.ask()
             try:
-                values = record(trial, cfg, choices)
+                values = record(trial, cfg, {d.param: d.suggest(trial) for d in cfg.searched})
             except BaseException:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 raise

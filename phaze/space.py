@@ -105,7 +105,9 @@ class Dimension:
     @property
     def choices(self) -> tuple:
         """What the sampler chooses among (exponents for log2 dimensions)."""
-        return tuple(int(round(math.log2(v))) for v in self.values) if self.log2 else self.values
+        if self.log2:
+            return tuple(int(round(math.log2(v))) for v in self.values)
+        return tuple(int(v) for v in self.values) if PARAMETERS[self.key][2] else self.values
 
     def value(self, choice) -> float:
         return float(2 ** int(choice)) if self.log2 else float(choice)
@@ -376,6 +378,11 @@ def load_sweep(path: str | Path) -> SweepConfig:
         raise f.error("name", f"letters, digits, '-', '_' and '.' only (it names results/<name>), got {name!r}")
     base = load_chip(f.str("base", "tpuv4"))
     workloads = tuple(_workload(w, source, i) for i, w in enumerate(f.list("workloads")))
+    names = [w.model.name for w in workloads]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise ConfigError(source, f"workloads[{i}]", f"{n} is listed twice; allowed: each model once "
+                              f"(its columns in trials.csv are named after it)")
     space = f.sub("space")
     dims = {}
     for key in space.data:

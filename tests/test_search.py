@@ -210,6 +210,7 @@ def test_sweep_orders_largest_area_first_and_covers_the_grid(tmp_path, monkeypat
     assert len(trials) == cfg.grid_size() == 6
     assert list(trials["area_mm2"]) == sorted(trials["area_mm2"], reverse=True)
     combos = set(itertools.product([27, 54, 108], [40, 80]))
+    assert {(r["param:tensor_units"], r["param:hbm_gib"]) for _, r in trials.iterrows()} == combos
     assert {(r["chip:tensor_units"], r["chip:hbm_gib"]) for _, r in trials.iterrows()} == combos
     # more tensor units at the same memory never lowers the throughput on this small model
     for hbm in (40, 80):
@@ -229,3 +230,22 @@ def test_infeasible_trials_carry_their_reason(tmp_path, monkeypatch):
     name = load_model("gpt3-175b").name
     assert all(f"{name}: nothing fits" in r and "GiB per device" in r for r in done["reason"])
     assert all(k == f"no plan fits {name}" for k in done["reason_kinds"])
+
+
+def test_shipped_sweep_configs_load_and_the_paper_budget_is_its_tpuv4_like_point():
+    configs = {p.stem: load_sweep(p) for p in sorted((ROOT / "search").glob("*.yaml"))}
+    assert {"quickstart", "phaze-paper", "llm-2026"} <= set(configs)
+    paper = configs["phaze-paper"]
+    assert [w.model.name for w in paper.workloads] == [load_model(n).name for n in
+                                                       ("bert-large", "gpt2-xl", "opt-350m", "llama2-7b", "gpt3-175b")]
+    assert all(w.devices == 1024 and w.global_batch == 4096 for w in paper.workloads)
+    point = {"tensor_units": 8, "tensor_rows": 128, "tensor_cols": 128, "vector_units": 2, "vector_lanes": 128,
+             "local_sram_kib": 128 * 128 / 64, "shared_buffer_mib": 128, "hbm_gib": 32, "clock_ghz": 1.05}
+    area = silicon(build_chip(paper.base, point)).area_mm2
+    budget = dict(paper.constraints)
+    assert budget["area_mm2"] == pytest.approx(area, abs=0.5)
+    assert budget["min_area_mm2"] == pytest.approx(0.3 * area, abs=0.5)
+    # the paper's space: 13 x 8 x 8 x 13 x 7 x 3 powers-of-two points
+    assert paper.grid_size() == 13 * 8 * 8 * 13 * 7 * 3
+    llm = configs["llm-2026"]
+    assert llm.objectives == ("throughput", "power", "cost") and {w.devices for w in llm.workloads} == {1024, 4096, 16384}
