@@ -161,7 +161,9 @@ def _dimension(key: str, raw, source: str) -> Dimension:
         if not raw:
             raise ConfigError(source, where, "empty list; give at least one value")
         values = sorted({num(v, f"[{i}]") for i, v in enumerate(raw)})
-        return Dimension(key, tuple(values))
+        exps = [math.log2(v) for v in values]
+        powers = len(values) > 2 and all(e.is_integer() for e in exps) and _even_step(tuple(exps)) == 1
+        return Dimension(key, tuple(values), log2=powers)   # consecutive powers of two: ordered
     if isinstance(raw, dict):
         f = Fields(raw, source, where + ".")
         lo, hi = f.number("low"), f.number("high")
@@ -406,7 +408,7 @@ def load_sweep(path: str | Path) -> SweepConfig:
             raise f.error("objectives", f"unknown objective {o!r}; allowed: {', '.join(OBJECTIVES)}")
     if len(set(objectives)) != len(objectives) or not objectives:
         raise f.error("objectives", "list each objective once, at least one")
-    sampler = f.choice("sampler", SAMPLERS, "tpe" if len(objectives) == 1 else "nsga2")
+    sampler = f.choice("sampler", SAMPLERS, "tpe")
     baselines = f._get("baselines", [])
     if not isinstance(baselines, list) or not all(isinstance(b, str) for b in baselines):
         raise f.error("baselines", f"must be a list of chip names or YAML paths, got {baselines!r}")

@@ -65,6 +65,11 @@ def test_ranges_expand_as_written(tmp_path):
     assert dims["tensor_units"].choices == (2, 3, 4, 5)          # the sampler sees exponents
     assert dims["hbm_gib"].values == (16.0, 24.0, 32.0, 40.0)
     assert dims["tensor_rows"].fixed
+    lists = load_sweep(write(tmp_path, dict(SMALL, space={"vector_units": [4, 1, 2], "hbm_gib": [16, 48, 80]}),
+                             "lists.yaml"))
+    ld = {d.key: d for d in lists.dimensions}
+    assert ld["vector_units"].log2 and ld["vector_units"].choices == (0, 1, 2)   # ordered for the sampler
+    assert not ld["hbm_gib"].log2 and ld["hbm_gib"].choices == (16.0, 48.0, 80.0)
     assert c.grid_size() == 16
     v = c.values({"log2_tensor_units": 3, "hbm_gib": 24.0})
     assert v["tensor_units"] == 8 and v["tensor_cols"] == 64 and v["hbm_gib"] == 24

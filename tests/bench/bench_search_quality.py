@@ -25,7 +25,7 @@ import numpy as np
 
 from phaze.area import silicon
 from phaze.report import pareto_mask, trials_frame
-from phaze.search import _key, _optuna, make_sampler, open_study, sweep
+from phaze.search import _key, _optuna, make_sampler, open_study, sweep, template_choices
 from phaze.space import build_chip, load_sweep
 
 HERE = Path(__file__).resolve().parent
@@ -49,17 +49,21 @@ def run(cfg, table: dict, budget: int, seed: int) -> list[tuple]:
     optuna = _optuna()
     cfg = replace(cfg, seed=seed)
     study = optuna.create_study(directions=cfg.directions, sampler=make_sampler(cfg))
-    seen, proposals = {}, 0
+    seen, skipped, proposals = {}, set(), 0
+    study.enqueue_trial(template_choices(cfg))
     while len(seen) < budget and proposals < 20 * budget:
         trial = study.ask()
         proposals += 1
         key = _key({d.param: d.suggest(trial) for d in cfg.searched})
-        if key in seen:
+        if key in seen or key in skipped:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             continue
         values, violation = table[key]
         trial.set_constraint("area_mm2", violation)
-        seen[key] = (*values, violation <= 0)
+        if violation > 0:          # over the area budget: known before evaluation, costs nothing
+            skipped.add(key)
+        else:
+            seen[key] = (*values, True)
         study.tell(trial, values[0] if len(values) == 1 else list(values))
     return list(seen.values())
 
@@ -116,7 +120,7 @@ def main() -> int:
     for name, vals, target in rows:
         print(f"| {name} | {100 * statistics.mean(vals):.1f} % | {100 * min(vals):.1f} % | "
               f">= {100 * target:.0f} % |")
-        if name.startswith(("single", "two objectives, nsga2")):
+        if name.startswith(("single", "two objectives, tpe")):      # the defaults of phaze search
             ok &= statistics.mean(vals) >= target
     return 0 if ok else 1
 
