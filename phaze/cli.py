@@ -417,9 +417,11 @@ def _search_summary(res, cfg) -> None:
         print(f"  trial {r['trial']}: {chip}")
         print(f"    area {r['area_mm2']:.0f} mm², power {r['power_w']:.0f} W, cost ${r['cost_usd']:,.0f}, "
               f"throughput {r['throughput_tokens_per_s']:,.0f} tokens/s (geomean)")
-        for name, per in gains(r, base, [w.model.name for w in cfg.workloads]).items():
-            g = per["overall"]
-            print(f"    vs {name}: " + ("baseline has no plan" if g is None else f"{100 * g:+.1f} % throughput"))
+        per = gains(r, base, [w.model.name for w in cfg.workloads])
+        if per:
+            print("    throughput vs " + ", ".join(
+                f"{name} " + ("(no plan)" if g["overall"] is None else f"{100 * g['overall']:+.1f} %")
+                for name, g in per.items()))
     print(f"wrote {res.out_dir}/trials.csv, pareto.csv, baselines.csv, report.md")
 
 

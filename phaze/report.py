@@ -104,7 +104,9 @@ def best_designs(trials: pd.DataFrame, cfg: SweepConfig, n: int = 5) -> pd.DataF
     front = pareto_frame(trials, cfg.objectives, cfg.directions)
     if len(cfg.objectives) == 1:
         ok = trials[(trials["state"] == "COMPLETE") & trials["feasible"]] if len(trials) else trials
-        return ok.sort_values(cfg.objectives[0], ascending=cfg.directions[0] == "minimize").head(n)
+        # ties (designs the workloads cannot tell apart) go to the smaller, cheaper, cooler one
+        return ok.sort_values([cfg.objectives[0], "area_mm2", "cost_usd", "power_w"],
+                              ascending=[cfg.directions[0] == "minimize", True, True, True]).head(n)
     if len(front) <= n:
         return front
     idx = np.unique(np.linspace(0, len(front) - 1, n).round().astype(int))
