@@ -134,9 +134,10 @@ def _check_output(flag: str, path: str, image: bool = False) -> None:
 
 
 def cmd_validate(args) -> int:
+    from tqdm import tqdm
+
     from . import validate as v
     from .calibrate import load_params
-    from tqdm import tqdm
     groups = _groups(args.group)
     if args.out:
         _check_output("--out", args.out)
@@ -257,9 +258,10 @@ def _plot(path, preds) -> None:
 
 
 def cmd_calibrate(args) -> int:
+    from tqdm import tqdm
+
     from . import validate as v
     from .calibrate import BOUNDS, PRIOR_WEIGHT, save_params
-    from tqdm import tqdm
     _check_output("--out", args.out)
     runs_path = args.runs or v.default_runs_path()
     rows = v.read_runs(runs_path)

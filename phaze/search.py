@@ -111,9 +111,12 @@ class _Objective:
     def __post_init__(self):
         self.seen: dict[tuple, int] = {}
 
-    def refresh(self, study) -> None:
-        for t in study.get_trials(deepcopy=False, states=(_optuna().trial.TrialState.COMPLETE,)):
-            self.seen.setdefault(_key(t.params), t.number)
+    def refresh(self, study, current: int | None = None) -> None:
+        """Designs already evaluated, or in evaluation on another worker."""
+        states = _optuna().trial.TrialState
+        for t in study.get_trials(deepcopy=False, states=(states.COMPLETE, states.RUNNING)):
+            if t.number != current and (t.state == states.COMPLETE or len(t.params) == len(self.cfg.searched)):
+                self.seen.setdefault(_key(t.params), t.number)
 
     def __call__(self, trial):
         optuna = _optuna()
@@ -121,7 +124,7 @@ class _Objective:
         choices = {d.param: d.suggest(trial) for d in cfg.searched}
         key = _key(choices)
         if key not in self.seen:
-            self.refresh(trial.study)
+            self.refresh(trial.study, trial.number)
         if key in self.seen:
             trial.set_user_attr("duplicate_of", self.seen[key])
             raise optuna.TrialPruned(f"design already evaluated in trial {self.seen[key]}")

@@ -17,7 +17,7 @@ import operator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .arch import Chip, LinkLevel, load_chip
+from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, read_mapping
 from .placement import PlacementOptions
 from .plan import RECOMPUTE

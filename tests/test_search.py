@@ -6,9 +6,9 @@ and a small model, so that each design evaluates in a fraction of a second.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +22,9 @@ from phaze.arch import load_chip
 from phaze.area import silicon
 from phaze.configio import ConfigError
 from phaze.report import pareto_mask
-from phaze.workload import load_model
 from phaze.search import search, sweep
 from phaze.space import build_chip, chip_values, load_sweep
+from phaze.workload import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -253,4 +253,5 @@ def test_shipped_sweep_configs_load_and_the_paper_budget_is_its_tpuv4_like_point
     # the paper's space: 13 x 8 x 8 x 13 x 7 x 3 powers-of-two points
     assert paper.grid_size() == 13 * 8 * 8 * 13 * 7 * 3
     llm = configs["llm-2026"]
-    assert llm.objectives == ("throughput", "power", "cost") and {w.devices for w in llm.workloads} == {1024, 4096, 16384}
+    assert llm.objectives == ("throughput", "power", "cost")
+    assert {w.devices for w in llm.workloads} == {1024, 4096, 16384}

@@ -9,7 +9,8 @@ import time
 from phaze import evaluate, load_chip, load_model
 from phaze.graph import edge_graph, layer_graph
 from phaze.plan import Plan
-from phaze.step import edge_time, evaluate as _evaluate, layer_time, mode_costs, stage_costs
+from phaze.step import edge_time, layer_time, mode_costs, stage_costs
+from phaze.step import evaluate as _evaluate
 
 CMD = [sys.executable, "-m", "phaze.cli", "evaluate", "--workload", "gpt3-175b", "--arch", "a100-80gb",
        "--devices", "1024", "--global-batch", "1536", "--plan", "tp=8,pp=16,mbs=1,recompute=full"]
