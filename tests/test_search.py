@@ -255,3 +255,14 @@ def test_shipped_sweep_configs_load_and_the_paper_budget_is_its_tpuv4_like_point
     llm = configs["llm-2026"]
     assert llm.objectives == ("throughput", "power", "cost")
     assert {w.devices for w in llm.workloads} == {1024, 4096, 16384}
+
+
+def test_the_same_seed_gives_the_same_trials(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_sweep(write(tmp_path, dict(SMALL, sampler="tpe", trials=5, objectives=["throughput"])))
+    runs = []
+    for name in ("first", "second"):
+        res = search(cfg, study_name=name, progress=False)
+        t = pd.read_csv(res.out_dir / "trials.csv").sort_values("trial")
+        runs.append([tuple(r) for r in t[[c for c in t.columns if c.startswith("param:")]].to_numpy()])
+    assert runs[0] == runs[1] and len(set(runs[0])) == 5
