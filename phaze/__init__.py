@@ -14,6 +14,6 @@ from .plan import Plan, parse_plan
 from .step import StepResult
 from .workload import Model, load_model
 
-__all__ = ["evaluate", "place", "PlacementOptions", "PlacementResult", "Chip", "load_chip", "ConfigError", "Efficiency", "Plan", "parse_plan",
-           "StepResult", "Model", "load_model"]
+__all__ = ["evaluate", "place", "PlacementOptions", "PlacementResult", "Chip", "load_chip", "ConfigError",
+           "Efficiency", "Plan", "parse_plan", "StepResult", "Model", "load_model"]
 __version__ = "0.1.0"

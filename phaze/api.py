@@ -6,7 +6,8 @@ from pathlib import Path
 from .arch import Chip, load_chip
 from .cost import Efficiency
 from .plan import Plan, parse_plan
-from .step import StepResult, evaluate as _evaluate
+from .step import StepResult
+from .step import evaluate as _evaluate
 from .workload import Model, load_model, with_seq_len
 
 
@@ -49,7 +50,8 @@ def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, g
           options=None, efficiency: Efficiency | None = None, top: int = 5, seq_len: int | None = None):
     """Best execution plans of a workload on ``devices`` chips: ``phaze.place("gpt3-175b",
     "a100-80gb", 1024, 1536).best.plan``. ``options`` is a :class:`phaze.PlacementOptions`."""
-    from .placement import PlacementOptions, place as _place
+    from .placement import PlacementOptions
+    from .placement import place as _place
     chip = as_chip(arch)
     eff = calibrated_efficiency(chip) if efficiency is None else efficiency
     return _place(as_model(workload, seq_len), chip, int(devices), int(global_batch),

@@ -126,7 +126,7 @@ class Chip:
         v = self.vector
         return v.count * v.lanes * v.flops_per_lane_per_cycle * self.clock_hz
 
-    def with_units(self, **changes) -> "Chip":
+    def with_units(self, **changes) -> Chip:
         """A copy with tensor/vector unit fields changed (``tensor_count=...``, ``vector_lanes=...``)."""
         t = {k[7:]: v for k, v in changes.items() if k.startswith("tensor_")}
         v = {k[7:]: v for k, v in changes.items() if k.startswith("vector_")}

@@ -43,7 +43,7 @@ def _to_x(eff: Efficiency, names) -> np.ndarray:
 
 def _from_x(x, names, base: Efficiency = IDEAL) -> Efficiency:
     values = asdict(base)
-    for n, v in zip(names, x):
+    for n, v in zip(names, x, strict=True):
         lo, hi, _ = BOUNDS[n]
         values[n] = lo + float(np.clip(v, 0.0, 1.0)) * (hi - lo)
     return Efficiency(**values)
@@ -68,7 +68,7 @@ def fit(cases, predict, names=FITTED, start: Efficiency | None = None,
         pred = np.array([predict(c, eff) for c in cases])
         return np.concatenate([w * np.log(pred / measured), ridge * (x - prior)])
 
-    from scipy.optimize import least_squares   # imported here: loading parameters must stay cheap
+    from scipy.optimize import least_squares  # imported here: loading parameters must stay cheap
     res = least_squares(residuals, _to_x(start, names), bounds=(0.0, 1.0), diff_step=1e-3,
                         x_scale=1.0, max_nfev=200)
     eff = _from_x(res.x, names, start)

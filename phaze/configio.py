@@ -8,8 +8,9 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 
@@ -130,7 +131,7 @@ class Fields:
             raise self.error(key, f"must be a non-empty string, got {value!r}")
         return value.strip()
 
-    def sub(self, key: str, default: Any = _MISSING) -> "Fields | None":
+    def sub(self, key: str, default: Any = _MISSING) -> Fields | None:
         value = self._get(key, default)
         if value is None:
             return None

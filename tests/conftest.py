@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from phaze.arch import LinkLevel, TensorUnits, VectorUnits, Chip
+from phaze.arch import Chip, LinkLevel, TensorUnits, VectorUnits
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,12 +3,12 @@ import math
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from conftest import toy_chip
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from phaze.arch import LinkLevel, TensorUnits, load_chip
-from phaze.cost import collective_time, gemm_time, vector_time, tile_candidates
-
-from conftest import toy_chip
+from phaze.cost import collective_time, gemm_time, tile_candidates, vector_time
 
 
 def test_gemm_whole_tiles_and_waves(chip):

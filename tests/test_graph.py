@@ -2,8 +2,8 @@
 import pytest
 
 from phaze.graph import edge_graph, layer_graph, tensor_flops
-from phaze.step import _hardware_flops_per_sample, model_flops_per_sample
 from phaze.plan import Plan
+from phaze.step import _hardware_flops_per_sample, model_flops_per_sample
 from phaze.workload import load_model, narayanan_flops_per_step
 
 

@@ -639,7 +639,7 @@ def test_gpu_names(gpu, chip):
                                        ("True", "full"), ("selective", "selective"), ("no", "none"),
                                        ("", "none")])
 def test_recompute_spellings(text, mode):
-    from phaze.validate import row_to_case, read_runs, default_runs_path
+    from phaze.validate import default_runs_path, read_runs, row_to_case
     row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"))
     row["recompute"] = text
     assert row_to_case(row).plan.recompute == mode
@@ -652,7 +652,7 @@ def test_recompute_spellings(text, mode):
     ("selective activation recompute, distributed optimizer", 1, "selective", 51200),
 ])
 def test_notes_rules_for_blank_columns(note, zero, recompute, vocab):
-    from phaze.validate import row_to_case, read_runs, default_runs_path
+    from phaze.validate import default_runs_path, read_runs, row_to_case
     row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"))
     row["notes"], row["recompute"] = note, ""
     case = row_to_case(row)
