@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from .workload import Model
 
+
 @dataclass(frozen=True)
 class Collective:
     """A collective over one parallel group; ``bytes`` is the full (unsharded) buffer."""

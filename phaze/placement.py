@@ -19,7 +19,6 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 import numpy as np
 
@@ -27,10 +26,11 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .plan import RECOMPUTE, Plan
-from .step import StageCosts, StepResult, check_plan, evaluate, layout_of, stage_costs, stage_layers
+from .step import StageCosts, StepResult, check_plan, evaluate, layout_of, mode_cost_bounds, stage_costs, stage_layers
 from .workload import Model
 
 GiB = 2.0 ** 30
+_SLACK = 1 - 1e-9   # bounds are summed in another order than exact step times: allow for rounding
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class PlacementOptions:
     attention: str = "flash"
     sp: bool = True
     optimizer: str = "adam"
+    exhaustive: bool = False    # solve every layout's layer schedules (no bounding): for checks
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class PlacementResult:
     layouts_feasible: int
     solve_time_s: float
     infeasible_reason: str = ""
+    layouts_solved: int = 0             # layouts whose layer schedules were solved (not pruned)
 
     @property
     def gain_over_baseline(self) -> float | None:
@@ -104,24 +106,40 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n) -> _Options:
         for i in range(pp):
             if i not in classes:
                 t[i, idx, k], tl[i, idx, k] = t[1, idx, k], tl[1, idx, k]
-            mem[i, idx, k] = costs.memory(i, ns, r).total_bytes
+        mem[:, idx, k] = costs.memory_table(r, ns)
     return _Options(t, tl, mem <= costs.chip.hbm_bytes, mem, modes)
 
 
-@lru_cache(maxsize=64)
-def _shift_index(L: int) -> tuple[np.ndarray, np.ndarray]:
-    j = np.arange(L + 1)[:, None]
-    n = np.arange(L + 1)[None, :]
-    return np.clip(j - n, 0, L), (n > j) | (n == 0)
-
-
 def _min_plus(best: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """new[j] = min over n >= 1 of best[j - n] + cost[n], with the arg-min n."""
-    idx, invalid = _shift_index(len(best) - 1)
-    total = best[idx] + cost[None, :]
-    total[invalid] = np.inf
+    """new[j] = min over n >= 1 of best[j - n] + cost[n], with the arg-min n (``cost[0]`` must be
+    inf). A strided view of the padded ``best`` gives every best[j - n] without a gather."""
+    L = len(best) - 1
+    padded = np.concatenate((np.full(L, np.inf), best))
+    step = padded.strides[0]
+    window = np.lib.stride_tricks.as_strided(padded[L:], shape=(L + 1, L + 1), strides=(step, -step),
+                                             writeable=False)       # [j, n] = padded[L + j - n]
+    total = window + cost[None, :]
     arg = np.argmin(total, axis=1)
-    return total[np.arange(len(best)), arg], arg
+    return total[np.arange(L + 1), arg], arg
+
+
+def _splits(ok: np.ndarray, L: int) -> bool:
+    """Whether the ``L`` layers split contiguously over the stages, stage ``i`` taking ``n``
+    layers only where ``ok[i, n]`` (``ok``: [stages, L + 1], column 0 unused). Stage costs grow
+    with the layer count, so the counts allowed under caps are usually a prefix 1..c per stage:
+    then a split exists iff every c >= 1 and they sum to at least ``L``."""
+    ok = ok[:, 1:]
+    caps = ok.sum(axis=1)
+    if all(ok[i, :c].all() for i, c in enumerate(caps)):
+        return bool((caps >= 1).all() and caps.sum() >= L)
+    reach = np.zeros(L + 1, dtype=bool)            # general case: reachability over the stages
+    reach[0] = True
+    for row in ok:
+        nxt = np.zeros_like(reach)
+        for n in np.flatnonzero(row) + 1:
+            nxt[n:] |= reach[:L + 1 - n]
+        reach = nxt
+    return bool(reach[L])
 
 
 def _solve_layout(costs: StageCosts, opts: _Options):
@@ -152,19 +170,19 @@ def _solve_layout(costs: StageCosts, opts: _Options):
             j -= counts[-1]
         counts.reverse()
         ks = [int(stage_mode[i, n]) for i, n in enumerate(counts)]
-        t_max = max(opts.time[i, n, k] for i, (n, k) in enumerate(zip(counts, ks)))
-        tail_max = max(opts.tail[i, n, k] for i, (n, k) in enumerate(zip(counts, ks)))
+        t_max = max(opts.time[i, n, k] for i, (n, k) in enumerate(zip(counts, ks, strict=False)))
+        tail_max = max(opts.tail[i, n, k] for i, (n, k) in enumerate(zip(counts, ks, strict=False)))
         return float(acc[L]), float(t_max), float(tail_max), counts, ks
 
     t_caps = np.unique(opts.time[ok])
     tails = np.unique(opts.tail[ok])
     # feasibility only grows with the time cap: bisect for the smallest feasible one
     lo, hi = 0, len(t_caps) - 1
-    if run(t_caps[hi], math.inf) is None:
+    if not _splits(ok.any(axis=2), L):
         return None
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if run(t_caps[mid], math.inf) is not None else (mid + 1, hi)
+        lo, hi = (lo, mid) if _splits((ok & (opts.time <= t_caps[mid])).any(axis=2), L) else (mid + 1, hi)
     widest = run(t_caps[-1], math.inf)
     floor = widest[0] / v + tails[0]          # no solution has a smaller sum or tail
     best_obj, best = math.inf, None
@@ -205,16 +223,51 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                     yield plan
 
 
+def _fits_somehow(opts: _Options, L: int) -> bool:
+    """Whether some contiguous split, each stage in some mode, fits in memory (what the DP finds
+    feasible)."""
+    return _splits((opts.fits & np.isfinite(opts.time)).any(axis=2), L)
+
+
+def _bound_costs(costs: StageCosts, modes: tuple[str, ...]) -> StageCosts:
+    """``costs`` with every recompute mode's layer costs replaced by lower bounds
+    (:func:`phaze.step.mode_cost_bounds`): every stage assignment's step time under them is a
+    lower bound of its step time with the optimal layer schedules."""
+    bound = {r: mode_cost_bounds(costs.model, costs.chip, costs.devices, costs.plan, costs.eff, r) for r in modes}
+    return replace(costs, _modes=bound)
+
+
+def _quick_bound(costs: StageCosts, modes: tuple[str, ...]) -> float:
+    """A closed-form lower bound of a layout's step time under bound costs (no DP, no memory):
+    the stage times sum to at least every layer at its cheapest mode plus sends and edges, the
+    slowest is at least their mean, and tails are non-negative."""
+    pp, L, m, v = costs.plan.pp, costs.model.layers, costs.micro_batches, costs.plan.vp
+    layer = min(costs.mode(r).layer.total for r in modes)
+    total = L * layer + pp * costs.send_s + costs.embedding.total + costs.head.total
+    edge = layer + costs.send_s + max(costs.embedding.total, costs.head.total)
+    return (m - 1.0 / v) * max(total / pp, edge if pp > 1 else total) + total / v
+
+
 def place(model: Model, chip: Chip, devices: int, global_batch: int,
           options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL,
           top: int = 5) -> PlacementResult:
-    """The best plan (and the ``top`` best, one per layout) of ``model`` on ``devices`` chips."""
+    """The best plan (and the ``top`` best, one per layout) of ``model`` on ``devices`` chips.
+
+    Bound first, solve what can win: every layout gets a lower bound of its best step time from
+    lower bounds of the layer schedules (no solver); layouts are then solved exactly, best
+    bound first, until no remaining bound can reach the ``top`` best found (nor the baseline).
+    The result is exactly what solving every layout returns (``options.exhaustive`` does that)."""
     start = time.perf_counter()
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     if not modes:
         raise ConfigError("--recompute", None, f"must list at least one of {', '.join(RECOMPUTE)}")
-    heap: list = []
-    baseline, closest = None, None
+    keep = max(1, top)
+    tokens = global_batch * model.seq_len
+    exhaustive = options.exhaustive
+    queue: list = []        # (bound, index, stage): 0 quick bound, 1 DP bound, then solve
+    info: dict = {}         # index -> (base, costs, bound costs, allowed_n, even, DP bound solution)
+    base_cands: list = []   # (bound, index, plan) of the even-split, one-mode baselines
+    closest = None
     considered = feasible = 0
     for base in layouts(model, devices, global_batch, options):
         considered += 1
@@ -222,34 +275,66 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         L, pp = model.layers, base.pp
         even = stage_layers(L, pp)
         allowed_n = sorted({even[0]} if base.vp > 1 else range(1, L - pp + 2))
-        opts = _options(costs, modes, allowed_n)
-        solved = _solve_layout(costs, opts)
+        lb_costs = costs if exhaustive else _bound_costs(costs, modes)
+        opts = _options(lb_costs, modes, allowed_n)     # memory does not depend on the bounds
         # the Megatron-style plan: even split, one recompute mode for every stage
         for k, r in enumerate(modes):
             if all(opts.fits[i, n, k] for i, n in enumerate(even)):
                 plan = replace(base, recompute=r)
-                res = evaluate(model, chip, devices, global_batch, plan, eff)
-                if baseline is None or res.step_time_s < baseline.result.step_time_s:
-                    baseline = Placement(plan, res)
+                ts, tails = opts.time[np.arange(pp), even, k], opts.tail[np.arange(pp), even, k]
+                m, v = lb_costs.micro_batches, base.vp
+                base_cands.append(((m - 1.0 / v) * ts.max() + ts.sum() / v + tails.max(), considered, plan))
                 break
-        if solved is None:
+        if not _fits_somehow(opts, L):
             for k, r in enumerate(modes):
-                stage = max(range(pp), key=lambda i: opts.memory[i, even[i], k])
-                need = opts.memory[stage, even[stage], k]
+                i_max = max(range(pp), key=lambda i: opts.memory[i, even[i], k])
+                need = opts.memory[i_max, even[i_max], k]
                 if closest is None or need < closest[0]:
-                    closest = (need, replace(base, recompute=r), stage)
+                    closest = (need, replace(base, recompute=r), i_max)
             continue
         feasible += 1
-        _, counts, recs = solved
+        info[considered] = [base, costs, lb_costs, allowed_n, even, opts]
+        heapq.heappush(queue, (0.0 if exhaustive else _quick_bound(lb_costs, modes), considered, 0))
+    heap: list = []         # the `keep` best (tokens/s, index, Placement) solved so far
+    solved_n = 0
+
+    def beaten(bound: float) -> bool:
+        """No layout whose step time is at least ``bound`` can enter the top ``keep``."""
+        return (not exhaustive and len(heap) >= keep and bound > 0
+                and tokens / (bound * _SLACK) < heap[0][0])
+
+    while queue:
+        bound, idx, stage = heapq.heappop(queue)
+        if beaten(bound):
+            break
+        base, costs, lb_costs, allowed_n, even, _ = info[idx]
+        pp = base.pp
+        if stage == 0:
+            lb = _solve_layout(lb_costs, info[idx][5])
+            heapq.heappush(queue, (0.0 if exhaustive else lb[0], idx, 1))
+            continue
+        # solve the layout exactly (its layer schedules)
+        solved_n += 1
+        opts = _options(costs, modes, allowed_n)
+        _, counts, recs = _solve_layout(costs, opts)
         uniform = len(set(recs)) == 1
         plan = replace(base, recompute=recs[0],
                        stages=() if counts == even else counts,
                        stage_recompute=() if uniform else recs)
         res = evaluate(model, chip, devices, global_batch, plan, eff)
-        heapq.heappush(heap, (res.tokens_per_s, considered, Placement(plan, res)))
-        if len(heap) > max(1, top):
+        heapq.heappush(heap, (res.tokens_per_s, idx, Placement(plan, res)))
+        if len(heap) > keep:
             heapq.heappop(heap)
     ranked = tuple(p for _, _, p in sorted(heap, key=lambda x: (-x[0], x[1])))
+
+    # the baseline: the best even split with one mode (the earliest layout among equals)
+    baseline, best_key = None, None
+    for bound, idx, plan in sorted(base_cands, key=lambda c: (c[0], c[1])):
+        if best_key is not None and not exhaustive and bound * _SLACK > best_key[0]:
+            break
+        res = evaluate(model, chip, devices, global_batch, plan, eff)
+        if best_key is None or (res.step_time_s, idx) < best_key:
+            best_key, baseline = (res.step_time_s, idx), Placement(plan, res)
     reason = ""
     if not ranked:
         if closest is None:
@@ -259,4 +344,4 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
             reason = (f"nothing fits: the closest plan ({plan.label()}) needs {need / GiB:.1f} GiB per "
                       f"device on stage {stage}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB")
     return PlacementResult(ranked[0] if ranked else None, ranked, baseline, considered, feasible,
-                           time.perf_counter() - start, reason)
+                           time.perf_counter() - start, reason, solved_n)

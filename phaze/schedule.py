@@ -32,10 +32,13 @@ core (all exact: each keeps at least one optimal schedule):
 - propagation-only search (no LP), timetable edge finding and the overload checker in the
   cumulative constraints; ``num_workers=1`` (deterministic) by default.
 
-Time: integer ticks of ``tick_s = 2**e`` seconds, the power of two that puts the sum of the ops'
-fastest durations in [2**20, 2**21) ticks (a tick is ~1e-6 of the phase; the horizon stays below
-2**21 ticks). Durations are rounded UP to whole ticks (exact in floating point: the tick is a power
-of two), so a tick schedule is valid in real time. The reported schedule is re-timed in seconds:
+Time: integer ticks of ``tick_s = 2**e`` seconds, per segment (below), the power of two that puts the
+sum of the segment's ops' fastest durations in [2**20, 2**21) ticks (``Schedule.tick_s`` reports the
+phase's, the coarsest); a segment met again in another phase (the backward after a full-recompute
+prefix) is the same problem and its proven optimum is reused (``_segments``); a tick is ~1e-6 of
+the segment and the horizon stays below 2**21 ticks. Durations are rounded UP to whole ticks
+(exact in floating point: the tick is a power of two), so a tick schedule is valid in real time.
+The reported schedule is re-timed in seconds:
 the solver's modes, its start order as the priority of a serial schedule-generation pass with
 the real durations; no op starts later than in the tick solution, so the real makespan is at
 most the tick one. The lower bound in seconds is the largest of the analytic bounds and, per
@@ -69,9 +72,10 @@ import os
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from ortools.sat.python import cp_model
 
@@ -82,7 +86,7 @@ from .graph import Op
 
 DEFAULT_SHARES = (1.0, 0.5, 0.25, 0.125)   # shares of a unit pool an op may run on
 TICK_RESOLUTION_EXP = 20                    # fastest-mode sum of a phase spans [2**20, 2**21) ticks
-FORMULATION = 1                             # bump when results change meaning (invalidates caches)
+FORMULATION = 2                             # bump when results change meaning (invalidates caches)
 STATUSES = ("OPTIMAL", "FEASIBLE", "HEURISTIC")
 SOLVER_PARAMETERS = {                       # CP-SAT parameters besides time limit, workers, seed
     "use_timetable_edge_finding_in_cumulative": True,
@@ -90,6 +94,8 @@ SOLVER_PARAMETERS = {                       # CP-SAT parameters besides time lim
     "linearization_level": 0,               # propagation only: the LP costs more than it prunes here
 }
 _MEMORY_CACHE_SIZE = 4096
+DISK_CACHE_MAX_FILES = 20000    # the disk cache keeps the most recently written schedules (PHAZE_CACHE_MAX_FILES)
+_DISK_PRUNE_EVERY = 256         # writes between two checks of the disk cache's size
 _SHORTCUTS = True          # tests turn off dominance, decomposition and the list-schedule exit
 
 
@@ -167,7 +173,7 @@ class Schedule:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Schedule":
+    def from_dict(cls, d: dict) -> Schedule:
         d = dict(d)
         d["ops"] = tuple(ScheduledOp(**dict(e, demand=tuple((str(r), int(k)) for r, k in e["demand"])))
                          for e in d["ops"])
@@ -237,7 +243,41 @@ def _topo_order(n: int, deps: Sequence[Sequence[int]]) -> list[int]:
 
 
 # --- caching ------------------------------------------------------------------------------------
-_memory: "OrderedDict[str, Schedule]" = OrderedDict()
+def _code_version() -> str:
+    """A hash of the code a cached schedule depends on (scheduler, cost model, graphs): the
+    cache key includes it, so a schedule from other code is never served."""
+    h = hashlib.sha256(str(FORMULATION).encode())
+    for name in ("schedule.py", "cost.py", "graph.py"):
+        try:
+            h.update((Path(__file__).parent / name).read_bytes())
+        except OSError:
+            h.update(name.encode())
+    return h.hexdigest()[:16]
+
+
+CODE_VERSION = _code_version()
+_writes = [0]
+
+
+def _prune_disk_cache(d: Path) -> None:
+    """Keep at most ``PHAZE_CACHE_MAX_FILES`` (default :data:`DISK_CACHE_MAX_FILES`) schedules:
+    drop the least recently written ones, down to 90 % of the cap."""
+    try:
+        cap = int(os.environ.get("PHAZE_CACHE_MAX_FILES", DISK_CACHE_MAX_FILES))
+        files = list(d.glob("*.json"))
+        if len(files) <= cap:
+            return
+        dated = sorted(files, key=lambda f: f.stat().st_mtime)
+        for f in dated[:len(files) - int(cap * 0.9)]:
+            try:
+                f.unlink()
+            except OSError:
+                pass
+    except (OSError, ValueError):
+        pass
+
+
+_memory: OrderedDict[str, Schedule] = OrderedDict()
 
 
 def cache_dir() -> Path | None:
@@ -252,13 +292,18 @@ def cache_dir() -> Path | None:
 
 
 def clear_memory_cache() -> None:
+    """Forget every schedule, segment, bound and task list held in memory (not the disk cache)."""
     _memory.clear()
+    _segments.clear()
+    for f in (layer_tasks, layer_bounds, _bounds_of, _modes_of):
+        f.cache_clear()
 
 
 def _key(tasks: Sequence[Task], capacities: dict, unit_counts: dict | None, tick_s: float | None) -> str:
     names = {t.name for t in tasks}
     spec = {
         "v": FORMULATION,
+        "code": CODE_VERSION,
         "res": TICK_RESOLUTION_EXP,
         "cap": sorted((str(r), int(k)) for r, k in capacities.items()),
         "units": sorted((str(r), int(k)) for r, k in (unit_counts or {}).items()),
@@ -285,7 +330,7 @@ def _cache_get(key: str, time_limit_s: float) -> Schedule | None:
     path = d / f"{key}.json"
     try:
         rec = json.loads(path.read_text())
-        if rec.get("key") != key or rec.get("formulation") != FORMULATION:
+        if rec.get("key") != key or rec.get("formulation") != FORMULATION or rec.get("code") != CODE_VERSION:
             return None
         s = Schedule.from_dict(rec["schedule"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -308,9 +353,12 @@ def _cache_put(key: str, s: Schedule) -> None:
     d = cache_dir()
     if d is None:
         return
-    rec = {"key": key, "formulation": FORMULATION, "schedule": s.to_dict()}
+    rec = {"key": key, "formulation": FORMULATION, "code": CODE_VERSION, "schedule": s.to_dict()}
     try:
         d.mkdir(parents=True, exist_ok=True)
+        if _writes[0] % _DISK_PRUNE_EVERY == 0:
+            _prune_disk_cache(d)
+        _writes[0] += 1
         fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{key}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as fh:
@@ -346,8 +394,15 @@ def solve(tasks: Sequence[Task], capacities: dict, *, time_limit_s: float = 10.0
     return s
 
 
-def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) -> Schedule:
-    t0 = time.perf_counter()
+class _Prepared:
+    """What :func:`_solve` and :func:`bounds` share: the tasks indexed, modes that fit and are not
+    dominated, fastest modes, and the phase cut into pieces (cut ops and segments)."""
+
+    __slots__ = ("n", "order", "deps", "succ", "modes", "dem", "dur", "fast", "fd", "seq_sum", "tick_s",
+                 "cuts", "segments", "fixed_tick")
+
+
+def _prepare(tasks, capacities, tick_s) -> _Prepared:
     capacities = {str(r): int(k) for r, k in capacities.items()}
     n = len(tasks)
     index = {}
@@ -392,13 +447,15 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     # descendant) may use: switching i to it keeps any schedule valid and no longer
     uses = [set().union(*[set(x) for x in dem[i]]) for i in range(n)]
     for i in range(n if _SHORTCUTS else 0):
+        if len(modes[i]) == 1:
+            continue
         free = ~(anc[i] | desc[i] | (1 << i))
         contested = set().union(*[uses[j] for j in range(n) if (free >> j) & 1])
         ds = [tasks[i].modes[m].duration_s for m in modes[i]]
         proj = [tuple(dem[i][a].get(r, 0) for r in sorted(contested)) for a in range(len(modes[i]))]
         rank = [(ds[a], proj[a], sum(dem[i][a].values()), a) for a in range(len(modes[i]))]
         keep = [a for a in range(len(modes[i]))
-                if not any(b != a and ds[b] <= ds[a] and all(x <= y for x, y in zip(proj[b], proj[a]))
+                if not any(b != a and ds[b] <= ds[a] and all(x <= y for x, y in zip(proj[b], proj[a], strict=False))
                            and (ds[b] < ds[a] or proj[b] != proj[a] or rank[b] < rank[a])
                            for b in range(len(modes[i])))]
         modes[i] = [modes[i][a] for a in keep]
@@ -408,51 +465,130 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
             for i in range(n)]
     fd = [dur[i][fast[i]] for i in range(n)]
 
-    # ticks
-    seq_sum = sum(fd)
-    if tick_s is None:
-        if seq_sum > 0:
-            _, e = math.frexp(seq_sum)
-            tick_s = math.ldexp(1.0, e - 1 - TICK_RESOLUTION_EXP)
-        else:
-            tick_s = 1.0
-    D = [[math.ceil(d / tick_s) for d in dur[i]] for i in range(n)]
-    exact = all(D[i][a] * tick_s == dur[i][a] for i in range(n) for a in range(len(D[i])))
+    P = _Prepared()
+    P.fixed_tick = tick_s
+    P.seq_sum = sum(fd)
+    P.tick_s = _tick_for(P.seq_sum) if tick_s is None else tick_s
 
     # cut ops (every other op is an ancestor or a descendant) run alone in their fastest mode
     # and split the phase into segments that are scheduled independently, one after another
     everyone = (1 << n) - 1
     cuts = [i for i in order if (anc[i] | desc[i] | (1 << i)) == everyone and _SHORTCUTS]
+    cutset = set(cuts)
     segments, prev = [], 0
     for c in cuts + [None]:
         upto = anc[c] if c is not None else everyone
-        seg = [i for i in order if (upto >> i) & 1 and (prev >> i) & 1 == 0 and i not in cuts]
+        seg = [i for i in order if (upto >> i) & 1 and (prev >> i) & 1 == 0 and i not in cutset]
         if c is not None:
             prev |= anc[c] | (1 << c)
         if seg:
             segments.append(seg)
+    P.n, P.order, P.deps, P.succ, P.modes, P.dem, P.dur, P.fast, P.fd = (n, order, deps, succ, modes, dem,
+                                                                      dur, fast, fd)
+    P.cuts, P.segments = cuts, segments
+    return P
 
-    deadline = t0 + max(0.0, time_limit_s)
-    chosen, tick_start = fast[:], [0] * n
-    lower_s, statuses, notes, offset = 0.0, [], [], 0
-    # segments and cuts alternate in topological order; lay them out one after another
-    for piece in _pieces(order, cuts, segments):
+
+def _tick_for(total_s: float) -> float:
+    """The power of two that puts ``total_s`` in [2**20, 2**21) ticks."""
+    if total_s > 0:
+        _, e = math.frexp(total_s)
+        return math.ldexp(1.0, e - 1 - TICK_RESOLUTION_EXP)
+    return 1.0
+
+
+def _segment_tick(P: _Prepared, seg) -> float:
+    """A segment's own tick (resolution relative to the segment, so that the same segment met in
+    another phase, e.g. a backward with and without a recompute prefix, is the same problem)."""
+    if P.fixed_tick is not None:
+        return P.fixed_tick
+    return _tick_for(sum(P.fd[i] for i in seg))
+
+
+def bounds(tasks: Sequence[Task], capacities: dict, *, tick_s: float | None = None) -> tuple[float, float]:
+    """(lower, upper) bounds of the makespan :func:`solve` returns, without CP-SAT: the lower one
+    from the critical path and the per-resource energy bounds, the upper one from the list
+    schedule (ops in topological order, fastest mode, earliest feasible start) of each segment.
+    ``lower <= optimum <= solve(...).makespan_s <= upper``."""
+    capacities = {str(r): int(k) for r, k in capacities.items()}
+    P = _prepare(tasks, capacities, tick_s)
+    lower_s = upper_s = 0.0
+    for piece in _pieces(P.order, P.cuts, P.segments):
         if isinstance(piece, int):
-            tick_start[piece] = offset
-            offset += D[piece][fast[piece]]
+            lower_s += P.fd[piece]
+            upper_s += P.fd[piece]
+            continue
+        tk = _segment_tick(P, piece)
+        D = {i: [math.ceil(d / tk) for d in P.dur[i]] for i in piece}
+        pre = _segment_prep(piece, P.deps, P.succ, D, P.dur, P.dem, P.fast, capacities)
+        lower_s += pre["lb_s"]
+        upper_s += pre["ub"] * tk
+    # the solver's makespan adds the same durations in another order: allow for the rounding
+    return max([lower_s] + _phase_lower_bounds(P, capacities)) * (1 - 1e-9), upper_s * (1 + 1e-9)
+
+
+def _phase_lower_bounds(P: _Prepared, capacities) -> list[float]:
+    return [_longest_path(P.order, P.deps, P.fd)] + [
+        _energy_bound(P.order, P.deps, P.succ, P.fd, P.dur, P.dem, r, c, False)
+        for r, c in capacities.items() if c > 0]
+
+
+_segments: OrderedDict[str, tuple] = OrderedDict()   # proven segment optima, by content
+
+
+def _segment_key(P: _Prepared, seg, tk: float, capacities) -> str:
+    pos = {i: k for k, i in enumerate(seg)}
+    spec = [float(tk).hex(), sorted(capacities.items()),
+            [[[float(d).hex() for d in P.dur[i]], [sorted(x.items()) for x in P.dem[i]],
+              sorted(pos[j] for j in P.deps[i] if j in pos)] for i in seg]]
+    return hashlib.sha256(json.dumps(spec, separators=(",", ":")).encode()).hexdigest()
+
+
+def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) -> Schedule:
+    t0 = time.perf_counter()
+    capacities = {str(r): int(k) for r, k in capacities.items()}
+    P = _prepare(tasks, capacities, tick_s)
+    n, order, deps, succ, modes, dem, dur, fast, fd = (P.n, P.order, P.deps, P.succ, P.modes, P.dem, P.dur,
+                                                       P.fast, P.fd)
+    seq_sum, tick_s = P.seq_sum, P.tick_s
+    deadline = t0 + max(0.0, time_limit_s)
+    chosen, start_at = fast[:], [0.0] * n     # the solver's modes and starts (seconds)
+    lower_s, statuses, notes, offset = 0.0, [], [], 0.0
+    exact = True
+    # segments and cuts alternate in topological order; lay them out one after another
+    for piece in _pieces(order, P.cuts, P.segments):
+        if isinstance(piece, int):
+            start_at[piece] = offset
+            offset += fd[piece]
             lower_s += fd[piece]
             continue
-        st, md, starts, b, lo_s, note = _solve_segment(piece, deps, succ, D, dur, dem, fast, capacities,
-                                                       deadline, num_workers)
+        tk = _segment_tick(P, piece)
+        D = {i: [math.ceil(d / tk) for d in dur[i]] for i in piece}
+        seg_exact = all(D[i][a] * tk == dur[i][a] for i in piece for a in range(len(D[i])))
+        exact = exact and seg_exact
+        key = _segment_key(P, piece, tk, capacities) if _SHORTCUTS else None
+        hit = _segments.get(key) if key else None
+        if hit is not None:
+            _segments.move_to_end(key)
+            st, md_l, starts_l, b, lo_s, note = hit
+            md = dict(zip(piece, md_l, strict=False))
+            starts = dict(zip(piece, starts_l, strict=False))
+        else:
+            st, md, starts, b, lo_s, note = _solve_segment(piece, deps, succ, D, dur, dem, fast, capacities,
+                                                           deadline, num_workers)
+            if key and st == "OPTIMAL":
+                _segments[key] = (st, [md[i] for i in piece], [starts[i] for i in piece], b, lo_s, note)
+                while len(_segments) > _MEMORY_CACHE_SIZE:
+                    _segments.popitem(last=False)
         statuses.append(st)
         if note:
             notes.append(note)
         for i in piece:
             chosen[i] = md[i]
-            tick_start[i] = offset + starts[i]
-        offset = max(tick_start[i] + D[i][chosen[i]] for i in piece)
+            start_at[i] = offset + starts[i] * tk
+        offset = max(start_at[i] + D[i][chosen[i]] * tk for i in piece)
         # the proven tick bound, less the rounding slack (see the module docstring)
-        lower_s += max(lo_s, (b - (0 if exact else len(piece) + 1)) * tick_s)
+        lower_s += max(lo_s, (b - (0 if seg_exact else len(piece) + 1)) * tk)
     if all(x == "OPTIMAL" for x in statuses):
         status = "OPTIMAL"
     elif any(x in ("OPTIMAL", "FEASIBLE") for x in statuses):
@@ -460,16 +596,16 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     else:
         status = "HEURISTIC"
     note = "; ".join(sorted(set(notes)))
-    cp_s = _longest_path(order, deps, fd)
+    phase_bounds = _phase_lower_bounds(P, capacities)
+    cp_s = phase_bounds[0]
     work_s = {r: sum(min(dur[i][a] * dem[i][a].get(r, 0) for a in range(len(modes[i]))) for i in range(n)) / c
               for r, c in capacities.items() if c > 0}
     work_bound_s = max(work_s.values(), default=0.0)
-    energy_s = max([cp_s, lower_s] + [_energy_bound(order, deps, succ, fd, dur, dem, r, c, False)
-                                      for r, c in capacities.items() if c > 0])
+    energy_s = max([lower_s] + phase_bounds)
 
     # re-time in real seconds: solver's modes, its start order as the priority
     pos = {i: k for k, i in enumerate(order)}
-    prio = sorted(range(n), key=lambda i: (tick_start[i], pos[i]))
+    prio = sorted(range(n), key=lambda i: (start_at[i], pos[i]))
     rd = [dur[i][chosen[i]] for i in range(n)]
     rs = _sgs(prio, rd, [dem[i][chosen[i]] for i in range(n)], deps, capacities)
     makespan = max((rs[i] + rd[i] for i in range(n)), default=0.0)
@@ -517,10 +653,10 @@ def _pieces(order, cuts, segments):
             yield first[i]
 
 
-def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num_workers):
-    """Schedule the ops ``seg`` (closed under the precedence between two cuts) in ticks.
-    Returns (status, mode per op, start per op, proven tick bound, lower bound in seconds,
-    note); starts are relative to the segment's start."""
+def _segment_prep(seg, deps, succ, D, dur, dem, fast, capacities) -> dict:
+    """The bounds of a segment without a solver: the lower bound in ticks (``lb``) and in seconds
+    (``lb_s``), and the list schedule (topological order, fastest mode, earliest feasible start)
+    with its makespan in ticks (``ub``)."""
     inside = set(seg)
     sdeps = {i: [j for j in deps[i] if j in inside] for i in seg}
     ssucc = {i: [k for k in succ[i] if k in inside] for i in seg}
@@ -536,16 +672,25 @@ def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num
     lb_s = max([_longest_path(seg, sdeps, fd)]
                + [_energy_bound(seg, sdeps, ssucc, fd, dur, dem, r, c, False)
                   for r, c in capacities.items() if c > 0])
-    # list schedule: topological order, fastest mode, earliest feasible start
     mode = {i: fast[i] for i in seg}
     start = _sgs(seg, {i: D[i][mode[i]] for i in seg}, {i: dem[i][mode[i]] for i in seg}, sdeps, capacities)
     ub = max(start[i] + D[i][mode[i]] for i in seg)
+    return dict(sdeps=sdeps, ssucc=ssucc, head=head, tail=tail, lb=lb, lb_s=lb_s, mode=mode, start=start, ub=ub)
+
+
+def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num_workers):
+    """Schedule the ops ``seg`` (closed under the precedence between two cuts) in ticks.
+    Returns (status, mode per op, start per op, proven tick bound, lower bound in seconds,
+    note); starts are relative to the segment's start."""
+    pre = _segment_prep(seg, deps, succ, D, dur, dem, fast, capacities)
+    lb, lb_s, ub, mode, start = pre["lb"], pre["lb_s"], pre["ub"], pre["mode"], pre["start"]
     if ub <= lb and _SHORTCUTS:
         return "OPTIMAL", mode, start, lb, lb_s, ""
     left = deadline - time.perf_counter()
     if left <= 0:
         return "HEURISTIC", mode, start, lb, lb_s, "no time left to solve; list schedule"
-    res = _cpsat(seg, sdeps, ssucc, D, dem, capacities, head, tail, lb, ub, mode, start, left, num_workers)
+    res = _cpsat(seg, pre["sdeps"], pre["ssucc"], D, dem, capacities, pre["head"], pre["tail"], lb, ub, mode,
+                 start, left, num_workers)
     if res[0] in ("OPTIMAL", "FEASIBLE"):
         return res + (lb_s, "")
     return "HEURISTIC", mode, start, lb, lb_s, f"CP-SAT returned {res[0]}; list schedule"
@@ -563,7 +708,7 @@ def _energy_bound(order, deps, succ, fast, dur, dem, r, cap, integral):
         after[i] = max((after[k] + fast[k] for k in succ[i]), default=0)
     items = []
     for i in order:
-        e = min(d * x.get(r, 0) for d, x in zip(dur[i], dem[i]))
+        e = min(d * x.get(r, 0) for d, x in zip(dur[i], dem[i], strict=False))
         if e > 0:
             items.append((head[i], after[i], e))
     best = 0
@@ -621,7 +766,7 @@ def _precedence_energy(m, seg, deps, succ, D, dem, capacities, starts, ends, boo
             e = [D[j][a] * dem[j][a].get(r, 0) for a in range(len(D[j]))]
             if max(e) <= 0:
                 continue
-            energy[j] = e[0] if bools[j] is None else sum(x * b for x, b in zip(e, bools[j]))
+            energy[j] = e[0] if bools[j] is None else sum(x * b for x, b in zip(e, bools[j], strict=False))
         for i in seg:
             before = [energy[j] for j in anc[i] if j in energy]
             if len(before) > 1:
@@ -656,7 +801,7 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, h
         bs = bools[i] = [m.new_bool_var("") for _ in D[i]]
         m.add_exactly_one(bs)
         e = ends[i] = m.new_int_var(lo + min(D[i]), hi + max(D[i]), "")
-        m.add(e == s + sum(d * b for d, b in zip(D[i], bs)))
+        m.add(e == s + sum(d * b for d, b in zip(D[i], bs, strict=False)))
         for a, b in enumerate(bs):
             iv = m.new_optional_fixed_size_interval_var(s, D[i][a], b, "")
             for r, k in dem[i][a].items():
@@ -683,7 +828,7 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, h
                tuple(sorted(succ[i])))
         groups.setdefault(sig, []).append(i)
     for g in groups.values():
-        for a, b in zip(g, g[1:]):
+        for a, b in zip(g, g[1:], strict=False):
             m.add(starts[a] <= starts[b])
     _active_starts(m, seg, deps, succ, dem, starts, ends)
     _precedence_energy(m, seg, deps, succ, D, dem, capacities, starts, ends, bools, mk)
@@ -788,9 +933,20 @@ def op_modes(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, gro
 def op_tasks(ops: Sequence[Op], chip: Chip, precision: str, eff: Efficiency = IDEAL, *, groups: dict,
              bytes_per_element: int, shares: Iterable[float] | None = None) -> tuple[Task, ...]:
     names = {o.name for o in ops}
-    return tuple(Task(o.name, op_modes(o, chip, precision, eff, groups=groups,
-                                       bytes_per_element=bytes_per_element, shares=shares),
+    g = tuple(sorted(groups.items()))
+    sh = None if shares is None else tuple(shares)
+    return tuple(Task(o.name, _modes_of(replace(o, name="", deps=(), phase="", core_attention=False), chip,
+                                        precision, eff, g, bytes_per_element, sh),
                       tuple(d for d in o.deps if d in names), o.unit) for o in ops)
+
+
+@lru_cache(maxsize=1 << 15)
+def _modes_of(op: Op, chip: Chip, precision: str, eff: Efficiency, groups: tuple, bytes_per_element: int,
+              shares: tuple | None) -> tuple[Mode, ...]:
+    """:func:`op_modes` once per distinct op shape (a recomputed forward op costs what the
+    forward op costs; the names and deps do not enter the cost)."""
+    return op_modes(op, chip, precision, eff, groups=dict(groups), bytes_per_element=bytes_per_element,
+                    shares=shares)
 
 
 def schedule_ops(ops: Sequence[Op], chip: Chip, precision: str, eff: Efficiency = IDEAL, *, groups: dict,
@@ -832,18 +988,50 @@ def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompu
         raise ConfigError("--recompute", None, f"must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
 
 
+@lru_cache(maxsize=1024)
+def layer_tasks(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
+                eff: Efficiency = IDEAL, modes: tuple | None = None) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
+    """(forward, backward incl. recompute) tasks of one layer on ``chip``: the cost model run once
+    per (layer, chip) for the bounds and the solve alike."""
+    from .graph import layer_graph
+    check_layer_args(model, mbs, tp, sp, attention, recompute)
+    g = layer_graph(model, mbs, tp, sp, attention, recompute)
+    kw = dict(groups={"tp": (tp, 1)}, bytes_per_element=model.bytes_per_element, shares=modes)
+    return op_tasks(g.fwd, chip, model.precision, eff, **kw), op_tasks(g.bwd, chip, model.precision, eff, **kw)
+
+
+_UNITS_OF = lambda chip: {"tensor": chip.tensor.count, "vector": chip.vector.count, "link": 1}  # noqa: E731
+
+
 def schedule_layer(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
                    eff: Efficiency = IDEAL, *, time_limit_s: float = 10.0, modes: Iterable[float] | None = None,
                    num_workers: int = 1, cache: bool = True) -> tuple[Schedule, Schedule]:
     """(forward, backward incl. recompute) schedules of one layer for one micro-batch, with the
     ops, groups and precision of :func:`phaze.step.layer_time`."""
-    from .graph import layer_graph
-    check_layer_args(model, mbs, tp, sp, attention, recompute)
-    g = layer_graph(model, mbs, tp, sp, attention, recompute)
-    kw = dict(groups={"tp": (tp, 1)}, bytes_per_element=model.bytes_per_element, time_limit_s=time_limit_s,
-              modes=modes, num_workers=num_workers, cache=cache)
-    return (schedule_ops(g.fwd, chip, model.precision, eff, **kw),
-            schedule_ops(g.bwd, chip, model.precision, eff, **kw))
+    fwd, bwd = layer_tasks(model, chip, mbs, tp, sp, attention, recompute, eff,
+                           None if modes is None else tuple(modes))
+    kw = dict(time_limit_s=time_limit_s, num_workers=num_workers, cache=cache, unit_counts=_UNITS_OF(chip))
+    caps = chip_capacities(chip)
+    return solve(fwd, caps, **kw), solve(bwd, caps, **kw)
+
+
+@lru_cache(maxsize=4096)
+def layer_bounds(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
+                 eff: Efficiency = IDEAL) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((lower, upper) of the forward makespan, (lower, upper) of the backward one) of
+    :func:`schedule_layer`'s schedules, without a solver (:func:`bounds`). Cheap: what the
+    placement search uses to decide which layers are worth solving."""
+    fwd, bwd = layer_tasks(model, chip, mbs, tp, sp, attention, recompute, eff, None)
+    caps = tuple(sorted(chip_capacities(chip).items()))
+    return _bounds_of(fwd, caps), _bounds_of(bwd, caps)
+
+
+@lru_cache(maxsize=4096)
+def _bounds_of(tasks: tuple[Task, ...], caps: tuple) -> tuple[float, float]:
+    """:func:`bounds`, once per distinct phase (a layer's forward is the same under every
+    recompute mode, and so is its backward without and with selective recompute of a fused
+    attention)."""
+    return bounds(tasks, dict(caps))
 
 
 # --- Gantt chart ----------------------------------------------------------------------------------
@@ -886,14 +1074,14 @@ def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "") -
 
     fig, axes = plt.subplots(len(panels), 1, figsize=(13, 2.6 * len(panels) + 0.6), squeeze=False)
     colours = plt.get_cmap("tab20").colors
-    for ax, (label, sched) in zip(axes[:, 0], panels):
+    for ax, (label, sched) in zip(axes[:, 0], panels, strict=False):
         scale, unit = (1e3, "ms") if sched.makespan_s >= 1e-3 else (1e6, "us")
         ax.set_xlim(0, max(sched.makespan_s * scale, 1e-9))
         fig.canvas.draw()   # so that bar widths in pixels are known
         px_per_x = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
         by_start = sorted(sched.ops, key=lambda e: (e.start_s, e.name))   # neighbours differ
         colour = {e.name: colours[i % len(colours)] for i, e in enumerate(by_start)}
-        for row, ((row_name, _, _), (cap, items)) in enumerate(zip(_ROWS, _lanes(sched))):
+        for row, ((_row_name, _, _), (cap, items)) in enumerate(zip(_ROWS, _lanes(sched), strict=False)):
             base = len(_ROWS) - 1 - row
             for e, lanes in items:
                 runs, start = [], None

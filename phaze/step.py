@@ -21,6 +21,7 @@ from .memory import StageMemory, activation_bytes_per_layer, state_bytes_per_par
 from .plan import Plan
 from .workload import Model, with_seq_len
 
+
 @dataclass(frozen=True)
 class PhaseTime:
     """Seconds of one op sequence, split by what bounds it."""
@@ -33,11 +34,11 @@ class PhaseTime:
     def total(self) -> float:
         return self.compute + self.memory + self.communication
 
-    def __add__(self, o: "PhaseTime") -> "PhaseTime":
+    def __add__(self, o: PhaseTime) -> PhaseTime:
         return PhaseTime(self.compute + o.compute, self.memory + o.memory,
                          self.communication + o.communication)
 
-    def __mul__(self, k: float) -> "PhaseTime":
+    def __mul__(self, k: float) -> PhaseTime:
         return PhaseTime(self.compute * k, self.memory * k, self.communication * k)
 
 
@@ -78,6 +79,26 @@ def layer_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention:
     from .schedule import schedule_layer
     sf, sb = schedule_layer(model, chip, mbs, tp, sp, attention, recompute, eff)
     return fwd * (sf.makespan_s / fwd.total), bwd * (sb.makespan_s / bwd.total)
+
+
+@lru_cache(maxsize=16384)
+def layer_time_bounds(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str,
+                      recompute: str, eff: Efficiency = IDEAL, schedule: str = "optimal"
+                      ) -> tuple[tuple[PhaseTime, PhaseTime], tuple[PhaseTime, PhaseTime]]:
+    """((forward, backward) lower bounds, (forward, backward) upper bounds) of :func:`layer_time`,
+    without a solver: the critical-path and energy bounds and the list schedule of each phase
+    (:func:`phaze.schedule.layer_bounds`), split into parts as :func:`layer_time` splits them."""
+    g = layer_graph(model, mbs, tp, sp, attention, recompute)
+    groups = {"tp": (tp, 1)}
+    p = model.bytes_per_element
+    fwd = _sum_ops(g.fwd, chip, model.precision, eff, groups, p)
+    bwd = _sum_ops(g.bwd, chip, model.precision, eff, groups, p)
+    if schedule == "sequential" or chip.unit_sharing == "sequential":
+        return (fwd, bwd), (fwd, bwd)
+    from .schedule import layer_bounds
+    (fl, fh), (bl, bh) = layer_bounds(model, chip, mbs, tp, sp, attention, recompute, eff)
+    return ((fwd * (fl / fwd.total), bwd * (bl / bwd.total)),
+            (fwd * (fh / fwd.total), bwd * (bh / bwd.total)))
 
 
 @lru_cache(maxsize=16384)
@@ -208,7 +229,7 @@ class StageCosts:
 
     _modes: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def mode(self, r: str) -> "ModeCosts":
+    def mode(self, r: str) -> ModeCosts:
         """One layer's costs under recompute ``r`` (computed on first use, then kept)."""
         if r not in self._modes:
             self._modes[r] = mode_costs(self.model, self.chip, self.devices, self.plan, self.eff, r)
@@ -267,6 +288,24 @@ class StageCosts:
                            opt.bytes * updated / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction))
         return exposed_s, opt_s + eff.kernel_overhead_s
 
+    def memory_table(self, r: str, ns: np.ndarray) -> np.ndarray:
+        """``memory(i, n, r).total_bytes`` for every stage ``i`` (rows) and layer count in ``ns``
+        (columns), with the same floating-point operations in the same order."""
+        plan, m = self.plan, self.model
+        pp, v, tp = plan.pp, plan.vp, plan.tp
+        i = np.arange(pp, dtype=float)[:, None]
+        inflight = np.minimum(pp - i, self.micro_batches) * (1 + (pp - 1) / (pp * v) if v > 1 else 1.0)
+        q = np.broadcast_to(ns * m.layer_params, (pp, len(ns))).copy()
+        q[0] += m.embedding_params
+        q[pp - 1] += m.head_params
+        if m.tied_embeddings and pp > 1:
+            q[pp - 1] += m.vocab * (m.embedding_projection_dim or m.hidden)
+        transient = np.full((pp, 1), self.full_act_bytes if r != "none" else 0.0)
+        transient[pp - 1] += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
+        if plan.zero >= 3:
+            transient += 2 * m.bytes_per_element * m.layer_params / plan.tp
+        return self.state_bytes_per_param * (q / tp) + ns * self.mode(r).act_bytes * inflight + transient
+
     def memory(self, i: int, n: int, r: str) -> StageMemory:
         """Peak bytes on a device of stage ``i``: under 1F1B it holds min(pp - i, m) micro-batches."""
         plan, m = self.plan, self.model
@@ -300,10 +339,40 @@ def _shard(model: Model, plan: Plan) -> Model:
 def mode_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficiency,
                r: str) -> ModeCosts:
     """The costs of one layer of the layout ``plan`` under recompute ``r``."""
+    fwd, bwd = layer_time(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
+                          plan.schedule)
+    f, b, total = _layer_costs(model, chip, devices, plan, eff, fwd, bwd)
+    return ModeCosts(total, f, b, _act_bytes(model, plan, r))
+
+
+@lru_cache(maxsize=65536)
+def mode_cost_bounds(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficiency,
+                     r: str) -> ModeCosts:
+    """A lower bound of :func:`mode_costs` for the placement search, from
+    :func:`layer_time_bounds`: the layer time from the lower bounds of the phases, and the
+    forward and backward windows that hide data-parallel traffic from their upper bounds (a
+    longer window hides more). A stage's time (monotone in the layer's phases) and its tail
+    (non-increasing in the windows) are then at most their values with the optimal schedules,
+    and so is the step time of every stage assignment."""
+    lo, hi = layer_time_bounds(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
+                               plan.schedule)
+    _, _, total = _layer_costs(model, chip, devices, plan, eff, *lo)
+    f, b, _ = _layer_costs(model, chip, devices, plan, eff, *hi)
+    return ModeCosts(total, f, b, _act_bytes(model, plan, r))
+
+
+@lru_cache(maxsize=65536)
+def _act_bytes(model: Model, plan: Plan, r: str) -> float:
+    return activation_bytes_per_layer(_shard(model, plan), plan.mbs, plan.tp, plan.sp, r, plan.attention)
+
+
+def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficiency, fwd: PhaseTime,
+                 bwd: PhaseTime) -> tuple[PhaseTime, PhaseTime, PhaseTime]:
+    """(forward, backward, forward + backward with exposed FSDP / ring traffic) of one layer whose
+    phases take ``fwd`` and ``bwd``; every part is monotone in them."""
     tp, pp, dp = plan.tp, plan.pp, plan.dp(devices)
     p = model.bytes_per_element
     shard = _shard(model, plan)
-    fwd, bwd = layer_time(shard, chip, plan.mbs, tp, plan.sp, plan.attention, r, eff, plan.schedule)
     if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
         fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
         bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
@@ -323,11 +392,10 @@ def mode_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficien
                                   stride, eff)
         total = total + PhaseTime(communication=exposed(gather, fwd.compute + fwd.memory, eff)
                                   + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
-    return ModeCosts(total, fwd, bwd,
-                     activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, r, plan.attention))
+    return fwd, bwd, total
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan,
                 eff: Efficiency = IDEAL) -> StageCosts:
     """Per-stage costs of a layout; per-layer costs of each recompute mode come from
@@ -363,14 +431,14 @@ def step_time_of(costs: StageCosts, counts, recomputes) -> tuple[float, int, int
     critical stage, tail stage, stage times). The placement DP minimises this same expression
     over the same :class:`StageCosts` (its tests check the two agree)."""
     m, v = costs.micro_batches, costs.plan.vp
-    times = [costs.time(i, n, r).total for i, (n, r) in enumerate(zip(counts, recomputes))]
-    tails = [sum(costs.tail(i, n, r)) for i, (n, r) in enumerate(zip(counts, recomputes))]
+    times = [costs.time(i, n, r).total for i, (n, r) in enumerate(zip(counts, recomputes, strict=False))]
+    tails = [sum(costs.tail(i, n, r)) for i, (n, r) in enumerate(zip(counts, recomputes, strict=False))]
     crit = max(range(len(times)), key=times.__getitem__)
     last = max(range(len(tails)), key=tails.__getitem__)
     return (m - 1.0 / v) * times[crit] + sum(times) / v + tails[last], crit, last, times
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan,
              eff: Efficiency = IDEAL) -> StepResult:
     """Step time, throughput, utilisation and per-device memory of ``plan``."""
@@ -393,9 +461,9 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
-    hw = sum(n * _hardware_flops_per_layer(model, r) for n, r in zip(counts, recs)) / model.layers
+    hw = sum(n * _hardware_flops_per_layer(model, r) for n, r in zip(counts, recs, strict=False)) / model.layers
     hw = (hw + _edge_flops(model)) * global_batch
-    stages = [costs.memory(i, n, r) for i, (n, r) in enumerate(zip(counts, recs))]
+    stages = [costs.memory(i, n, r) for i, (n, r) in enumerate(zip(counts, recs, strict=False))]
     worst = max(range(pp), key=lambda i: stages[i].total_bytes)
     need = stages[worst].total_bytes
     return StepResult(
@@ -422,3 +490,20 @@ def _edge_flops(model: Model) -> float:
 def _hardware_flops_per_sample(model: Model, plan: Plan) -> float:
     """FLOPs the hardware executes per sequence under a uniform recompute (for HFU)."""
     return _hardware_flops_per_layer(model, plan.recompute) + _edge_flops(model)
+
+
+def clear_caches(workload_too: bool = False) -> None:
+    """Empty every in-memory cache on the evaluation path that depends on a chip (layer times,
+    costs, step results, schedules, bounds, the cost model's GEMM geometry); with
+    ``workload_too`` also the chip-independent operator graphs. Every cache is size-capped
+    anyway: a long search's memory stays bounded without calling this."""
+    from . import cost, schedule
+    for f in (layer_time, layer_time_bounds, edge_time, mode_costs, mode_cost_bounds, stage_costs, evaluate,
+              cost._gemm_geometry):
+        f.cache_clear()
+    schedule.clear_memory_cache()
+    if workload_too:
+        from . import graph
+        for f in (graph.layer_graph, graph.edge_graph, model_flops_per_sample, _hardware_flops_per_layer,
+                  _edge_flops, _act_bytes):
+            f.cache_clear()

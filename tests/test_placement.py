@@ -4,6 +4,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from conftest import toy_chip
 
 from phaze.arch import load_chip
 from phaze.memory import activation_bytes_per_layer, state_bytes_per_param
@@ -11,8 +12,6 @@ from phaze.placement import PlacementOptions, layouts, place
 from phaze.plan import Plan
 from phaze.step import evaluate
 from phaze.workload import Model, load_model
-
-from conftest import toy_chip
 
 
 def tiny_model(layers: int, seed: int) -> Model:
@@ -25,7 +24,7 @@ def tiny_model(layers: int, seed: int) -> Model:
 def compositions(total: int, parts: int):
     for cuts in itertools.combinations(range(1, total), parts - 1):
         edges = (0,) + cuts + (total,)
-        yield tuple(b - a for a, b in zip(edges, edges[1:]))
+        yield tuple(b - a for a, b in zip(edges, edges[1:], strict=False))
 
 
 def brute_force(model, chip, devices, batch, options):
@@ -47,7 +46,8 @@ def test_dp_equals_brute_force(seed):
     model = tiny_model(layers, seed)
     devices = rng.choice([2, 4, 8, 16])
     mbs = tuple(sorted(rng.sample([1, 2, 4], 2)))
-    options = PlacementOptions(tp=rng.choice([(1,), (1, 2)]), mbs=mbs, pp=tuple(p for p in (1, 2, 4, 8) if p <= min(layers, 4)),
+    options = PlacementOptions(tp=rng.choice([(1,), (1, 2)]), mbs=mbs,
+                               pp=tuple(p for p in (1, 2, 4, 8) if p <= min(layers, 4)),
                                attention=rng.choice(["standard", "flash"]))
     batch = devices * 4
     # memory between the leanest plan's need and the lower quartile: it binds, pipelines and
@@ -122,7 +122,7 @@ def test_more_devices_same_batch_costs_only_communication():
     small = place(model, chip, 512, 1536, opts, top=1).best
     large = place(model, chip, 1024, 1536, opts, top=1).best
     assert large.result.tokens_per_s >= small.result.tokens_per_s
-    free = replace(chip, links=tuple(replace(l, bandwidth_bytes_per_s=1e18, latency_s=0.0) for l in chip.links))
+    free = replace(chip, links=tuple(replace(lv, bandwidth_bytes_per_s=1e18, latency_s=0.0) for lv in chip.links))
     opts1 = PlacementOptions(tp=(8,), mbs=(1,), pp=(8,))
     a = place(model, free, 512, 1536, opts1, top=1).best.result
     b = place(model, free, 1024, 1536, opts1, top=1).best.result
@@ -174,3 +174,42 @@ def test_cli_place_bad_options(tmp_path, flag, value):
                 "--global-batch", "8", flag, value, cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert flag in proc.stderr
+
+
+# --- bound first, solve what can win -------------------------------------------------------------
+def _random_chip(rng):
+    from phaze.space import build_chip
+    side = rng.choice([32, 64, 128])
+    return build_chip(load_chip("tpuv4"), {
+        "tensor_units": 2 ** rng.randint(1, 5), "tensor_rows": side, "tensor_cols": side,
+        "vector_units": rng.choice([1, 2, 4]), "shared_buffer_mib": rng.choice([32, 128]),
+        "hbm_gib": rng.choice([8, 16, 32])})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bounded_search_equals_solving_every_layout(seed, monkeypatch, tmp_path):
+    """On random accelerators (concurrent units: real CP-SAT schedules), pruning layouts by
+    their lower bounds returns exactly what solving every layout returns: the same best plan
+    and step time, the same runners-up in the same order, the same baseline and counts."""
+    from phaze import schedule as S
+    from phaze.api import calibrated_efficiency
+    monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path))
+    rng = random.Random(1000 + seed)
+    chip = _random_chip(rng)
+    model = Model(name=f"mid{seed}", layers=rng.choice([8, 12, 16]), hidden=4096, heads=32,
+                  ffn_hidden=rng.choice([11008, 16384]), vocab=32000, seq_len=rng.choice([1024, 2048]),
+                  precision="bf16")
+    options = PlacementOptions(tp=(1, 2, 4), mbs=(1, 2), vp=(1, 2), zero=rng.choice([0, 1]))
+    eff = calibrated_efficiency(chip)
+    devices, batch = rng.choice([(32, 128), (64, 512)])
+    S.clear_memory_cache()
+    got = place(model, chip, devices, batch, options, eff, top=3)
+    S.clear_memory_cache()
+    want = place(model, chip, devices, batch, replace(options, exhaustive=True), eff, top=3)
+    assert want.layouts_solved == want.layouts_feasible
+    assert got.layouts_solved <= want.layouts_solved
+    assert (got.layouts_considered, got.layouts_feasible) == (want.layouts_considered, want.layouts_feasible)
+    assert got.infeasible_reason == want.infeasible_reason
+    assert [p.plan for p in got.top] == [p.plan for p in want.top]
+    assert [p.result.step_time_s for p in got.top] == [p.result.step_time_s for p in want.top]
+    assert (got.baseline and got.baseline.plan) == (want.baseline and want.baseline.plan)

@@ -8,11 +8,12 @@ import json
 import math
 import random
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from phaze import schedule as S
 from phaze.arch import load_chip
@@ -41,7 +42,7 @@ def _no_disk_cache(monkeypatch):
     S.clear_memory_cache()
 
 
-@lru_cache(maxsize=None)
+@cache
 def chip(name):
     return load_chip(name)
 
@@ -81,7 +82,7 @@ def brute_force(tasks, caps) -> int:
         usage = {r: [0] * horizon for r in caps}
         end = [None] * n
 
-        def dfs(done: int, makespan: int) -> None:
+        def dfs(done: int, makespan: int, end=end, usage=usage, dur=dur, dem=dem) -> None:
             if makespan >= best[0]:
                 return
             if done == (1 << n) - 1:
@@ -175,6 +176,53 @@ def test_optimum_equals_brute_force(inst):
         assert s.status == "OPTIMAL"
         assert s.makespan_s == best, shortcuts
         assert s.lower_bound_s == s.makespan_s and s.gap == 0.0   # integer durations: exact ticks
+
+
+@settings(max_examples=80, deadline=None)
+@given(instances(), st.booleans())
+def test_bounds_bracket_the_optimum(inst, fractional):
+    """The solver-free bounds the placement search prunes with: lower <= CP-SAT optimum (brute
+    force) <= the solver's makespan <= list schedule, also with durations off the tick grid."""
+    tasks, caps = inst
+    if fractional:       # durations that are not whole ticks: rounding slack in both bounds
+        tasks = [replace(t, modes=tuple(replace(m, duration_s=m.duration_s * 0.3170731) for m in t.modes))
+                 for t in tasks]
+    lower, upper = S.bounds(tasks, caps)
+    s = solve(tasks, caps, time_limit_s=20)
+    assert s.status == "OPTIMAL"
+    assert lower <= s.makespan_s * (1 + 1e-12) and s.makespan_s <= upper * (1 + 1e-12)
+    if not fractional:
+        best = brute_force(tasks, caps)
+        assert lower <= best <= s.makespan_s <= upper
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama2-7b", "bert-large"])
+def test_layer_bounds_bracket_the_layer_schedules(name):
+    c = chip("tpuv4")
+    m = model_for(name, c)
+    for tp, mbs, rec in ((1, 1, "none"), (8, 2, "full"), (4, 1, "selective")):
+        if m.heads % tp:
+            continue
+        (fl, fh), (bl, bh) = S.layer_bounds(m, c, mbs, tp, tp > 1, "flash", rec, EFF)
+        f, b = schedule_layer(m, c, mbs, tp, tp > 1, "flash", rec, EFF)
+        assert fl <= f.makespan_s <= fh and bl <= b.makespan_s <= bh
+        assert f.lower_bound_s >= fl * (1 - 1e-12) or f.status != "OPTIMAL"
+
+
+def test_a_shared_backward_segment_is_solved_once(monkeypatch):
+    """Full recompute's backward is the forward chain, then the same backward segment as without
+    recompute: the second phase reuses the first one's solved segment."""
+    c = chip("tpuv4")
+    m = model_for("gpt3-175b", c)
+    calls = []
+    real = S._cpsat
+    monkeypatch.setattr(S, "_cpsat", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _, none = schedule_layer(m, c, 1, 8, True, "flash", "none", EFF)
+    n_none = len(calls)
+    _, full = schedule_layer(m, c, 1, 8, True, "flash", "full", EFF)
+    assert len(calls) == n_none and full.status == none.status == "OPTIMAL"
+    f, _ = schedule_layer(m, c, 1, 8, True, "flash", "none", EFF)
+    assert full.makespan_s == pytest.approx(f.makespan_s + none.makespan_s, rel=1e-9)
 
 
 def test_brute_force_on_a_hand_instance():
@@ -275,7 +323,7 @@ def test_shipped_workloads_on_tpuv4(name):
     m = model_for(name, c)
     kw = dict(groups={"tp": (1, 1)}, bytes_per_element=m.bytes_per_element)
     seq = layer_time(m, c, 1, 1, False, "flash", "none", EFF)
-    for ops, s, phase in zip(phase_ops(m), schedule_layer(m, c, 1, 1, False, "flash", "none", EFF), seq):
+    for ops, s, phase in zip(phase_ops(m), schedule_layer(m, c, 1, 1, False, "flash", "none", EFF), seq, strict=False):
         assert check_schedule(s, ops, c, m.precision, EFF, **kw) == []
         assert s.status == "OPTIMAL", (name, s.status, s.gap, s.note)
         assert s.gap < 1e-4
@@ -308,7 +356,7 @@ def test_gpu_makespan_is_the_sequential_sum(name, tp, attention, recompute):
     fwd, bwd = schedule_layer(m, c, 1, tp, tp > 1, attention, recompute, EFF)
     seq = layer_time(m, c, 1, tp, tp > 1, attention, recompute, EFF)
     kw = dict(groups={"tp": (tp, 1)}, bytes_per_element=m.bytes_per_element)
-    for ops, s, p in zip(phase_ops(m, 1, tp, tp > 1, attention, recompute), (fwd, bwd), seq):
+    for ops, s, p in zip(phase_ops(m, 1, tp, tp > 1, attention, recompute), (fwd, bwd), seq, strict=False):
         assert s.makespan_s == pytest.approx(p.total, rel=1e-6)
         assert s.status == "OPTIMAL" and s.gap == 0.0
         assert s.utilisation["chip"] == pytest.approx(1.0)
@@ -360,7 +408,7 @@ def test_fused_modes_hold_the_same_share_and_match_op_time():
         assert op_time(op, c, m.precision, EFF, units=md.tensor_units, **kw) == pytest.approx(md.duration_s)
         assert op_time(op, c, m.precision, EFF, units=md.tensor_units, vector_units=md.vector_units,
                        **kw) == pytest.approx(md.duration_s)
-    for a, b in zip(modes, modes[1:]):     # fewer units are never faster
+    for a, b in zip(modes, modes[1:], strict=False):     # fewer units are never faster
         assert b.duration_s >= a.duration_s * (1 - 1e-12)
 
 
@@ -371,8 +419,8 @@ def _big_instance(n=60, seed=3):
     for i in range(n):
         d = rng.uniform(1.0, 9.0)
         deps = tuple(f"t{j}" for j in rng.sample(range(i), min(i, rng.randint(0, 2))))
-        tasks.append(Task(f"t{i}", tuple(Mode(d * 8 / k * rng.uniform(0.9, 1.1), (("tensor", k),)) for k in (8, 4, 2, 1)),
-                          deps))
+        tasks.append(Task(f"t{i}", tuple(Mode(d * 8 / k * rng.uniform(0.9, 1.1), (("tensor", k),))
+                                         for k in (8, 4, 2, 1)), deps))
     return tasks, {"tensor": 8}
 
 
