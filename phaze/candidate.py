@@ -39,6 +39,7 @@ class WorkloadOutcome:
     schedule_status: str = ""      # worst status of the plan's layer schedules
     schedule_gap: float = 0.0      # largest proven gap of those schedules
     layouts_considered: int = 0
+    layouts_solved: int = 0          # layouts the placement had to solve (the rest were bounded out)
     solve_time_s: float = 0.0
 
 
@@ -131,7 +132,8 @@ def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency) -> Worklo
     res = place(spec.model, chip, spec.devices, spec.global_batch, spec.options, eff, top=1)
     if res.best is None:
         return WorkloadOutcome(**head, feasible=False, reason=res.infeasible_reason,
-                               layouts_considered=res.layouts_considered, solve_time_s=res.solve_time_s)
+                               layouts_considered=res.layouts_considered, layouts_solved=res.layouts_solved,
+                               solve_time_s=res.solve_time_s)
     plan, r = res.best.plan, res.best.result
     energy = step_energy(spec.model, chip, spec.devices, spec.global_batch, plan, eff, result=r)
     status, gap = _schedule_quality(spec, chip, plan, eff)
@@ -140,7 +142,8 @@ def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency) -> Worklo
         mfu=r.mfu, memory_per_device_bytes=r.memory_per_device_bytes, breakdown_s=dict(r.breakdown_s),
         power_w=energy.power_w, energy_per_step_j=energy.energy_per_step_j,
         tokens_per_joule=energy.tokens_per_joule, schedule_status=status, schedule_gap=gap,
-        layouts_considered=res.layouts_considered, solve_time_s=res.solve_time_s)
+        layouts_considered=res.layouts_considered, layouts_solved=res.layouts_solved,
+        solve_time_s=res.solve_time_s)
 
 
 def evaluate_chip(chip: Chip, workloads: tuple[WorkloadSpec, ...], efficiency: Efficiency | None = None,
