@@ -172,14 +172,14 @@ def cmd_validate(args) -> int:
     if args.plot:
         _plot(args.plot, preds)
     summary["skipped"] = [{"run_id": p.run_id, "reason": p.reason} for p in preds if p.status == "skipped"]
-    summary["runs"] = str(runs_path)
-    summary["params"] = str(args.params or v.shipped_params_path())
+    summary["runs"] = v.display_path(runs_path)
+    summary["params"] = v.display_path(args.params or v.shipped_params_path())
     if args.format == "json":
         print(json.dumps(summary, indent=2))
         return 0
     o = summary["overall"]
     print(f"phaze validate: {o['expressed']} of {o['total']} runs expressed, {o['skipped']} skipped "
-          f"({runs_path})")
+          f"({summary['runs']})")
     print(f"parameters: {summary['params']}")
     print(f"  {'':<28} {'rows':>5}  {'MAPE':>6}  {'median':>6}  {'max':>6}  {'<=10%':>6}")
     print(_stats_line("all expressed runs", o))
@@ -276,7 +276,7 @@ def cmd_calibrate(args) -> int:
               for fam, e in params.items()}
     try:
         save_params(params, args.out, meta={
-            "runs": str(runs_path), "rows_used": len(cases),
+            "runs": v.display_path(runs_path), "rows_used": len(cases),
             "bounds_and_priors": {k: {"low": lo, "high": hi, "prior": pr} for k, (lo, hi, pr) in BOUNDS.items()},
             "prior_weight": PRIOR_WEIGHT, "in_sample_error": fitted})
     except OSError as exc:
@@ -424,7 +424,7 @@ def _search_summary(res, cfg) -> None:
             print("    throughput vs " + ", ".join(
                 f"{name} " + ("(no plan)" if g["overall"] is None else f"{100 * g['overall']:+.1f} %")
                 for name, g in per.items()))
-    print(f"wrote {res.out_dir}/trials.csv, pareto.csv, baselines.csv, report.md")
+    print(f"wrote {res.out_dir}/trials.csv, pareto.csv, baselines.csv, report.md, report.html and figures")
 
 
 def cmd_search(args) -> int:
@@ -444,6 +444,38 @@ def cmd_sweep(args) -> int:
     cfg = load_sweep(args.config)
     res = sweep(cfg, storage=args.storage, study_name=args.study, limit=args.limit, progress=not args.quiet)
     _search_summary(res, cfg)
+    return 0
+
+
+def cmd_report(args) -> int:
+    """``phaze report STUDY [STUDY]``: the report of a study rebuilt from its storage; with two,
+    both on one front."""
+    from pathlib import Path
+
+    from .report import compare_studies, load_study, write_study_files
+    paths = list(args.study_dirs)
+    names = list(args.study or [])
+    if not paths and not args.storage:
+        raise ConfigError("phaze report", None, "name a study folder (results/<study>) or --storage URL --study NAME")
+    if paths and args.storage:
+        raise ConfigError("--storage", None, "give study folders or --storage with --study, not both")
+    if len(paths) > 2 or len(names) > 2:
+        raise ConfigError("phaze report", None, "at most two studies are compared")
+    if paths:
+        if len(names) > len(paths):
+            raise ConfigError("--study", None, "one --study per study folder at most")
+        opened = [load_study(p, name=names[i] if i < len(names) else None) for i, p in enumerate(paths)]
+    else:
+        opened = [load_study(storage=args.storage, name=n) for n in (names or [None])]
+    out = Path(args.out) if args.out else opened[0][1]
+    if args.out and out.exists() and not out.is_dir():
+        raise ConfigError("--out", None, f"cannot write into {args.out!r}: not a folder")
+    if len(opened) == 1:
+        files = write_study_files(opened[0][0], None, out)
+        print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
+        return 0
+    files = compare_studies([s for s, _ in opened], out)
+    print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
     return 0
 
 
@@ -583,6 +615,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--study", default=None, help="study name (default: <config name>-sweep)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
+    rp = sub.add_parser("report", help="the plotted report of a study (report.md, report.html, figures)")
+    rp.add_argument("study_dirs", nargs="*", metavar="STUDY",
+                    help="a study folder (results/<study>) or its study.db; two compare the studies on one front")
+    rp.add_argument("--storage", default=None, help="an Optuna storage URL instead of a folder")
+    rp.add_argument("--study", action="append", default=None, metavar="NAME",
+                    help="study name in the storage (repeat to compare two)")
+    rp.add_argument("--out", default=None, help="folder to write into (default: the (first) study's folder)")
+    rp.set_defaults(func=cmd_report)
     ar = sub.add_parser("area", help="die area, cost and power of a chip (area, power and cost model)")
     ar.add_argument("--arch", required=True, help="shipped chip name (tpuv4) or a YAML path")
     ar.add_argument("--workload", default=None, help="also the step energy and power of this workload "

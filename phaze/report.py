@@ -1,20 +1,26 @@
 """What a study tells an architect, rebuilt from its storage: ``trials.csv``, ``pareto.csv``,
-``baselines.csv`` and ``report.md`` in the study's folder.
+``baselines.csv``, ``report.md``, a self-contained ``report.html`` and every figure as PNG and SVG
+in the study's folder (``phaze report``, and the end of ``phaze search`` / ``phaze sweep``).
 
-Every file is written whole from the storage (to a temporary name, then renamed), so an
-interrupted search leaves the last complete report and a rerun brings it up to date. No file
-names a path of the machine that wrote it.
+Everything a report needs is read from the study (its ``config``, ``fingerprint`` and
+``baselines`` attributes and the trials' attributes), so a report is rebuilt from the storage
+alone, without the sweep config. Every file is written whole (to a temporary name, then renamed),
+so an interrupted search leaves the last complete report and a rerun brings it up to date. No
+file names a path of the machine that wrote it.
 """
 from __future__ import annotations
 
 import math
 import os
+import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .space import OBJECTIVES, SweepConfig
+from .configio import ConfigError
+from .space import SweepConfig
 
 BREAKDOWN = ("compute_s", "memory_bound_s", "communication_exposed_s", "pipeline_bubble_s", "optimizer_s")
 
@@ -144,71 +150,465 @@ def _workload_names(trials: pd.DataFrame) -> list[str]:
     return [c.split(":")[0] for c in trials.columns if c.endswith(":tokens_per_s")]
 
 
-def markdown(study, cfg: SweepConfig, trials: pd.DataFrame, baselines: pd.DataFrame) -> str:
+BREAKDOWN_LABELS = {"compute_s": "compute (tensor units)", "memory_bound_s": "memory-bound ops",
+                    "communication_exposed_s": "exposed communication", "pipeline_bubble_s": "pipeline bubble",
+                    "optimizer_s": "optimizer step"}
+METRICS = {  # trials.csv column -> (label with unit, better)
+    "throughput_tokens_per_s": ("throughput (tokens/s, weighted geometric mean)", "maximize"),
+    "area_mm2": ("die area (mm²)", "minimize"),
+    "power_w": ("power at load (W)", "minimize"),
+    "cost_usd": ("chip cost ($, die and HBM)", "minimize"),
+}
+MIN_TRIALS_FOR_IMPORTANCE = 5
+
+
+# --- what the report needs to know about the study -------------------------------------------------
+@dataclass(frozen=True)
+class StudyMeta:
+    """A study's config as the report needs it: from a :class:`SweepConfig` when one is at hand,
+    else from the study's own ``config`` attribute (``phaze report`` on a storage)."""
+
+    name: str
+    objectives: tuple[str, ...]
+    directions: tuple[str, ...]
+    constraints: tuple[tuple[str, float], ...]
+    workloads: tuple[str, ...]            # model names: the ``<model>:`` columns of trials.csv
+    descriptions: tuple[str, ...]         # "BERT-Large on 64 chips, global batch 512 (weight 1)"
+    weights: tuple[float, ...]
+    base: str                             # the template chip's name
+    keys: tuple[str, ...]                 # every chip parameter of the space, in config order
+    searched: tuple[str, ...]             # those that vary
+    grid_size: int
+    sampler: str
+    seed: int
+    process_node_nm: float | None = None
+    link_latency_s: float | None = None
+
+
+def study_meta(study, cfg: SweepConfig | None = None) -> StudyMeta:
+    if isinstance(cfg, StudyMeta):
+        return cfg
+    if cfg is not None:
+        return StudyMeta(
+            cfg.name, tuple(cfg.objectives), tuple(cfg.directions), tuple(cfg.constraints),
+            tuple(w.model.name for w in cfg.workloads),
+            tuple(f"{w.model.name} on {w.devices} chips, global batch {w.global_batch} (weight {w.weight:g})"
+                  for w in cfg.workloads),
+            tuple(w.weight for w in cfg.workloads), cfg.base.name, tuple(d.key for d in cfg.dimensions),
+            tuple(d.key for d in cfg.searched), cfg.grid_size(), cfg.sampler, cfg.seed,
+            cfg.process_node_nm, cfg.link_latency_s)
+    c = study.user_attrs.get("config") or {}
+    labels = list(c.get("workloads") or [])
+    models = [str(x).rsplit("@", 1)[0] for x in labels]
+    batch = _global_batches(study)
+    weights = list(c.get("weights") or [1.0] * len(labels))
+    desc = []
+    for label, m, w in zip(labels, models, weights, strict=False):
+        devices = str(label).rsplit("@", 1)[1] if "@" in str(label) else "?"
+        desc.append(f"{m} on {devices} chips" + (f", global batch {batch[m]}" if m in batch else "")
+                    + f" (weight {w:g})")
+    space = c.get("space") or {}
+    searched = tuple(k for k, v in space.items() if isinstance(v, list) and len(v) > 1)
+    return StudyMeta(
+        str(c.get("name", study.study_name)), tuple(c.get("objectives") or ()),
+        tuple(d.name.lower() for d in study.directions),
+        tuple((k, float(v)) for k, v in (c.get("constraints") or {}).items()),
+        tuple(models), tuple(desc), tuple(float(w) for w in weights), str(c.get("base", "")),
+        tuple(space), searched, int(math.prod(len(v) for v in space.values() if isinstance(v, list))),
+        str(c.get("sampler", "")), int(c.get("seed", 0)), c.get("process_node_nm"), c.get("link_latency_s"))
+
+
+def _global_batches(study) -> dict[str, int]:
+    out: dict[str, int] = {}
+    sources = [b.get("workloads") or [] for b in (study.user_attrs.get("baselines") or {}).values()]
+    for t in study.get_trials(deepcopy=False):
+        if out or len(sources) > 3:
+            break
+        sources.append(t.user_attrs.get("workloads") or [])
+    for outcomes in sources:
+        for o in outcomes:
+            out.setdefault(o.get("workload"), o.get("global_batch"))
+    return out
+
+
+# --- opening a study for a report -------------------------------------------------------------------
+def _sqlite_studies(db: Path, what: str) -> list[str]:
+    """The study names in an SQLite file, or one clear error if it is not an Optuna storage."""
+    try:
+        with open(db, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise ConfigError(what, None, f"cannot read {str(db)!r} ({exc.strerror})") from None
+    if head != b"SQLite format 3\x00":
+        raise ConfigError(what, None, f"not a study: {db.name} is not an SQLite file "
+                                      f"(expected the study.db that phaze search writes)")
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return [r[0] for r in con.execute("SELECT study_name FROM studies ORDER BY study_id")]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        raise ConfigError(what, None, f"not a study: {db.name} holds no Optuna study tables") from None
+
+
+def load_study(path: str | Path | None = None, storage: str | None = None, name: str | None = None):
+    """``(study, folder)`` of a study: from its folder (``results/<study>``, holding ``study.db``),
+    its SQLite file, or a storage URL (with ``name`` unless the storage holds one study). Raises
+    :class:`ConfigError` with one clear line for a missing path, a path that is not a study, an
+    unknown name, a study phaze did not write, and a study without a complete trial."""
+    from .search import _optuna, make_storage, study_dir
+    optuna = _optuna()
+    what = str(path) if path is not None else "--storage"
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(what, None, "no such study folder or file")
+        db = p / "study.db" if p.is_dir() else p
+        if not db.is_file():
+            raise ConfigError(what, None, "not a study: no study.db in it (phaze search writes "
+                                          "results/<study>/study.db)")
+        names = _sqlite_studies(db, what)
+        url = f"sqlite:///{db}"
+    else:
+        url = storage
+        if url.startswith("sqlite:///"):
+            db = Path(url[len("sqlite:///"):])
+            if not db.is_file():
+                raise ConfigError("--storage", None, f"no such SQLite file {str(db)!r}")
+            names = _sqlite_studies(db, "--storage")
+        else:
+            st = make_storage(url, heartbeat=False)
+            names = [s.study_name for s in optuna.get_all_studies(storage=st)]
+    if not names:
+        raise ConfigError(what, None, "the storage holds no study")
+    if name is None:
+        folder = Path(path).name if path is not None and Path(path).is_dir() else None
+        if len(names) == 1:
+            name = names[0]
+        elif folder in names:
+            name = folder
+        else:
+            raise ConfigError(what, None, f"holds {len(names)} studies; name one with --study: {', '.join(names)}")
+    elif name not in names:
+        raise ConfigError("--study", None, f"no study {name!r} in {what}; allowed: {', '.join(names)}")
+    study = optuna.load_study(study_name=name, storage=make_storage(url, heartbeat=False))
+    if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        raise ConfigError(what, None, f"study {name!r} has no complete trial yet "
+                                      f"({len(study.get_trials(deepcopy=False))} trials in the storage)")
+    if "config" not in study.user_attrs:
+        raise ConfigError(what, None, f"study {name!r} was not written by phaze search or sweep "
+                                      f"(it has no 'config' attribute)")
+    out = (db.parent if path is not None or url.startswith("sqlite:///") else study_dir(url, name))
+    return study, out
+
+
+# --- the analyses -----------------------------------------------------------------------------------
+def feasible_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    return trials[(trials["state"] == "COMPLETE") & trials["feasible"].astype(bool)] if len(trials) else trials
+
+
+def front_2d(trials: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The feasible designs no other beats in both throughput and ``metric`` (area, power, cost),
+    ordered by ``metric``."""
+    ok = feasible_trials(trials)
+    if not len(ok):
+        return ok
+    v = ok[["throughput_tokens_per_s", metric]].to_numpy(dtype=float)
+    return ok[pareto_mask(v, ["maximize", "minimize"])].sort_values([metric, "throughput_tokens_per_s"])
+
+
+def plan_front(trials: pd.DataFrame, meta: StudyMeta) -> pd.DataFrame:
+    """The designs along which plans are compared: the study's Pareto set when it has several
+    objectives, else the front of throughput against area; smallest area first."""
+    if len(meta.objectives) > 1:
+        return pareto_frame(trials, meta.objectives, meta.directions).sort_values("area_mm2")
+    return front_2d(trials, "area_mm2")
+
+
+def infeasible_counts(trials: pd.DataFrame, study=None) -> dict[str, int]:
+    """Infeasible complete trials counted by each kind of reason (a trial breaking two budgets
+    counts under both), plus the designs a sweep skipped before evaluation."""
+    kinds: dict[str, int] = {}
+    done = trials[trials["state"] == "COMPLETE"] if len(trials) else trials
+    for k in (done[~done["feasible"].astype(bool)]["reason_kinds"] if len(done) else []):
+        k = "" if not isinstance(k, str) else k
+        for kind in (k or "unknown").split("; "):
+            kinds[kind] = kinds.get(kind, 0) + 1
+    for k, n in ((study.user_attrs.get("sweep_skipped") or {}) if study is not None else {}).items():
+        kinds[f"{k} broken, skipped by the sweep"] = int(n)
+    return dict(sorted(kinds.items(), key=lambda x: (-x[1], x[0])))
+
+
+def importances(study, meta: StudyMeta) -> tuple[dict[str, dict[str, float]], str]:
+    """Per objective, each searched parameter's importance over the feasible trials (PED-ANOVA:
+    how much each parameter decides reaching the best tenth of the designs; normalised to sum to
+    1), and a note when there are too few trials or parameters to tell."""
+    from .search import _optuna
+    optuna = _optuna()
+    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.user_attrs.get("feasible") and t.values]
+    varying = {k for k in {p for t in done for p in t.params} if len({t.params.get(k) for t in done}) > 1}
+    if len(done) < MIN_TRIALS_FOR_IMPORTANCE or not varying:
+        return {}, (f"too few trials to rank the parameters: {len(done)} feasible designs "
+                    f"(at least {MIN_TRIALS_FOR_IMPORTANCE}, differing in some parameter, are needed)")
+    out = {}
+    try:
+        for i, (o, d) in enumerate(zip(meta.objectives, meta.directions, strict=False)):
+            sub = optuna.create_study(direction=d)
+            sub.add_trials([optuna.trial.create_trial(params=t.params, distributions=t.distributions,
+                                                      value=t.values[i]) for t in done])
+            imp = optuna.importance.get_param_importances(
+                sub, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+            out[o] = {param_label(k): float(v) for k, v in imp.items()}
+    except (RuntimeError, ValueError, ZeroDivisionError) as exc:   # e.g. objective constant over the trials
+        return {}, f"parameter importances could not be computed ({exc})"
+    return out, ""
+
+
+def param_label(param: str) -> str:
+    return f"{param[len('log2_'):]} (log₂)" if param.startswith("log2_") else param
+
+
+def _find_chip(meta: StudyMeta, study):
+    """The template chip by its name: a baseline of that name, else a shipped chip."""
+    from .arch import arch_dirs, load_chip
+    for key, b in (study.user_attrs.get("baselines") or {}).items():
+        if b.get("chip_name") == meta.base:
+            try:
+                return load_chip(key)
+            except ConfigError:
+                pass
+    for d in arch_dirs():
+        for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:
+            try:
+                c = load_chip(f)
+            except ConfigError:
+                continue
+            if c.name == meta.base:
+                return c
+    return None
+
+
+def _find_model(name: str, sources: dict | None = None):
+    from .workload import load_model, workload_dirs
+    if sources and name in sources:
+        try:
+            return load_model(sources[name])
+        except ConfigError:
+            pass
+    for d in workload_dirs():
+        for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:
+            try:
+                m = load_model(f)
+            except ConfigError:
+                continue
+            if m.name == name:
+                return m
+    return None
+
+
+def layer_schedules(study, meta: StudyMeta, row: pd.Series, cfg: SweepConfig | None = None) -> tuple[list, list]:
+    """For a design (a row of trials.csv) and each workload, the forward and backward schedules of
+    one layer under the plan chosen for it, on the chip rebuilt from the trial's ``chip``
+    attribute: ``([(workload, plan label, chip name, forward, backward)], [notes])``."""
+    from .api import calibrated_efficiency
+    from .plan import parse_plan
+    from .schedule import schedule_layer
+    from .space import build_chip
+    from .workload import with_seq_len
+    trial = study.trials[int(row["trial"])] if int(row["trial"]) < len(study.trials) else None
+    if trial is None or trial.number != int(row["trial"]):
+        trial = next(t for t in study.get_trials(deepcopy=False) if t.number == int(row["trial"]))
+    base = cfg.base if cfg is not None else _find_chip(meta, study)
+    if base is None:
+        return [], [f"no layer schedule: the template chip {meta.base!r} is not a shipped chip"]
+    chip = build_chip(base, trial.user_attrs["chip"], meta.process_node_nm if cfg is None else cfg.process_node_nm,
+                      meta.link_latency_s if cfg is None else cfg.link_latency_s, name=f"trial {trial.number}")
+    eff = calibrated_efficiency(chip)
+    models = {w.model.name: w.model for w in cfg.workloads} if cfg is not None else {}
+    sources = (study.user_attrs.get("config") or {}).get("workload_sources")
+    out, notes = [], []
+    for o in trial.user_attrs.get("workloads") or []:
+        if not o.get("feasible", True) or not o.get("plan"):
+            continue
+        name = o["workload"]
+        model = models.get(name)
+        if model is None:
+            model = _find_model(name, dict(zip(meta.workloads, sources, strict=False)) if sources else None)
+            if model is not None and o.get("step_time_s") and o.get("global_batch"):
+                seq = round(o["tokens_per_s"] * o["step_time_s"] / o["global_batch"])   # tokens per sequence
+                if seq > 0 and seq != model.seq_len:
+                    model = with_seq_len(model, seq)
+        if model is None:
+            notes.append(f"no layer schedule for {name}: not a shipped workload")
+            continue
+        plan = parse_plan(o["plan"], "plan")
+        recompute = plan.stage_recompute[0] if plan.stage_recompute else plan.recompute
+        fwd, bwd = schedule_layer(model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention, recompute, eff)
+        out.append((name, o["plan"], chip.name, fwd, bwd))
+    return out, notes
+
+
+# --- the report -------------------------------------------------------------------------------------
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _gib(x) -> str:
+    return _fmt(x, ".1f") + " GiB"
+
+
+def _chip_text(r: pd.Series, keys) -> str:
+    return ", ".join(f"{k}={_fmt(r.get(f'chip:{k}'))}" for k in keys)
+
+
+def best_designs_table(best: pd.DataFrame, meta: StudyMeta) -> tuple[list[str], list[list[str]]]:
+    """The best-designs table as ``(header, rows)`` of strings (report.md and report.html)."""
+    head = ["trial"] + list(meta.searched or meta.keys) + ["area mm²", "power W", "cost $", "tokens/s (geomean)"] + \
+        [f"{w} tokens/s" for w in meta.workloads] + [f"{w} plan" for w in meta.workloads]
+    rows = []
+    for _, r in best.iterrows():
+        rows.append([str(r["trial"])] + [_fmt(r.get(f"chip:{k}")) for k in (meta.searched or meta.keys)] +
+                    [_fmt(r["area_mm2"], ".0f"), _fmt(r["power_w"], ".0f"), _fmt(r["cost_usd"], ",.0f"),
+                     _fmt(r["throughput_tokens_per_s"], ",.0f")] +
+                    [_fmt(r.get(f"{w}:tokens_per_s"), ",.0f") for w in meta.workloads] +
+                    [str(r.get(f"{w}:plan") or "–") for w in meta.workloads])
+    return head, rows
+
+
+def gains_table(best: pd.DataFrame, baselines: pd.DataFrame, meta: StudyMeta):
+    head = ["trial", "baseline", "baseline meets the budgets"] + list(meta.workloads) + ["overall"]
+    rows = []
+    for _, r in best.iterrows():
+        for name, per in gains(r, baselines, list(meta.workloads)).items():
+            b = baselines[baselines["baseline"] == name].iloc[0]
+            rows.append([str(r["trial"]), str(b["chip_name"]), "yes" if b["feasible"] else "no"] +
+                        ["no plan" if per[w] is None else f"{100 * per[w]:+.1f} %" for w in list(meta.workloads)
+                         + ["overall"]])
+    return head, rows
+
+
+def baselines_table(baselines: pd.DataFrame):
+    head = ["baseline", "area mm²", "power W", "cost $", "tokens/s (geomean)", "meets the budgets"]
+    rows = [[str(b["chip_name"]), _fmt(b["area_mm2"], ".0f"), _fmt(b["power_w"], ".0f"), _fmt(b["cost_usd"], ",.0f"),
+             _fmt(b["throughput_tokens_per_s"], ",.0f"),
+             "yes" if b["feasible"] else "no: " + str(b["reason"])] for _, b in baselines.iterrows()]
+    return head, rows
+
+
+def breakdown_table(row: pd.Series, baselines: pd.DataFrame, meta: StudyMeta):
+    """Where each workload's step time goes on the design and on each baseline, and its memory."""
+    head = ["workload", "chip", "plan", "step s"] + [BREAKDOWN_LABELS[k] for k in BREAKDOWN] + \
+        ["memory per device", "HBM"]
+    rows = []
+    chips = [(f"trial {row['trial']}", row, row.get("chip:hbm_gib"))] + \
+            [(str(b["chip_name"]), b, b.get("chip:hbm_gib")) for _, b in baselines.iterrows()]
+    for w in meta.workloads:
+        for label, r, hbm in chips:
+            step = r.get(f"{w}:step_time_s")
+            if step is None or not isinstance(step, (int, float)) or not math.isfinite(step):
+                rows.append([w, label, "no plan fits"] + ["–"] * (len(head) - 3))
+                continue
+            rows.append([w, label, str(r.get(f"{w}:plan")), _fmt(step, ".4g")] +
+                        [f"{_fmt(r.get(f'{w}:{k}'), '.3g')} ({100 * (r.get(f'{w}:{k}') or 0) / step:.0f} %)"
+                         for k in BREAKDOWN] + [_gib(r.get(f"{w}:memory_per_device_gib")), _gib(hbm)])
+    return head, rows
+
+
+def plans_table(front: pd.DataFrame, meta: StudyMeta):
+    head = ["trial", "area mm²", "power W", "cost $", "tokens/s (geomean)"] + [f"{w} plan" for w in meta.workloads]
+    rows = [[str(r["trial"]), _fmt(r["area_mm2"], ".0f"), _fmt(r["power_w"], ".0f"), _fmt(r["cost_usd"], ",.0f"),
+             _fmt(r["throughput_tokens_per_s"], ",.0f")] + [str(r.get(f"{w}:plan")) for w in meta.workloads]
+            for _, r in front.iterrows()]
+    return head, rows
+
+
+def answer(best: pd.DataFrame, baselines: pd.DataFrame, meta: StudyMeta, trials: pd.DataFrame) -> str:
+    """One paragraph: the best design and its gain over each baseline, or why there is none."""
+    if not len(best):
+        done = trials[trials["state"] == "COMPLETE"] if len(trials) else trials
+        kinds = infeasible_counts(trials)
+        why = ", ".join(f"{k} ({n})" for k, n in kinds.items()) or "no complete trial"
+        return (f"**No feasible design**: all {len(done)} designs evaluated break a budget or fit no plan "
+                f"({why}).")
+    r = best.iloc[0]
+    text = (f"**Best design: trial {r['trial']}** ({_chip_text(r, meta.searched or meta.keys)}): "
+            f"{_fmt(r['throughput_tokens_per_s'], ',.0f')} tokens/s (weighted geometric mean) in "
+            f"{_fmt(r['area_mm2'], '.0f')} mm², {_fmt(r['power_w'], '.0f')} W, ${_fmt(r['cost_usd'], ',.0f')}")
+    per = gains(r, baselines, list(meta.workloads))
+    parts = []
+    for name, g in per.items():
+        b = baselines[baselines["baseline"] == name].iloc[0]
+        gain = "no plan" if g["overall"] is None else f"{100 * g['overall']:+.1f} %"
+        parts.append(f"{gain} over {b['chip_name']}" + ("" if b["feasible"] else " (which breaks the budgets)"))
+    return text + (": " + ", ".join(parts) if parts else "") + "."
+
+
+def markdown(study, cfg: SweepConfig | StudyMeta | None, trials: pd.DataFrame, baselines: pd.DataFrame,
+             figures: dict | None = None, notes: dict | None = None) -> str:
     """The readable report: the answer first (best designs and their gain over the baselines),
-    then the front, infeasible trials by reason, and the study's bookkeeping."""
+    then the front, where the best design's time goes, how the plans change along the front,
+    infeasible trials by reason, and the study's bookkeeping. ``figures``: name -> PNG file name
+    (beside report.md); ``notes``: name -> a sentence shown instead of a figure not drawn."""
+    meta = study_meta(study, cfg)
+    figures, notes = figures or {}, notes or {}
+
+    def figure(name: str, alt: str) -> list[str]:
+        if name in figures:
+            return [f"![{alt}]({figures[name]})", ""]
+        return [f"_{notes[name]}_", ""] if name in notes else []
+
     lines = [f"# phaze search: {study.study_name}", ""]
     complete = trials[trials["state"] == "COMPLETE"] if len(trials) else trials
-    feasible = complete[complete["feasible"]] if len(complete) else complete
+    feasible = feasible_trials(trials)
+    best = best_designs(trials, meta) if len(trials) else trials
+    lines += [answer(best, baselines, meta, trials), ""]
     lines.append(f"{len(complete)} designs evaluated ({len(feasible)} feasible) of a space of "
-                 f"{cfg.grid_size():,}; template {cfg.base.name}; objectives: "
-                 + ", ".join(f"{o} ({OBJECTIVES[o][0]})" for o in cfg.objectives)
-                 + "; budgets: " + (", ".join(f"{k} {v:g}" for k, v in cfg.constraints) or "none") + ".")
-    lines.append("Workloads: " + ", ".join(f"{w.model.name} on {w.devices} chips, global batch "
-                                            f"{w.global_batch} (weight {w.weight:g})" for w in cfg.workloads) + ".")
+                 f"{meta.grid_size:,}; template {meta.base}; objectives: "
+                 + ", ".join(f"{o} ({d})" for o, d in zip(meta.objectives, meta.directions, strict=False))
+                 + "; budgets: " + (", ".join(f"{k} {v:g}" for k, v in meta.constraints) or "none") + ".")
+    lines.append("Workloads: " + ", ".join(meta.descriptions) + ".")
     lines.append("")
-    workloads = _workload_names(trials) if len(trials) else []
-    best = best_designs(trials, cfg) if len(trials) else trials
     lines += ["## Best designs", ""]
     if not len(best):
-        lines += ["No feasible design yet.", ""]
+        lines += ["No feasible design" + (": every design evaluated is infeasible (reasons below)."
+                                          if len(complete) else " yet."), ""]
     else:
-        keys = [d.key for d in cfg.dimensions]
-        head = ["trial"] + keys + ["area mm²", "power W", "cost $", "tokens/s (geomean)"] + \
-               [f"{w} tokens/s" for w in workloads]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for _, r in best.iterrows():
-            cells = [str(r["trial"])] + [_fmt(r.get(f"chip:{k}")) for k in keys] + \
-                    [_fmt(r["area_mm2"], ".0f"), _fmt(r["power_w"], ".0f"), _fmt(r["cost_usd"], ",.0f"),
-                     _fmt(r["throughput_tokens_per_s"], ",.0f")] + \
-                    [_fmt(r.get(f"{w}:tokens_per_s"), ",.0f") for w in workloads]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "Plans chosen:", ""]
-        for _, r in best.iterrows():
-            plans = "; ".join(f"{w}: {r.get(f'{w}:plan')}" for w in workloads)
-            lines.append(f"- trial {r['trial']}: {plans}")
-        lines.append("")
+        lines += _table(*best_designs_table(best, meta)) + [""]
     if len(baselines):
         lines += ["## Baselines, scored by the same model", ""]
-        head = ["baseline", "area mm²", "power W", "cost $", "tokens/s (geomean)", "meets the budgets"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for _, b in baselines.iterrows():
-            lines.append(f"| {b['chip_name']} | {_fmt(b['area_mm2'], '.0f')} | {_fmt(b['power_w'], '.0f')} | "
-                         f"{_fmt(b['cost_usd'], ',.0f')} | {_fmt(b['throughput_tokens_per_s'], ',.0f')} | "
-                         f"{'yes' if b['feasible'] else 'no: ' + str(b['reason'])} |")
-        lines.append("")
+        lines += _table(*baselines_table(baselines)) + [""]
         if len(best):
             lines += ["Gain in throughput of each best design over each baseline (per workload; overall = "
-                      "weighted geometric mean):", ""]
-            head = ["trial", "baseline"] + workloads + ["overall"]
-            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            for _, r in best.iterrows():
-                for name, per in gains(r, baselines, workloads).items():
-                    cells = [str(r["trial"]), name] + [
-                        "no plan" if per[w] is None else f"{100 * per[w]:+.1f} %" for w in workloads + ["overall"]]
-                    lines.append("| " + " | ".join(cells) + " |")
-            lines.append("")
+                      "weighted geometric mean), at the study's budgets:", ""]
+            lines += _table(*gains_table(best, baselines, meta)) + [""]
+    lines += ["## The front: throughput against area, power and cost", ""]
+    lines += figure("front", "throughput against area, power and cost")
+    lines += ["## Best so far", ""] + figure("history", "best so far against trial number")
+    lines += ["## Parameter importances", ""] + figure("importance", "parameter importances")
+    if len(best):
+        r = best.iloc[0]
+        lines += [f"## Where the step time goes (trial {r['trial']})", ""]
+        lines += figure("breakdown", "step time breakdown per workload")
+        lines += _table(*breakdown_table(r, baselines, meta)) + [""]
+        for name in sorted(k for k in figures if k.startswith("gantt")):
+            lines += figure(name, f"layer schedule ({name})")
+        lines += [f"_{n}_" for n in notes.get("gantt_notes", [])]
+        front = plan_front(trials, meta)
+        lines += ["## Plans along the front", "",
+                  ("The study's Pareto set" if len(meta.objectives) > 1 else
+                   "The designs no other beats in both throughput and area") + ", smallest first:", ""]
+        lines += figure("plans", "plans along the front")
+        lines += _table(*plans_table(front, meta)) + [""]
     if len(complete):
-        bad = complete[~complete["feasible"]]
-        kinds: dict[str, int] = {}
-        for k in bad["reason_kinds"]:
-            for kind in (k or "unknown").split("; "):
-                kinds[kind] = kinds.get(kind, 0) + 1
+        kinds = infeasible_counts(trials, study)
         lines += ["## Infeasible designs by reason", ""]
-        lines += [f"- {k}: {n}" for k, n in sorted(kinds.items(), key=lambda x: -x[1])] or ["- none"]
+        lines += [f"- {k}: {n}" for k, n in kinds.items()] or ["- none"]
+        lines += [""] + figure("infeasible", "infeasible designs by reason")
         skipped = study.user_attrs.get("sweep_skipped") or {}
-        lines += [f"- not evaluated by the sweep, {k} broken before evaluation: {n}" for k, n in skipped.items()]
-        lines.append("")
+        if skipped:
+            lines += [f"(not evaluated by the sweep: {', '.join(f'{k} {n}' for k, n in skipped.items())})", ""]
         statuses = complete["schedule_status"].fillna("").value_counts().to_dict()
         lines += ["## Schedules", "",
                   "Layer schedules of the chosen plans: " + ", ".join(f"{k or 'not evaluated'} {n}"
@@ -216,23 +616,51 @@ def markdown(study, cfg: SweepConfig, trials: pd.DataFrame, baselines: pd.DataFr
                   + f"; largest gap {100 * float(complete['schedule_gap'].fillna(0).max()):.3f} %.", ""]
     pruned = int((trials["state"] == "PRUNED").sum()) if len(trials) else 0
     lines += ["## Study", "",
-              f"Sampler {cfg.sampler}, seed {cfg.seed}; {len(trials)} trials in the storage: "
+              f"Sampler {meta.sampler}, seed {meta.seed}; {len(trials)} trials in the storage: "
               f"{len(complete)} complete, {pruned} repeat proposals pruned unevaluated, "
-              f"{int((trials['state'] == 'FAIL').sum()) if len(trials) else 0} failed.", ""]
+              f"{int((trials['state'] == 'FAIL').sum()) if len(trials) else 0} failed. "
+              f"Browse it with `optuna-dashboard sqlite:///results/{study.study_name}/study.db` "
+              f"(the study's folder).", ""]
     return "\n".join(lines)
 
 
-def write_study_files(study, cfg: SweepConfig, out_dir: Path) -> dict[str, Path]:
-    """Write ``trials.csv``, ``pareto.csv``, ``baselines.csv`` and ``report.md`` into ``out_dir``."""
-    out_dir = Path(out_dir)
+def write_study_files(study, cfg: SweepConfig | None = None, out_dir: Path | None = None,
+                      figures: bool = True) -> dict[str, Path]:
+    """Write ``trials.csv``, ``pareto.csv``, ``baselines.csv``, ``report.md`` and, with
+    ``figures``, ``report.html`` and every figure (PNG and SVG) into ``out_dir`` (default: the
+    study's folder). ``cfg`` is optional: without it the study's own attributes say what it is."""
+    meta = study_meta(study, cfg)
+    out_dir = Path(out_dir) if out_dir is not None else Path("results") / study.study_name
     out_dir.mkdir(parents=True, exist_ok=True)
-    trials = trials_frame(study, cfg.objectives)
-    front = pareto_frame(trials, cfg.objectives, cfg.directions) if len(trials) else trials
-    base = baselines_frame(study, cfg.objectives)
+    trials = trials_frame(study, meta.objectives)
+    front = pareto_frame(trials, meta.objectives, meta.directions) if len(trials) else trials
+    base = baselines_frame(study, meta.objectives)
     files = {"trials": out_dir / "trials.csv", "pareto": out_dir / "pareto.csv",
              "baselines": out_dir / "baselines.csv", "report": out_dir / "report.md"}
     _atomic_write(files["trials"], trials.to_csv(index=False, float_format="%.9g"))
     _atomic_write(files["pareto"], front.to_csv(index=False, float_format="%.9g"))
     _atomic_write(files["baselines"], base.to_csv(index=False, float_format="%.9g"))
-    _atomic_write(files["report"], markdown(study, cfg, trials, base))
+    figs, notes = {}, {}
+    if figures and len(trials):
+        from .plots import write_figures, write_html
+        drawn, notes = write_figures(study, meta, trials, base, out_dir, cfg)
+        figs = {k: v["png"].name for k, v in drawn.items()}
+        for k, v in drawn.items():
+            files[f"{k}.png"], files[f"{k}.svg"] = v["png"], v["svg"]
+        files["html"] = write_html(study, meta, trials, base, out_dir, drawn, notes)
+    _atomic_write(files["report"], markdown(study, meta, trials, base, figs, notes))
     return files
+
+
+def compare_studies(studies: list, out_dir: Path) -> dict[str, Path]:
+    """Two (or more) studies on one front: ``compare.md``, ``compare.html`` and the figures
+    ``compare-front`` and ``compare-history`` (PNG and SVG) in ``out_dir``."""
+    from .plots import write_compare
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = []
+    for study in studies:
+        meta = study_meta(study)
+        trials = trials_frame(study, meta.objectives)
+        data.append((study, meta, trials, baselines_frame(study, meta.objectives)))
+    return write_compare(data, out_dir)

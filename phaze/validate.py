@@ -270,6 +270,20 @@ def read_runs(path: str | Path) -> list[dict]:
         raise ConfigError(path, None, f"not a readable CSV ({exc})") from None
 
 
+def display_path(path: str | Path) -> str:
+    """A path as written files and printed output name it: relative to the project (the folder
+    holding the package) or to the working folder when inside either, else as given; never the
+    absolute path of the machine that wrote it when it can be avoided."""
+    p = Path(path)
+    full = p.resolve()
+    for root in (Path(__file__).resolve().parent.parent, Path.cwd().resolve()):
+        try:
+            return full.relative_to(root).as_posix()
+        except ValueError:
+            continue
+    return str(path)
+
+
 def default_runs_path() -> Path:
     return Path(__file__).resolve().parent / "data" / "reference" / "training_runs.csv"
 

@@ -1,0 +1,314 @@
+"""``phaze report``: the report agrees with trials.csv, the Pareto set is right, odd studies give a
+report or one clear line, no file names a machine path, and report.html works in a real browser.
+
+The small studies use a GPU template (kernels run one after another: no CP-SAT solve) and
+MPT-125M on 8 chips, as tests/test_search.py does.
+"""
+from __future__ import annotations
+
+import html
+import re
+import sqlite3
+import subprocess
+import sys
+from dataclasses import replace
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from phaze.search import search
+from phaze.space import load_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chromium import find_chromium, visit  # noqa: E402
+
+SMALL = {
+    "name": "tiny",
+    "base": "a100-80gb",
+    "workloads": [{"workload": "mpt-125m", "devices": 8, "global_batch": 16,
+                   "placement": {"tp": [1], "mbs": [1, 2], "recompute": ["none"], "pp": [1]}}],
+    "space": {"tensor_units": [27, 54, 108], "hbm_gib": [40, 80], "clock_ghz": 1.41},
+    "constraints": {"area_mm2": 800},
+    "objectives": ["throughput", "area"],
+    "sampler": "random",
+    "trials": 6,
+    "seed": 3,
+    "baselines": ["a100-80gb"],
+}
+FIGURES = ("front", "history", "breakdown", "plans")
+
+
+def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "phaze.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def make_study(root: Path, cfg: dict, name: str | None = None):
+    """Run a small search in ``root`` (its results/ folder), as ``phaze search`` does."""
+    path = root / f"{name or cfg['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    c = load_sweep(path)
+    url = f"sqlite:///{root / 'results' / (name or c.name) / 'study.db'}"
+    return search(c if name is None else replace(c, name=name), storage=url, study_name=name or c.name,
+                  progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    res = make_study(root, SMALL)
+    return root, res.out_dir
+
+
+def md_table(text: str, heading: str) -> pd.DataFrame:
+    """The first table after ``heading`` in a markdown report."""
+    part = text.split(heading, 1)[1]
+    rows = [ln for ln in part.splitlines() if ln.startswith("|")]
+    block = []
+    for ln in part.splitlines()[1:]:
+        if ln.startswith("|"):
+            block.append(ln)
+        elif block:
+            break
+    assert rows, heading
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in block]
+    return pd.DataFrame(cells[2:], columns=cells[0])
+
+
+class _Tables(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tables, self.current, self.row, self.cell = {}, None, None, None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table":
+            self.current = a.get("id")
+            self.tables[self.current] = []
+        elif tag == "tr" and self.current is not None:
+            self.row = []
+        elif tag in ("td", "th") and self.row is not None:
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.row.append(self.cell)
+            self.cell = None
+        elif tag == "tr" and self.row is not None:
+            self.tables[self.current].append(self.row)
+            self.row = None
+        elif tag == "table":
+            self.current = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+
+def html_tables(path: Path) -> dict[str, list[list[str]]]:
+    p = _Tables()
+    p.feed(path.read_text())
+    return p.tables
+
+
+# --- the report agrees with trials.csv --------------------------------------------------------------
+def test_report_tables_agree_with_trials_csv(tiny):
+    root, out = tiny
+    r = run_cli(root, "report", str(out.relative_to(root)))
+    assert r.returncode == 0, r.stderr
+    trials = pd.read_csv(out / "trials.csv")
+    text = (out / "report.md").read_text()
+    best = md_table(text, "## Best designs")
+    by_trial = trials.set_index("trial")
+    for _, row in best.iterrows():
+        t = by_trial.loc[int(row["trial"])]
+        assert t["feasible"] and t["state"] == "COMPLETE"
+        assert row["area mm²"] == f"{t['area_mm2']:.0f}"
+        assert row["power W"] == f"{t['power_w']:.0f}"
+        assert row["cost $"] == f"{t['cost_usd']:,.0f}"
+        assert row["tokens/s (geomean)"] == f"{t['throughput_tokens_per_s']:,.0f}"
+        assert row["MPT-125M plan"] == t["MPT-125M:plan"]
+        assert float(row["tensor_units"]) == t["chip:tensor_units"]
+    # several objectives: the best designs are the Pareto set (it has at most 5 designs here)
+    front = pd.read_csv(out / "pareto.csv")
+    assert sorted(best["trial"].astype(int)) == sorted(front["trial"])
+    # the HTML shows the same table, cell for cell
+    tables = html_tables(out / "report.html")
+    assert tables["best-designs"][0] == list(best.columns)
+    assert tables["best-designs"][1:] == best.to_numpy().tolist()
+    # where the best design's time goes: the numbers of its row of trials.csv
+    first = by_trial.loc[int(best.iloc[0]["trial"])]
+    bd = md_table(text, "## Where the step time goes")
+    mine = bd[bd["chip"] == f"trial {int(best.iloc[0]['trial'])}"].iloc[0]
+    assert float(mine["step s"]) == pytest.approx(first["MPT-125M:step_time_s"], rel=1e-3)
+    assert mine["compute (tensor units)"].startswith(f"{first['MPT-125M:compute_s']:.3g} ")
+    assert mine["memory per device"] == f"{first['MPT-125M:memory_per_device_gib']:.1f} GiB"
+    # infeasible designs by reason: the counts of trials.csv's reason kinds
+    done = trials[trials["state"] == "COMPLETE"]
+    kinds = done[~done["feasible"]]["reason_kinds"].fillna("").str.split("; ").explode().value_counts()
+    listed = dict(re.findall(r"^- (.+): (\d+)$", text.split("## Infeasible designs by reason", 1)[1], re.M))
+    assert {k: int(v) for k, v in listed.items()} == {k: int(v) for k, v in kinds.items()}
+    assert sum(kinds) > 0                                # the budget of 800 mm² rules some out
+    tbl = {r[0]: int(r[1]) for r in tables["infeasible-table"][1:]}
+    assert tbl == {k: int(v) for k, v in kinds.items()}
+    # every figure, as PNG and SVG, and linked from report.md
+    for name in FIGURES + ("infeasible",):
+        assert (out / f"{name}.png").stat().st_size > 5000 and (out / f"{name}.svg").exists()
+        assert f"]({name}.png)" in text
+    assert "too few trials" in text                   # 6 designs: no parameter importances, and it says so
+
+
+def test_pareto_set_is_non_dominated_and_complete(tiny):
+    _, out = tiny
+    trials = pd.read_csv(out / "trials.csv")
+    front = set(pd.read_csv(out / "pareto.csv")["trial"])
+    ok = trials[(trials["state"] == "COMPLETE") & trials["feasible"]]
+    v = ok[["throughput", "area"]].to_numpy(dtype=float)
+    g = v * np.array([1.0, -1.0])
+    for i, t in enumerate(ok["trial"]):
+        dominated = any(np.all(g[j] >= g[i]) and np.any(g[j] > g[i]) for j in range(len(g)))
+        assert (t in front) == (not dominated), t
+    assert front <= set(ok["trial"])
+
+
+def test_report_from_the_storage_alone_matches_the_search(tiny, tmp_path):
+    """``phaze report`` without the YAML writes what the end of ``phaze search`` wrote."""
+    root, out = tiny
+    from phaze.report import load_study, write_study_files
+    cfg = load_sweep(root / "tiny.yaml")
+    study, folder = load_study(out)
+    assert folder == out
+    write_study_files(study, cfg, tmp_path / "with-config")
+    write_study_files(study, None, tmp_path / "from-storage")
+    a = (tmp_path / "with-config" / "report.md").read_text()
+    b = (tmp_path / "from-storage" / "report.md").read_text()
+    assert a == b
+    assert (tmp_path / "from-storage" / "gantt-mpt-125m.png").exists()   # chip and model found from the study
+
+
+def test_study_with_only_infeasible_trials_says_so(tmp_path):
+    cfg = dict(SMALL, name="nofit", workloads=[{"workload": "gpt3-175b", "devices": 8, "global_batch": 8,
+                                                "placement": {"tp": [8], "mbs": [1], "pp": [1],
+                                                              "recompute": ["full"]}}],
+               trials=2, objectives=["throughput"])
+    res = make_study(tmp_path, cfg)
+    r = run_cli(tmp_path, "report", "results/nofit")
+    assert r.returncode == 0, r.stderr
+    text = (res.out_dir / "report.md").read_text()
+    assert "**No feasible design**" in text and "no plan fits GPT-3 175B" in text
+    page = (res.out_dir / "report.html").read_text()
+    assert "No feasible design" in page and 'id="best-designs"' in page
+
+
+def test_bad_studies_are_one_line_and_exit_2(tmp_path, tiny):
+    import optuna
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    con = sqlite3.connect(tmp_path / "other.db")
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.commit()
+    con.close()
+    (tmp_path / "empty").mkdir()
+    optuna.create_study(study_name="empty", storage=f"sqlite:///{tmp_path / 'empty' / 'study.db'}")
+    (tmp_path / "foreign").mkdir()
+    s = optuna.create_study(study_name="foreign", storage=f"sqlite:///{tmp_path / 'foreign' / 'study.db'}")
+    s.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    cases = [(["report", "missing"], "no such study"), (["report", "folder"], "no study.db"),
+             (["report", "notes.txt"], "not an SQLite file"), (["report", "other.db"], "no Optuna study"),
+             (["report", "empty"], "no complete trial"), (["report", "foreign"], "not written by phaze"),
+             (["report"], "name a study folder"), (["report", "--storage", "sqlite:///nowhere.db"], "no such SQLite"),
+             (["report", str(tiny[1]), "--study", "nosuch"], "no study 'nosuch'")]
+    for args, words in cases:
+        r = run_cli(tmp_path, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "nowhere.db").exists()       # a report never creates a storage
+
+
+def test_two_studies_on_one_front(tiny, tmp_path):
+    root, out = tiny
+    other = make_study(root, dict(SMALL, constraints={"area_mm2": 2000}, seed=5), name="tiny-wide")
+    r = run_cli(root, "report", "results/tiny", "results/tiny-wide", "--out", str(tmp_path / "cmp"))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "tiny vs tiny-wide" in text and "area_mm2 800" in text and "area_mm2 2000" in text
+    for f in ("compare-front.png", "compare-front.svg", "compare-history.png", "compare.html"):
+        assert (tmp_path / "cmp" / f).stat().st_size > 1000
+    assert other.out_dir.name == "tiny-wide"
+
+
+def test_no_file_names_a_machine_path(tiny):
+    root, out = tiny
+    for f in sorted(out.iterdir()):
+        if f.suffix in (".csv", ".md", ".html", ".svg"):
+            text = f.read_text()
+            assert str(root) not in text and "/tmp/" not in text and "/home/" not in text, f.name
+    for f in (ROOT / "results" / "validation" / "summary.txt", ROOT / "phaze" / "data" / "calibration.json"):
+        text = f.read_text()
+        assert str(ROOT) not in text and not re.search(r"(^|[\s(\"'])/(work|home|tmp|Users)/", text), f
+
+
+def test_display_path_is_relative_to_the_project():
+    from phaze.validate import default_runs_path, display_path
+    assert display_path(default_runs_path()) == "phaze/data/reference/training_runs.csv"
+
+
+def test_optuna_dashboard_serves_the_study(tiny):
+    """``optuna-dashboard sqlite:///results/<study>/study.db``: its API answers for a phaze study."""
+    dash = pytest.importorskip("optuna_dashboard", reason="optuna-dashboard is in the test extra")
+    from wsgiref.util import setup_testing_defaults
+    _, out = tiny
+    app = dash.wsgi(f"sqlite:///{out / 'study.db'}")
+
+    def get(path):
+        env = {"PATH_INFO": path, "REQUEST_METHOD": "GET"}
+        setup_testing_defaults(env)
+        status = []
+        body = b"".join(app(env, lambda s, h, *a: status.append(s)))
+        return status[0], body
+    status, body = get("/api/studies")
+    assert status.startswith("200") and b'"tiny"' in body
+    status, body = get("/api/studies/1")
+    assert status.startswith("200") and b"trials" in body
+
+
+# --- the browser -------------------------------------------------------------------------------------
+def test_quickstart_report_in_headless_chromium(tmp_path):
+    """The quick start's report.html in a real browser: no console error, no network request, the
+    best-designs table and every plot in the DOM, and a screenshot that is not blank."""
+    if find_chromium() is None:
+        pytest.skip("chromium not found (Debian: apt-get install chromium; .ci/run installs it)")
+    pytest.importorskip("websocket", reason="websocket-client is in the test extra")
+    r = run_cli(tmp_path, "search", str(ROOT / "search" / "quickstart.yaml"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "results" / "quickstart"
+    page = out / "report.html"
+    v = visit(page)
+    assert v.console_errors == []
+    assert v.network_requests(page.resolve().as_uri()) == []
+    assert v.dom["title"] == "phaze search: quickstart"
+    drawn = {f["name"]: f for f in v.dom["figures"]}
+    expected = {p.stem for p in out.glob("*.png")}
+    assert expected >= set(FIGURES) | {"importance", "infeasible", "gantt-bert-large"}
+    assert set(drawn) == expected
+    for name, f in drawn.items():
+        assert (f["plotly"] and f["points"] > 0) or f["svg"], name
+        assert f["height"] > 150, name
+    trials = pd.read_csv(out / "trials.csv").set_index("trial")
+    assert len(v.dom["bestRows"]) == 5
+    top = trials[trials["feasible"]]["throughput"].max()
+    assert v.dom["bestRows"][0][v.dom["bestHead"].index("tokens/s (geomean)")] == f"{top:,.0f}"
+    assert "over TPUv4" in v.dom["answer"]
+    from io import BytesIO
+
+    from PIL import Image
+    img = np.asarray(Image.open(BytesIO(v.screenshot_png)).convert("L"), dtype=float)
+    assert img.shape[0] >= 1000 and img.shape[1] >= 1000
+    assert img.std() > 20 and len(np.unique(img)) > 50 and (img < 128).mean() > 0.01
+    assert html.escape("quickstart") in page.read_text()
