@@ -197,7 +197,10 @@ def open_study(cfg: SweepConfig, storage: str, name: str, create: bool = True, s
                                        "workloads": [w.label for w in cfg.workloads],
                                        "weights": [w.weight for w in cfg.workloads],
                                        "space": {d.key: (d.expression or list(d.values)) for d in cfg.dimensions},
-                                       "base": cfg.base.name, "sampler": cfg.sampler, "seed": cfg.seed})
+                                       "base": cfg.base.name, "sampler": cfg.sampler, "seed": cfg.seed,
+                                       "workload_sources": [w.source for w in cfg.workloads],
+                                       "process_node_nm": cfg.process_node_nm,
+                                       "link_latency_s": cfg.link_latency_s})
     elif attrs["fingerprint"] != cfg.fingerprint():
         raise ConfigError("--study", None, f"study {name!r} in {storage} was made by a different space, "
                           f"workloads, budgets or objectives; allowed: the same config, or a new --study name")

@@ -219,6 +219,7 @@ class WorkloadSpec:
     global_batch: int
     weight: float = 1.0
     options: PlacementOptions = PlacementOptions()
+    source: str = field(default="", repr=False, compare=False)   # as the config names it (not in the fingerprint)
 
     @property
     def label(self) -> str:
@@ -347,7 +348,8 @@ def _workload(item, source: str, i: int) -> WorkloadSpec:
     if f is None:
         raise ConfigError(source, f"workloads[{i}]", "must be a mapping with workload, devices, global_batch")
     seq = f.int("seq_len", None)
-    model = load_model(f.str("workload"), seq)
+    source = f.str("workload")
+    model = load_model(source, seq)
     devices, batch = f.int("devices"), f.int("global_batch")
     weight = f.number("weight", 1.0)
     d = PlacementOptions()
@@ -367,7 +369,7 @@ def _workload(item, source: str, i: int) -> WorkloadSpec:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         p.finish()
     f.finish()
-    return WorkloadSpec(model, devices, batch, weight, options)
+    return WorkloadSpec(model, devices, batch, weight, options, source)
 
 
 def load_sweep(path: str | Path) -> SweepConfig:
