@@ -59,6 +59,17 @@ def _sum_ops(ops, chip: Chip, precision: str, eff: Efficiency, groups: dict, p: 
     return PhaseTime(**acc)
 
 
+@lru_cache(maxsize=16384)
+def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
+                eff: Efficiency) -> tuple[PhaseTime, PhaseTime]:
+    """(forward, backward) sums of the layer's operator times, split by what bounds each op."""
+    g = layer_graph(model, mbs, tp, sp, attention, recompute)
+    groups = {"tp": (tp, 1)}
+    p = model.bytes_per_element
+    return (_sum_ops(g.fwd, chip, model.precision, eff, groups, p),
+            _sum_ops(g.bwd, chip, model.precision, eff, groups, p))
+
+
 @lru_cache(maxsize=65536)
 def layer_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str,
                recompute: str, eff: Efficiency = IDEAL,
@@ -69,11 +80,7 @@ def layer_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention:
     (:mod:`phaze.schedule`), its parts scaled from the operators' sums; ``sequential``: the sum
     of the operator times. On a chip whose units are shared sequentially (a GPU) the optimal
     schedule is that sum, computed directly."""
-    g = layer_graph(model, mbs, tp, sp, attention, recompute)
-    groups = {"tp": (tp, 1)}
-    p = model.bytes_per_element
-    fwd = _sum_ops(g.fwd, chip, model.precision, eff, groups, p)
-    bwd = _sum_ops(g.bwd, chip, model.precision, eff, groups, p)
+    fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff)
     if schedule == "sequential" or chip.unit_sharing == "sequential":
         return fwd, bwd
     from .schedule import schedule_layer
@@ -88,11 +95,7 @@ def layer_time_bounds(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, att
     """((forward, backward) lower bounds, (forward, backward) upper bounds) of :func:`layer_time`,
     without a solver: the critical-path and energy bounds and the list schedule of each phase
     (:func:`phaze.schedule.layer_bounds`), split into parts as :func:`layer_time` splits them."""
-    g = layer_graph(model, mbs, tp, sp, attention, recompute)
-    groups = {"tp": (tp, 1)}
-    p = model.bytes_per_element
-    fwd = _sum_ops(g.fwd, chip, model.precision, eff, groups, p)
-    bwd = _sum_ops(g.bwd, chip, model.precision, eff, groups, p)
+    fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff)
     if schedule == "sequential" or chip.unit_sharing == "sequential":
         return (fwd, bwd), (fwd, bwd)
     from .schedule import layer_bounds
@@ -498,8 +501,8 @@ def clear_caches(workload_too: bool = False) -> None:
     ``workload_too`` also the chip-independent operator graphs. Every cache is size-capped
     anyway: a long search's memory stays bounded without calling this."""
     from . import cost, schedule
-    for f in (layer_time, layer_time_bounds, edge_time, mode_costs, mode_cost_bounds, stage_costs, evaluate,
-              cost._gemm_geometry):
+    for f in (_layer_sums, layer_time, layer_time_bounds, edge_time, mode_costs, mode_cost_bounds, stage_costs,
+              evaluate, cost._gemm_geometry):
         f.cache_clear()
     schedule.clear_memory_cache()
     if workload_too:

@@ -24,3 +24,20 @@ def toy_chip(**kw) -> Chip:
 @pytest.fixture
 def chip():
     return toy_chip()
+
+
+# A sweep over a GPU template (kernels run one after another: no CP-SAT solve) and a small model,
+# so that each design of a test study evaluates in a fraction of a second.
+SMALL_SWEEP = {
+    "name": "tiny",
+    "base": "a100-80gb",
+    "workloads": [{"workload": "mpt-125m", "devices": 8, "global_batch": 16,
+                   "placement": {"tp": [1], "mbs": [1, 2], "recompute": ["none"], "pp": [1]}}],
+    "space": {"tensor_units": [27, 54, 108], "hbm_gib": [40, 80], "clock_ghz": 1.41},
+    "constraints": {"area_mm2": 2000},
+    "objectives": ["throughput", "area"],
+    "sampler": "random",
+    "trials": 4,
+    "seed": 3,
+    "baselines": ["a100-80gb"],
+}

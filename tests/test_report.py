@@ -26,20 +26,9 @@ from phaze.space import load_sweep
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chromium import find_chromium, visit  # noqa: E402
+from conftest import SMALL_SWEEP  # noqa: E402
 
-SMALL = {
-    "name": "tiny",
-    "base": "a100-80gb",
-    "workloads": [{"workload": "mpt-125m", "devices": 8, "global_batch": 16,
-                   "placement": {"tp": [1], "mbs": [1, 2], "recompute": ["none"], "pp": [1]}}],
-    "space": {"tensor_units": [27, 54, 108], "hbm_gib": [40, 80], "clock_ghz": 1.41},
-    "constraints": {"area_mm2": 800},
-    "objectives": ["throughput", "area"],
-    "sampler": "random",
-    "trials": 6,
-    "seed": 3,
-    "baselines": ["a100-80gb"],
-}
+SMALL = dict(SMALL_SWEEP, constraints={"area_mm2": 800}, trials=6)
 FIGURES = ("front", "history", "breakdown", "plans")
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import SMALL_SWEEP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,19 +29,7 @@ from phaze.workload import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SMALL = {
-    "name": "tiny",
-    "base": "a100-80gb",
-    "workloads": [{"workload": "mpt-125m", "devices": 8, "global_batch": 16,
-                   "placement": {"tp": [1], "mbs": [1, 2], "recompute": ["none"], "pp": [1]}}],
-    "space": {"tensor_units": [27, 54, 108], "hbm_gib": [40, 80], "clock_ghz": 1.41},
-    "constraints": {"area_mm2": 2000},
-    "objectives": ["throughput", "area"],
-    "sampler": "random",
-    "trials": 4,
-    "seed": 3,
-    "baselines": ["a100-80gb"],
-}
+SMALL = SMALL_SWEEP
 
 
 def write(tmp_path: Path, cfg: dict, name: str = "sweep.yaml") -> Path:
