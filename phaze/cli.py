@@ -19,21 +19,43 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"phaze: error: {message} (see '{self.prog} --help')\n")
 
 
-def _int_at_least(minimum: int, what: str):
-    """An argparse type: an integer of at least ``minimum``, else one line naming what is allowed."""
+def _int_at_least(minimum: int, what: str, maximum: int | None = None):
+    """An argparse type: an integer of at least ``minimum`` (and at most ``maximum``), else one
+    line naming what is allowed."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = int(text) if len(text) < 64 else None
         except ValueError:
             value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text[:40]!r}")
         return value
     return parse
 
 
 _positive_int = _int_at_least(1, "a positive integer")
 _nonnegative_int = _int_at_least(0, "an integer >= 0")
+# sizes past anything built are refused rather than evaluated into a meaningless answer
+MAX_DEVICES = 1 << 24        # 16,777,216 chips
+MAX_BATCH = 1 << 24          # sequences per step
+MAX_SEQ_LEN = 1 << 22        # 4,194,304 tokens per sequence
+_devices = _int_at_least(1, f"a positive integer up to {MAX_DEVICES:,} (more chips than any cluster built)",
+                         MAX_DEVICES)
+_batch = _int_at_least(1, f"a positive integer up to {MAX_BATCH:,} sequences", MAX_BATCH)
+_seq_len = _int_at_least(1, f"a positive integer up to {MAX_SEQ_LEN:,} tokens", MAX_SEQ_LEN)
+_top = _int_at_least(1, "a positive integer up to 1000", 1000)
+
+
+def _gib(text: str) -> float:
+    """An argparse type: a size in GiB (>= 0), returned in bytes."""
+    import math
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value <= 1e6):
+        raise argparse.ArgumentTypeError(f"must be a size in GiB >= 0 (e.g. 4 or 2.5), got {text[:40]!r}")
+    return value * GiB
 
 
 def format_result(r: StepResult) -> str:
@@ -46,7 +68,8 @@ def format_result(r: StepResult) -> str:
         f"  MFU                {pct(r.mfu)}   (HFU {pct(r.hfu).strip()}, model "
         f"{r.model_flops_per_step / 1e15:,.1f} PFLOP per step)",
         f"  memory per device  {r.memory_per_device_bytes / GiB:.1f} GiB of {r.hbm_bytes / GiB:.1f} GiB"
-        f" (stage {r.binding_stage}): {'fits' if r.fits else 'DOES NOT FIT'}",
+        f" (stage {r.binding_stage}), {r.memory_reserve_bytes / GiB:.1f} GiB reserved: headroom "
+        f"{r.headroom_bytes / GiB:.1f} GiB, {'fits' if r.fits else 'DOES NOT FIT'}",
         "  where the time goes:",
     ]
     names = {"compute_s": "compute (tensor units)", "memory_bound_s": "memory-bound ops",
@@ -74,23 +97,105 @@ def efficiency_for(chip, args):
     return calibrated_efficiency(chip)
 
 
+def _plan_keys(text: str) -> set[str]:
+    return {item.partition("=")[0].strip() for item in (text or "").split(",") if item.strip()}
+
+
+def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), options=None) -> dict:
+    """What the answer assumed that the user did not say: the workload's reading, the plan's
+    defaults (or the space searched), the chip and system, the memory reserve, the efficiency."""
+    from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
+    out = {}
+    seq = [n for n in model.notes if n.startswith("sequence length")]
+    out["sequence_length"] = seq[0] if seq else f"{model.seq_len} (the workload's; --seq-len sets it)"
+    for note in model.notes:
+        if note.startswith("sliding-window"):
+            if model.sliding_window < model.seq_len:
+                note += ("; costed as full causal attention (an upper bound on its FLOPs; fused attention "
+                         "stores no scores, so memory is the same)")
+            out["attention_window"] = note
+        elif not note.startswith("sequence length"):
+            out.setdefault("workload", note)
+    if plan is not None:
+        defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
+                    "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",
+                    "attention": "attention=flash", "optimizer": "optimizer=adam",
+                    "dp_overlap": "dp_overlap on", "tp_overlap": "tp_overlap off",
+                    "reduce_fp32": "reduce_fp32 off (16-bit gradients)", "stages": "an even split of the layers",
+                    "schedule": "schedule=optimal"}
+        unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)]
+        if unset:
+            out["plan_defaults"] = ", ".join(unset)
+        tp = plan.tp
+    else:
+        o = options
+        out["searched"] = (f"tp {','.join(map(str, o.tp))}; mbs {','.join(map(str, o.mbs))}; pp "
+                           + (','.join(map(str, o.pp)) if o.pp else "every divisor of devices/tp up to the layers")
+                           + f"; vp {','.join(map(str, o.vp))}; recompute {'/'.join(o.recompute)} per stage; "
+                           f"zero {','.join(map(str, o.zero_stages))}; attention {o.attention}; optimizer "
+                           f"{o.optimizer}; sp on when tp > 1; dp_overlap on; "
+                           f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients")
+        tp = max(o.tp)
+    if tp > model.kv_heads:
+        out["kv_heads"] = (f"tp={tp} is more than the {model.kv_heads} KV heads: each KV head is replicated on "
+                           f"{tp // model.kv_heads} tensor-parallel ranks; its K/V projection is costed as "
+                           f"kv_dim/tp per rank (an under-count of the replicated work)")
+    links = ", then ".join(f"{lv.name} ({lv.bandwidth_bytes_per_s / 1e9:g} GB/s per chip and direction"
+                           + (f", {lv.devices}-chip groups)" if lv.devices else ", the whole cluster)")
+                           for lv in chip.links)
+    out["chip"] = (f"{chip.name}: {chip.hbm_bytes / GiB:.1f} GiB HBM at {chip.hbm_bandwidth_bytes_per_s / 1e12:.2f} "
+                   f"TB/s, {chip.peak_flops(model.precision) / 1e12:.0f} TFLOP/s {model.precision} peak")
+    out["system"] = f"{args.devices} chips over {links}"
+    reserve_arg = getattr(args, "memory_reserve", None)
+    reserve = memory_reserve_bytes(chip, reserve_arg)
+    if reserve_arg is not None:
+        out["memory_reserve"] = f"{reserve / GiB:.2f} GiB per device (--memory-reserve)"
+    elif chip.unit_sharing == "sequential" or chip.kind == "gpu":
+        out["memory_reserve"] = (f"{reserve / GiB:.2f} GiB per device, modelled: 1.5 GiB for the CUDA context, "
+                                 f"library workspaces and NCCL buffers + {100 * GPU_RESERVE_FRACTION:g} % of "
+                                 f"HBM for allocator fragmentation (--memory-reserve sets it)")
+    else:
+        out["memory_reserve"] = (f"{reserve / GiB:.2f} GiB per device, modelled: the runtime and program of a "
+                                 f"statically allocated accelerator (--memory-reserve sets it)")
+    if getattr(args, "ideal", False):
+        out["efficiency"] = "ideal datasheet machine (--ideal)"
+    elif getattr(args, "params", None):
+        out["efficiency"] = f"parameters from {args.params}"
+    else:
+        out["efficiency"] = f"shipped calibration for the {chip.family} family (pooled 'default' if none)"
+    return out
+
+
+def _print_assumptions(items: dict) -> None:
+    print("  assumed:")
+    for key, text in items.items():
+        print(f"    {key.replace('_', ' '):<18} {text}")
+
+
 def cmd_evaluate(args) -> int:
     model = as_model(args.workload, args.seq_len)
     chip = as_chip(args.arch)
     plan = as_plan(args.plan)
     if args.schedule:
         plan = replace(plan, schedule=args.schedule)
+    if args.memory_reserve is not None:
+        plan = replace(plan, memory_reserve=args.memory_reserve)
     result = evaluate(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args))
     if not result.fits and not args.allow_oom:
         m = result.stage_memory[result.binding_stage]
-        raise ConfigError("--plan", None, f"does not fit: needs {m.total_bytes / GiB:.1f} GiB per device "
-                          f"on stage {m.stage}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB; allowed: "
-                          f"plans that fit (try recompute=full, a larger tp or pp, a smaller mbs, "
-                          f"zero=1) or --allow-oom to print the result anyway")
+        what = "does not fit" if args.plan.strip() else (
+            f"no plan given, and the default plan ({plan.label()}) does not fit")
+        raise ConfigError("--plan", None, f"{what}: needs {m.total_bytes / GiB:.1f} GiB per device "
+                          f"on stage {m.stage}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB with "
+                          f"{result.memory_reserve_bytes / GiB:.1f} GiB reserved; allowed: plans that fit "
+                          f"(try recompute=full, a larger tp or pp, a smaller mbs, zero=1, or 'phaze place' "
+                          f"to find one) or --allow-oom to print the result anyway")
+    notes = assumptions(model, chip, args, plan, _plan_keys(args.plan))
     if args.format == "json":
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(dict(result.to_dict(), assumptions=notes), indent=2))
     else:
         print(format_result(result))
+        _print_assumptions(notes)
     return 0
 
 
@@ -140,20 +245,17 @@ def cmd_validate(args) -> int:
         _check_output("--out", args.out)
     if args.plot:
         _check_output("--plot", args.plot, image=True)
-    runs_path = args.runs or v.default_runs_path()
-    rows = v.read_runs(runs_path)
+    runs_paths = [args.runs] if args.runs else v.default_runs_paths()
     params = load_params(args.params) if args.params else v.load_default_params()
-    chips: dict = {}
-    items = [v.row_to_case(r, chips) for r in rows]
+    items = v.load_items(runs_paths)
     cases = [c for c in items if isinstance(c, v.Case)]
     preds = v.predict_all(items, params)
-    if args.out:
-        _write_predictions(args.out, preds)
-    summary = v.summarize(preds)
+    summary = {"in_sample": v.summarize(preds)}
     ok = [p for p in preds if p.status == "ok"]
     for name, prefixes in groups.items():
-        summary.setdefault("groups", {})[name] = v.error_stats(
+        summary["in_sample"].setdefault("groups", {})[name] = v.error_stats(
             [p.error for p in ok if p.source.startswith(prefixes)])
+    loso_preds = []
     if not args.no_loso and cases:
         with tqdm(total=len({c.source for c in cases}), desc="leave-one-source-out", unit="source") as bar:
             loso, loso_preds = v.leave_one_source_out(cases, progress=lambda _: bar.update(1))
@@ -161,64 +263,82 @@ def cmd_validate(args) -> int:
             loso.setdefault("groups", {})[name] = v.error_stats(
                 [p.error for p in loso_preds if p.source.startswith(prefixes)])
         summary["leave_one_source_out"] = loso
+    if args.out:
+        _write_predictions(args.out, preds, loso_preds)
     if args.unseen:
         train, sep, test = args.unseen.partition(":")
         if not sep:
             raise ConfigError("--unseen", None, f"expected TRAIN:TEST chip families, got {args.unseen!r}")
-        summary["unseen_gpu"] = v.unseen_gpu(cases, train, test)
+        summary["unseen_gpu"] = dict(v.unseen_gpu(cases, train, test), clean=False, note=(
+            "computed with the current cost model, which was changed after that GPU's errors had "
+            "been seen; the clean figure (README) uses the model as it was before"))
     if args.plot:
         _plot(args.plot, preds)
+    summary["overall"] = summary["in_sample"]["overall"]   # totals: expressed / skipped / total
     summary["skipped"] = [{"run_id": p.run_id, "reason": p.reason} for p in preds if p.status == "skipped"]
-    summary["runs"] = v.display_path(runs_path)
+    summary["runs"] = [v.display_path(p) for p in runs_paths]
     summary["params"] = v.display_path(args.params or v.shipped_params_path())
     if args.format == "json":
         print(json.dumps(summary, indent=2))
         return 0
+
+    def line(name: str, st: dict) -> str:
+        if not st.get("rows"):
+            return f"  {name:<34} {0:>5}"
+        return (f"  {name:<34} {st['rows']:>5}  {_pct(st['mape_pct'])}  {st['bias_pct']:+6.1f}%  "
+                f"{_pct(st['median_pct'])}  {_pct(st['max_pct'])}  {100 * st['within_10pct_share']:5.0f}%")
+
+    def table(st: dict) -> None:
+        print(line("all expressed runs", st["overall"]))
+        for key in ("groups", "per_dataset", "per_chip", "per_source"):
+            for name, sub in st.get(key, {}).items():
+                print(line(f"group {name}" if key == "groups" else name, sub))
+
     o = summary["overall"]
     print(f"phaze validate: {o['expressed']} of {o['total']} runs expressed, {o['skipped']} skipped "
-          f"({summary['runs']})")
+          f"({', '.join(summary['runs'])})")
     print(f"parameters: {summary['params']}")
-    print(f"  {'':<28} {'rows':>5}  {'MAPE':>6}  {'median':>6}  {'max':>6}  {'<=10%':>6}")
-    print(_stats_line("all expressed runs", o))
-    for name, st in summary.get("groups", {}).items():
-        print(_stats_line(f"group {name}", st))
-    for name, st in summary["per_gpu"].items():
-        print(_stats_line(name, st))
-    for name, st in summary["per_source"].items():
-        print(_stats_line(name, st))
+    print(f"  {'':<34} {'rows':>5}  {'MAPE':>6}  {'bias':>7}  {'median':>6}  {'max':>6}  {'<=10%':>6}")
     if "leave_one_source_out" in summary:
-        loso = summary["leave_one_source_out"]
-        print("leave-one-source-out (calibrated without the source, then predicted):")
-        print(_stats_line("all expressed runs", loso["overall"]))
-        for name, st in loso.get("groups", {}).items():
-            print(_stats_line(f"group {name}", st))
-        for name, st in loso["per_source"].items():
-            print(_stats_line(name, st))
-    if summary.get("unseen_gpu", {}).get("overall"):
+        print("leave-one-source-out (each source predicted by parameters fitted without it):")
+        table(summary["leave_one_source_out"])
+    print("in-sample (parameters fitted on these same runs; not a measure of accuracy on new runs):")
+    table(summary["in_sample"])
+    if summary.get("unseen_gpu", {}).get("overall", {}).get("rows"):
         u = summary["unseen_gpu"]
-        print(f"unseen GPU (calibrated on {u['train']} only, predicting {u['test']} from its datasheet):")
-        print(_stats_line(f"{u['test']} runs", u["overall"]))
+        print(f"unseen GPU, NOT CLEAN (calibrated on {u['train']} only, predicting {u['test']}; the "
+              f"cost model was revised after {u['test']} errors were seen):")
+        print(line(f"{u['test']} runs", u["overall"]))
         for name, st in u["per_source"].items():
-            print(_stats_line(name, st))
+            print(line(name, st))
+    reasons: dict[str, int] = {}
     for s in summary["skipped"]:
         print(f"skipped {s['run_id']}: {s['reason']}")
+        reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+    if reasons:
+        print("skipped rows by reason:")
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            print(f"  {n:>4}  {reason}")
     return 0
 
 
-def _write_predictions(path, preds) -> None:
+def _write_predictions(path, preds, loso_preds=()) -> None:
     import csv
+    loso = {p.run_id: p for p in loso_preds}
     try:
         fh = open(path, "w", newline="")
     except OSError as exc:
         raise ConfigError("--out", None, f"cannot write {path!r} ({exc.strerror})") from None
     with fh:
         w = csv.writer(fh)
-        w.writerow(["run_id", "source_id", "gpu", "measured_step_s", "predicted_step_s", "error",
-                    "status", "reason", "layout_from"])
+        w.writerow(["run_id", "dataset", "source_id", "gpu", "chip", "measured_step_s", "predicted_step_s",
+                    "error", "loso_predicted_step_s", "loso_error", "status", "reason", "layout_from"])
         for p in preds:
             fmt = lambda x: "" if x is None else f"{x:.9g}"  # noqa: E731
-            w.writerow([p.run_id, p.source, p.gpu, fmt(p.measured_step_s), fmt(p.predicted_step_s),
-                        fmt(p.error), p.status, p.reason, p.layout_from])
+            lp = loso.get(p.run_id)
+            w.writerow([p.run_id, p.dataset, p.source, p.gpu, p.chip, fmt(p.measured_step_s),
+                        fmt(p.predicted_step_s), fmt(p.error), fmt(lp.predicted_step_s if lp else None),
+                        fmt(lp.error if lp else None), p.status, p.reason, p.layout_from])
             fh.flush()
 
 
@@ -260,12 +380,11 @@ def cmd_calibrate(args) -> int:
     from . import validate as v
     from .calibrate import BOUNDS, PRIOR_WEIGHT, save_params
     _check_output("--out", args.out)
-    runs_path = args.runs or v.default_runs_path()
-    rows = v.read_runs(runs_path)
-    items = [v.row_to_case(r, {}) for r in rows]
+    runs_paths = [args.runs] if args.runs else v.default_runs_paths()
+    items = v.load_items(runs_paths)
     cases = [c for c in items if isinstance(c, v.Case)]
     if not cases:
-        raise ConfigError(runs_path, None, "no run could be expressed; nothing to calibrate on")
+        raise ConfigError(runs_paths[0], None, "no run could be expressed; nothing to calibrate on")
     with tqdm(total=len({c.chip.family for c in cases}) + 1, desc="calibrate", unit="fit") as bar:
         params = v.calibrate_cases(cases, progress=lambda _: bar.update(1))
     fitted = {fam: v.summarize(v.predict_all([c for c in cases if fam in ("default", c.chip.family)],
@@ -273,16 +392,17 @@ def cmd_calibrate(args) -> int:
               for fam, e in params.items()}
     try:
         save_params(params, args.out, meta={
-            "runs": v.display_path(runs_path), "rows_used": len(cases),
+            "runs": [v.display_path(p) for p in runs_paths], "rows_used": len(cases),
             "bounds_and_priors": {k: {"low": lo, "high": hi, "prior": pr} for k, (lo, hi, pr) in BOUNDS.items()},
             "prior_weight": PRIOR_WEIGHT, "in_sample_error": fitted})
     except OSError as exc:
         raise ConfigError("--out", None, f"cannot write {args.out!r} ({exc.strerror})") from None
     names = list(BOUNDS)
-    print(f"{'family':<10} " + " ".join(f"{n:>18}" for n in names) + "   rows  MAPE")
+    print(f"{'family':<10} " + " ".join(f"{n:>18}" for n in names) + "   rows  in-sample MAPE, bias")
     for fam, e in params.items():
         vals = " ".join(f"{getattr(e, n):>18.4g}" for n in names)
-        print(f"{fam:<10} {vals}  {fitted[fam]['rows']:>5} {fitted[fam]['mape_pct']:5.1f}%")
+        print(f"{fam:<10} {vals}  {fitted[fam]['rows']:>5} {fitted[fam]['mape_pct']:5.1f}% "
+              f"{fitted[fam]['bias_pct']:+5.1f}%")
     print(f"wrote {args.out}")
     return 0
 
@@ -305,42 +425,101 @@ def _recompute_list(text: str) -> tuple[str, ...]:
     return values
 
 
+def _zero_list(text: str) -> tuple[int, ...]:
+    values = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not values or any(v not in ("0", "1", "2", "3") for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated ZeRO stages from 0,1,2,3, got {text[:40]!r}")
+    return tuple(sorted({int(v) for v in values}))
+
+
+class _Ticker:
+    """A progress bar on stderr (a terminal only) that appears after ``delay`` seconds and shows
+    the elapsed time, and the count when ``update`` is called; for calls that give no progress."""
+
+    def __init__(self, desc: str, total: int | None = None, unit: str = "it", delay: float = 2.0):
+        import threading
+
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=False, disable=None,
+                        file=sys.stderr, dynamic_ncols=True)
+        self.delay, self._stop = delay, threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+
+    def _tick(self) -> None:
+        if self._stop.wait(self.delay):
+            return
+        while not self._stop.wait(0.5):
+            self.bar.refresh()
+
+    def progress(self, done: int, total: int) -> None:
+        self.bar.total = total
+        self.bar.n = done
+
+    def __enter__(self):
+        if not self.bar.disable:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self.bar.close()
+        return False
+
+
 def cmd_place(args) -> int:
-    from .placement import PlacementOptions, place
+    from .placement import Placement, PlacementOptions, place
     model = as_model(args.workload, args.seq_len)
     chip = as_chip(args.arch)
+    baseline_plan = as_plan(args.baseline, "--baseline") if args.baseline else None
     options = PlacementOptions(tp=args.tp, mbs=args.mbs, recompute=args.recompute, pp=args.pp or (),
-                               vp=args.vp, zero=args.zero, attention=args.attention)
-    res = place(model, chip, args.devices, args.global_batch, options, efficiency_for(chip, args), args.top)
+                               vp=args.vp, zero=args.zero, attention=args.attention,
+                               memory_reserve=args.memory_reserve, reduce_fp32=args.reduce_fp32)
+    eff = efficiency_for(chip, args)
+    with _Ticker("phaze place", unit="layout") as ticker:
+        res = place(model, chip, args.devices, args.global_batch, options, eff, args.top, progress=ticker.progress)
     if res.best is None:
-        raise ConfigError("--arch", None, res.infeasible_reason)
-    if args.baseline:
-        from .placement import Placement
-        plan = as_plan(args.baseline)
-        r = evaluate(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args))
+        raise ConfigError(res.infeasible_source or "--arch", None, res.infeasible_reason)
+    kind = res.baseline_kind
+    if baseline_plan is not None:
+        plan = replace(baseline_plan, memory_reserve=args.memory_reserve)
+        try:
+            r = evaluate(model, chip, args.devices, args.global_batch, plan, eff)
+        except ConfigError as exc:
+            if exc.source != "--plan":
+                raise
+            raise ConfigError("--baseline", exc.field, exc.message) from None
         res = replace(res, baseline=Placement(plan, r))
+        kind = "given with --baseline"
     baseline, gain = res.baseline, res.gain_over_baseline
+    same = baseline is not None and baseline.plan == res.best.plan
+    notes = assumptions(model, chip, args, options=options)
     if args.format == "json":
         out = {"best": dict(res.best.result.to_dict(), plan=res.best.plan.label()),
                "top": [dict(p.result.to_dict(), plan=p.plan.label()) for p in res.top],
                "baseline": dict(baseline.result.to_dict(), plan=baseline.plan.label()) if baseline else None,
+               "baseline_kind": kind, "best_is_baseline": same,
                "gain_over_baseline": gain, "layouts_considered": res.layouts_considered,
-               "layouts_feasible": res.layouts_feasible, "solve_time_s": res.solve_time_s}
+               "layouts_feasible": res.layouts_feasible, "layouts_solved": res.layouts_solved,
+               "solve_time_s": res.solve_time_s, "assumptions": notes}
         print(json.dumps(out, indent=2))
         return 0
     print(f"phaze place: {model.name} on {args.devices} x {chip.name}, global batch {args.global_batch}: "
           f"{res.layouts_feasible} of {res.layouts_considered} layouts fit, solved in {res.solve_time_s:.2f} s")
     print(format_result(res.best.result))
-    print(f"  {'rank':<5} {'step (s)':>9} {'tokens/s':>12} {'MFU':>6} {'mem GiB':>8}  plan")
+    _print_assumptions(notes)
+    print(f"  {'rank':<5} {'step (s)':>9} {'tokens/s':>12} {'MFU':>6} {'mem GiB':>8} {'free GiB':>8}  plan")
     for k, p in enumerate(res.top, 1):
         r = p.result
         print(f"  {k:<5} {r.step_time_s:9.3f} {r.tokens_per_s:12,.0f} {100 * r.mfu:5.1f}% "
-              f"{r.memory_per_device_bytes / GiB:8.1f}  {p.plan.label()}")
+              f"{r.memory_per_device_bytes / GiB:8.1f} {r.headroom_bytes / GiB:8.1f}  {p.plan.label()}")
     if baseline:
         r = baseline.result
         fit = "" if r.fits else " (does not fit)"
-        print(f"  baseline {baseline.plan.label()}: {r.step_time_s:.3f} s{fit}; "
-              f"best plan is {100 * gain:+.1f} % throughput over it")
+        print(f"  baseline ({kind}): {baseline.plan.label()}: {r.step_time_s:.3f} s{fit}")
+        if same:
+            print("  the best plan is this baseline itself: no uneven split or per-stage recompute beats it")
+        else:
+            print(f"  best plan is {100 * gain:+.1f} % throughput over the baseline")
     return 0
 
 
@@ -355,8 +534,9 @@ def cmd_schedule(args) -> int:
         raise ConfigError("--time-limit", None, f"must be a positive number of seconds, got {args.time_limit}")
     sp = args.tp > 1 if args.sp is None else args.sp
     eff = efficiency_for(chip, args)
-    fwd, bwd = schedule_layer(model, chip, args.mbs, args.tp, sp, args.attention, args.recompute, eff,
-                              time_limit_s=args.time_limit)
+    with _Ticker("phaze schedule (CP-SAT)"):
+        fwd, bwd = schedule_layer(model, chip, args.mbs, args.tp, sp, args.attention, args.recompute, eff,
+                                  time_limit_s=args.time_limit)
     head = (f"{model.name} on {chip.name}: one layer, mbs={args.mbs}, tp={args.tp}, sp={'on' if sp else 'off'}, "
             f"attention={args.attention}, recompute={args.recompute}; {sharing(chip)} units "
             f"({chip.tensor.count} tensor, {chip.vector.count} vector)")
@@ -429,7 +609,8 @@ def cmd_search(args) -> int:
     from .search import search
     from .space import load_sweep, override
     cfg = override(load_sweep(args.config), trials=args.trials, sampler=args.sampler, seed=args.seed)
-    res = search(cfg, storage=args.storage, study_name=args.study, jobs=args.jobs, progress=not args.quiet)
+    res = search(cfg, storage=args.storage, study_name=args.study, jobs=args.jobs, progress=not args.quiet,
+                 grace_period_s=args.grace_period)
     _search_summary(res, cfg)
     return 0
 
@@ -527,11 +708,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="step time, throughput, MFU and memory of one plan")
     ev.add_argument("--workload", required=True, help="shipped name (gpt3-175b), a YAML, or a HF config.json")
     ev.add_argument("--arch", required=True, help="shipped chip name (a100-80gb) or a YAML path")
-    ev.add_argument("--devices", required=True, type=_positive_int, help="number of devices")
-    ev.add_argument("--global-batch", required=True, type=_positive_int, help="sequences per step")
-    ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full "
-                    "(keys: tp pp mbs recompute sp vp cp zero attention optimizer dp_overlap)")
-    ev.add_argument("--seq-len", type=_positive_int, default=None, help="override the sequence length")
+    ev.add_argument("--devices", required=True, type=_devices, help="number of devices")
+    ev.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
+    ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
+                    "recompute (none/selective/full), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
+                    "optimizer (adam/sgd), dp_overlap, tp_overlap, reduce_fp32, schedule (optimal/sequential), "
+                    "stages (24:24:24:24), stage_recompute (full:none:none:none); default tp=1,pp=1,mbs=1")
+    ev.add_argument("--seq-len", type=_seq_len, default=None, help="override the sequence length")
+    ev.add_argument("--memory-reserve", type=_gib, default=None, metavar="GIB",
+                    help="GiB per device kept free for the runtime (default: the chip's modelled reserve)")
     ev.add_argument("--format", choices=("text", "json"), default="text")
     ev.add_argument("--allow-oom", action="store_true", help="print the result even if it does not fit")
     ev.add_argument("--params", help="efficiency parameters from 'phaze calibrate' (default: shipped)")
@@ -556,19 +741,26 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("place", help="the best data/tensor/pipeline layout, micro-batch and recompute")
     pl.add_argument("--workload", required=True, help="shipped name, a YAML, or a HF config.json")
     pl.add_argument("--arch", required=True, help="shipped chip name or a YAML path")
-    pl.add_argument("--devices", required=True, type=_positive_int)
-    pl.add_argument("--global-batch", required=True, type=_positive_int)
-    pl.add_argument("--top", type=_positive_int, default=5, help="runner-up plans to list (default 5)")
+    pl.add_argument("--devices", required=True, type=_devices, help="number of devices")
+    pl.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
+    pl.add_argument("--top", type=_top, default=5, help="runner-up plans to list (default 5)")
     pl.add_argument("--tp", type=_int_list, default=(1, 2, 4, 8), help="tensor-parallel widths (default 1,2,4,8)")
     pl.add_argument("--mbs", type=_int_list, default=(1, 2, 4, 8), help="micro-batch sizes (default 1,2,4,8)")
     pl.add_argument("--pp", type=_int_list, default=None, help="pipeline depths (default: every divisor)")
     pl.add_argument("--vp", type=_int_list, default=(1,), help="interleaved chunks per stage (default 1)")
-    pl.add_argument("--recompute", type=_recompute_list, default=("none", "selective", "full"))
-    pl.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0)
-    pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default="flash")
-    pl.add_argument("--baseline", help="score this plan as the baseline (default: the best even split "
-                                       "with one recompute mode)")
-    pl.add_argument("--seq-len", type=_positive_int, default=None)
+    pl.add_argument("--recompute", type=_recompute_list, default=("none", "selective", "full"),
+                    help="recompute modes each stage may use (default none,selective,full)")
+    pl.add_argument("--zero", type=_zero_list, default=(0, 1),
+                    help="ZeRO stages to search (default 0,1: none and the distributed optimizer; 0,1,2,3 all)")
+    pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default="flash",
+                    help="attention kernel (default flash)")
+    pl.add_argument("--reduce-fp32", action="store_true", help="fp32 gradients and reduction (Megatron's "
+                    "--accumulate-allreduce-grads-in-fp32)")
+    pl.add_argument("--memory-reserve", type=_gib, default=None, metavar="GIB",
+                    help="GiB per device kept free for the runtime (default: the chip's modelled reserve)")
+    pl.add_argument("--baseline", help="score this plan as the baseline (default: the best Megatron-style "
+                                       "plan: tp over the node, even split, one recompute mode)")
+    pl.add_argument("--seq-len", type=_seq_len, default=None, help="override the sequence length")
     pl.add_argument("--format", choices=("text", "json"), default="text")
     pl.add_argument("--params", help="efficiency parameters (default: shipped calibration)")
     pl.add_argument("--ideal", action="store_true", help="ideal datasheet machine")
@@ -585,9 +777,10 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel width (default 1)")
     sc.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                     help="sequence parallelism (default: on when tp > 1)")
-    sc.add_argument("--attention", choices=("flash", "standard"), default="flash")
+    sc.add_argument("--attention", choices=("flash", "flash2", "standard"), default="flash",
+                    help="attention kernel (default flash)")
     sc.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    sc.add_argument("--seq-len", type=_positive_int, default=None, help="override the sequence length")
+    sc.add_argument("--seq-len", type=_seq_len, default=None, help="override the sequence length")
     sc.add_argument("--time-limit", type=float, default=10.0, help="solver seconds per phase (default 10)")
     sc.add_argument("--format", choices=("text", "json"), default="text")
     sc.add_argument("--gantt", help="write a Gantt chart of both phases (PNG, SVG, PDF)")
@@ -604,6 +797,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--study", default=None, help="study name (default: the config's name)")
     se.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
     se.add_argument("--quiet", action="store_true", help="no progress bar")
+    se.add_argument("--grace-period", type=_positive_int, default=30, metavar="S",
+                    help="seconds without a heartbeat after which a worker's trial is failed and retried (default 30)")
     se.set_defaults(func=cmd_search)
     sw = sub.add_parser("sweep", help="evaluate every design of a sweep config, largest area first")
     sw.add_argument("config", help="sweep config")
@@ -624,8 +819,8 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--arch", required=True, help="shipped chip name (tpuv4) or a YAML path")
     ar.add_argument("--workload", default=None, help="also the step energy and power of this workload "
                     "(e.g. gpt3-175b)")
-    ar.add_argument("--devices", type=_positive_int, default=1024, help="devices (default 1024)")
-    ar.add_argument("--global-batch", type=_positive_int, default=1536, help="sequences per step (default 1536)")
+    ar.add_argument("--devices", type=_devices, default=1024, help="devices (default 1024)")
+    ar.add_argument("--global-batch", type=_batch, default=1536, help="sequences per step (default 1536)")
     ar.add_argument("--plan", default="", help="execution plan (default: phaze place's best plan)")
     ar.add_argument("--seq-len", type=_positive_int, default=None, help="override the sequence length")
     ar.add_argument("--format", choices=("text", "json"), default="text")
@@ -635,13 +830,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_closed() -> int:
+    """The reader of our output went away (``phaze ... | head -1``): one line, status 2, and
+    stdout pointed at /dev/null so that the interpreter's final flush cannot fail again."""
+    import os
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    print("phaze: error: stdout: closed by the reader before the output was written (broken pipe)",
+          file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except ConfigError as exc:
         print(f"phaze: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print("phaze: interrupted", file=sys.stderr)
         return 130

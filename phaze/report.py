@@ -279,7 +279,7 @@ def load_study(path: str | Path | None = None, storage: str | None = None, name:
             names = _sqlite_studies(db, "--storage")
         else:
             st = make_storage(url, heartbeat=False)
-            names = [s.study_name for s in optuna.get_all_studies(storage=st)]
+            names = optuna.get_all_study_names(storage=st)
     if not names:
         raise ConfigError(what, None, "the storage holds no study")
     if name is None:

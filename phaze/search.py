@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 from .configio import ConfigError
 from .space import CONSTRAINTS, SweepConfig, build_chip, chip_values
 
-STATES_COUNTED = ("COMPLETE", "RUNNING")   # toward --trials: done, or in flight on another worker
+STATES_COUNTED = ("COMPLETE", "RUNNING")   # toward --trials: done, or in flight on some worker
 DUPLICATE_STREAK = 200                     # consecutive repeat proposals that end a search
 
 
@@ -40,18 +41,30 @@ def default_storage(cfg: SweepConfig, study: str | None = None, root: str | Path
 
 
 def study_dir(storage: str, study: str, root: str | Path = "results") -> Path:
-    """Where a study's files go: beside its SQLite file, else ``results/<study>/``."""
-    if storage.startswith("sqlite:///"):
-        return Path(storage[len("sqlite:///"):]).parent
+    """Where a study's files go: beside its SQLite or journal file, else ``results/<study>/``."""
+    for prefix in ("sqlite:///", "journal:///"):
+        if storage.startswith(prefix):
+            return Path(storage[len(prefix):]).parent
     return Path(root) / study
 
 
-def make_storage(url: str, heartbeat: bool = True):
-    """An Optuna RDB storage; with ``heartbeat``, a killed worker's trial is failed and retried
-    once (heartbeats work only inside ``study.optimize``)."""
+GRACE_PERIOD_S = 30     # a running trial whose worker has not beaten its heart for this long is dead
+
+
+def make_storage(url: str, heartbeat: bool = True, grace_period_s: int = GRACE_PERIOD_S):
+    """An Optuna RDB storage; with ``heartbeat``, a killed worker's trial is failed after
+    ``grace_period_s`` and retried once (heartbeats work only inside ``study.optimize``)."""
     _optuna()
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+    from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
     kwargs = {}
+    if url.startswith("journal:///"):     # Optuna's file journal: no database, no heartbeats
+        path = Path(url[len("journal:///"):])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+        except OSError as exc:
+            raise ConfigError("--storage", None, f"cannot open the journal {str(path)!r} ({exc.strerror})") from None
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         try:
@@ -60,17 +73,33 @@ def make_storage(url: str, heartbeat: bool = True):
             raise ConfigError("--storage", None, f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
         kwargs = {"connect_args": {"timeout": 60}}
     elif url.startswith("postgresql"):
-        kwargs = {"connect_args": {"connect_timeout": 10}}
+        kwargs = {"connect_args": {"connect_timeout": 5}}
+    shown = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)     # never print a password
+    url = postgres_driver_url(url)
     try:
         if not heartbeat:
             return RDBStorage(url, engine_kwargs=kwargs)
-        return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=5, grace_period=30,
+        interval = max(1, grace_period_s // 6)
+        return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=interval,
+                          grace_period=max(grace_period_s, interval + 1),
                           heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
     except Exception as exc:   # bad URL, missing driver, unreachable server: one line
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError("--storage", None, f"cannot open {url!r}: {detail[:200]}; allowed: "
+        detail = detail.replace(url, shown)
+        raise ConfigError("--storage", None, f"cannot open {shown!r}: {detail[:200]}; allowed: "
                           f"sqlite:///PATH, postgresql://USER@HOST/DB (pip install -e '.[postgres]'), "
                           f"or any SQLAlchemy URL Optuna supports") from None
+
+
+def postgres_driver_url(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; phaze's ``postgres`` extra installs psycopg
+    (3), so a plain URL is given that driver when psycopg2 is not there."""
+    if not url.startswith("postgresql://"):
+        return url
+    import importlib.util
+    if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+        return "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
 
 
 def make_sampler(cfg: SweepConfig, worker: int = 0):
@@ -179,16 +208,31 @@ def _jsonable(x):
 
 # --- studies ---------------------------------------------------------------------------------------
 def open_study(cfg: SweepConfig, storage: str, name: str, create: bool = True, sampler=None,
-               heartbeat: bool = True):
-    optuna = _optuna()
-    st = make_storage(storage, heartbeat)
+               heartbeat: bool = True, grace_period_s: int = GRACE_PERIOD_S):
+    """Load the study, or (``create``) create it if it does not exist."""
     if not create:
+        optuna = _optuna()
         try:
-            return optuna.load_study(study_name=name, storage=st, sampler=sampler)
+            return optuna.load_study(study_name=name, storage=make_storage(storage, heartbeat, grace_period_s),
+                                     sampler=sampler)
         except KeyError:
             raise ConfigError("--study", None, f"no study {name!r} in {storage}") from None
-    study = optuna.create_study(study_name=name, storage=st, directions=cfg.directions,
-                                sampler=sampler, load_if_exists=True)
+    return _create_or_load(cfg, storage, name, sampler, heartbeat, grace_period_s)[0]
+
+
+def _create_or_load(cfg: SweepConfig, storage: str, name: str, sampler=None, heartbeat: bool = True,
+                    grace_period_s: int = GRACE_PERIOD_S):
+    """(study, created): ``created`` is true in the one process that created the study, even when
+    many start together (the database's unique study name decides). The study keeps the config's
+    fingerprint, so that only the same space, workloads, budgets and objectives resume it, and
+    what a report needs."""
+    optuna = _optuna()
+    st = make_storage(storage, heartbeat, grace_period_s)
+    try:
+        study, created = optuna.create_study(study_name=name, storage=st, directions=cfg.directions,
+                                             sampler=sampler), True
+    except optuna.exceptions.DuplicatedStudyError:
+        study, created = optuna.load_study(study_name=name, storage=st, sampler=sampler), False
     attrs = study.user_attrs
     if "fingerprint" not in attrs:
         study.set_user_attr("fingerprint", cfg.fingerprint())
@@ -206,7 +250,7 @@ def open_study(cfg: SweepConfig, storage: str, name: str, create: bool = True, s
                           f"workloads, budgets or objectives; allowed: the same config, or a new --study name")
     if [d.name.lower() for d in study.directions] != cfg.directions:
         raise ConfigError("--study", None, f"study {name!r} has objectives of other directions")
-    return study
+    return study, created
 
 
 def count(study, states=STATES_COUNTED) -> int:
@@ -293,18 +337,14 @@ class _Progress:
 
 
 class _Stops:
-    """Ends a study that reached its total, or whose sampler only repeats evaluated designs."""
+    """Ends a study whose space is exhausted, or whose sampler only repeats evaluated designs."""
 
-    def __init__(self, cfg: SweepConfig, total: int):
-        self.total, self.streak, self.size, self.note = total, 0, cfg.grid_size(), ""
+    def __init__(self, cfg: SweepConfig):
+        self.streak, self.size, self.note = 0, cfg.grid_size(), ""
 
     def __call__(self, study, trial) -> None:
-        pruned = trial.state.name == "PRUNED"
-        self.streak = self.streak + 1 if pruned else 0
-        done = count(study, ("COMPLETE",))
-        if count(study) >= self.total:
-            study.stop()
-        elif done >= self.size:
+        self.streak = self.streak + 1 if trial.state.name == "PRUNED" else 0
+        if count(study, ("COMPLETE",)) >= self.size:
             self.note = f"every one of the {self.size} designs of the space is evaluated"
             study.stop()
         elif self.streak >= DUPLICATE_STREAK:
@@ -313,11 +353,40 @@ class _Stops:
             study.stop()
 
 
-def _worker(cfg: SweepConfig, storage: str, name: str, total: int, worker: int) -> None:
-    study = open_study(cfg, storage, name, sampler=make_sampler(cfg, worker))
+def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
+    """Run trials until the study holds ``cfg.trials`` complete ones; returns why it stopped early
+    ("" when it reached the total). Trials in flight count toward the total (``MaxTrialsCallback``
+    over COMPLETE and RUNNING: many workers never overshoot); when they are all that is missing,
+    the worker waits for them: they complete, fail (and the sampler fills the gap) or go stale
+    (their worker died: failed after the grace period and retried once)."""
+    optuna = _optuna()
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+    states = optuna.trial.TrialState
+    stops = _Stops(cfg)
     objective = _Objective(cfg)
     objective.refresh(study)
-    study.optimize(objective, callbacks=[_Stops(cfg, total)], catch=())
+    # without heartbeats (the file journal) a dead worker's trial would stay RUNNING for ever:
+    # count only what completed there (several workers may then overshoot by a trial or two)
+    counted = STATES_COUNTED if is_heartbeat_enabled(study._storage) else ("COMPLETE",)
+    budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
+    while count(study, ("COMPLETE",)) < cfg.trials and not stops.note:
+        if count(study, counted) < cfg.trials:
+            study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
+        else:
+            time.sleep(poll_s)
+            optuna.storages.fail_stale_trials(study)
+            for cb in callbacks:
+                if hasattr(cb, "update"):
+                    cb.update(study)
+    return stops.note
+
+
+def _worker(cfg: SweepConfig, storage: str, name: str, worker: int, grace_period_s: int) -> None:
+    study = open_study(cfg, storage, name, sampler=make_sampler(cfg, worker), grace_period_s=grace_period_s)
+    try:
+        drive(study, cfg)
+    except KeyboardInterrupt:   # Ctrl-C: Optuna has failed the trial in hand; end quietly
+        pass
 
 
 @dataclass(frozen=True)
@@ -331,28 +400,27 @@ class SearchResult:
 
 
 def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None = None, jobs: int = 1,
-           progress: bool = True, write: bool = True) -> SearchResult:
-    """Run (or resume) the study of ``cfg`` until it holds ``cfg.trials`` complete trials."""
-    optuna = _optuna()
+           progress: bool = True, write: bool = True, grace_period_s: int = GRACE_PERIOD_S) -> SearchResult:
+    """Run (or resume, or join) the study of ``cfg`` until it holds ``cfg.trials`` complete trials.
+
+    The same call from another process or machine on the same storage joins the study. The
+    process that creates the study enqueues the template chip as its first trial, so it is
+    enqueued once however many workers start together."""
     name = study_name or cfg.name
     url = storage or cfg.storage or default_storage(cfg, name)
     check_budgets(cfg)
-    study = open_study(cfg, url, name, sampler=make_sampler(cfg))
-    optuna.storages.fail_stale_trials(study)
-    if not study.get_trials(deepcopy=False):
+    study, created = _create_or_load(cfg, url, name, make_sampler(cfg), grace_period_s=grace_period_s)
+    if created:
         study.enqueue_trial(template_choices(cfg), user_attrs={"template": cfg.base.name})
     start = time.perf_counter()
     evaluate_baselines(cfg, study)
     bar = _Progress(cfg, study, cfg.trials, progress)
-    stops = _Stops(cfg, cfg.trials)
+    note = ""
     try:
-        if count(study) < cfg.trials and count(study, ("COMPLETE",)) < stops.size:
-            if jobs <= 1:
-                objective = _Objective(cfg)
-                objective.refresh(study)
-                study.optimize(objective, callbacks=[stops, bar], catch=())
-            else:
-                _run_workers(cfg, url, name, jobs, bar, study)
+        if jobs <= 1:
+            note = drive(study, cfg, callbacks=[bar])
+        else:
+            _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
     finally:
         bar.update(study)
         bar.close()
@@ -360,12 +428,14 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
             from .report import write_study_files
             write_study_files(study, cfg, study_dir(url, name))
     return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
-                        time.perf_counter() - start, stops.note)
+                        time.perf_counter() - start, note)
 
 
-def _run_workers(cfg, url, name, jobs, bar, study) -> None:
+def _run_workers(cfg, url, name, jobs, bar, study, grace_period_s) -> None:
+    """``jobs`` worker processes on the study; the bar follows the storage. On Ctrl-C (which the
+    workers receive too) each fails its trial in hand and ends; stragglers are terminated."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(cfg, url, name, cfg.trials, w), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(cfg, url, name, w, grace_period_s), daemon=True)
              for w in range(jobs)]
     for p in procs:
         p.start()
@@ -375,7 +445,9 @@ def _run_workers(cfg, url, name, jobs, bar, study) -> None:
             bar.update(study)
     except KeyboardInterrupt:
         for p in procs:
-            p.terminate()
+            p.join(timeout=15)
+            if p.is_alive():
+                p.terminate()
         raise
     finally:
         for p in procs:

@@ -1,0 +1,159 @@
+"""Many workers, one study: PostgreSQL (a throwaway server) and the default SQLite file, with
+workers killed by SIGKILL in the middle of a search.
+
+The invariants: the study ends with exactly the requested number of COMPLETE trials, no design
+is evaluated twice (repeat proposals are pruned unevaluated), the template is enqueued once
+however many workers start together, and the report rebuilt from the storage equals the one the
+run wrote. Bad storage is one line and exit status 2 within 10 s, and writes nothing.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from postgres import cluster, find_bin  # noqa: E402
+
+# GPU template (no CP-SAT) and three workloads: about half a second per design
+CONFIG = {
+    "name": "workers",
+    "base": "a100-80gb",
+    "workloads": [{"workload": "gpt2-xl", "devices": 64, "global_batch": 512},
+                  {"workload": "llama2-7b", "devices": 256, "global_batch": 512},
+                  {"workload": "gpt3-175b", "devices": 1024, "global_batch": 1536}],
+    "space": {"tensor_units": [27, 54, 81, 108, 135], "hbm_gib": [40, 80], "clock_ghz": [1.0, 1.2, 1.41]},
+    "objectives": ["throughput"],
+    "sampler": "random",
+    "trials": 14,
+    "seed": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def pg_url():
+    if not (find_bin("initdb") and find_bin("pg_ctl")):
+        pytest.skip("PostgreSQL server binaries not found (.ci/run installs Debian's postgresql package)")
+    with cluster() as (url, _):
+        yield url
+
+
+def _config(tmp_path: Path, **changes) -> Path:
+    p = tmp_path / "workers.yaml"
+    p.write_text(yaml.safe_dump(dict(CONFIG, **changes)))
+    return p
+
+
+def _worker(tmp_path: Path, config: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "phaze.cli", "search", str(config), "--quiet",
+                             "--grace-period", "3", *extra], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _trials(storage: str, name: str):
+    from phaze.search import postgres_driver_url
+    return optuna.load_study(study_name=name, storage=postgres_driver_url(storage)).get_trials(deepcopy=False)
+
+
+def _wait_complete(storage: str, name: str, n: int, procs, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if sum(t.state.name == "COMPLETE" for t in _trials(storage, name)) >= n:
+                return
+        except Exception:       # the study (or its file) is not there yet
+            pass
+        assert any(p.poll() is None for p in procs), "every worker ended early"
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} complete trials after {timeout} s")
+
+
+def _check_study(storage: str, name: str, total: int) -> None:
+    trials = _trials(storage, name)
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(complete) == total
+    designs = [tuple(sorted(t.params.items())) for t in complete]
+    assert len(set(designs)) == len(designs)                      # no design evaluated twice
+    assert sum(t.user_attrs.get("template") is not None for t in complete) == 1
+    for t in trials:                                              # what was not completed says why
+        assert t.state.name in ("COMPLETE", "PRUNED", "FAIL"), t.state
+        if t.state.name == "PRUNED":
+            assert "duplicate_of" in t.user_attrs
+
+
+def _same_report(tmp_path: Path, storage_args: list[str], written: Path) -> None:
+    out = tmp_path / "rebuilt"
+    r = subprocess.run([sys.executable, "-m", "phaze.cli", "report", *storage_args, "--out", str(out)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for f in ("trials.csv", "pareto.csv", "baselines.csv", "report.md"):
+        assert (out / f).read_text() == (written / f).read_text(), f
+
+
+def test_three_workers_on_postgres_survive_a_kill_9(tmp_path, pg_url):
+    config = _config(tmp_path)
+    args = ["--storage", pg_url, "--study", "shared"]
+    procs = [_worker(tmp_path, config, *args) for _ in range(3)]
+    _wait_complete(pg_url, "shared", 4, procs)
+    procs[0].send_signal(signal.SIGKILL)                          # a worker dies mid-search
+    procs[0].wait(timeout=30)
+    procs.append(_worker(tmp_path, config, *args))                # and is replaced
+    for p in procs[1:]:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    _check_study(pg_url, "shared", CONFIG["trials"])
+    # the last worker to finish wrote results/shared/; the report rebuilt from the storage is the same
+    _same_report(tmp_path, args, tmp_path / "results" / "shared")
+
+
+def test_kill_9_and_resume_on_sqlite(tmp_path):
+    config = _config(tmp_path, trials=8)
+    first = _worker(tmp_path, config)
+    url = f"sqlite:///{tmp_path / 'results' / 'workers' / 'study.db'}"
+    _wait_complete(url, "workers", 3, [first])
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    again = _worker(tmp_path, config)                             # the same command resumes
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    _check_study(url, "workers", 8)
+    _same_report(tmp_path, ["results/workers"], tmp_path / "results" / "workers")
+
+
+def test_template_is_enqueued_once_when_workers_start_together(tmp_path, pg_url):
+    config = _config(tmp_path, trials=4)
+    args = ["--storage", pg_url, "--study", "together"]
+    procs = [_worker(tmp_path, config, *args) for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    trials = _trials(pg_url, "together")
+    assert sum(t.user_attrs.get("template") is not None for t in trials) == 1
+    _check_study(pg_url, "together", 4)
+
+
+@pytest.mark.parametrize("storage,words", [
+    ("postgresql://phaze:wrong@127.0.0.1:{port}/phaze", "password authentication failed"),
+    ("postgresql://phaze:secret@127.0.0.1:1/phaze", "refused"),
+    ("postgresql://phaze@127.0.0.1:{port}/no_such_db", "no_such_db"),
+    ("nosuchdb://x/y", "nosuchdb"),
+])
+def test_bad_storage_is_one_line_exit_2_within_10_s_and_writes_nothing(tmp_path, pg_url, storage, words):
+    port = pg_url.rsplit(":", 1)[1].split("/")[0]
+    storage = storage.format(port=port)
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "phaze.cli", "search", str(_config(tmp_path)), "--storage", storage],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - start < 10
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "--storage" in r.stderr and words in r.stderr
+    assert "wrong" not in r.stderr and "secret" not in r.stderr  # no password in the message
+    assert sorted(os.listdir(tmp_path)) == ["workers.yaml"]     # nothing written
