@@ -8,6 +8,7 @@ run wrote. Bad storage is one line and exit status 2 within 10 s, and writes not
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -157,3 +158,37 @@ def test_bad_storage_is_one_line_exit_2_within_10_s_and_writes_nothing(tmp_path,
     assert "--storage" in r.stderr and words in r.stderr
     assert "wrong" not in r.stderr and "secret" not in r.stderr  # no password in the message
     assert sorted(os.listdir(tmp_path)) == ["workers.yaml"]     # nothing written
+
+
+_SOLVE = """
+import sys
+from phaze.arch import load_chip
+from phaze.schedule import schedule_layer
+from phaze.space import build_chip
+from phaze.workload import load_model
+chip = build_chip(load_chip("tpuv4"), {"tensor_units": 16, "tensor_rows": 64, "tensor_cols": 64})
+for name in ("bert-large", "llama2-7b", "opt-350m"):
+    for tp in (1, 2):
+        f, b = schedule_layer(load_model(name), chip, 2, tp, tp > 1, "flash", "none")
+        print(name, tp, f.makespan_s, b.makespan_s, f.cached and b.cached)
+"""
+
+
+def test_schedule_cache_is_safe_under_concurrent_writers(tmp_path):
+    """Three processes solve the same layers into one cache folder at once; a fourth then reads
+    every schedule back from disk, identical, and no torn or temporary file is left."""
+    env = dict(os.environ, PHAZE_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", _SOLVE], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    solved = [[line.split()[:4] for line in o.splitlines()] for o in outs]
+    assert solved[0] == solved[1] == solved[2] and len(solved[0]) == 6
+    after = subprocess.run([sys.executable, "-c", _SOLVE], env=env, capture_output=True, text=True, timeout=300)
+    lines = after.stdout.splitlines()
+    assert [line.split()[:4] for line in lines] == solved[0]
+    assert all(line.split()[4] == "True" for line in lines)          # every one from the disk cache
+    files = list((tmp_path / "cache").iterdir())
+    assert files and all(f.suffix == ".json" and not f.name.startswith(".") for f in files)
+    for f in files:
+        json.loads(f.read_text())
