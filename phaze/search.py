@@ -11,6 +11,7 @@ was already evaluated is never evaluated again (a repeat proposal is pruned as a
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import multiprocessing
@@ -477,7 +478,7 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
     keys = list(grid)
     points, skipped = [], {}
     static = [(k, b) for k, b in cfg.constraints if CONSTRAINTS[k][0] in ("area", "cost")]
-    for combo in _product([grid[k] for k in keys]):
+    for combo in itertools.product(*(grid[k] for k in keys)):
         choices = dict(zip(keys, combo, strict=True))
         chip = build_chip(cfg.base, cfg.values(choices), cfg.process_node_nm)
         si = silicon(chip)
@@ -519,7 +520,3 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
 def _static_value(si, key: str) -> float:
     return si.area_mm2 if CONSTRAINTS[key][0] == "area" else si.cost_usd
 
-
-def _product(lists):
-    import itertools
-    return itertools.product(*lists)
