@@ -11,6 +11,28 @@ from dataclasses import dataclass
 from .workload import Model
 
 OPTIMIZER_BYTES_PER_PARAM = {"adam": 12.0, "sgd": 0.0}  # fp32 master + m + v; SGD: none
+GiB = 2.0 ** 30
+
+# Per-device memory the training framework holds outside the model's tensors (the memory reserve).
+# GPUs (PyTorch + NCCL): the CUDA context with its loaded kernels (about 0.5 GiB with lazy module
+# loading, CUDA >= 11.7), cuBLAS/cuDNN workspaces, NCCL's communicator buffers (NCCL_BUFFSIZE,
+# 4 MiB by default, per channel and peer, for each of Megatron's tensor, pipeline and data groups):
+# 1.5 GiB together; plus the caching allocator's fragmentation, memory reserved but not allocated,
+# 3 % of HBM (PyTorch's expandable segments keep it near this). Whole-program compiled accelerators
+# (XLA) allocate statically: 0.5 GiB for the runtime and program, no fragmentation.
+GPU_RESERVE_FIXED_BYTES = 1.5 * GiB
+GPU_RESERVE_FRACTION = 0.03
+ACCELERATOR_RESERVE_FIXED_BYTES = 0.5 * GiB
+
+
+def memory_reserve_bytes(chip, reserve: float | None = None) -> float:
+    """Bytes per device not available to weights, gradients, optimizer state and activations:
+    ``reserve`` when given (``--memory-reserve``), else the modelled reserve of the chip's kind."""
+    if reserve is not None:
+        return float(reserve)
+    if chip.unit_sharing == "sequential" or chip.kind == "gpu":
+        return GPU_RESERVE_FIXED_BYTES + GPU_RESERVE_FRACTION * chip.hbm_bytes
+    return ACCELERATOR_RESERVE_FIXED_BYTES
 
 
 def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = False,
@@ -41,18 +63,6 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     else:
         core = (p + (mask + p if model.dropout else 0.0)) * a * s * sb / t
     return replicated + split + core
-
-
-def korthikanti_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = False,
-                                recompute: str = "none") -> float:
-    """The paper's closed forms (Table 2), for checking :func:`activation_bytes_per_layer`."""
-    s, b, h, a, t = model.seq_len, mbs, model.hidden, model.heads, tp
-    if recompute == "full":
-        return 2 * s * b * h / (t if sp else 1)
-    attn = 0 if recompute == "selective" else 5 * a * s / h
-    if sp:
-        return s * b * h * (34 + attn) / t
-    return s * b * h * (10 + 24 / t + attn / t)
 
 
 def state_bytes_per_param(optimizer: str, zero: int, dp: int, weight_bytes: int = 2,

@@ -4,15 +4,23 @@ Each CSV row becomes a case: the row's model, its chip, its own layout. phaze pr
 per step; the row's measured metric is converted to seconds per step with its source's FLOP
 convention. Rows phaze cannot express are kept with status ``skipped`` and the reason.
 
-Fields a row leaves blank are filled by documented rules (never by model name or row id):
-``ffn_hidden`` = 4·hidden; a FFN width that is not a whole multiple of hidden is gated (SwiGLU);
-``vocab`` from the notes ("vocab 51200") or :data:`DEFAULT_VOCAB`; kv heads from the notes
-("kv_groups=8"); micro-batch 1; recompute none; sequence parallelism on when tp > 1; FSDP /
-distributed optimizer / communication overlap from the framework flags the notes quote.
+Only structured columns are read; the free-text ``notes`` column never reaches the model. The
+project's copy of the reference CSVs carries explicit columns (:data:`EXPLICIT_COLUMNS`: chip,
+attention kernel, ZeRO/FSDP stage, vocabulary, kv heads, precision, ...), each filled from the
+row's source (``phaze/data/reference/README.md``). A CSV without them (or with a blank) gets the
+documented defaults, never a value guessed from the model name or the row id:
+``ffn_hidden`` = 4·hidden; an FFN width that is not a whole multiple of hidden is gated (SwiGLU);
+``vocab`` :data:`DEFAULT_VOCAB`; kv heads = heads; micro-batch 1 (a pipelined row, pp > 1, whose
+micro-batch is not stated is skipped: it decides the bubble); recompute none; sequence parallelism
+on when tp > 1; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
+fp32 reduction; no tensor-parallel overlap; model-FLOP convention; MFU over the chip's 16-bit peak.
+A row without a shape that names a shipped workload is resolved to it; a mixture-of-experts row
+is skipped until experts are modelled.
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -24,33 +32,44 @@ from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .plan import Plan
 from .step import check_plan, evaluate, model_flops_per_sample
-from .workload import Model
+from .workload import Model, load_model, with_seq_len
 
 REQUIRED_COLUMNS = (
     "run_id", "source_id", "gpu", "gpu_count", "model", "layers", "hidden", "heads", "ffn_hidden",
     "seq_len", "global_batch", "micro_batch", "tp", "pp", "dp", "cp", "vp", "sequence_parallel",
-    "recompute", "precision", "measured_metric", "measured_value", "notes")
+    "recompute", "precision", "measured_metric", "measured_value")
+# optional, structured columns (the project's copies carry all of them; blank = not stated)
+EXPLICIT_COLUMNS = (
+    "chip", "framework", "system", "attention_kernel", "zero_stage", "vocab", "kv_heads", "head_dim",
+    "activation", "dropout", "compute_precision", "grad_reduce_fp32", "tp_comm_overlap",
+    "flop_convention", "mfu_peak_tflops", "num_experts", "moe_top_k", "unconfirmed")
+# every column the model may read; ``notes`` (free text) is not among them
+MODEL_COLUMNS = REQUIRED_COLUMNS + EXPLICIT_COLUMNS
 METRICS = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "tokens_per_s_total", "step_time_s")
+CONVENTIONS = ("model", "narayanan96", "6n_12lqs")
 DEFAULT_VOCAB = 51200   # GPT-2 BPE padded to a multiple of 1024 (Megatron's default); see module doc
-SHIPPED_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm")
 _TRUE = ("yes", "true", "1", "on", "y")
 _FALSE = ("no", "false", "0", "off", "n")
 _RECOMPUTE = {"full": "full", "uniform": "full", "block": "full", "selective": "selective",
               "none": "none", **{t: "full" for t in _TRUE}, **{f: "none" for f in _FALSE}}
+# GPU names of the reference data and their usual spellings -> shipped chip file. Exact names
+# only: a GPU that is not listed (PCIe, NVL, H200, a power-limited variant, ...) is skipped with
+# the reason unless the row names its chip file in the ``chip`` column.
+GPU_CHIPS = {
+    "a100-sxm4-80gb": "a100-80gb", "a100-sxm-80gb": "a100-80gb", "a100-80gb": "a100-80gb",
+    "a100-80gb-sxm": "a100-80gb",
+    "a100-sxm4-40gb": "a100-40gb", "a100-sxm-40gb": "a100-40gb", "a100-40gb": "a100-40gb",
+    "a100-40gb-sxm": "a100-40gb",
+    "h100-sxm5-80gb": "h100-sxm", "h100-sxm": "h100-sxm", "h100-sxm5": "h100-sxm",
+    "h100-80gb-hbm3": "h100-sxm", "h100-sxm-80gb": "h100-sxm", "h100-sxm5-80gb-hbm3": "h100-sxm",
+    "h100-hbm2e-96gb-500w": "h100-hbm2e-96gb-500w",
+    "tpuv4": "tpuv4", "tpu-v4": "tpuv4",
+}
 
 
 def chip_for_gpu(gpu: str) -> str | None:
-    """The shipped chip config for a `gpu` column (A100 SXM 40/80 GB, H100 SXM), or None for a
-    GPU phaze does not describe (PCIe and NVL variants, H200, B200, ...)."""
-    g = re.sub(r"[\s_]+", "-", gpu.strip().lower())
-    if any(x in g for x in ("pcie", "nvl", "h200", "gh200", "b200", "h800", "a800")):
-        return None
-    if "h100" in g:
-        return "h100-sxm"
-    if "a100" in g:
-        return "a100-40gb" if "40" in g.replace("a100", "") else "a100-80gb"
-    return None
-DEFAULT_PEAK_16BIT = {"a100-80gb": 312e12, "a100-40gb": 312e12, "h100-sxm": 989.4e12}
+    """The shipped chip file for a `gpu` column, by exact (normalised) name, or None."""
+    return GPU_CHIPS.get(re.sub(r"[\s_]+", "-", gpu.strip().lower()))
 
 
 @dataclass(frozen=True)
@@ -66,7 +85,9 @@ class Case:
     global_batch: int
     plan: Plan
     measured_step_s: float
-    layout_from: str = "row"    # row | notes (the notes quote an unconfirmed layout)
+    layout_from: str = "row"    # row | unconfirmed (some fields are quoted defaults, weak evidence)
+    chip_file: str = ""
+    dataset: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +96,8 @@ class Skipped:
     source: str
     gpu: str
     reason: str
+    chip_file: str = ""
+    dataset: str = ""
 
 
 def _num(row: dict, key: str) -> float | None:
@@ -99,29 +122,47 @@ def _int(row: dict, key: str, default: int | None = None) -> int | None:
     return int(v)
 
 
-def source_convention(source: str, notes: str) -> str:
-    """How a source counts FLOPs for ``tflops_per_gpu`` and ``mfu``:
-    ``narayanan96`` (S01: 96·B·s·l·h²(1 + s/6h + V/16lh), recompute pass counted),
-    ``llmfoundry`` (6·N·s + 12·l·h·s² per sequence), or ``model`` (Megatron/NeMo model FLOPs:
-    the GEMMs of forward and backward, non-causal attention, no recompute)."""
-    s = source.lower()
-    if s.startswith("s01") or "96*b*s*l*h^2" in notes.replace(" ", "").lower():
-        return "narayanan96"
-    if s.startswith("s04") or "6*n*s" in notes.replace(" ", "").lower():
-        return "llmfoundry"
-    return "model"
+def _text(row: dict, key: str) -> str:
+    return (row.get(key) or "").strip()
+
+
+def _flag(row: dict, key: str, default: bool = False) -> bool:
+    raw = _text(row, key).lower()
+    if not raw:
+        return default
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"column {key!r} must be yes or no, got {row[key]!r}")
+
+
+def _choice(row: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
+    raw = _text(row, key).lower()
+    if not raw:
+        return default
+    if raw not in allowed:
+        raise ValueError(f"column {key!r} must be one of {', '.join(allowed)}, got {row[key]!r}")
+    return raw
 
 
 def convention_flops_per_step(model: Model, global_batch: int, convention: str,
                               recompute: str) -> float:
+    """FLOPs of one step as a source counts them: ``narayanan96`` (Megatron SC'21:
+    96·B·s·l·h²(1 + s/6h + V/16lh) with full recompute, 72·... without), ``6n_12lqs``
+    (llm-foundry, MaxText: 6·N·s + 12·l·q·s² per sequence, N all parameters, q = heads·head_dim),
+    or ``model`` (Megatron/NeMo model FLOPs: the GEMMs of forward and backward, non-causal
+    attention, no recompute)."""
     B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
     if convention == "narayanan96":
         if recompute == "full":
             return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
         return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
-    if convention == "llmfoundry":
-        return B * (6 * model.params * s + 12 * l * h * s * s)
-    return model_flops_per_sample(model) * B
+    if convention == "6n_12lqs":
+        return B * (6 * model.params * s + 12 * l * model.q_dim * s * s)
+    if convention == "model":
+        return model_flops_per_sample(model) * B
+    raise ValueError(f"unknown flop_convention {convention!r}; allowed: {', '.join(CONVENTIONS)}")
 
 
 def measured_step_time(metric: str, value: float, model: Model, devices: int, global_batch: int,
@@ -142,113 +183,167 @@ def measured_step_time(metric: str, value: float, model: Model, devices: int, gl
     raise ValueError(f"unknown measured_metric {metric!r}; allowed: {', '.join(METRICS)}")
 
 
-def _search(pattern: str, text: str, cast=int):
-    m = re.search(pattern, text, re.IGNORECASE)
-    return cast(m.group(1)) if m else None
+def _norm_name(name: str) -> str:
+    return re.sub(r"[^a-z0-9.]", "", name.lower())
 
 
-def row_to_case(row: dict, chips: dict[str, Chip] | None = None) -> Case | Skipped:
+@lru_cache(maxsize=1)
+def _shipped_workloads() -> dict[str, str]:
+    """Normalised workload name (and file stem) -> shipped workload file stem."""
+    from .workload import workload_dirs
+    out: dict[str, str] = {}
+    for d in reversed(workload_dirs()):
+        if not d.is_dir():
+            continue
+        for path in sorted(d.glob("*.yaml")):
+            try:
+                name = load_model(str(path)).name
+            except ConfigError:
+                continue
+            out[_norm_name(path.stem)] = str(path)
+            out[_norm_name(name)] = str(path)
+    return out
+
+
+@lru_cache(maxsize=1)
+def moe_models() -> dict[str, dict]:
+    """Published mixture-of-experts models (``phaze/data/moe_models.csv``), by normalised name."""
+    path = Path(__file__).resolve().parent / "data" / "moe_models.csv"
+    out = {}
+    with path.open(newline="") as fh:
+        for r in csv.DictReader(fh):
+            for name in [r["model"], *r["aliases"].split(";")]:
+                if name.strip():
+                    out[_norm_name(name)] = r
+    return out
+
+
+def resolve_workload(model_name: str) -> Model | None:
+    """The shipped workload a row's ``model`` names, or None."""
+    path = _shipped_workloads().get(_norm_name(model_name))
+    return load_model(path) if path else None
+
+
+def row_to_case(row: dict, chips: dict[str, Chip] | None = None, dataset: str = "") -> Case | Skipped:
     """Express one CSV row, or say why it cannot be expressed. ``chips`` caches loaded chip
-    configs by shipped name (and may pre-set them)."""
+    configs by file name. Only :data:`MODEL_COLUMNS` are read: never the free-text notes."""
+    row = {k: row.get(k) for k in MODEL_COLUMNS}
     run_id, source, gpu = (row.get("run_id") or "?").strip(), (row.get("source_id") or "?").strip(), \
         (row.get("gpu") or "").strip()
+    chip_name = _text(row, "chip") or chip_for_gpu(gpu) or ""
     try:
-        return _row_to_case(row, run_id, source, gpu, {} if chips is None else chips)
+        return _row_to_case(row, run_id, source, gpu, chip_name, {} if chips is None else chips, dataset)
     except (ValueError, ConfigError) as exc:
-        return Skipped(run_id, source, gpu, str(exc))
+        return Skipped(run_id, source, gpu, str(exc), chip_name, dataset)
 
 
-def _row_to_case(row, run_id, source, gpu, chips) -> Case:
-    notes = row.get("notes") or ""
-    chip_name = chip_for_gpu(gpu)
-    if chip_name is None:
-        raise ValueError(f"unknown GPU {gpu!r}; phaze models A100 SXM 40/80 GB and H100 SXM")
+def _moe_reason(row: dict) -> str | None:
+    experts = _int(row, "num_experts")
+    if experts and experts > 1:
+        k = _text(row, "moe_top_k") or "?"
+        return f"mixture of experts ({experts} experts, top-{k}): phaze does not model experts yet"
+    known = moe_models().get(_norm_name(_text(row, "model")))
+    if known:
+        return (f"mixture of experts ({known['model']}: {known['experts']} experts, top-{known['top_k']}, "
+                f"{known['total_params_b']}B total / {known['active_params_b']}B active): "
+                f"phaze does not model experts yet")
+    return None
+
+
+def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
+    moe = _moe_reason(row)
+    if moe:
+        raise ValueError(moe)
+    if not chip_name:
+        raise ValueError(f"no chip file for GPU {gpu!r}: name one in the 'chip' column or add it "
+                         f"to arch_configs/ (shipped GPU names: {', '.join(sorted(set(GPU_CHIPS.values())))})")
     if chip_name not in chips:
         chips[chip_name] = load_chip(chip_name)
     chip = chips[chip_name]
-    metric = (row.get("measured_metric") or "").strip()
+    metric = _text(row, "measured_metric")
     if metric not in METRICS:
         raise ValueError(f"unknown measured_metric {metric!r}; allowed: {', '.join(METRICS)}")
     value = _num(row, "measured_value")
     if value is None or value <= 0:
         raise ValueError("measured_value missing or not positive")
     devices = _int(row, "gpu_count")
-    layers, hidden, heads, seq = (_int(row, k) for k in ("layers", "hidden", "heads", "seq_len"))
-    if None in (devices, layers, hidden, heads, seq):
-        raise ValueError("gpu_count, layers, hidden, heads and seq_len are required")
-    ffn = _int(row, "ffn_hidden", 4 * hidden)
-    kv = _search(r"kv_groups\s*=\s*(\d+)", notes) or heads
-    vocab = _search(r"vocab(?:ulary)?(?:[\s_-]*size)?\s*[=:]?\s*(\d{4,7})", notes) or DEFAULT_VOCAB
-    precision_text = (row.get("precision") or "").lower()
-    precision = next((p for p in ("fp8", "bf16", "fp16") if p in precision_text), "bf16")
-    # FlashAttention named in the notes is the flash-attn library (FlashAttention-2 since 2023);
-    # frameworks' own fused attention (cuDNN / Transformer Engine) otherwise; fp16 runs of the
-    # Megatron papers predate both and materialise the scores
-    if "flashattention" in notes.lower().replace("-", "").replace(" ", ""):
-        attention = "flash2"
-    else:
-        attention = "flash" if precision != "fp16" else "standard"
-    gated = ffn % hidden != 0
-    model = Model(
-        name=(row.get("model") or run_id).strip(), layers=layers, hidden=hidden, heads=heads,
-        kv_heads=kv, ffn_hidden=ffn, vocab=vocab, seq_len=seq,
-        activation="swiglu" if gated else "gelu",
-        position_embedding="rotary" if gated else "learned", max_positions=0 if gated else seq,
-        tied_embeddings=not gated, norm="rmsnorm" if gated else "layernorm", bias=not gated,
-        dropout=attention == "standard", precision=precision)
-    if heads % kv:
-        raise ValueError(f"kv groups {kv} do not divide heads {heads}")
+    if devices is None:
+        raise ValueError("gpu_count is required")
+    seq = _int(row, "seq_len")
+    if seq is None:
+        raise ValueError("seq_len not stated")
+    precision = _choice(row, "compute_precision", ("fp16", "bf16", "fp8"), "")
+    if not precision:   # the precision column's leading word, when it is one of phaze's
+        first = _text(row, "precision").lower().split(" ")[0]
+        precision = first if first in ("fp16", "bf16", "fp8") else "bf16"
+    model = _row_model(row, seq, precision)
 
-    layout_from = "row"
+    unconfirmed = _text(row, "unconfirmed")
     tp, pp, mbs, cp, vp = (_int(row, k) for k in ("tp", "pp", "micro_batch", "cp", "vp"))
     batch = _int(row, "global_batch")
-    recompute = (row.get("recompute") or "").strip().lower() or None
-    sp_text = (row.get("sequence_parallel") or "").strip().lower()
-    quoted = re.search(r"\btp\s*(\d+)\s+pp\s*(\d+)\s+mbs\s*(\d+)\s+gbs\s*(\d+)", notes, re.IGNORECASE)
-    if tp is None and pp is None and quoted:
-        tp, pp = int(quoted.group(1)), int(quoted.group(2))
-        mbs = mbs or int(quoted.group(3))
-        batch = batch or int(quoted.group(4))
-        layout_from = "notes"
-        if recompute is None:
-            low = notes.lower()
-            recompute = "full" if "full recompute" in low else "selective" if "selective" in low else None
-        if not sp_text and "sequence parallel" in notes.lower():
-            sp_text = "yes"
     if tp is None or pp is None or batch is None:
         raise ValueError("parallel layout not published (tp, pp or global_batch missing)")
-    if recompute is None:   # the column is blank: the framework flags the notes quote, if any
-        low = notes.lower()
-        if re.search(r"activation[_ -]checkpointing\s*=\s*true|full (activation )?recompute", low):
-            recompute = "full"
-        elif "selective" in low and "recompute" in low:
-            recompute = "selective"
-    vp = vp or _search(r"interleaving\s*=\s*(\d+)", notes) or 1
-    cp = cp or 1
-    mbs = mbs or 1
-    recompute = _RECOMPUTE.get(recompute or "none", "none")
+    if pp > 1 and mbs is None:
+        raise ValueError("pipeline micro-batch size not stated (pp > 1: it decides the bubble)")
+    recompute = _RECOMPUTE.get(_text(row, "recompute").lower() or "none")
+    if recompute is None:
+        raise ValueError(f"column 'recompute' must be none, selective or full, got {row['recompute']!r}")
+    sp_text = _text(row, "sequence_parallel").lower()
     sp = True if sp_text in _TRUE else False if sp_text in _FALSE else tp > 1
-    low = notes.lower()
-    zero = _search(r"zero[\s_-]*(?:stage)?[\s_-]*([0-3])\b", low) or 0
-    if "full_shard" in low or "hybrid_shard" in low or ("fsdp" in low and "shard_grad_op" not in low):
-        zero = 3
-    elif "shard_grad_op" in low:
-        zero = 2
-    elif not zero and ("overlap-param-gather" in low or "distributed optimizer" in low
-                       or "distributed-optimizer" in low):
-        zero = 1
-    plan = Plan(tp=tp, pp=pp, mbs=mbs, recompute=recompute, sp=sp, vp=vp, cp=cp, zero=zero,
-                attention=attention, tp_overlap="tp-comm-overlap" in low,
-                reduce_fp32="mp=default" in precision_text or "allreduce-grads-in-fp32" in low)
+    zero = _num(row, "zero_stage") or 0
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"column 'zero_stage' must be 0, 1, 2 or 3, got {row['zero_stage']!r}")
+    plan = Plan(tp=tp, pp=pp, mbs=mbs or 1, recompute=recompute, sp=sp, vp=vp or 1, cp=cp or 1,
+                zero=int(zero),
+                attention=_choice(row, "attention_kernel", ("flash", "flash2", "standard"), "flash"),
+                tp_overlap=_flag(row, "tp_comm_overlap"), reduce_fp32=_flag(row, "grad_reduce_fp32"))
     dp_col = _int(row, "dp")
-    if dp_col is not None and dp_col * tp * pp * cp != devices:
-        raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * cp} != gpu_count {devices}")
+    if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
+        raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
-    peak = _search(r"vs (?:peak )?(\d{3,4}(?:\.\d+)?) tflop", notes, float)
-    peak = peak * 1e12 if peak else DEFAULT_PEAK_16BIT[chip_name]
-    step = measured_step_time(metric, value, model, devices, batch,
-                              source_convention(source, notes), recompute, peak)
-    return Case(run_id, source, gpu, chip, model, devices, batch, plan, step, layout_from)
+    peak = _num(row, "mfu_peak_tflops")
+    # blank: the datasheet's dense 16-bit peak as the chip file lists it
+    listed = dict(chip.peak_flops_per_s)
+    peak = peak * 1e12 if peak else (listed.get("bf16") or listed.get("fp16") or chip.peak_flops("bf16"))
+    convention = _choice(row, "flop_convention", CONVENTIONS, "model")
+    step = measured_step_time(metric, value, model, devices, batch, convention, recompute, peak)
+    return Case(run_id, source, gpu, chip, model, devices, batch, plan, step,
+                "unconfirmed" if unconfirmed else "row", chip_name, dataset)
+
+
+def _row_model(row: dict, seq: int, precision: str) -> Model:
+    layers, hidden, heads = (_int(row, k) for k in ("layers", "hidden", "heads"))
+    name = _text(row, "model") or _text(row, "run_id")
+    if layers is None and hidden is None and heads is None:
+        shipped = resolve_workload(name)
+        if shipped is None:
+            raise ValueError(f"model {name!r} has no shape in the row and no shipped workload of that name")
+        model = with_seq_len(shipped, seq)
+        changes = {"precision": precision}
+        for key, col in (("vocab", "vocab"), ("kv_heads", "kv_heads")):
+            if _int(row, col):
+                changes[key] = _int(row, col)
+        if _text(row, "dropout"):
+            changes["dropout"] = _flag(row, "dropout")
+        return dataclasses.replace(model, **changes)
+    if None in (layers, hidden, heads):
+        raise ValueError("layers, hidden and heads are required (or a model name phaze ships)")
+    ffn = _int(row, "ffn_hidden", 4 * hidden)
+    kv = _int(row, "kv_heads") or heads
+    head_dim = _int(row, "head_dim") or 0
+    if heads % kv:
+        raise ValueError(f"kv heads {kv} do not divide heads {heads}")
+    if not head_dim and hidden % heads:
+        raise ValueError(f"heads {heads} do not divide hidden {hidden} and no head_dim is given")
+    activation = _choice(row, "activation", ("gelu", "relu", "swiglu"), "")
+    gated = activation == "swiglu" if activation else ffn % hidden != 0
+    return Model(
+        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv, head_dim=head_dim,
+        ffn_hidden=ffn, vocab=_int(row, "vocab") or DEFAULT_VOCAB, seq_len=seq,
+        activation=activation or ("swiglu" if gated else "gelu"),
+        position_embedding="rotary" if gated else "learned", max_positions=0 if gated else seq,
+        tied_embeddings=not gated, norm="rmsnorm" if gated else "layernorm", bias=not gated,
+        dropout=_flag(row, "dropout"), precision=precision)
 
 
 def read_runs(path: str | Path) -> list[dict]:
@@ -284,8 +379,23 @@ def display_path(path: str | Path) -> str:
     return str(path)
 
 
+def default_runs_paths() -> list[Path]:
+    """The bundled reference sets: ``training_runs.csv`` and ``training_runs_2.csv``."""
+    ref = Path(__file__).resolve().parent / "data" / "reference"
+    return [ref / "training_runs.csv", ref / "training_runs_2.csv"]
+
+
 def default_runs_path() -> Path:
-    return Path(__file__).resolve().parent / "data" / "reference" / "training_runs.csv"
+    return default_runs_paths()[0]
+
+
+def load_items(paths, chips: dict | None = None) -> list[Case | Skipped]:
+    """Every row of every runs CSV, expressed or skipped; each tagged with its file's stem."""
+    chips = {} if chips is None else chips
+    items = []
+    for path in paths:
+        items += [row_to_case(r, chips, Path(path).stem) for r in read_runs(path)]
+    return items
 
 
 @dataclass(frozen=True)
@@ -299,6 +409,8 @@ class Prediction:
     status: str                  # ok | skipped
     reason: str = ""
     layout_from: str = ""
+    chip: str = ""               # the chip file the row was scored with
+    dataset: str = ""
 
 
 def predict_case(case: Case, eff: Efficiency = IDEAL) -> float:
@@ -308,11 +420,11 @@ def predict_case(case: Case, eff: Efficiency = IDEAL) -> float:
 # --- calibration, summaries, the full validation ------------------------------------------------
 def case_weights(cases) -> list[float]:
     """Each source weighs the same in a fit (one benchmark suite with many rows must not decide the
-    parameters alone); rows whose layout comes from unconfirmed notes weigh half."""
+    parameters alone); rows with unconfirmed fields (quoted defaults) weigh half."""
     counts: dict[str, int] = {}
     for c in cases:
         counts[c.source] = counts.get(c.source, 0) + 1
-    return [(0.5 if c.layout_from == "notes" else 1.0) / counts[c.source] for c in cases]
+    return [(0.5 if c.layout_from == "unconfirmed" else 1.0) / counts[c.source] for c in cases]
 
 
 def fit_cases(cases) -> Efficiency:
@@ -323,8 +435,10 @@ def fit_cases(cases) -> Efficiency:
 
 def calibrate_cases(cases, progress=None) -> dict[str, Efficiency]:
     """Fit efficiency parameters per chip family, plus ``default`` pooled over all families (used
-    for chips no published run covers, such as a proposed accelerator)."""
-    families = sorted({c.chip.family for c in cases})
+    for chips no published run covers, such as a proposed accelerator). A family gets its own
+    fit only when runs of two or more sources cover it; otherwise it uses ``default``."""
+    families = sorted(f for f in {c.chip.family for c in cases}
+                      if len({c.source for c in cases if c.chip.family == f}) >= 2)
     groups = [(fam, [c for c in cases if c.chip.family == fam]) for fam in families]
     groups.append(("default", list(cases)))
     params = {}
@@ -345,22 +459,27 @@ def predict_all(items, params: dict[str, Efficiency] | None) -> list[Prediction]
     out = []
     for c in items:
         if isinstance(c, Skipped):
-            out.append(Prediction(c.run_id, c.source, c.gpu, None, None, None, "skipped", c.reason))
+            out.append(Prediction(c.run_id, c.source, c.gpu, None, None, None, "skipped", c.reason,
+                                  "", c.chip_file, c.dataset))
             continue
         pred = predict_case(c, params_for(c.chip, params))
         out.append(Prediction(c.run_id, c.source, c.gpu, c.measured_step_s, pred,
-                              (pred - c.measured_step_s) / c.measured_step_s, "ok", "", c.layout_from))
+                              (pred - c.measured_step_s) / c.measured_step_s, "ok", "", c.layout_from,
+                              c.chip_file, c.dataset))
     return out
 
 
 def error_stats(errors) -> dict:
-    """MAPE, median, max and share within 10 % of a list of relative errors (as percentages)."""
+    """MAPE, signed mean error (bias: > 0 predicts too slow), median, max and share within 10 %
+    of a list of relative errors (as percentages)."""
+    errors = list(errors)
     a = sorted(abs(e) for e in errors)
     if not a:
         return {"rows": 0}
     n = len(a)
     median = a[n // 2] if n % 2 else 0.5 * (a[n // 2 - 1] + a[n // 2])
-    return {"rows": n, "mape_pct": 100 * sum(a) / n, "median_pct": 100 * median,
+    return {"rows": n, "mape_pct": 100 * sum(a) / n, "bias_pct": 100 * sum(errors) / n,
+            "median_pct": 100 * median,
             "max_pct": 100 * a[-1], "within_10pct_share": sum(x <= 0.10 for x in a) / n}
 
 
@@ -368,8 +487,9 @@ def summarize(preds: list[Prediction]) -> dict:
     ok = [p for p in preds if p.status == "ok"]
     out = {"overall": dict(error_stats([p.error for p in ok]), expressed=len(ok),
                            skipped=len(preds) - len(ok), total=len(preds)),
-           "per_gpu": {}, "per_source": {}}
-    for key, attr in (("per_gpu", "gpu"), ("per_source", "source")):
+           "per_dataset": {}, "per_chip": {}, "per_gpu": {}, "per_source": {}}
+    for key, attr in (("per_dataset", "dataset"), ("per_chip", "chip"), ("per_gpu", "gpu"),
+                      ("per_source", "source")):
         for name in sorted({getattr(p, attr) for p in ok}):
             out[key][name] = error_stats([p.error for p in ok if getattr(p, attr) == name])
     return out

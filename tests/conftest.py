@@ -41,3 +41,23 @@ SMALL_SWEEP = {
     "seed": 3,
     "baselines": ["a100-80gb"],
 }
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _every_schedule_checked():
+    """The independent checker validates every schedule the tests produce in this process: each
+    result of :func:`phaze.schedule.solve` (through which every layer schedule, placement and
+    search goes) must satisfy precedence, modes and pool capacities."""
+    from phaze import schedule
+    from phaze.schedule_check import check_task_schedule
+    original = schedule.solve
+
+    def checked(tasks, capacities, **kw):
+        s = original(tasks, capacities, **kw)
+        problems = check_task_schedule(s, tasks, capacities)
+        assert not problems, f"schedule checker: {problems[:3]}"
+        return s
+
+    schedule.solve = checked
+    yield
+    schedule.solve = original

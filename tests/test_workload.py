@@ -404,3 +404,16 @@ def test_missing_yaml_path(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_model(path)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("name, embedding, non_embedding", [
+    ("nemotron4-15b", 3.2e9, 12.5e9),      # Nemotron-4 15B report, Sec. 2
+    ("nemotron4-340b", 9.4e9, 331.6e9),    # Nemotron-4 340B report, Sec. 2.2
+])
+def test_nemotron4_split_matches_the_reports(name, embedding, non_embedding):
+    # the reports give embedding and non-embedding counts to 0.1B (the 15B report's 3.2B embedding
+    # is 2 x 256000 x 6144 = 3.146B, so agreement is to within 0.1B, not to the rounding)
+    m = load_model(name)
+    assert abs(m.layers * m.layer_params + m.norm_params - non_embedding) <= 0.1e9
+    assert abs(m.embedding_params + m.vocab * m.hidden - embedding) <= 0.1e9   # untied input + output
+    assert (m.activation, m.bias, m.tied_embeddings, m.kv_heads, m.vocab) == ("relu", False, False, 8, 256000)
