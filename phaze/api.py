@@ -1,14 +1,39 @@
-"""The library entry points a notebook calls; the CLI is a thin layer over these."""
+"""The library entry points a notebook calls; the CLI is a thin layer over these.
+
+Errors are :class:`phaze.ConfigError` naming the function's parameter (``plan``, ``devices``,
+``global_batch``, ``tp``, ...) or the file at fault, never a command-line flag.
+"""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from .arch import Chip, load_chip
+from .configio import ConfigError
 from .cost import Efficiency
 from .plan import Plan, parse_plan
 from .step import StepResult
 from .step import evaluate as _evaluate
 from .workload import Model, load_model, with_seq_len
+
+# CLI flags as the library's parameter names
+_PARAMETER = {"--plan": "plan", "--baseline": "plan", "--devices": "devices", "--global-batch": "global_batch",
+              "--workload": "workload", "--arch": "arch", "--seq-len": "seq_len", "--tp": "tp", "--pp": "pp",
+              "--mbs": "mbs", "--vp": "vp", "--zero": "zero", "--recompute": "recompute",
+              "--attention": "attention", "--memory-reserve": "memory_reserve", "--params": "efficiency"}
+
+
+def _library_errors(fn):
+    """Re-raise a :class:`ConfigError` that names a CLI flag with the parameter's name instead."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            if exc.source not in _PARAMETER:
+                raise
+            raise ConfigError(_PARAMETER[exc.source], exc.field, _unflag(exc.message)) from None
+    return wrapper
 
 
 def as_model(workload: str | Path | Model, seq_len: int | None = None) -> Model:
@@ -21,10 +46,10 @@ def as_chip(arch: str | Path | Chip) -> Chip:
     return arch if isinstance(arch, Chip) else load_chip(arch)
 
 
-def as_plan(plan: str | Plan | None) -> Plan:
+def as_plan(plan: str | Plan | None, source: str = "--plan") -> Plan:
     if plan is None:
         return Plan()
-    return plan if isinstance(plan, Plan) else parse_plan(plan)
+    return plan if isinstance(plan, Plan) else parse_plan(plan, source)
 
 
 def calibrated_efficiency(chip: Chip) -> Efficiency:
@@ -33,27 +58,76 @@ def calibrated_efficiency(chip: Chip) -> Efficiency:
     return params_for(chip, load_default_params())
 
 
+MAX_SIZE = 1 << 24       # devices or sequences per step: past anything built (as the CLI)
+
+
+def _check_size(name: str, value) -> int:
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and float(value).is_integer()
+          and 1 <= value <= MAX_SIZE)
+    if not ok:
+        raise ConfigError(name, None, f"must be a positive integer up to {MAX_SIZE:,}, got {value!r}")
+    return int(value)
+
+
+@_library_errors
 def evaluate(workload: str | Path | Model, arch: str | Path | Chip, devices: int, global_batch: int,
              plan: str | Plan | None = None, efficiency: Efficiency | None = None,
-             seq_len: int | None = None) -> StepResult:
+             seq_len: int | None = None, memory_reserve_gib: float | None = None) -> StepResult:
     """Evaluate one training plan: ``phaze.evaluate("gpt3-175b", "a100-80gb", 1024, 1536,
     "tp=8,pp=16,mbs=1,recompute=full")``. Names resolve to shipped configs; paths and objects
     work too. ``efficiency`` defaults to the shipped calibration (``phaze.Efficiency()`` is the
-    ideal datasheet machine). Raises :class:`phaze.ConfigError` on bad input."""
+    ideal datasheet machine); ``memory_reserve_gib`` replaces the chip's modelled memory reserve.
+    Raises :class:`phaze.ConfigError` on bad input."""
+    from dataclasses import replace
+    devices, global_batch = _check_size("devices", devices), _check_size("global_batch", global_batch)
     chip = as_chip(arch)
     eff = calibrated_efficiency(chip) if efficiency is None else efficiency
-    return _evaluate(as_model(workload, seq_len), chip, int(devices), int(global_batch),
-                     as_plan(plan), eff)
+    p = as_plan(plan, "plan")
+    if memory_reserve_gib is not None:
+        p = replace(p, memory_reserve=float(memory_reserve_gib) * 2.0 ** 30)
+    return _evaluate(as_model(workload, seq_len), chip, devices, global_batch, p, eff)
 
 
+@_library_errors
 def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, global_batch: int,
-          options=None, efficiency: Efficiency | None = None, top: int = 5, seq_len: int | None = None):
+          options=None, efficiency: Efficiency | None = None, top: int = 5, seq_len: int | None = None,
+          **space):
     """Best execution plans of a workload on ``devices`` chips: ``phaze.place("gpt3-175b",
-    "a100-80gb", 1024, 1536).best.plan``. ``options`` is a :class:`phaze.PlacementOptions`."""
+    "a100-80gb", 1024, 1536).best.plan``. The space searched is ``options``
+    (:class:`phaze.PlacementOptions`) or its fields as keywords: ``tp``, ``mbs``, ``pp``, ``vp``
+    (a value or a list), ``recompute`` (modes), ``zero`` (a stage or a list of stages),
+    ``attention``, ``optimizer``, ``reduce_fp32``; ``memory_reserve_gib`` replaces the chip's
+    modelled memory reserve."""
+    from dataclasses import fields, replace
+
     from .placement import PlacementOptions
     from .placement import place as _place
+    devices, global_batch = _check_size("devices", devices), _check_size("global_batch", global_batch)
+    opts = options or PlacementOptions()
+    known = {f.name for f in fields(PlacementOptions)} - {"memory_reserve"}
+    changes = {}
+    for key, value in space.items():
+        if key == "memory_reserve_gib":
+            changes["memory_reserve"] = None if value is None else float(value) * 2.0 ** 30
+            continue
+        if key not in known:
+            allowed = ", ".join(sorted(known | {"memory_reserve_gib"}))
+            raise ConfigError(key, None, f"unknown keyword; allowed: {allowed}")
+        if key in ("tp", "mbs", "pp", "vp", "recompute", "zero") and isinstance(value, (int, str)):
+            value = (value,)
+        changes[key] = tuple(value) if isinstance(value, list) else value
+    if changes:
+        opts = replace(opts, **changes)
     chip = as_chip(arch)
     eff = calibrated_efficiency(chip) if efficiency is None else efficiency
-    return _place(as_model(workload, seq_len), chip, int(devices), int(global_batch),
-                  options or PlacementOptions(), eff, top)
+    res = _place(as_model(workload, seq_len), chip, devices, global_batch, opts, eff, top)
+    if res.best is None:        # the reason names parameters, not flags
+        res = replace(res, infeasible_source=_PARAMETER.get(res.infeasible_source, res.infeasible_source),
+                      infeasible_reason=_unflag(res.infeasible_reason))
+    return res
 
+
+def _unflag(message: str) -> str:
+    for flag, name in sorted(_PARAMETER.items(), key=lambda kv: -len(kv[0])):
+        message = message.replace(flag, name)
+    return message

@@ -33,8 +33,13 @@ def read_mapping(path: str | Path) -> dict:
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(path, None, "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(path, None, "is a directory; allowed: a YAML or JSON file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, None, f"not a text file (byte {exc.start} is not UTF-8); allowed: "
+                                      f"a YAML or JSON file") from None
     except OSError as exc:
-        raise ConfigError(path, None, f"cannot read file ({exc.strerror})") from None
+        raise ConfigError(path, None, f"cannot read file ({exc.strerror or exc})") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
@@ -44,6 +49,9 @@ def read_mapping(path: str | Path) -> dict:
         reason = getattr(exc, "problem", None) or getattr(exc, "msg", None) or "syntax error"
         raise ConfigError(path, None, f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}"
                                       f"{line}: {reason}") from None
+    except (RecursionError, ValueError) as exc:     # absurd nesting, numbers past the int limit
+        raise ConfigError(path, None, f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                                      f"{type(exc).__name__}") from None
     if not isinstance(data, dict):
         raise ConfigError(path, None, "top level must be a mapping of field: value")
     return data

@@ -25,6 +25,7 @@ import numpy as np
 from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency
+from .memory import memory_reserve_bytes
 from .plan import RECOMPUTE, Plan
 from .step import StageCosts, StepResult, check_plan, evaluate, layout_of, mode_cost_bounds, stage_costs, stage_layers
 from .workload import Model
@@ -33,21 +34,36 @@ GiB = 2.0 ** 30
 _SLACK = 1 - 1e-9   # bounds are summed in another order than exact step times: allow for rounding
 
 
+SEARCH_ZERO = -1                 # PlacementOptions.zero: search DEFAULT_ZERO_STAGES
+DEFAULT_ZERO_STAGES = (0, 1)     # no sharding, and Megatron's distributed optimizer (ZeRO-1)
+
+
 @dataclass(frozen=True)
 class PlacementOptions:
     """The space searched. ``tp``, ``mbs``, ``vp``: candidate values (invalid ones are skipped);
-    ``pp``: candidate depths (empty: every divisor of devices/tp up to the layer count)."""
+    ``pp``: candidate depths (empty: every divisor of devices/tp up to the layer count);
+    ``zero``: a ZeRO stage, a tuple of stages to search, or ``SEARCH_ZERO`` (the default) for
+    :data:`DEFAULT_ZERO_STAGES`; ``memory_reserve``: bytes kept free per device (None: the
+    chip's modelled reserve, :func:`phaze.memory.memory_reserve_bytes`)."""
 
     tp: tuple[int, ...] = (1, 2, 4, 8)
     mbs: tuple[int, ...] = (1, 2, 4, 8)
     recompute: tuple[str, ...] = RECOMPUTE
     pp: tuple[int, ...] = ()
     vp: tuple[int, ...] = (1,)
-    zero: int = 0
+    zero: int | tuple[int, ...] = SEARCH_ZERO
     attention: str = "flash"
     sp: bool = True
     optimizer: str = "adam"
     exhaustive: bool = False    # solve every layout's layer schedules (no bounding): for checks
+    memory_reserve: float | None = None
+    reduce_fp32: bool = False
+
+    @property
+    def zero_stages(self) -> tuple[int, ...]:
+        if isinstance(self.zero, int):
+            return DEFAULT_ZERO_STAGES if self.zero == SEARCH_ZERO else (self.zero,)
+        return tuple(sorted(set(self.zero)))
 
 
 @dataclass(frozen=True)
@@ -66,13 +82,58 @@ class PlacementResult:
     solve_time_s: float
     infeasible_reason: str = ""
     layouts_solved: int = 0             # layouts whose layer schedules were solved (not pruned)
+    infeasible_source: str = ""         # the flag (or parameter) the reason is about
+    baseline_kind: str = ""             # what the baseline is (how it was chosen)
+
+    def to_dict(self) -> dict:
+        """Plain data (JSON-ready): the best plan, the runners-up and the baseline with their results."""
+        def one(p):
+            return None if p is None else dict(p.result.to_dict(), plan=p.plan.label())
+        return {"best": one(self.best), "top": [one(p) for p in self.top], "baseline": one(self.baseline),
+                "baseline_kind": self.baseline_kind, "gain_over_baseline": self.gain_over_baseline,
+                "layouts_considered": self.layouts_considered, "layouts_feasible": self.layouts_feasible,
+                "layouts_solved": self.layouts_solved, "solve_time_s": float(self.solve_time_s),
+                "infeasible_reason": self.infeasible_reason}
+
+    def to_frame(self):
+        """The ranked plans as a pandas DataFrame: one row each (rank 1 is the best), then the baseline."""
+        import pandas as pd
+        rows = []
+        for rank, p in [(k, p) for k, p in enumerate(self.top, 1)] + ([("baseline", self.baseline)]
+                                                                      if self.baseline else []):
+            r = p.result
+            rows.append({"rank": rank, "plan": p.plan.label(), "tp": p.plan.tp, "pp": p.plan.pp,
+                         "mbs": p.plan.mbs, "zero": p.plan.zero, "recompute": p.plan.recompute,
+                         "step_time_s": r.step_time_s, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
+                         "memory_gib": r.memory_per_device_bytes / GiB, "headroom_gib": r.headroom_bytes / GiB,
+                         "fits": r.fits})
+        return pd.DataFrame(rows)
+
+    def __repr__(self) -> str:
+        if self.best is None:
+            return f"PlacementResult(no plan: {self.infeasible_reason})"
+        r = self.best.result
+        gain = self.gain_over_baseline
+        return (f"PlacementResult(best {self.best.plan.label()}: step {r.step_time_s:.4g} s, "
+                f"{r.tokens_per_s:,.0f} tokens/s, MFU {100 * r.mfu:.1f} %, headroom {r.headroom_bytes / GiB:.1f} GiB; "
+                f"{len(self.top)} plans ranked, {self.layouts_feasible} of {self.layouts_considered} layouts fit"
+                + ("" if gain is None else f"; {100 * gain:+.1f} % over the baseline") + ")")
+
+    def _repr_html_(self) -> str:
+        if self.best is None:
+            from html import escape
+            return f"<p>no plan: {escape(self.infeasible_reason)}</p>"
+        frame = self.to_frame()
+        return (f"<p>{self.best.result.workload} on {self.best.result.devices} x {self.best.result.chip}: "
+                f"{self.layouts_feasible} of {self.layouts_considered} layouts fit; baseline: "
+                f"{self.baseline_kind}</p>" + frame.to_html(index=False, float_format=lambda x: f"{x:.4g}"))
 
     @property
     def gain_over_baseline(self) -> float | None:
         """Throughput of the best plan over the baseline's, minus one."""
         if not self.best or not self.baseline:
             return None
-        return self.baseline.result.step_time_s / self.best.result.step_time_s - 1.0
+        return float(self.baseline.result.step_time_s / self.best.result.step_time_s - 1.0)
 
 
 # --- per-stage option tables -----------------------------------------------------------------------
@@ -103,11 +164,11 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n) -> _Options:
             t[i, idx, k] = costs.time(i, ns, r).total
             comm, opt = costs.tail(i, ns, r)
             tl[i, idx, k] = comm + opt
-        for i in range(pp):
-            if i not in classes:
-                t[i, idx, k], tl[i, idx, k] = t[1, idx, k], tl[1, idx, k]
+        if pp > 3:          # interior stages 2 .. pp-2 are stage 1's copies
+            t[2:pp - 1, idx, k], tl[2:pp - 1, idx, k] = t[1, idx, k], tl[1, idx, k]
         mem[:, idx, k] = costs.memory_table(r, ns)
-    return _Options(t, tl, mem <= costs.chip.hbm_bytes, mem, modes)
+    reserve = memory_reserve_bytes(costs.chip, costs.plan.memory_reserve)
+    return _Options(t, tl, mem + reserve <= costs.chip.hbm_bytes, mem, modes)
 
 
 def _min_plus(best: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -205,22 +266,105 @@ def _solve_layout(costs: StageCosts, opts: _Options):
 
 
 # --- layouts -----------------------------------------------------------------------------------------
+def _depths(model: Model, devices: int, tp: int, options: PlacementOptions) -> tuple[int, ...]:
+    """Candidate pipeline depths: the listed ones, or every divisor of devices/tp that is at most
+    the layer count (a deeper pipeline has an empty stage); O(layers), whatever the devices."""
+    n = devices // tp
+    return options.pp or tuple(d for d in range(1, min(n, model.layers) + 1) if n % d == 0)
+
+
 def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions):
     """Every valid layout of the option space, as base plans."""
+    zeros = options.zero_stages
     for tp in sorted(set(options.tp)):
         if tp > devices or devices % tp:
             continue
-        depths = options.pp or tuple(d for d in range(1, devices // tp + 1) if (devices // tp) % d == 0)
-        for pp in sorted(set(depths)):
+        for pp in sorted(set(_depths(model, devices, tp, options))):
+            if devices % (tp * pp):
+                continue
+            for zero in zeros:
+                if zero and 0 in zeros and devices // (tp * pp) == 1:
+                    continue      # nothing to shard over: the same plan as zero=0
+                for vp in sorted(set(options.vp)):
+                    for mbs in sorted(set(options.mbs)):
+                        plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, zero=zero, sp=options.sp and tp > 1,
+                                    attention=options.attention, optimizer=options.optimizer,
+                                    reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve)
+                        try:
+                            check_plan(model, devices, global_batch, plan)
+                        except ConfigError:
+                            continue
+                        yield plan
+
+
+def _listing(values, limit: int = 12) -> str:
+    values = sorted(set(values))
+    if len(values) > limit:
+        return ", ".join(map(str, values[:limit // 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
+    return ", ".join(map(str, values))
+
+
+def no_layout_reason(model: Model, devices: int, global_batch: int, options: PlacementOptions) -> tuple[str, str]:
+    """Why no layout of the options is valid: (the flag at fault, the reason with the nearest
+    values that work). Checked in the order a layout is built: tp, pp, vp, the global batch."""
+    def divisors(n: int, cap: int) -> list[int]:
+        return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
+
+    def tp_problem(tp: int) -> str:
+        if model.heads % tp or model.ffn_hidden % tp:
+            return f"{tp} does not divide the heads ({model.heads}) and the FFN width ({model.ffn_hidden})"
+        if model.kv_heads % tp and tp % model.kv_heads:
+            return f"{tp} neither divides nor is a multiple of the KV heads ({model.kv_heads})"
+        if devices % tp:
+            return f"{tp} does not divide the devices ({devices})"
+        if options.sp and tp > 1 and model.seq_len % tp:
+            return f"{tp} does not divide the sequence length ({model.seq_len}) (sequence parallelism)"
+        return ""
+
+    tps = [tp for tp in sorted(set(options.tp)) if not tp_problem(tp)]
+    if not tps:
+        good = [t for t in divisors(math.gcd(model.heads, model.ffn_hidden, devices), 64) if not tp_problem(t)]
+        return "--tp", ("no tensor-parallel width works: " + "; ".join(tp_problem(t) for t in sorted(set(options.tp)))
+                        + f"; allowed: {_listing(good)}")
+    structural = []      # (tp, pp, vp) that build a layout whatever the batch
+    depth_ok = set()
+    for tp in tps:
+        for pp in _depths(model, devices, tp, options):
+            if (devices // tp) % pp or pp > model.layers:
+                continue
+            depth_ok.add((tp, pp))
             for vp in sorted(set(options.vp)):
-                for mbs in sorted(set(options.mbs)):
-                    plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, zero=options.zero, sp=options.sp and tp > 1,
-                                attention=options.attention, optimizer=options.optimizer)
-                    try:
-                        check_plan(model, devices, global_batch, plan)
-                    except ConfigError:
-                        continue
-                    yield plan
+                if pp * vp <= model.layers and (vp == 1 or (pp > 1 and model.layers % (pp * vp) == 0)):
+                    structural.append((tp, pp, vp))
+    if not depth_ok:
+        good = sorted({d for tp in tps for d in divisors(devices // tp, model.layers)})
+        bad = "; ".join(f"{pp} " + (f"exceeds the layers ({model.layers})" if pp > model.layers else
+                                    f"does not divide devices/tp ({', '.join(str(devices // t) for t in tps)})")
+                        for pp in sorted(set(options.pp)))
+        return "--pp", f"no pipeline depth works: {bad}; allowed (with tp {_listing(tps)}): {_listing(good)}"
+    if not structural:
+        return "--vp", (f"interleaving needs pp > 1 and pp*vp dividing the layers ({model.layers}); with the "
+                        f"depths {_listing(pp for _, pp in depth_ok)} no vp of {_listing(options.vp)} does; "
+                        f"allowed: vp = 1, or a vp with pp*vp dividing {model.layers}")
+    grains = sorted({(devices // (tp * pp)) * mbs for tp, pp, _ in structural for mbs in set(options.mbs)})
+    if not any(global_batch % g == 0 for g in grains):
+        b = global_batch
+        below = max((b // g * g for g in grains if b // g), default=None)
+        above = min(-(-b // g) * g for g in grains)
+        nearest = " or ".join(f"{x:,}" for x in (below, above) if x)
+        dps = sorted({devices // (tp * pp) for tp, pp, _ in structural})
+        most = max(tp * pp for tp, pp, _ in structural)
+        more = (f"; or use at most {b * most:,} devices (dp <= {b:,} with tp*pp <= {most})"
+                if b < min(dps) else "")
+        return "--global-batch", (f"{b:,} is not a multiple of dp*mbs for any layout (dp = devices/(tp*pp) is "
+                                  f"{_listing(dps)}, mbs {_listing(options.mbs)}); nearest that work: {nearest}{more}")
+    for tp, pp, vp in structural:       # the first remaining reason (context, sequence, ...)
+        for mbs in sorted(set(options.mbs)):
+            try:
+                check_plan(model, devices, global_batch, Plan(tp=tp, pp=pp, vp=vp, mbs=mbs, sp=options.sp and tp > 1))
+            except ConfigError as exc:
+                return exc.source, (f"field '{exc.field}': " if exc.field else "") + exc.message
+    return "--tp", "no valid layout in the options"
 
 
 def _fits_somehow(opts: _Options, L: int) -> bool:
@@ -250,13 +394,14 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...]) -> float:
 
 def place(model: Model, chip: Chip, devices: int, global_batch: int,
           options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL,
-          top: int = 5) -> PlacementResult:
+          top: int = 5, progress=None) -> PlacementResult:
     """The best plan (and the ``top`` best, one per layout) of ``model`` on ``devices`` chips.
 
     Bound first, solve what can win: every layout gets a lower bound of its best step time from
     lower bounds of the layer schedules (no solver); layouts are then solved exactly, best
     bound first, until no remaining bound can reach the ``top`` best found (nor the baseline).
-    The result is exactly what solving every layout returns (``options.exhaustive`` does that)."""
+    The result is exactly what solving every layout returns (``options.exhaustive`` does that).
+    ``progress(done, total)``, if given, is called as layouts are solved or ruled out."""
     start = time.perf_counter()
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     if not modes:
@@ -264,8 +409,9 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     keep = max(1, top)
     tokens = global_batch * model.seq_len
     exhaustive = options.exhaustive
-    queue: list = []        # (bound, index, stage): 0 quick bound, 1 DP bound, then solve
+    queue: list = []        # (bound, index, stage): 0 quick bound, 1 DP bound (of a group), 2 solve
     info: dict = {}         # index -> (base, costs, bound costs, allowed_n, even, DP bound solution)
+    groups: dict = {}       # the layout without its ZeRO stage -> indices of its variants
     base_cands: list = []   # (bound, index, plan) of the even-split, one-mode baselines
     closest = None
     considered = feasible = 0
@@ -279,7 +425,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         opts = _options(lb_costs, modes, allowed_n)     # memory does not depend on the bounds
         # the Megatron-style plan: even split, one recompute mode for every stage
         for k, r in enumerate(modes):
-            if all(opts.fits[i, n, k] for i, n in enumerate(even)):
+            if opts.fits[np.arange(pp), even, k].all():
                 plan = replace(base, recompute=r)
                 ts, tails = opts.time[np.arange(pp), even, k], opts.tail[np.arange(pp), even, k]
                 m, v = lb_costs.micro_batches, base.vp
@@ -294,9 +440,19 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
             continue
         feasible += 1
         info[considered] = [base, costs, lb_costs, allowed_n, even, opts]
-        heapq.heappush(queue, (0.0 if exhaustive else _quick_bound(lb_costs, modes), considered, 0))
+        groups.setdefault(replace(base, zero=0), []).append(considered)
+    # the ZeRO variants of a layout share their stage times (but for FSDP's, which are larger)
+    # and differ in tails and memory: one DP on the element-wise smallest times and tails, with
+    # what fits in any variant, bounds them all; a group is split only if that bound can win
+    for members in groups.values():
+        lead = members[0]
+        quick = 0.0 if exhaustive else min(_quick_bound(info[i][2], modes) for i in members)
+        heapq.heappush(queue, (quick, lead, 0))
+    group_of = {members[0]: members for members in groups.values()}
     heap: list = []         # the `keep` best (tokens/s, index, Placement) solved so far
     solved_n = 0
+    if progress:
+        progress(0, feasible)
 
     def beaten(bound: float) -> bool:
         """No layout whose step time is at least ``bound`` can enter the top ``keep``."""
@@ -310,8 +466,24 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         base, costs, lb_costs, allowed_n, even, _ = info[idx]
         pp = base.pp
         if stage == 0:
-            lb = _solve_layout(lb_costs, info[idx][5])
-            heapq.heappush(queue, (0.0 if exhaustive else lb[0], idx, 1))
+            members = group_of[idx]
+            if exhaustive:
+                for i in members:
+                    heapq.heappush(queue, (0.0, i, 2))
+                continue
+            if len(members) == 1:
+                both = info[idx][5]
+            else:
+                each = [info[i][5] for i in members]
+                both = _Options(np.minimum.reduce([o.time for o in each]), np.minimum.reduce([o.tail for o in each]),
+                                np.logical_or.reduce([o.fits for o in each]), each[0].memory, each[0].modes)
+            lb = _solve_layout(lb_costs, both)
+            heapq.heappush(queue, (lb[0], idx, 1 if len(members) > 1 else 2))
+            continue
+        if stage == 1:      # the group's bound can still win: bound each variant on its own
+            for i in group_of[idx]:
+                lb = _solve_layout(info[i][2], info[i][5])
+                heapq.heappush(queue, (lb[0], i, 2))
             continue
         # solve the layout exactly (its layer schedules)
         solved_n += 1
@@ -325,9 +497,23 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         heapq.heappush(heap, (res.tokens_per_s, idx, Placement(plan, res)))
         if len(heap) > keep:
             heapq.heappop(heap)
+        if progress:
+            progress(solved_n, feasible)
+    if progress:
+        progress(feasible, feasible)
     ranked = tuple(p for _, _, p in sorted(heap, key=lambda x: (-x[0], x[1])))
 
-    # the baseline: the best even split with one mode (the earliest layout among equals)
+    # the baseline, Megatron-style: tensor parallelism over the node (the first link level, up
+    # to its width; the widest valid tp on a one-level network), an even split and one recompute
+    # mode for every stage; the best such plan (the earliest layout among equals)
+    node = chip.links[0].devices if chip.links and chip.links[0].devices > 0 else devices
+    widths = sorted({plan.tp for _, _, plan in base_cands})
+    node_tp = max((t for t in widths if t <= node), default=widths[0] if widths else 0)
+    base_cands = [c for c in base_cands if c[2].tp == node_tp]
+    kind = (f"Megatron-style: tp={node_tp} (tensor parallelism over the {node}-chip node), an even split "
+            f"and one recompute mode for every stage, the best such plan" if node < devices else
+            f"Megatron-style: tp={node_tp} (the widest that fits the options), an even split and one "
+            f"recompute mode for every stage, the best such plan")
     baseline, best_key = None, None
     for bound, idx, plan in sorted(base_cands, key=lambda c: (c[0], c[1])):
         if best_key is not None and not exhaustive and bound * _SLACK > best_key[0]:
@@ -335,13 +521,18 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         res = evaluate(model, chip, devices, global_batch, plan, eff)
         if best_key is None or (res.step_time_s, idx) < best_key:
             best_key, baseline = (res.step_time_s, idx), Placement(plan, res)
-    reason = ""
+    reason, source = "", ""
     if not ranked:
         if closest is None:
-            reason = "no valid layout: no tp in the options divides the heads and the devices"
+            source, reason = no_layout_reason(model, devices, global_batch, options)
         else:
             need, plan, stage = closest
+            reserve = memory_reserve_bytes(chip, options.memory_reserve)
+            source = "--arch"
             reason = (f"nothing fits: the closest plan ({plan.label()}) needs {need / GiB:.1f} GiB per "
-                      f"device on stage {stage}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB")
+                      f"device on stage {stage}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB"
+                      + (f" ({(chip.hbm_bytes - reserve) / GiB:.1f} GiB after a {reserve / GiB:.1f} GiB reserve)"
+                         if reserve else "")
+                      + "; allowed: more devices, a chip with more HBM, or a smaller --memory-reserve")
     return PlacementResult(ranked[0] if ranked else None, ranked, baseline, considered, feasible,
-                           time.perf_counter() - start, reason, solved_n)
+                           time.perf_counter() - start, reason, solved_n, source, kind if baseline else "")

@@ -41,6 +41,7 @@ class Plan:
     schedule: str = "optimal"              # layer time: CP-SAT schedule | sequential sum of ops
     stages: tuple[int, ...] = ()           # layers per pipeline stage (empty: even split)
     stage_recompute: tuple[str, ...] = ()  # recompute per stage (empty: ``recompute`` everywhere)
+    memory_reserve: float | None = None    # bytes per device kept free (None: the chip's modelled reserve)
 
     def __post_init__(self):
         if self.sp is None:
@@ -61,13 +62,16 @@ class Plan:
 
 
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp")
+_NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a plan's text
+PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
+             "tp_overlap", "reduce_fp32", "schedule", "stages", "stage_recompute")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
 
 
 def parse_plan(text: str, source: str = "--plan") -> Plan:
     """``tp=8,pp=8,mbs=1,recompute=selective`` -> :class:`Plan`."""
-    allowed = [f.name for f in fields(Plan)]
+    allowed = [f.name for f in fields(Plan) if f.name not in _NOT_KEYS]
     values: dict = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, sep, raw = item.partition("=")

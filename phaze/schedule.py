@@ -1064,25 +1064,53 @@ def _lanes(sched: Schedule):
     return out
 
 
+_KIND_SUFFIXES = (".grad_fp8_cast", ".fp8_cast", ".input_all_gather", ".dgrad.all_reduce", ".dgrad_a", ".dgrad_b",
+                  ".dgrad", ".wgrad", ".bwd")
+
+
+def op_kind(name: str) -> str:
+    """The forward operator an op belongs to (``qkv`` for ``qkv.wgrad`` and ``recompute.qkv``):
+    one colour per kind across the forward and backward phases."""
+    name = name.removeprefix("recompute.")
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _KIND_SUFFIXES:
+            if name.endswith(suffix):
+                name, changed = name[: -len(suffix)], True
+    return name
+
+
 def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "") -> None:
     """Draw ``panels`` ((label, schedule), ...) as Gantt charts, one panel each: a row per unit
-    group (tensor units, vector units, links), a bar per op over the units it holds, labelled
-    by name where the name fits."""
+    group (tensor units, vector units, links) with a faint line per unit, a bar per op over the
+    units it holds (its height is its share of the pool), one colour per operator kind in both
+    phases (legend), labelled with its name and share (``qkv 8/8``) where the label fits."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 2.6 * len(panels) + 0.6), squeeze=False)
     colours = plt.get_cmap("tab20").colors
+    kinds: list[str] = []
+    for _, sched in panels:
+        for e in sorted(sched.ops, key=lambda e: (e.start_s, e.name)):
+            if op_kind(e.name) not in kinds:
+                kinds.append(op_kind(e.name))
+    colour = {k: colours[i % len(colours)] for i, k in enumerate(kinds)}
+    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 2.6 * len(panels) + 1.4), squeeze=False)
     for ax, (label, sched) in zip(axes[:, 0], panels, strict=False):
         scale, unit = (1e3, "ms") if sched.makespan_s >= 1e-3 else (1e6, "us")
         ax.set_xlim(0, max(sched.makespan_s * scale, 1e-9))
         fig.canvas.draw()   # so that bar widths in pixels are known
         px_per_x = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
-        by_start = sorted(sched.ops, key=lambda e: (e.start_s, e.name))   # neighbours differ
-        colour = {e.name: colours[i % len(colours)] for i, e in enumerate(by_start)}
+        caps = []
         for row, ((_row_name, _, _), (cap, items)) in enumerate(zip(_ROWS, _lanes(sched), strict=False)):
             base = len(_ROWS) - 1 - row
+            caps.append(cap)
+            if 1 < cap <= 32:
+                for u in range(1, cap):
+                    ax.axhline(base + 0.05 + 0.9 * u / cap, color="0.85", linewidth=0.3, zorder=0)
             for e, lanes in items:
                 runs, start = [], None
                 for u in sorted(lanes) + [None]:
@@ -1098,23 +1126,27 @@ def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "") -
                     if lo is None:
                         continue
                     y0, h = base + 0.05 + 0.9 * lo / cap, 0.9 * (hi - lo + 1) / cap
-                    ax.add_patch(plt.Rectangle((x, y0), w, h, facecolor=colour[e.name], edgecolor="black",
-                                               linewidth=0.4))
+                    ax.add_patch(plt.Rectangle((x, y0), w, h, facecolor=colour[op_kind(e.name)],
+                                               edgecolor="black", linewidth=0.4))
                 lo, hi = max((r for r in runs if r[0] is not None), key=lambda r: r[1] - r[0])
                 h_px = 0.9 * (hi - lo + 1) / cap * (ax.transData.transform((0, 1))[1]
                                                     - ax.transData.transform((0, 0))[1])
-                if w * px_per_x > 6.0 * len(e.name) + 4 and h_px > 9:
-                    ax.text(x + w / 2, base + 0.05 + 0.9 * (lo + hi + 1) / (2 * cap), e.name, ha="center",
+                text = f"{e.name} {len(lanes)}/{cap}" if cap > 1 else e.name
+                if w * px_per_x > 6.0 * len(text) + 4 and h_px > 9:
+                    ax.text(x + w / 2, base + 0.05 + 0.9 * (lo + hi + 1) / (2 * cap), text, ha="center",
                             va="center", fontsize=7, clip_on=True)
         ax.set_ylim(0, len(_ROWS))
         ax.set_yticks([len(_ROWS) - 1 - r + 0.5 for r in range(len(_ROWS))])
-        ax.set_yticklabels([r[0] for r in _ROWS])
+        ax.set_yticklabels([f"{r[0]} ({c})" if c > 1 else r[0] for r, c in zip(_ROWS, caps, strict=False)])
         ax.set_xlabel(f"time ({unit})")
         ax.set_title(f"{label}: {sched.makespan_s * scale:.4g} {unit}, {sched.status}"
                      f" (sequential {sched.sequential_sum_s * scale:.4g} {unit})", fontsize=10)
+    fig.legend(handles=[Patch(facecolor=colour[k], edgecolor="black", linewidth=0.4, label=k) for k in kinds],
+               loc="lower center", ncol=min(len(kinds), 8), fontsize=7, frameon=False,
+               title="operator (forward and backward; bar height = share of the unit pool)", title_fontsize=7)
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04 + 0.012 * ((len(kinds) + 7) // 8), 1, 1))
     try:
         fig.savefig(path, dpi=150)
     finally:

@@ -17,7 +17,7 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, collective_time, op_time
 from .graph import edge_graph, layer_graph, optimizer_op, tensor_flops
-from .memory import StageMemory, activation_bytes_per_layer, state_bytes_per_param
+from .memory import StageMemory, activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
 from .plan import Plan
 from .workload import Model, with_seq_len
 
@@ -156,6 +156,8 @@ class StepResult:
     binding_stage: int
     breakdown_s: dict = field(default_factory=dict)
     stage_memory: tuple = ()
+    memory_reserve_bytes: float = 0.0   # kept free for the runtime (CUDA context, NCCL, fragmentation)
+    headroom_bytes: float = 0.0         # HBM - reserve - the binding stage's need (negative: does not fit)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -166,6 +168,30 @@ class StepResult:
         m = self.stage_memory[self.binding_stage]
         return (f"needs {m.total_bytes / 1e9:.1f} GB per device on stage {m.stage}, "
                 f"chip has {self.hbm_bytes / 1e9:.1f} GB")
+
+    def __repr__(self) -> str:
+        return (f"StepResult({self.workload} on {self.devices} x {self.chip}, batch {self.global_batch}, "
+                f"plan {self.plan}: step {self.step_time_s:.4g} s, {self.tokens_per_s:,.0f} tokens/s, "
+                f"MFU {100 * self.mfu:.1f} %, memory {self.memory_per_device_bytes / 2 ** 30:.1f} of "
+                f"{self.hbm_bytes / 2 ** 30:.1f} GiB (reserve {self.memory_reserve_bytes / 2 ** 30:.1f}, "
+                f"headroom {self.headroom_bytes / 2 ** 30:.1f}), {'fits' if self.fits else 'DOES NOT FIT'})")
+
+    def _repr_html_(self) -> str:
+        from html import escape
+        gib = 2.0 ** 30
+        rows = [("workload", self.workload), ("cluster", f"{self.devices} x {self.chip}"),
+                ("global batch", f"{self.global_batch}"), ("plan", self.plan),
+                ("dp, micro-batches", f"{self.dp}, {self.micro_batches}"),
+                ("step time", f"{self.step_time_s:.4g} s"), ("throughput", f"{self.tokens_per_s:,.0f} tokens/s"),
+                ("MFU / HFU", f"{100 * self.mfu:.1f} % / {100 * self.hfu:.1f} %"),
+                ("memory per device", f"{self.memory_per_device_bytes / gib:.1f} GiB of {self.hbm_bytes / gib:.1f}"
+                                      f" GiB, reserve {self.memory_reserve_bytes / gib:.1f} GiB, headroom "
+                                      f"{self.headroom_bytes / gib:.1f} GiB: "
+                                      f"{'fits' if self.fits else 'DOES NOT FIT'}")]
+        rows += [(k.removesuffix("_s").replace("_", " "), f"{v:.4g} s") for k, v in self.breakdown_s.items()]
+        body = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
+                       f"{escape(v)}</td></tr>" for k, v in rows)
+        return f"<table>{body}</table>"
 
 
 def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> None:
@@ -419,8 +445,11 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
             one += collective_time("all_gather", act, tp, chip, 1, eff)
         send = 2 * v * one
     full_act = activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, "none", plan.attention)
+    # fp32 gradient reduction keeps fp32 main gradients (Megatron's --accumulate-allreduce-grads-in-fp32:
+    # 18 bytes per parameter with Adam, 6 + 12/d with the distributed optimizer)
+    grad_bytes = 4 if plan.reduce_fp32 else p
     return StageCosts(model, plan, devices, global_batch // (dp * plan.mbs), full_act, emb, head, send,
-                      state_bytes_per_param(plan.optimizer, plan.zero, dp * plan.cp, p, p), chip, eff)
+                      state_bytes_per_param(plan.optimizer, plan.zero, dp * plan.cp, p, grad_bytes), chip, eff)
 
 
 def layout_of(plan: Plan) -> Plan:
@@ -466,16 +495,21 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     peak = chip.peak_flops(model.precision) * devices
     hw = sum(n * _hardware_flops_per_layer(model, r) for n, r in zip(counts, recs, strict=False)) / model.layers
     hw = (hw + _edge_flops(model)) * global_batch
-    stages = [costs.memory(i, n, r) for i, (n, r) in enumerate(zip(counts, recs, strict=False))]
+    stages = [StageMemory(s.stage, int(s.layers), float(s.weights_and_optimizer_bytes), float(s.activation_bytes),
+                          float(s.transient_bytes))
+              for s in (costs.memory(i, n, r) for i, (n, r) in enumerate(zip(counts, recs, strict=False)))]
     worst = max(range(pp), key=lambda i: stages[i].total_bytes)
     need = stages[worst].total_bytes
+    reserve = memory_reserve_bytes(chip, plan.memory_reserve)
+    step = float(step)
     return StepResult(
         workload=model.name, chip=chip.name, devices=devices, global_batch=global_batch,
         plan=plan.label(), dp=plan.dp(devices), micro_batches=m, step_time_s=step,
         samples_per_s=global_batch / step, tokens_per_s=global_batch * model.seq_len / step,
-        model_flops_per_step=flops, mfu=flops / (step * peak), hfu=hw / (step * peak),
-        memory_per_device_bytes=need, hbm_bytes=chip.hbm_bytes, fits=need <= chip.hbm_bytes,
-        binding_stage=worst, breakdown_s=breakdown, stage_memory=tuple(stages))
+        model_flops_per_step=float(flops), mfu=float(flops / (step * peak)), hfu=float(hw / (step * peak)),
+        memory_per_device_bytes=need, hbm_bytes=float(chip.hbm_bytes), fits=bool(need + reserve <= chip.hbm_bytes),
+        binding_stage=worst, breakdown_s={k: float(v) for k, v in breakdown.items()}, stage_memory=tuple(stages),
+        memory_reserve_bytes=reserve, headroom_bytes=float(chip.hbm_bytes - reserve - need))
 
 
 @lru_cache(maxsize=4096)

@@ -6,7 +6,7 @@ frozen :class:`Model`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .configio import ConfigError, Fields, read_mapping
@@ -41,6 +41,9 @@ class Model:
     embedding_projection_dim: int = 0    # OPT-350M style factorised embedding; 0 = none
     token_types: int = 0                 # BERT segment embeddings
     precision: str = "bf16"
+    qkv_bias: bool = False               # biases on the q, k, v projections only (Qwen2) when ``bias`` is off
+    sliding_window: int = 0              # attention window (Mistral); 0 = every earlier token
+    notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
         if self.kv_heads == 0:
@@ -84,7 +87,9 @@ class Model:
     def attention_params(self) -> int:
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
         weights = h * (q + 2 * kv) + q * h
-        return weights + ((q + 2 * kv + h) if self.bias else 0)
+        if self.bias:
+            return weights + q + 2 * kv + h
+        return weights + ((q + 2 * kv) if self.qkv_bias else 0)
 
     @property
     def ffn_params(self) -> int:
@@ -232,7 +237,23 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     precision = {"float16": "fp16", "bfloat16": "bf16", "float32": "bf16"}.get(dtype, "bf16")
     # training length defaults to the context length, capped at 8192 (long-context checkpoints
     # are pre-trained shorter); --seq-len overrides
-    seq = min(int(max_pos), 8192) if isinstance(max_pos, int) else 2048
+    notes = []
+    if isinstance(max_pos, int) and max_pos > 0:
+        seq = min(max_pos, 8192)
+        notes.append(f"sequence length {seq}: the config's context of {max_pos}"
+                     + (" capped at 8192 (long-context checkpoints pre-train shorter)" if max_pos > 8192 else "")
+                     + "; --seq-len sets it")
+    else:
+        seq = 2048
+        notes.append("sequence length 2048: the config gives no context length; --seq-len sets it")
+    qkv_bias = mtype == "qwen2" and not bias
+    if qkv_bias:
+        notes.append("q/k/v projections with biases (Qwen2), no other linear biases")
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window", mtype == "mistral") is False or not isinstance(window, int) or window <= 0:
+        window = 0
+    if window:
+        notes.append(f"sliding-window attention over {window} tokens (in effect when the sequence is longer)")
     return Model(
         name=name or cfg.get("_name_or_path") or mtype or "hf-model",
         architecture="encoder" if encoder else "decoder",
@@ -246,6 +267,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                             "attention_dropout", default=0.0)),
         embedding_norm=encoder, embedding_projection_dim=proj if proj and proj != hidden else 0,
         token_types=cfg.get("type_vocab_size", 0) if encoder else 0, precision=precision,
+        qkv_bias=qkv_bias, sliding_window=window, notes=tuple(notes),
     )
 
 
@@ -262,8 +284,13 @@ def resolve_config(name: str, dirs: list[Path], what: str, flag: str) -> Path:
     if not name.strip():
         raise ConfigError(flag, None, f"must name a shipped {what} or a .yaml path, got ''")
     path = Path(name)
-    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        if path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError) as exc:     # a name too long for the file system, a NUL byte
+        raise ConfigError(flag, None, f"cannot be read as a path ({getattr(exc, 'strerror', None) or exc}); "
+                                      f"allowed: a shipped {what} name or a .yaml path") from None
+    if path.suffix in (".yaml", ".yml", ".json") or exists:
+        if exists:
             return path
         raise ConfigError(name, None, "file not found")
     for d in dirs:
@@ -295,7 +322,9 @@ def with_seq_len(model: Model, seq_len: int) -> Model:
     if seq_len == model.seq_len:
         return model
     grow = model.position_embedding == "learned" and model.max_positions < seq_len
-    return replace(model, seq_len=seq_len,
+    notes = tuple(n for n in model.notes if not n.startswith("sequence length")) + (
+        f"sequence length {seq_len} (set by --seq-len)",)
+    return replace(model, seq_len=seq_len, notes=notes,
                    max_positions=seq_len if grow else model.max_positions)
 
 

@@ -285,8 +285,8 @@ def test_python_api_matches_cli(cli_json):
 def test_python_api_raises_config_error():
     with pytest.raises(phaze.ConfigError) as info:
         phaze.evaluate("gpt3-175b", "a100-80gb", 1024, 1536, "tp=7")
-    assert info.value.source == "--plan" and info.value.field == "tp"
-    assert "allowed" in str(info.value)
+    assert info.value.source == "plan" and info.value.field == "tp"     # the parameter, not a CLI flag
+    assert "allowed" in str(info.value) and "--" not in str(info.value)
 
 
 def test_text_format(tmp_path, cli_json):
@@ -303,3 +303,156 @@ def test_text_format(tmp_path, cli_json):
         value = cli_json["breakdown_s"][key]
         assert re.search(rf"{re.escape(label)}\s+{value:.3f} s", out), (label, out)
     assert "fits" in out and "DOES NOT FIT" not in out
+
+
+# --- issue 14: no hangs, no tracebacks, errors that name the real flag ------------------------
+PLACE = ["place", *GPT3, "--devices", "1024", "--global-batch", "1536"]
+
+
+def timed_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """Every bad command line answers within 10 s (the process start included)."""
+    import time
+    t = time.perf_counter()
+    proc = phaze_cli(cwd, *args)
+    assert time.perf_counter() - t < 10, args
+    return proc
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["place", *GPT3, "--devices", "1000000000000", "--global-batch", "1536"],
+     ["--devices", "up to 16,777,216"]),
+    (["evaluate", *GPT3, "--devices", "1000000000000", "--global-batch", "1000000000000"],
+     ["--devices", "up to 16,777,216"]),
+    (["evaluate", *GPT3, "--devices", "8", "--global-batch", "1" + "0" * 30], ["--global-batch", "up to"]),
+    (["place", *GPT3, "--devices", "1024", "--global-batch", "1" + "0" * 30], ["--global-batch", "up to"]),
+    (["evaluate", *GPT3, "--devices", "8", "--global-batch", "8", "--seq-len", "1" + "0" * 12],
+     ["--seq-len", "up to"]),
+    ([*PLACE, "--global-batch", "1537"], ["--global-batch", "1,537", "not a multiple of dp*mbs",
+                                          "nearest that work: 1,536 or 1,538"]),
+    ([*PLACE, "--pp", "128"], ["--pp", "128 exceeds the layers (96)", "allowed", "64"]),
+    ([*PLACE, "--tp", "3"], ["--tp", "3 does not divide the devices (1024)", "allowed: 1, 2, 4, 8"]),
+    (["place", *GPT3, "--devices", "1048576", "--global-batch", "1536"],
+     ["--global-batch", "nearest that work: 2,048", "at most 786,432 devices"]),
+    ([*PLACE, "--baseline", "tp=7"], ["--baseline", "field 'tp'", "must divide the heads"]),
+    ([*PLACE, "--baseline", "tp=8,warp=9"], ["--baseline", "field 'warp'", "unknown key"]),
+    ([*PLACE, "--zero", "4"], ["--zero", "0,1,2,3"]),
+    ([*PLACE, "--memory-reserve", "-1"], ["--memory-reserve", "GiB >= 0"]),
+    ([*PLACE, "--memory-reserve", "90"], ["--arch", "nothing fits", "reserve", "--memory-reserve"]),
+], ids=["place-1e12-devices", "evaluate-1e12-devices", "evaluate-1e30-batch", "place-1e30-batch",
+        "huge-seq-len", "batch-1537", "pp-128", "tp-3", "2^20-devices", "bad-baseline-plan",
+        "bad-baseline-key", "zero-4", "negative-reserve", "reserve-larger-than-hbm"])
+def test_bad_sizes_and_layouts_name_the_flag(tmp_path, args, needles):
+    line = one_line_error(timed_cli(tmp_path, *args), *needles)
+    assert "no valid layout: no tp in the options" not in line
+
+
+def test_default_plan_that_does_not_fit_says_it_was_not_given(tmp_path):
+    proc = timed_cli(tmp_path, "evaluate", *GPT3, "--devices", "8", "--global-batch", "8")
+    one_line_error(proc, "--plan", "no plan given", "default plan (tp=1,pp=1,mbs=1", "phaze place")
+
+
+@pytest.mark.parametrize("flag", ["--workload", "--arch", "--params"])
+@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"\xff\xfe\x00garbage", b""],
+                         ids=["binary", "utf16-ish", "empty"])
+def test_binary_or_empty_file_is_one_line(tmp_path, flag, content):
+    path = tmp_path / "blob.yaml"
+    path.write_bytes(content)
+    args = {"--workload": "gpt3-175b", "--arch": "a100-80gb"}
+    args[flag] = str(path)
+    argv = ["evaluate", "--devices", "8", "--global-batch", "8"]
+    for k, v in args.items():
+        argv += [k, v]
+    line = one_line_error(timed_cli(tmp_path, *argv), str(path))
+    assert "not a text file" in line or "must be a mapping" in line or "not valid" in line
+
+
+def test_directory_as_file_is_one_line(tmp_path):
+    proc = timed_cli(tmp_path, "evaluate", *GPT3, "--devices", "8", "--global-batch", "8", "--params", str(tmp_path))
+    one_line_error(proc, str(tmp_path), "is a directory")
+
+
+@pytest.mark.parametrize("args", [GOOD, [*PLACE, "--tp", "8", "--mbs", "1"]], ids=["evaluate", "place"])
+def test_closed_pipe_is_one_line(tmp_path, args):
+    """``phaze ... | head -1``: the reader closes the pipe; phaze ends with one line, status 2."""
+    proc = subprocess.Popen([sys.executable, "-m", "phaze.cli", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()             # the reader is gone before anything is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=30) == 2, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert len(err.splitlines()) == 1 and "broken pipe" in err
+
+
+def test_kv_head_replication_is_stated(tmp_path):
+    proc = timed_cli(tmp_path, "evaluate", "--workload", "llama3-70b", "--arch", "h100-sxm", "--devices", "64",
+                     "--global-batch", "64", "--plan", "tp=16,pp=4,recompute=full", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    note = json.loads(proc.stdout)["assumptions"]["kv_heads"]
+    assert "8 KV heads" in note and "replicated on 2" in note
+
+
+def test_evaluate_states_what_it_assumed(tmp_path):
+    proc = timed_cli(tmp_path, *GOOD, "--format", "json")
+    a = json.loads(proc.stdout)["assumptions"]
+    assert "2048" in a["sequence_length"]
+    assert "zero=0" in a["plan_defaults"] and "attention=flash" in a["plan_defaults"]
+    assert "tp=1" not in a["plan_defaults"]            # given
+    assert "A100-SXM4-80GB" in a["chip"] and "nvlink" in a["system"] and "1024 chips" in a["system"]
+    assert "modelled" in a["memory_reserve"] and "calibration" in a["efficiency"]
+    text = timed_cli(tmp_path, *GOOD).stdout
+    assert "assumed:" in text and "plan defaults" in text and "headroom" in text
+
+
+def test_hf_config_sequence_length_is_stated(tmp_path):
+    cfg = dict(model_type="mistral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=14336, vocab_size=32000, max_position_embeddings=32768,
+               tie_word_embeddings=False, rms_norm_eps=1e-5, hidden_act="silu", sliding_window=4096)
+    path = tmp_path / "mistral" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    proc = timed_cli(tmp_path, "evaluate", "--workload", str(path), "--arch", "h100-sxm", "--devices", "8",
+                     "--global-batch", "8", "--plan", "tp=8", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    a = json.loads(proc.stdout)["assumptions"]
+    assert "32768 capped at 8192" in a["sequence_length"] and "--seq-len" in a["sequence_length"]
+    assert "sliding-window attention over 4096" in a["attention_window"]
+
+
+def test_help_lists_every_plan_key_and_option():
+    from phaze.cli import build_parser
+    from phaze.plan import PLAN_KEYS
+    sub = build_parser()._subparsers._group_actions[0].choices
+    plan_help = next(a.help for a in sub["evaluate"]._actions if "--plan" in a.option_strings)
+    for key in PLAN_KEYS:
+        assert key in plan_help, key
+    place_actions = {a.option_strings[0]: a for a in sub["place"]._actions if a.option_strings}
+    for flag in ("--recompute", "--zero", "--attention", "--memory-reserve", "--tp", "--mbs"):
+        assert place_actions[flag].help, flag
+    sched = next(a for a in sub["schedule"]._actions if "--attention" in a.option_strings)
+    assert "flash2" in sched.choices
+
+
+def test_place_baseline_is_megatron_style_and_named(tmp_path):
+    proc = timed_cli(tmp_path, *PLACE, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "Megatron-style: tp=8" in out["baseline_kind"]
+    assert out["baseline"]["plan"].startswith("tp=8,") and "stages=" not in out["baseline"]["plan"]
+    assert out["best_is_baseline"] == (out["best"]["plan"] == out["baseline"]["plan"])
+    text = timed_cli(tmp_path, *PLACE).stdout
+    assert "baseline (Megatron-style" in text and "free GiB" in text
+
+
+def test_gantt_colours_by_operator_kind(tmp_path):
+    """One colour per operator kind across both phases, a legend, shares in the labels."""
+    from phaze.schedule import op_kind
+    assert {op_kind(n) for n in ("qkv", "qkv.dgrad", "qkv.wgrad", "recompute.qkv", "qkv.fp8_cast",
+                                 "qkv.input_all_gather")} == {"qkv"}
+    assert op_kind("ffn_down.reduce_scatter.bwd") == "ffn_down.reduce_scatter"
+    assert op_kind("flash_attention.bwd") == "flash_attention"
+    out = tmp_path / "g.svg"
+    proc = timed_cli(tmp_path, "schedule", "--workload", "gpt2-xl", "--arch", "tpuv4", "--tp", "1",
+                     "--gantt", str(out))
+    assert proc.returncode == 0, proc.stderr
+    svg = out.read_text()
+    assert "share of the unit pool" in svg and "ffn_up" in svg

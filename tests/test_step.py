@@ -7,7 +7,7 @@ from phaze.arch import load_chip
 from phaze.memory import activation_bytes_per_layer, state_bytes_per_param
 from phaze.plan import Plan, parse_plan
 from phaze.step import evaluate, layer_time, stage_layers
-from phaze.workload import load_model
+from phaze.workload import load_model, narayanan_flops_per_step
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +109,13 @@ def test_data_parallel_scaling_keeps_per_device_memory(gpt3, a100):
 
 
 def test_mfu_definition(gpt3, a100):
+    # MFU and HFU against Narayanan et al.'s closed-form FLOP counts (eq. 3, GPT with h_ffn = 4h)
+    # over the A100 datasheet's 312 TFLOP/s: an independent count, not phaze's own
     r = evaluate(gpt3, a100, 1024, 1536, Plan(tp=8, pp=16, recompute="full"))
-    assert r.mfu == pytest.approx(r.model_flops_per_step / (r.step_time_s * 1024 * a100.peak_flops("fp16")))
-    assert r.hfu == pytest.approx(r.mfu * 4 / 3, rel=0.01)   # full recompute: 4 passes instead of 3
+    model_flops = narayanan_flops_per_step(gpt3, 1536)
+    hardware_flops = narayanan_flops_per_step(gpt3, 1536, full_recompute=True)
+    assert r.mfu == pytest.approx(model_flops / (r.step_time_s * 1024 * 312e12), rel=0.01)
+    assert r.hfu == pytest.approx(hardware_flops / (r.step_time_s * 1024 * 312e12), rel=0.01)
     assert 0 < r.mfu < 1
 
 

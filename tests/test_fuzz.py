@@ -1,0 +1,204 @@
+"""Fuzz: random bad command lines end in one line and exit status 2 (or a normal answer), never a
+traceback, a hang or another status (issue 14).
+
+Each case mutates a good command line: a number replaced by a bad one, a junk plan, a wrong
+name, a directory, an empty or binary file, a mutated cell of a validation CSV, a flag dropped
+or given twice. The cases run in-process through ``phaze.cli.main`` with a 10 s alarm each. CI
+runs a small count; ``tests/bench/bench_fuzz.py`` runs 1,000.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import random
+import signal
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+BAD_NUMBERS = ["-1", "0", "-0", "1e30", "nan", "inf", "", " ", "abc", "9" * 40, "1.5", "0x10", "\u0663",
+               "1_000", "+", "--", "10000000000000", "2**10", "1,2", "8 8", "\x7f"]
+BAD_NAMES = ["nope", "gpt-9000", "../../etc", ".", "/", "a" * 300, "a100-80gb.yaml", "x.json", "\u00e9\u00e9",
+             "-", "~"]
+PLAN_KEYS = ["tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
+             "tp_overlap", "reduce_fp32", "schedule", "stages", "stage_recompute", "colour", ""]
+PLAN_VALUES = ["0", "1", "2", "3", "7", "8", "16", "96", "128", "-1", "full", "none", "flash2", "yes", "maybe",
+               "1:2:3", "48:48", "full:none", "", "=", "1e3", "9" * 30]
+GOOD = {
+    "evaluate": ["evaluate", "--workload", "gpt3-175b", "--arch", "a100-80gb", "--devices", "1024",
+                 "--global-batch", "1536", "--plan", "tp=8,pp=16,mbs=1,recompute=full"],
+    "place": ["place", "--workload", "mpt-125m", "--arch", "a100-80gb", "--devices", "64",
+              "--global-batch", "256", "--tp", "1,2", "--mbs", "1,2"],
+    "schedule": ["schedule", "--workload", "gpt2-xl", "--arch", "a100-80gb", "--tp", "2"],
+    "area": ["area", "--arch", "a100-80gb", "--workload", "gpt2-xl", "--devices", "64", "--global-batch", "512",
+             "--plan", "tp=1,pp=1,mbs=8"],
+    "validate": ["validate", "--no-loso", "--unseen", ""],
+}
+NUMERIC = {"--devices", "--global-batch", "--seq-len", "--top", "--tp", "--mbs", "--pp", "--vp", "--zero",
+           "--memory-reserve", "--time-limit"}
+
+
+def files(root: Path) -> dict[str, Path]:
+    """Bad files: empty, binary, a directory, a list, broken YAML, junk JSON, a huge number."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, data in [("empty.yaml", b""), ("binary.yaml", bytes(range(256)) * 8), ("list.yaml", b"- 1\n- 2\n"),
+                       ("broken.yaml", b"name: x\n  layers: [3\n"), ("junk.json", b"{\"a\": [1, 2,"),
+                       ("config.json", b"{\"model_type\": \"llama\", \"hidden_size\": 1e400}"),
+                       ("deep.json", b"[" * 5000 + b"]" * 5000), ("nul.yaml", b"name: \x00\x01"),
+                       ("bom.yaml", "\ufeffname: x\n".encode()), ("latin1.yaml", "name: caf\xe9\n".encode("latin-1"))]:
+        (root / name).write_bytes(data)
+        out[name] = root / name
+    (root / "folder.yaml").mkdir(exist_ok=True)
+    out["folder.yaml"] = root / "folder.yaml"
+    return out
+
+
+def mutated_runs(root: Path, rng: random.Random) -> Path:
+    """A few rows of the shipped validation CSV with one cell replaced by junk."""
+    from phaze.validate import default_runs_paths
+    with open(default_runs_paths()[0], newline="") as fh:
+        rows = list(csv.reader(fh))
+    head, body = rows[0], rng.sample(rows[1:], 4)
+    r, c = rng.randrange(len(body)), rng.randrange(len(head))
+    body[r][c] = rng.choice(BAD_NUMBERS + BAD_NAMES + ["", "1e308", "-5", "A100", "yes", "n/a", "\x00"])
+    if rng.random() < 0.2:                      # a short or long row, or a dropped column
+        body[r] = body[r][:rng.randrange(len(head))] if rng.random() < 0.5 else body[r] + ["extra"]
+    path = root / f"runs-{rng.randrange(10 ** 9)}.csv"
+    with open(path, "w", newline="") as fh:
+        csv.writer(fh).writerows([head] + body)
+    return path
+
+
+def junk_plan(rng: random.Random) -> str:
+    items = []
+    for _ in range(rng.randint(1, 4)):
+        k, v = rng.choice(PLAN_KEYS), rng.choice(PLAN_VALUES)
+        items.append(rng.choice([f"{k}={v}", k, f"={v}", f"{k}=={v}", f" {k} = {v} "]))
+    return rng.choice([",", ";", ", ", ",,"]).join(items)
+
+
+def make_case(rng: random.Random, root: Path, bad: dict[str, Path]) -> list[str]:
+    command = rng.choice(list(GOOD))
+    argv = list(GOOD[command])
+    flags = [i for i, a in enumerate(argv) if a.startswith("--") and i + 1 < len(argv)
+             and not argv[i + 1].startswith("--")]
+    kind = rng.choice(["number", "name", "file", "plan", "drop", "twice", "unknown", "runs", "extra"])
+    if kind == "runs" or command == "validate":
+        argv = ["validate", "--no-loso", "--unseen", "", "--runs",
+                str(mutated_runs(root, rng)) if rng.random() < 0.8 else str(rng.choice(list(bad.values())))]
+        if rng.random() < 0.3:
+            argv += ["--params", str(rng.choice(list(bad.values())))]
+        return argv
+    if kind == "number":
+        nums = [i for i in flags if argv[i] in NUMERIC] or flags
+        i = rng.choice(nums)
+        argv[i + 1] = rng.choice(BAD_NUMBERS)
+    elif kind == "name":
+        i = rng.choice([i for i in flags if argv[i] in ("--workload", "--arch")] or flags)
+        argv[i + 1] = rng.choice(BAD_NAMES)
+    elif kind == "file":
+        flag = rng.choice(["--workload", "--arch", "--params"])
+        argv += [flag, str(rng.choice(list(bad.values())))]
+    elif kind == "plan":
+        if "--plan" in argv:
+            argv[argv.index("--plan") + 1] = junk_plan(rng)
+        else:
+            argv += [rng.choice(["--baseline", "--tp", "--recompute", "--zero"]), junk_plan(rng)]
+    elif kind == "drop":
+        i = rng.choice(flags)
+        del argv[i:i + 2]
+    elif kind == "twice":
+        i = rng.choice(flags)
+        argv += [argv[i], rng.choice(BAD_NUMBERS + BAD_NAMES)]
+    elif kind == "unknown":
+        argv.insert(rng.randrange(1, len(argv) + 1), rng.choice(["--bogus", "-x", "--plan=", "--", "---", "-"]))
+    else:   # one good flag with a bad value added
+        argv += rng.choice([["--seq-len", rng.choice(BAD_NUMBERS)], ["--memory-reserve", rng.choice(BAD_NUMBERS)],
+                            ["--format", rng.choice(["xml", "", "JSON"])], ["--gantt", str(root)],
+                            ["--out", str(root / "no" / "such.csv")], ["--top", rng.choice(BAD_NUMBERS)]])
+    return argv
+
+
+class _Timeout(Exception):
+    pass
+
+
+def run_case(argv: list[str], limit_s: float = 10.0) -> tuple[str, int | None, str, float]:
+    """(verdict, exit status, stderr, seconds): verdict 'ok' (status 0), 'error' (one line, status 2)
+    or what went wrong."""
+    from phaze.cli import main
+    out, err = io.StringIO(), io.StringIO()
+
+    def alarm(*_):
+        raise _Timeout()
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    t = time.perf_counter()
+    code, verdict = None, None
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except _Timeout:
+        verdict = f"hang (over {limit_s:g} s)"
+    except BaseException:   # noqa: BLE001 - any escape is what the fuzz test looks for
+        verdict = "traceback: " + traceback.format_exc(limit=-3).strip().splitlines()[-1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    dt = time.perf_counter() - t
+    text = err.getvalue()
+    if verdict is None:
+        lines = [x for x in text.splitlines() if x.strip()]
+        if "Traceback" in text:
+            verdict = "traceback in stderr"
+        elif code == 0:
+            verdict = "ok"
+        elif code == 2 and len(lines) == 1 and lines[0].startswith("phaze: error: "):
+            verdict = "error"
+        else:
+            verdict = f"status {code} with {len(lines)} stderr lines"
+    return verdict, code, text, dt
+
+
+def fuzz(n: int, seed: int, root: Path) -> list[tuple[list[str], str, str]]:
+    """Run ``n`` random cases; return the bad endings (argv, verdict, stderr)."""
+    rng = random.Random(seed)
+    bad = files(root / "files")
+    failures = []
+    for _ in range(n):
+        argv = make_case(rng, root, bad)
+        verdict, _, text, _ = run_case(argv)
+        if verdict not in ("ok", "error"):
+            failures.append((argv, verdict, text[-500:]))
+    return failures
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzz_bad_command_lines(seed, tmp_path, monkeypatch):
+    monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    failures = fuzz(15, seed, tmp_path)
+    assert not failures, "\n".join(f"{a!r}: {v}\n{t}" for a, v, t in failures)
+
+
+def test_fuzz_catches_a_bad_ending():
+    """The harness itself: an exception escaping, or a second stderr line, is reported."""
+    import phaze.cli as cli
+    real = cli.cmd_area
+
+    def boom(args):
+        raise RuntimeError("injected")
+    try:
+        cli.cmd_area = boom
+        parser_default = cli.build_parser
+        verdict, *_ = run_case(["area", "--arch", "a100-80gb"])
+    finally:
+        cli.cmd_area = real
+    assert parser_default is cli.build_parser
+    assert verdict.startswith("traceback") or verdict.startswith("status")
