@@ -370,42 +370,31 @@ def param_label(param: str) -> str:
     return f"{param[len('log2_'):]} (log₂)" if param.startswith("log2_") else param
 
 
+def _find_by_name(name: str, hints, dirs, load):
+    """The config called ``name``: the first of ``hints`` (names or paths) that loads with that
+    name, else the first YAML in ``dirs`` that does; None when none does."""
+    candidates = list(hints) + [f for d in dirs if d.is_dir() for f in sorted(d.glob("*.yaml"))]
+    for c in candidates:
+        try:
+            obj = load(c)
+        except ConfigError:
+            continue
+        if obj.name == name:
+            return obj
+    return None
+
+
 def _find_chip(meta: StudyMeta, study):
     """The template chip by its name: a baseline of that name, else a shipped chip."""
     from .arch import arch_dirs, load_chip
-    for key, b in (study.user_attrs.get("baselines") or {}).items():
-        if b.get("chip_name") == meta.base:
-            try:
-                return load_chip(key)
-            except ConfigError:
-                pass
-    for d in arch_dirs():
-        for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:
-            try:
-                c = load_chip(f)
-            except ConfigError:
-                continue
-            if c.name == meta.base:
-                return c
-    return None
+    return _find_by_name(meta.base, list(study.user_attrs.get("baselines") or {}), arch_dirs(), load_chip)
 
 
 def _find_model(name: str, sources: dict | None = None):
+    """A workload by its model name: the source the study recorded for it, else a shipped one."""
     from .workload import load_model, workload_dirs
-    if sources and name in sources:
-        try:
-            return load_model(sources[name])
-        except ConfigError:
-            pass
-    for d in workload_dirs():
-        for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:
-            try:
-                m = load_model(f)
-            except ConfigError:
-                continue
-            if m.name == name:
-                return m
-    return None
+    hints = [sources[name]] if sources and name in sources else []
+    return _find_by_name(name, hints, workload_dirs(), load_model)
 
 
 def layer_schedules(study, meta: StudyMeta, row: pd.Series, cfg: SweepConfig | None = None) -> tuple[list, list]:

@@ -370,10 +370,20 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
     # count only what completed there (several workers may then overshoot by a trial or two)
     counted = STATES_COUNTED if is_heartbeat_enabled(study._storage) else ("COMPLETE",)
     budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
+    beating = is_heartbeat_enabled(study._storage)
+    adopted: set[int] = set()
     while count(study, ("COMPLETE",)) < cfg.trials and not stops.note:
         if count(study, counted) < cfg.trials:
             study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
         else:
+            if beating:
+                # a worker killed before its trial's first heartbeat leaves a RUNNING trial that
+                # Optuna never calls stale: give each one heartbeat, once, so that it goes stale
+                # after the grace period unless its worker is alive and keeps beating
+                for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+                    if t._trial_id not in adopted:
+                        adopted.add(t._trial_id)
+                        study._storage.record_heartbeat(t._trial_id)
             time.sleep(poll_s)
             optuna.storages.fail_stale_trials(study)
             for cb in callbacks:

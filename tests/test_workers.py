@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -192,3 +193,25 @@ def test_schedule_cache_is_safe_under_concurrent_writers(tmp_path):
     assert files and all(f.suffix == ".json" and not f.name.startswith(".") for f in files)
     for f in files:
         json.loads(f.read_text())
+
+
+def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_the_study(tmp_path, monkeypatch):
+    """Optuna never calls a RUNNING trial without any heartbeat stale; a worker killed in that
+    window must not leave the others waiting for ever."""
+    from conftest import SMALL_SWEEP
+
+    from phaze.search import make_storage, search
+    from phaze.space import load_sweep
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "small.yaml"
+    p.write_text(yaml.safe_dump(dict(SMALL_SWEEP, trials=2, objectives=["throughput"], baselines=[])))
+    cfg = load_sweep(p)
+    search(cfg, progress=False, write=False, grace_period_s=2)
+    url = f"sqlite:///{tmp_path / 'results' / 'tiny' / 'study.db'}"
+    orphan = optuna.load_study(study_name="tiny", storage=make_storage(url)).ask()   # no heartbeat, ever
+    start = time.monotonic()
+    res = search(replace(cfg, trials=3), progress=False, write=False,
+                 grace_period_s=2)
+    assert res.complete == 3 and time.monotonic() - start < 60
+    states = {t.number: t.state.name for t in _trials(url, "tiny")}
+    assert states[orphan.number] == "FAIL"
