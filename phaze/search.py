@@ -134,7 +134,7 @@ def _key(params: dict) -> tuple:
 
 @dataclass
 class _Objective:
-    """The trial function (picklable, so worker processes can run it)."""
+    """The trial function: the design the sampler proposes, evaluated unless it already was."""
 
     cfg: SweepConfig
 
@@ -368,9 +368,9 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
     objective.refresh(study)
     # without heartbeats (the file journal) a dead worker's trial would stay RUNNING for ever:
     # count only what completed there (several workers may then overshoot by a trial or two)
-    counted = STATES_COUNTED if is_heartbeat_enabled(study._storage) else ("COMPLETE",)
-    budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
     beating = is_heartbeat_enabled(study._storage)
+    counted = STATES_COUNTED if beating else ("COMPLETE",)
+    budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
     adopted: set[int] = set()
     while count(study, ("COMPLETE",)) < cfg.trials and not stops.note:
         if count(study, counted) < cfg.trials:
