@@ -12,8 +12,10 @@ from .cost import Efficiency
 from .placement import PlacementOptions, PlacementResult
 from .plan import Plan, parse_plan
 from .step import StepResult
+from .system import System, apply_system, load_system
 from .workload import Model, load_model
 
 __all__ = ["evaluate", "place", "PlacementOptions", "PlacementResult", "Chip", "load_chip", "ConfigError",
-           "Efficiency", "Plan", "parse_plan", "StepResult", "Model", "load_model"]
+           "Efficiency", "Plan", "parse_plan", "StepResult", "Model", "load_model", "System",
+           "load_system", "apply_system"]
 __version__ = "0.1.0"

@@ -14,13 +14,15 @@ from .cost import Efficiency
 from .plan import Plan, parse_plan
 from .step import StepResult
 from .step import evaluate as _evaluate
+from .system import System, apply_system, as_system
 from .workload import Model, load_model, with_seq_len
 
 # CLI flags as the library's parameter names
 _PARAMETER = {"--plan": "plan", "--baseline": "plan", "--devices": "devices", "--global-batch": "global_batch",
               "--workload": "workload", "--arch": "arch", "--seq-len": "seq_len", "--tp": "tp", "--pp": "pp",
-              "--mbs": "mbs", "--vp": "vp", "--zero": "zero", "--recompute": "recompute",
-              "--attention": "attention", "--memory-reserve": "memory_reserve", "--params": "efficiency"}
+              "--mbs": "mbs", "--vp": "vp", "--ep": "ep", "--zero": "zero", "--recompute": "recompute",
+              "--attention": "attention", "--memory-reserve": "memory_reserve", "--params": "efficiency",
+              "--system": "system"}
 
 
 def _library_errors(fn):
@@ -44,6 +46,11 @@ def as_model(workload: str | Path | Model, seq_len: int | None = None) -> Model:
 
 def as_chip(arch: str | Path | Chip) -> Chip:
     return arch if isinstance(arch, Chip) else load_chip(arch)
+
+
+def with_system(chip: Chip, system: str | Path | System | None) -> Chip:
+    """The chip in a cluster (:mod:`phaze.system`); ``None`` keeps the chip file's links."""
+    return apply_system(chip, as_system(system))
 
 
 def as_plan(plan: str | Plan | None, source: str = "--plan") -> Plan:
@@ -72,15 +79,18 @@ def _check_size(name: str, value) -> int:
 @_library_errors
 def evaluate(workload: str | Path | Model, arch: str | Path | Chip, devices: int, global_batch: int,
              plan: str | Plan | None = None, efficiency: Efficiency | None = None,
-             seq_len: int | None = None, memory_reserve_gib: float | None = None) -> StepResult:
+             seq_len: int | None = None, memory_reserve_gib: float | None = None,
+             system: str | Path | System | None = None) -> StepResult:
     """Evaluate one training plan: ``phaze.evaluate("gpt3-175b", "a100-80gb", 1024, 1536,
     "tp=8,pp=16,mbs=1,recompute=full")``. Names resolve to shipped configs; paths and objects
     work too. ``efficiency`` defaults to the shipped calibration (``phaze.Efficiency()`` is the
-    ideal datasheet machine); ``memory_reserve_gib`` replaces the chip's modelled memory reserve.
-    Raises :class:`phaze.ConfigError` on bad input."""
+    ideal datasheet machine); ``memory_reserve_gib`` replaces the chip's modelled memory reserve;
+    ``system`` (a shipped name such as ``"dgx-a100-superpod"``, a path or a :class:`phaze.System`)
+    replaces the chip file's links with that cluster's. Raises :class:`phaze.ConfigError` on bad
+    input."""
     from dataclasses import replace
     devices, global_batch = _check_size("devices", devices), _check_size("global_batch", global_batch)
-    chip = as_chip(arch)
+    chip = with_system(as_chip(arch), system)
     eff = calibrated_efficiency(chip) if efficiency is None else efficiency
     p = as_plan(plan, "plan")
     if memory_reserve_gib is not None:
@@ -91,13 +101,13 @@ def evaluate(workload: str | Path | Model, arch: str | Path | Chip, devices: int
 @_library_errors
 def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, global_batch: int,
           options=None, efficiency: Efficiency | None = None, top: int = 5, seq_len: int | None = None,
-          **space):
+          system: str | Path | System | None = None, **space):
     """Best execution plans of a workload on ``devices`` chips: ``phaze.place("gpt3-175b",
     "a100-80gb", 1024, 1536).best.plan``. The space searched is ``options``
     (:class:`phaze.PlacementOptions`) or its fields as keywords: ``tp``, ``mbs``, ``pp``, ``vp``
     (a value or a list), ``recompute`` (modes), ``zero`` (a stage or a list of stages),
     ``attention``, ``optimizer``, ``reduce_fp32``; ``memory_reserve_gib`` replaces the chip's
-    modelled memory reserve."""
+    modelled memory reserve; ``system`` the cluster, as in :func:`evaluate`."""
     from dataclasses import fields, replace
 
     from .placement import PlacementOptions
@@ -118,7 +128,7 @@ def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, g
         changes[key] = tuple(value) if isinstance(value, list) else value
     if changes:
         opts = replace(opts, **changes)
-    chip = as_chip(arch)
+    chip = with_system(as_chip(arch), system)
     eff = calibrated_efficiency(chip) if efficiency is None else efficiency
     res = _place(as_model(workload, seq_len), chip, devices, global_batch, opts, eff, top)
     if res.best is None:        # the reason names parameters, not flags

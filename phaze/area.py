@@ -389,7 +389,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     check_plan(model, devices, global_batch, plan)
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), IDEAL)
     pp, tp, m = plan.pp, plan.tp, costs.micro_batches
-    counts = plan.stages or stage_layers(model.layers, pp)
+    counts = plan.stages or stage_layers(model.layers, pp, plan.vp)
     recs = plan.stage_recompute or (plan.recompute,) * pp
     shard = _shard(model, plan)
     p = model.bytes_per_element

@@ -23,7 +23,12 @@ from .cost import IDEAL, Efficiency
 # reference/gemm_benchmarks.csv (80-87 % of peak); hbm_fraction 0.8 and link_fraction 0.8 ~ what
 # bandwidth benchmarks (STREAM-like copies, NCCL bus bandwidth) reach; attention_fraction 0.5 ~
 # fused attention at half the GEMM rate; kernel_overhead_s 5 us ~ a CUDA launch; overlap_slowdown
-# 0.2 and tile_overhead_k 128 are middling guesses.
+# 0.2 and tile_overhead_k 128 are middling guesses (tile_overhead_k also sets fused attention's
+# per-query-tile prologue and epilogue: FlashAttention-2's published causal forward+backward
+# throughput, A100, head dim 128, 512 to 16k tokens, about 90 to 200 TFLOP/s, follows
+# w*s / (w*s + k) with k ~ 250-350 key steps, w = 1/2 the causal share). host_overhead_s 10 us ~
+# eager PyTorch issuing one kernel (Python, autograd and dispatcher: the 5-20 us per op of
+# framework overhead studies, e.g. "Making Deep Learning Go Brrrr"); up to 50 us, a slow host.
 BOUNDS = {
     "tensor_fraction": (0.3, 1.0, 0.8),
     "attention_fraction": (0.1, 1.0, 0.5),
@@ -32,6 +37,7 @@ BOUNDS = {
     "kernel_overhead_s": (0.0, 50e-6, 5e-6),
     "overlap_slowdown": (0.0, 1.0, 0.2),
     "tile_overhead_k": (0.0, 2048.0, 128.0),
+    "host_overhead_s": (0.0, 50e-6, 10e-6),
 }
 PRIOR_WEIGHT = 0.02   # per parameter, against a total data weight of one per source
 FITTED = tuple(BOUNDS)

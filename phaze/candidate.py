@@ -14,6 +14,7 @@ from .arch import Chip
 from .cost import Efficiency
 from .placement import place
 from .space import CONSTRAINTS, WorkloadSpec
+from .system import apply_system
 
 STATUS_RANK = {"OPTIMAL": 0, "FEASIBLE": 1, "HEURISTIC": 2}
 
@@ -128,6 +129,7 @@ def _schedule_quality(spec: WorkloadSpec, chip: Chip, plan, eff: Efficiency) -> 
 
 def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency) -> WorkloadOutcome:
     from .area import step_energy
+    chip = apply_system(chip, spec.system)
     head = dict(workload=spec.model.name, devices=spec.devices, global_batch=spec.global_batch)
     res = place(spec.model, chip, spec.devices, spec.global_batch, spec.options, eff, top=1)
     if res.best is None:

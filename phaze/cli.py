@@ -97,6 +97,24 @@ def efficiency_for(chip, args):
     return calibrated_efficiency(chip)
 
 
+def system_for(args):
+    """The cluster of ``--system`` (with ``--nics-per-node``), or None: the chip file's links."""
+    from .system import as_system, with_nics
+    system = as_system(getattr(args, "system", None))
+    nics = getattr(args, "nics_per_node", None)
+    if nics is not None:
+        if system is None:
+            raise ConfigError("--nics-per-node", None, "needs --system: the cluster whose NIC count it sets")
+        system = with_nics(system, nics)
+    return system
+
+
+def chip_for(args):
+    """``--arch`` in the cluster of ``--system`` (the chip file's links without one)."""
+    from .system import apply_system
+    return apply_system(as_chip(args.arch), system_for(args))
+
+
 def _plan_keys(text: str) -> set[str]:
     return {item.partition("=")[0].strip() for item in (text or "").split(",") if item.strip()}
 
@@ -111,7 +129,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     for note in model.notes:
         if note.startswith("sliding-window"):
             if model.sliding_window < model.seq_len:
-                note += ("; costed as full causal attention (an upper bound on its FLOPs; fused attention "
+                note += ("; each query is costed over at most that many earlier keys (fused attention "
                          "stores no scores, so memory is the same)")
             out["attention_window"] = note
         elif not note.startswith("sequence length"):
@@ -135,17 +153,18 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            f"zero {','.join(map(str, o.zero_stages))}; attention {o.attention}; optimizer "
                            f"{o.optimizer}; sp on when tp > 1; dp_overlap on; "
                            f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients")
+        if model.moe:
+            from .placement import expert_widths
+            out["searched"] += f"; ep {','.join(map(str, expert_widths(model, o)))} (etp 1, dropless routing)"
         tp = max(o.tp)
     if tp > model.kv_heads:
         out["kv_heads"] = (f"tp={tp} is more than the {model.kv_heads} KV heads: each KV head is replicated on "
-                           f"{tp // model.kv_heads} tensor-parallel ranks; its K/V projection is costed as "
-                           f"kv_dim/tp per rank (an under-count of the replicated work)")
-    links = ", then ".join(f"{lv.name} ({lv.bandwidth_bytes_per_s / 1e9:g} GB/s per chip and direction"
-                           + (f", {lv.devices}-chip groups)" if lv.devices else ", the whole cluster)")
-                           for lv in chip.links)
+                           f"{tp // model.kv_heads} tensor-parallel ranks; each rank computes and stores one "
+                           f"whole KV head and holds its K/V weights")
+    from .system import system_note
     out["chip"] = (f"{chip.name}: {chip.hbm_bytes / GiB:.1f} GiB HBM at {chip.hbm_bandwidth_bytes_per_s / 1e12:.2f} "
                    f"TB/s, {chip.peak_flops(model.precision) / 1e12:.0f} TFLOP/s {model.precision} peak")
-    out["system"] = f"{args.devices} chips over {links}"
+    out["system"] = system_note(system_for(args), chip, args.devices)
     reserve_arg = getattr(args, "memory_reserve", None)
     reserve = memory_reserve_bytes(chip, reserve_arg)
     if reserve_arg is not None:
@@ -174,7 +193,7 @@ def _print_assumptions(items: dict) -> None:
 
 def cmd_evaluate(args) -> int:
     model = as_model(args.workload, args.seq_len)
-    chip = as_chip(args.arch)
+    chip = chip_for(args)
     plan = as_plan(args.plan)
     if args.schedule:
         plan = replace(plan, schedule=args.schedule)
@@ -257,8 +276,9 @@ def cmd_validate(args) -> int:
             [p.error for p in ok if p.source.startswith(prefixes)])
     loso_preds = []
     if not args.no_loso and cases:
-        with tqdm(total=len({c.source for c in cases}), desc="leave-one-source-out", unit="source") as bar:
-            loso, loso_preds = v.leave_one_source_out(cases, progress=lambda _: bar.update(1))
+        with tqdm(total=v.loso_fits(cases), desc="leave-one-source-out", unit="fit") as bar:
+            loso, loso_preds = v.leave_one_source_out(
+                cases, progress=lambda what: (bar.set_postfix_str(what, refresh=False), bar.update(1)))
         for name, prefixes in groups.items():
             loso.setdefault("groups", {})[name] = v.error_stats(
                 [p.error for p in loso_preds if p.source.startswith(prefixes)])
@@ -469,11 +489,12 @@ class _Ticker:
 def cmd_place(args) -> int:
     from .placement import Placement, PlacementOptions, place
     model = as_model(args.workload, args.seq_len)
-    chip = as_chip(args.arch)
+    chip = chip_for(args)
     baseline_plan = as_plan(args.baseline, "--baseline") if args.baseline else None
     options = PlacementOptions(tp=args.tp, mbs=args.mbs, recompute=args.recompute, pp=args.pp or (),
                                vp=args.vp, zero=args.zero, attention=args.attention,
-                               memory_reserve=args.memory_reserve, reduce_fp32=args.reduce_fp32)
+                               memory_reserve=args.memory_reserve, reduce_fp32=args.reduce_fp32,
+                               ep=args.ep or ())
     eff = efficiency_for(chip, args)
     with _Ticker("phaze place", unit="layout") as ticker:
         res = place(model, chip, args.devices, args.global_batch, options, eff, args.top, progress=ticker.progress)
@@ -527,7 +548,7 @@ def cmd_schedule(args) -> int:
     """``phaze schedule``: the CP-SAT schedule of one layer (forward, backward) on one chip."""
     from .schedule import schedule_layer, sharing, write_gantt
     model = as_model(args.workload, args.seq_len)
-    chip = as_chip(args.arch)
+    chip = chip_for(args)
     if args.gantt:
         _check_output("--gantt", args.gantt, image=True)
     if not args.time_limit > 0:
@@ -548,7 +569,9 @@ def cmd_schedule(args) -> int:
         except ValueError as exc:
             raise ConfigError("--gantt", None, f"{exc}") from None
     if args.format == "json":
-        print(json.dumps({"workload": model.name, "chip": chip.name, "unit_sharing": sharing(chip),
+        system = system_for(args)
+        print(json.dumps({"workload": model.name, "chip": chip.name, "system": system.name if system else None,
+                          "unit_sharing": sharing(chip),
                           "mbs": args.mbs, "tp": args.tp, "sp": sp, "attention": args.attention,
                           "recompute": args.recompute, "forward": fwd.to_dict(), "backward": bwd.to_dict()},
                          indent=2))
@@ -702,6 +725,14 @@ def cmd_area(args) -> int:
     return 0
 
 
+def _system_args(p) -> None:
+    p.add_argument("--system", default=None, metavar="NAME|PATH",
+                   help="cluster: shipped system (dgx-a100-superpod, dgx-h100-superpod, cluster-100g) or a "
+                        "YAML path (default: the chip file's links)")
+    p.add_argument("--nics-per-node", type=_positive_int, default=None, metavar="N",
+                   help="override the system's NICs per node")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phaze", description="Co-design a training accelerator and how LLMs train on it.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -713,7 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
                     "recompute (none/selective/full), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
                     "optimizer (adam/sgd), dp_overlap, tp_overlap, reduce_fp32, schedule (optimal/sequential), "
-                    "stages (24:24:24:24), stage_recompute (full:none:none:none); default tp=1,pp=1,mbs=1")
+                    "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
+                    "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
+                    "ep_overlap; default tp=1,pp=1,mbs=1")
     ev.add_argument("--seq-len", type=_seq_len, default=None, help="override the sequence length")
     ev.add_argument("--memory-reserve", type=_gib, default=None, metavar="GIB",
                     help="GiB per device kept free for the runtime (default: the chip's modelled reserve)")
@@ -723,6 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--ideal", action="store_true", help="ideal datasheet machine: no efficiency losses")
     ev.add_argument("--schedule", choices=("optimal", "sequential"), default=None,
                     help="layer time from the CP-SAT schedule (default) or the sum of the operators")
+    _system_args(ev)
     ev.set_defaults(func=cmd_evaluate)
 
     va = sub.add_parser("validate", help="compare predicted and published step times")
@@ -750,6 +784,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--vp", type=_int_list, default=(1,), help="interleaved chunks per stage (default 1)")
     pl.add_argument("--recompute", type=_recompute_list, default=("none", "selective", "full"),
                     help="recompute modes each stage may use (default none,selective,full)")
+    pl.add_argument("--ep", type=_int_list, default=None,
+                    help="expert-parallel widths of a mixture of experts (default: the powers of two dividing "
+                         "the experts; 1 for a dense model)")
     pl.add_argument("--zero", type=_zero_list, default=(0, 1),
                     help="ZeRO stages to search (default 0,1: none and the distributed optimizer; 0,1,2,3 all)")
     pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default="flash",
@@ -764,6 +801,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--format", choices=("text", "json"), default="text")
     pl.add_argument("--params", help="efficiency parameters (default: shipped calibration)")
     pl.add_argument("--ideal", action="store_true", help="ideal datasheet machine")
+    _system_args(pl)
     pl.set_defaults(func=cmd_place)
 
     ca = sub.add_parser("calibrate", help="fit the efficiency parameters on published runs")
@@ -786,6 +824,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--gantt", help="write a Gantt chart of both phases (PNG, SVG, PDF)")
     sc.add_argument("--params", help="efficiency parameters from 'phaze calibrate' (default: shipped)")
     sc.add_argument("--ideal", action="store_true", help="ideal datasheet machine: no efficiency losses")
+    _system_args(sc)
     sc.set_defaults(func=cmd_schedule)
     se = sub.add_parser("search", help="search chip designs for training throughput (Optuna study)")
     se.add_argument("config", help="sweep config (search/quickstart.yaml)")

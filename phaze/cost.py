@@ -31,7 +31,11 @@ class Efficiency:
     overlap_slowdown: float = 0.0    # share of communication hidden behind compute that still
                                      # costs time (collective kernels take SMs and HBM bandwidth)
     tile_overhead_k: float = 0.0     # per output tile, extra K-steps of prologue and epilogue
-                                     # (first loads, write-back): small-K GEMMs run below peak
+                                     # (first loads, write-back): small-K GEMMs run below peak;
+                                     # per query tile of fused attention, extra key steps (load
+                                     # Q, rescale and write O): short sequences run below peak
+    host_overhead_s: float = 0.0     # host time to issue one kernel (eager framework dispatch);
+                                     # a kernel shorter than it leaves the device waiting
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -127,8 +131,10 @@ def gemm_time(batch: int, M: int, K: int, N: int, chip: Chip, precision: str = "
     scale = chip.peak_flops(precision) / chip.implied_peak_flops_per_s
     rate = chip.clock_hz * scale * eff.tensor_fraction
     bw = chip.shared_buffer_bandwidth_bytes_per_s
+    # a tile's prologue and epilogue (first loads, write-back) run before and after its main
+    # loop, whatever bounds the loop (tensor units, L2 or local-SRAM feed)
     k0 = eff.tile_overhead_k
-    best = min(max((cycles + passes * k0) / rate, onchip / bw, local)
+    best = min(max(cycles / rate, onchip / bw, local) + passes * k0 / rate
                for passes, cycles, onchip, local in per_tile)
     memory = hbm / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
     return max(best, memory) + eff.kernel_overhead_s
@@ -175,6 +181,16 @@ def collective_time(kind: str, nbytes: float, n: int, chip: Chip, stride: int = 
         _, beta, alpha = levels[-1] if levels else (1, chip.links[-1].bandwidth_bytes_per_s,
                                                     chip.links[-1].latency_s)
         return nbytes / (beta * eff.link_fraction) + alpha
+    if kind == "all_to_all":
+        # ``nbytes`` is what each device scatters, 1/n to every member (itself included). The
+        # peers first reached at a level (inside its domain, outside the level below) get their
+        # share over that level's links; the levels run concurrently: the slowest one decides.
+        worst, below = 0.0, 1
+        for k, beta, alpha in _levels(chip, n, stride):
+            peers = below * k - below
+            worst = max(worst, peers / n * nbytes / (beta * eff.link_fraction) + peers * alpha)
+            below *= k
+        return worst
     passes = 2 if kind == "all_reduce" else 1
     total, data = 0.0, float(nbytes)
     for k, beta, alpha in _levels(chip, n, stride):
@@ -190,7 +206,17 @@ def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: 
     """Seconds for one operator; ``groups`` maps a collective group name to (size, stride).
     ``units``: tensor units for tensor ops, vector units for vector ops (default all); a fused op
     runs on ``units`` tensor units and ``vector_units`` vector units (default: the same share of
-    the vector pool)."""
+    the vector pool).
+
+    The host issues kernels one after another, ``host_overhead_s`` each: a kernel that runs
+    shorter than that leaves the device waiting, so an op takes at least the host time."""
+    return max(_device_time(op, chip, precision, eff, tp, groups, bytes_per_element, units,
+                            vector_units), eff.host_overhead_s)
+
+
+def _device_time(op: Op, chip: Chip, precision: str, eff: Efficiency, tp: int, groups: dict | None,
+                 bytes_per_element: int, units: int | None, vector_units: float | None) -> float:
+    """Seconds one operator keeps the device busy (see :func:`op_time`)."""
     if op.unit == "link":
         c: Collective = op.collective
         size, stride = (groups or {}).get(c.group, (tp, 1))
@@ -205,8 +231,14 @@ def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: 
             precision = "bf16"      # fp8 training quantises the linear layers; attention stays 16-bit
     if op.unit == "tensor+vector":
         # the fused kernel reaches `attention_fraction` of its own roofline: the slower of the
-        # tensor units and the local-SRAM operand feed
-        roof = Efficiency(tensor_fraction=eff.tensor_fraction, hbm_fraction=eff.hbm_fraction)
+        # tensor units and the local-SRAM operand feed, plus each query tile's prologue and
+        # epilogue (load Q, rescale and write O, the log-sum-exp: `tile_overhead_k` key steps,
+        # as a GEMM tile's), amortised over the tile's loop over the keys, so its efficiency
+        # rises with the sequence. Every query tile pays it once, however many keys causal
+        # masking leaves it (on average a `work_fraction` share of the s keys the tile model
+        # counts), so per executed key step it weighs 1 / work_fraction more.
+        roof = Efficiency(tensor_fraction=eff.tensor_fraction, hbm_fraction=eff.hbm_fraction,
+                          tile_overhead_k=eff.tile_overhead_k / op.work_fraction)
         passes = op.flops / (2.0 * batch * M * K * N)
         t = passes * gemm_time(batch, M, K, N, chip, precision, roof, units, op.work_fraction,
                                bytes_per_element, fused=True, reuse=op.operand_reuse)

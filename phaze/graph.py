@@ -7,6 +7,7 @@ communication, its :class:`Collective`. FLOPs are the arithmetic the hardware pe
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -17,9 +18,39 @@ from .workload import Model
 class Collective:
     """A collective over one parallel group; ``bytes`` is the full (unsharded) buffer."""
 
-    kind: str    # all_reduce | reduce_scatter | all_gather | send
-    group: str   # tp | dp | pp
+    kind: str    # all_reduce | reduce_scatter | all_gather | send | all_to_all
+    group: str   # tp | dp | pp | ep | etp
     bytes: float
+
+
+# Dropless (real, auxiliary-loss) routing: the busiest expert-parallel rank receives this many
+# times the mean tokens, and so sets the expert GEMMs' and the all-to-all's time. An estimate, not
+# a fit: Megatron-MoE-ModelZoo's paired forced-balance / dropless runs of the same layout (S21 in
+# phaze/data/reference: Qwen3-235B 295 vs 237, 335 vs 277, 368 vs 320, 389 vs 357 TFLOP/s per GPU;
+# Mixtral-8x22B 465 vs 445) lose 4-24 % of throughput to it with the expert part 40-70 % of a layer.
+DROPLESS_LOAD = 1.3
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """How a mixture of experts' expert layers run on one device: ``ep`` expert-parallel ranks
+    (``etp`` apart), ``etp`` expert-tensor-parallel ranks sharing each expert's FFN width, and
+    ``load``, the busiest rank's tokens over the mean (1: balanced). ``nodes`` > 1: the ep ranks
+    span that many nodes and the dispatcher sends each token once per node it is routed to, then
+    forwards it inside the node (DeepEP's internode kernels); 1: one flat all-to-all."""
+
+    ep: int = 1
+    etp: int = 1
+    load: float = 1.0
+    nodes: int = 1
+    overlap: bool = False   # the all-to-alls run under another micro-batch's compute (1F1B overlap)
+
+    def node_share(self, experts: int, top_k: int) -> float:
+        """Probability that a token's top-k experts (distinct, uniform) include one of a given
+        node's experts/nodes: the share of the nodes each token is sent to once."""
+        if self.nodes <= 1:
+            return 1.0
+        return 1.0 - math.comb(experts - experts // self.nodes, top_k) / math.comb(experts, top_k)
 
 
 @dataclass(frozen=True)
@@ -92,10 +123,50 @@ def _coll(b: _Builder, name, kind, group, nbytes, deps=None) -> str:
     return b.add(name, "link", deps, collective=Collective(kind, group, nbytes))
 
 
+def kv_width(model: Model, tp: int) -> int:
+    """Width of the key (and of the value) projection on one of ``tp`` ranks: kv_dim / tp, or one
+    whole head when tp exceeds the KV heads (Megatron replicates each KV head on tp / kv_heads
+    ranks)."""
+    return model.head_dim * max(1, model.kv_heads // tp)
+
+
+def attention_work_fraction(model: Model) -> float:
+    """Share of the full (queries x keys) score matrix a fused kernel computes over the whole
+    sequence ``seq_len * context_parallel``: causal, 1/2; with a sliding window of w < S keys,
+    query i sees min(i, w) keys: (w S - w^2 / 2) / S^2 = (w/S)(1 - w/(2S)); not causal, 1."""
+    if not model.causal:
+        return 1.0
+    S = model.seq_len * model.context_parallel
+    w = model.sliding_window
+    return (w / S) * (1.0 - w / (2.0 * S)) if 0 < w < S else 0.5
+
+
+def ring_steps(model: Model, work: float) -> tuple[int, float]:
+    """(kernels, share of one local s x s score block each computes) of a context-parallel
+    shard's fused attention, whose local queries meet all ``work * (cp s)^2`` scores of the
+    sequence divided over cp ranks: ``work * cp`` blocks. Ring attention with causal load
+    balancing (Megatron / torchtitan: 2cp chunks, rank i holds chunks i and 2cp-1-i) runs cp steps,
+    each over half a block (the diagonal step causally, the others on one half of the queries or
+    keys); a sliding window only needs the steps whose blocks it reaches."""
+    cp, s = model.context_parallel, model.seq_len
+    if cp == 1:
+        return 1, work
+    steps = cp
+    if model.causal and 0 < model.sliding_window < s * cp:
+        steps = min(cp, -(-model.sliding_window // s) + 1)
+    return steps, min(1.0, work * cp / steps)
+
+
+# the linear layers (a weight operand): their backward is a data and a weight gradient
+_LINEAR = ("qkv", "attn_out", "ffn_up", "ffn_down", "q_down", "q_up", "kv_down", "kv_up", "router",
+           "expert_up", "expert_down", "shared_up", "shared_down")
+
+
 @lru_cache(maxsize=4096)
 def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
-                attention: str = "flash", recompute: str = "none") -> LayerGraph:
-    """The forward and backward operator DAGs of one layer on one of ``tp`` devices.
+                attention: str = "flash", recompute: str = "none", moe: ExpertLayout | None = None) -> LayerGraph:
+    """The forward and backward operator DAGs of one layer on one of ``tp`` devices (for a
+    mixture of experts, an MoE layer laid out by ``moe``; default: one rank, balanced).
 
     ``sp`` (sequence parallelism) shards norms, dropouts and residuals over ``tp`` and turns each
     all-reduce into a reduce-scatter plus all-gather. ``recompute`` adds the re-run forward ops to
@@ -105,12 +176,15 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     p = model.bytes_per_element
     T = b * s                           # tokens in the micro-batch
     Tn = T // t if sp else T            # tokens each device holds outside the TP regions
-    qkv_n = (model.q_dim + 2 * model.kv_dim) // t
+    kv_t = kv_width(model, t)
+    qkv_n = model.q_dim // t + 2 * kv_t
     a_t, d = model.heads // t, model.head_dim
     ffn_out = model.ffn_hidden * (2 if model.activation == "swiglu" else 1) // t
     f_t = model.ffn_hidden // t
     fused = attention in ("flash", "flash2")
-    work = 0.5 if (model.causal and fused) else 1.0
+    cp = model.context_parallel
+    sk = s * cp                         # keys each query sees: the cp ring brings every K/V block
+    work = attention_work_fraction(model) if fused else 1.0
     # operands of the fused products are streamed from local SRAM once per this many query rows
     # (FlashAttention-2: 16, the height of an mma.sync fragment); 0: reuse of a full output tile
     reuse = 16 if attention == "flash2" else 0
@@ -130,14 +204,24 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(fb, n("ln1"), Tn * h, p, flops_per_element=8)
         if t > 1 and sp:
             _coll(fb, n("ln1.all_gather"), "all_gather", "tp", p * T * h)
-        linear(fb, n("qkv"), T, h, qkv_n)
+        if model.mla:
+            mla_projections(fb, n)
+        else:
+            linear(fb, n("qkv"), T, h, qkv_n)
         _attention_core(fb, n)
-        linear(fb, n("attn_out"), T, a_t * d, h)
+        linear(fb, n("attn_out"), T, model.o_dim // t, h)
         if t > 1:
             _coll(fb, n("attn_out." + ("reduce_scatter" if sp else "all_reduce")),
                   "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
         _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
         _vector(fb, n("ln2"), Tn * h, p, flops_per_element=8)
+        if model.moe:
+            moe_ffn(fb, n)
+        else:
+            dense_ffn(fb, n)
+        _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+
+    def dense_ffn(fb: _Builder, n) -> None:
         if t > 1 and sp:
             _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * T * h)
         linear(fb, n("ffn_up"), T, h, ffn_out)
@@ -150,25 +234,100 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if t > 1:
             _coll(fb, n("ffn_down." + ("reduce_scatter" if sp else "all_reduce")),
                   "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
-        _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+
+    def mla_projections(fb: _Builder, n) -> None:
+        """Multi-head latent attention's projections (DeepSeek-V3): the down-projections to the
+        query and key/value latents are replicated on the tp ranks (Megatron-Core's MLA), their
+        norms, then the up-projections to this rank's heads."""
+        r_q, r_kv, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+        nope = d - rope
+        if r_q:
+            linear(fb, n("q_down"), T, h, r_q)
+            _vector(fb, n("q_norm"), T * r_q, p, flops_per_element=4)
+            linear(fb, n("q_up"), T, r_q, a_t * d)
+        else:
+            linear(fb, n("q_up"), T, h, a_t * d)
+        linear(fb, n("kv_down"), T, h, r_kv + rope)
+        _vector(fb, n("kv_norm"), T * r_kv, p, flops_per_element=4)
+        linear(fb, n("kv_up"), T, r_kv, a_t * (nope + model.v_head_dim))
+
+    def moe_ffn(fb: _Builder, n) -> None:
+        """A mixture of experts (Megatron-Core's all-to-all dispatcher): each rank routes its
+        T/tp tokens (router GEMM, top-k softmax), permutes the top_k copies by expert, sends them
+        to the experts' ranks (all-to-all over ep), gathers them over etp, runs its experts/ep
+        local experts as one grouped GEMM (``load`` x the mean tokens on the busiest rank),
+        reduce-scatters over etp, sends the results back and un-permutes them (weighted sum).
+        Shared experts are a tensor-parallel dense FFN beside it."""
+        lay = moe or ExpertLayout()
+        E, k = model.experts, model.top_k
+
+        def dispatch(fb: _Builder, what: str) -> None:
+            """The token all-to-all over ep: flat, or once per destination node over the network
+            (group ``ep_node``; DeepEP forwards the tokens inside each node over NVLink while the
+            network transfer runs, so only the network stage, the slower, is costed)."""
+            if lay.nodes <= 1:
+                _coll(fb, n(f"{what}.all_to_all"), "all_to_all", "ep", p * lay.load * sent * h)
+                return
+            once = p * lay.load * Tm * h * lay.nodes * lay.node_share(E, k)
+            _coll(fb, n(f"{what}.internode"), "all_to_all", "ep_node", once)
+
+        Tm = T // t                                    # tokens each rank routes
+        local = max(1, E // lay.ep)
+        sent = Tm * k                                  # token copies each rank dispatches
+        recv = lay.load * lay.etp * sent               # tokens the busiest rank's experts see
+        per_expert = max(1, math.ceil(recv / local))
+        ef = model.expert_ffn // lay.etp
+        gated = model.activation == "swiglu"
+        linear(fb, n("router"), Tm, h, E)
+        _vector(fb, n("router_topk"), Tm * E, p, flops_per_element=6, special_per_element=1)
+        _vector(fb, n("permute"), sent * h, p, flops_per_element=0)
+        if lay.ep > 1:
+            dispatch(fb, "dispatch")
+        if lay.etp > 1:
+            _coll(fb, n("dispatch.all_gather"), "all_gather", "etp", p * recv * h)
+        _gemm(fb, n("expert_up"), local, per_expert, h, ef * (2 if gated else 1), p, weights=True)
+        act = "swiglu" if gated else model.activation
+        _vector(fb, n("expert_" + act), local * per_expert * ef, p, reads=2 if gated else 1,
+                flops_per_element=6 if gated else 8, special_per_element=0 if act == "relu" else 1)
+        _gemm(fb, n("expert_down"), local, per_expert, ef, h, p, weights=True)
+        if lay.etp > 1:
+            _coll(fb, n("combine.reduce_scatter"), "reduce_scatter", "etp", p * recv * h)
+        if lay.ep > 1:
+            dispatch(fb, "combine")
+        _vector(fb, n("unpermute"), sent * h, p, writes=1.0 / k, flops_per_element=2)
+        if model.shared_experts:
+            sf = model.shared_experts * model.shared_ffn // t
+            if t > 1:
+                _coll(fb, n("shared.all_gather"), "all_gather", "tp", p * T * h)
+            linear(fb, n("shared_up"), T, h, sf * (2 if gated else 1))
+            _vector(fb, n("shared_" + act), T * sf, p, reads=2 if gated else 1,
+                    flops_per_element=6 if gated else 8, special_per_element=0 if act == "relu" else 1)
+            linear(fb, n("shared_down"), T, sf, h)
+            if t > 1:
+                _coll(fb, n("shared.reduce_scatter"), "reduce_scatter", "tp", p * T * h)
+        if t > 1 and not sp:   # the layer's output is replicated on the tp ranks again
+            _coll(fb, n("moe.all_gather"), "all_gather", "tp", p * T * h)
 
     def _attention_core(fb: _Builder, n) -> None:
         if fused:
             flops = 4.0 * b * a_t * s * s * d
             # fused: S = Q.K^T and O = P.V per query tile, accumulating over the keys (K = s);
-            # the online softmax takes one exp and ~5 FLOPs per score
+            # the online softmax takes one exp and ~5 FLOPs per score. Under context parallelism
+            # one kernel per ring step of local queries against one s x s block of keys (ring_steps)
             scores = b * a_t * s * s
-            fb.add(n("flash_attention"), "tensor+vector", flops=flops, work_fraction=work,
-                   gemm=(b * a_t, s, s, d), elements=scores, special=scores, vector_flops=5 * scores,
-                   bytes_read=p * T * qkv_n, bytes_written=p * T * a_t * d, core_attention=True,
-                   operand_reuse=reuse)
+            steps, step_work = ring_steps(model, work)
+            for k in range(steps):
+                fb.add(n("flash_attention" + (f".ring{k}" if k else "")), "tensor+vector", flops=flops,
+                       work_fraction=step_work, gemm=(b * a_t, s, s, d), elements=scores, special=scores,
+                       vector_flops=5 * scores, bytes_read=p * T * qkv_n, bytes_written=p * T * a_t * d,
+                       core_attention=True, operand_reuse=reuse)
             return
-        _gemm(fb, n("scores"), b * a_t, s, d, s, p, weights=False, core_attention=True)
-        _vector(fb, n("softmax"), b * a_t * s * s, p, flops_per_element=5, core_attention=True,
+        _gemm(fb, n("scores"), b * a_t, s, d, sk, p, weights=False, core_attention=True)
+        _vector(fb, n("softmax"), b * a_t * s * sk, p, flops_per_element=5, core_attention=True,
                 special_per_element=1)
         if model.dropout:
-            _vector(fb, n("attn_dropout"), b * a_t * s * s, p, writes=1.5, core_attention=True)
-        _gemm(fb, n("context"), b * a_t, s, s, d, p, weights=False, core_attention=True)
+            _vector(fb, n("attn_dropout"), b * a_t * s * sk, p, writes=1.5, core_attention=True)
+        _gemm(fb, n("context"), b * a_t, s, sk, d, p, weights=False, core_attention=True)
 
     fb = _Builder("fwd")
     forward(fb)
@@ -185,9 +344,10 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             continue
         if op.unit == "link":
             c = op.collective
-            mirror = {"all_reduce": None, "reduce_scatter": "all_gather", "all_gather": "reduce_scatter"}
+            mirror = {"all_reduce": None, "reduce_scatter": "all_gather", "all_gather": "reduce_scatter",
+                      "all_to_all": "all_to_all"}
             if mirror[c.kind]:
-                grad = (_coll(bb, f"{op.name}.bwd", mirror[c.kind], "tp", c.bytes, deps=grad),)
+                grad = (_coll(bb, f"{op.name}.bwd", mirror[c.kind], c.group, c.bytes, deps=grad),)
             continue
         if op.unit == "vector":
             grad = (_vector(bb, f"{op.name}.bwd", op.elements, p, reads=2 * op.bytes_read / (p * op.elements),
@@ -205,18 +365,18 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                            bytes_written=op.bytes_read, core_attention=True),)
             continue
         batch, M, K, N = op.gemm
-        weighted = op.name.split(".")[-1] in ("qkv", "attn_out", "ffn_up", "ffn_down")
+        weighted = op.name.split(".")[-1] in _LINEAR
         if weighted:
-            input_gathered = t > 1 and sp and op.name in ("qkv", "ffn_up")
+            input_gathered = t > 1 and sp and op.name in ("qkv", "ffn_up", "shared_up")
             if fp8:   # the output gradient is cast to fp8 (both layouts) before dgrad and wgrad
                 grad = (_vector(bb, f"{op.name}.grad_fp8_cast", M * N, p, reads=1, writes=2 / p,
                                 flops_per_element=2, deps=grad),)
-            dgrad = _gemm(bb, f"{op.name}.dgrad", 1, M, N, K, p, weights=True, deps=grad)
+            dgrad = _gemm(bb, f"{op.name}.dgrad", batch, M, N, K, p, weights=True, deps=grad)
             wdeps = grad
             if input_gathered:   # Megatron-SP re-gathers the sharded input for the weight gradient
                 wdeps = grad + (_coll(bb, f"{op.name}.input_all_gather", "all_gather", "tp",
                                       p * T * h, deps=grad),)
-            _gemm(bb, f"{op.name}.wgrad", 1, K, M, N, p, weights=False, deps=wdeps, linear=True)
+            _gemm(bb, f"{op.name}.wgrad", batch, K, M, N, p, weights=False, deps=wdeps, linear=True)
             grad = (dgrad,)
             if t > 1 and not sp and op.name in ("qkv", "ffn_up"):
                 grad = (_coll(bb, f"{op.name}.dgrad.all_reduce", "all_reduce", "tp", p * T * h,

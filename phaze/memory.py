@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .graph import kv_width
 from .workload import Model
 
 OPTIMIZER_BYTES_PER_PARAM = {"adam": 12.0, "sgd": 0.0}  # fp32 master + m + v; SGD: none
@@ -52,17 +53,36 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
         return p * sb * h * rep
     mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
     replicated = (p + p + mask + p + p + mask) * sb * h * rep  # ln1 in, qkv in, mask, ln2 in, ffn in, mask
-    q, kv, f = model.q_dim, model.kv_dim, model.ffn_hidden
+    # K and V as the tp ranks hold them together (a KV head replicated when tp > kv heads)
+    q, kv, f = model.q_dim, kv_width(model, t) * t, model.ffn_hidden
     act_inputs = 2 if model.activation == "swiglu" else 1
     split = p * sb * (q + kv + kv + q + act_inputs * f + f) / t  # Q, K, V, out-proj in, act in, down in
+    if model.moe:
+        split += moe_activation_bytes(model, sb, t) - p * sb * (act_inputs * f + f) / t
     a = model.heads
     if attention in ("flash", "flash2"):
         core = 4.0 * a * sb / t                                    # fp32 log-sum-exp per row
     elif recompute == "selective":
         core = 0.0
     else:
-        core = (p + (mask + p if model.dropout else 0.0)) * a * s * sb / t
+        # scores against every key of the sequence (a context-parallel shard's too)
+        core = (p + (mask + p if model.dropout else 0.0)) * a * s * model.context_parallel * sb / t
     return replicated + split + core
+
+
+def moe_activation_bytes(model: Model, tokens: int, tp: int) -> float:
+    """Bytes an MoE layer's FFN keeps for backward on one device (balanced routing), its dense
+    layers' FFN averaged in: the router's probabilities (fp32), the ``top_k`` dispatched copies of
+    each of its tokens/tp tokens (the experts' input), their activation input and down-projection
+    input, and the shared experts' (tensor-parallel) activation and down-projection inputs."""
+    p, h, k = model.bytes_per_element, model.hidden, model.top_k
+    gate = 2 if model.activation == "swiglu" else 1
+    local = tokens / tp
+    ef, sf = model.expert_ffn, model.shared_experts * model.shared_ffn
+    routed = 4 * local * model.experts + p * local * k * (h + gate * ef + ef)
+    moe = routed + p * tokens * (gate * sf + sf) / tp
+    dense = p * tokens * (gate + 1) * model.ffn_hidden / tp
+    return (model.moe_layers * moe + model.dense_layers * dense) / model.layers
 
 
 def state_bytes_per_param(optimizer: str, zero: int, dp: int, weight_bytes: int = 2,

@@ -27,7 +27,17 @@ from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .memory import memory_reserve_bytes
 from .plan import RECOMPUTE, Plan
-from .step import StageCosts, StepResult, check_plan, evaluate, layout_of, mode_cost_bounds, stage_costs, stage_layers
+from .step import (
+    StageCosts,
+    StepResult,
+    check_plan,
+    critical_weight,
+    evaluate,
+    layout_of,
+    mode_cost_bounds,
+    stage_costs,
+    stage_layers,
+)
 from .workload import Model
 
 GiB = 2.0 ** 30
@@ -58,6 +68,8 @@ class PlacementOptions:
     exhaustive: bool = False    # solve every layout's layer schedules (no bounding): for checks
     memory_reserve: float | None = None
     reduce_fp32: bool = False
+    ep: tuple[int, ...] = ()    # expert parallel widths (empty: 1 for a dense model, the powers of
+                                # two dividing the experts for a mixture of experts)
 
     @property
     def zero_stages(self) -> tuple[int, ...]:
@@ -207,7 +219,7 @@ def _solve_layout(costs: StageCosts, opts: _Options):
     """Exact optimum of one layout: (objective, counts, recomputes) or None if nothing fits."""
     pp, L = costs.plan.pp, costs.model.layers
     m, v = costs.micro_batches, costs.plan.vp
-    a = m - 1.0 / v
+    a = critical_weight(m, pp, v)
     ok = opts.fits & np.isfinite(opts.time)
     if not ok.any():
         return None
@@ -287,14 +299,26 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                     continue      # nothing to shard over: the same plan as zero=0
                 for vp in sorted(set(options.vp)):
                     for mbs in sorted(set(options.mbs)):
-                        plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, zero=zero, sp=options.sp and tp > 1,
-                                    attention=options.attention, optimizer=options.optimizer,
-                                    reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve)
-                        try:
-                            check_plan(model, devices, global_batch, plan)
-                        except ConfigError:
-                            continue
-                        yield plan
+                        for ep in expert_widths(model, options):
+                            plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, zero=zero, sp=options.sp and tp > 1,
+                                        attention=options.attention, optimizer=options.optimizer,
+                                        reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
+                                        ep=ep)
+                            try:
+                                check_plan(model, devices, global_batch, plan)
+                            except ConfigError:
+                                continue
+                            yield plan
+
+
+def expert_widths(model: Model, options: PlacementOptions) -> tuple[int, ...]:
+    """Candidate ep: the listed ones; else 1 for a dense model and the powers of two dividing the
+    experts for a mixture of experts (a small set; invalid ones are skipped by the plan check)."""
+    if options.ep:
+        return tuple(sorted(set(options.ep)))
+    if not model.moe:
+        return (1,)
+    return tuple(e for e in (2 ** i for i in range(model.experts.bit_length())) if model.experts % e == 0)
 
 
 def _listing(values, limit: int = 12) -> str:
@@ -326,6 +350,11 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
         good = [t for t in divisors(math.gcd(model.heads, model.ffn_hidden, devices), 64) if not tp_problem(t)]
         return "--tp", ("no tensor-parallel width works: " + "; ".join(tp_problem(t) for t in sorted(set(options.tp)))
                         + f"; allowed: {_listing(good)}")
+    eps = [e for e in expert_widths(model, options) if not model.moe or model.experts % e == 0]
+    if not eps:
+        good = [e for e in range(1, model.experts + 1) if model.experts % e == 0 and devices % e == 0]
+        return "--ep", (f"no expert-parallel width works: none of {_listing(options.ep)} divides the experts "
+                        f"({model.experts}); allowed: {_listing(good)}")
     structural = []      # (tp, pp, vp) that build a layout whatever the batch
     depth_ok = set()
     for tp in tps:
@@ -334,7 +363,7 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
                 continue
             depth_ok.add((tp, pp))
             for vp in sorted(set(options.vp)):
-                if pp * vp <= model.layers and (vp == 1 or (pp > 1 and model.layers % (pp * vp) == 0)):
+                if pp * vp <= model.layers + (2 if vp > 1 else 0) and (vp == 1 or pp > 1):
                     structural.append((tp, pp, vp))
     if not depth_ok:
         good = sorted({d for tp in tps for d in divisors(devices // tp, model.layers)})
@@ -343,9 +372,9 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
                         for pp in sorted(set(options.pp)))
         return "--pp", f"no pipeline depth works: {bad}; allowed (with tp {_listing(tps)}): {_listing(good)}"
     if not structural:
-        return "--vp", (f"interleaving needs pp > 1 and pp*vp dividing the layers ({model.layers}); with the "
+        return "--vp", (f"interleaving needs pp > 1 and pp*vp at most the layers ({model.layers}) + 2; with the "
                         f"depths {_listing(pp for _, pp in depth_ok)} no vp of {_listing(options.vp)} does; "
-                        f"allowed: vp = 1, or a vp with pp*vp dividing {model.layers}")
+                        f"allowed: vp = 1, or a vp with pp*vp <= {model.layers + 2}")
     grains = sorted({(devices // (tp * pp)) * mbs for tp, pp, _ in structural for mbs in set(options.mbs)})
     if not any(global_batch % g == 0 for g in grains):
         b = global_batch
@@ -361,8 +390,11 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
     for tp, pp, vp in structural:       # the first remaining reason (context, sequence, ...)
         for mbs in sorted(set(options.mbs)):
             try:
-                check_plan(model, devices, global_batch, Plan(tp=tp, pp=pp, vp=vp, mbs=mbs, sp=options.sp and tp > 1))
+                check_plan(model, devices, global_batch, Plan(tp=tp, pp=pp, vp=vp, mbs=mbs, sp=options.sp and tp > 1,
+                                                              ep=eps[0]))
             except ConfigError as exc:
+                if exc.field in ("ep", "etp"):
+                    return f"--{exc.field}", exc.message
                 return exc.source, (f"field '{exc.field}': " if exc.field else "") + exc.message
     return "--tp", "no valid layout in the options"
 
@@ -389,7 +421,7 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...]) -> float:
     layer = min(costs.mode(r).layer.total for r in modes)
     total = L * layer + pp * costs.send_s + costs.embedding.total + costs.head.total
     edge = layer + costs.send_s + max(costs.embedding.total, costs.head.total)
-    return (m - 1.0 / v) * max(total / pp, edge if pp > 1 else total) + total / v
+    return critical_weight(m, pp, v) * max(total / pp, edge if pp > 1 else total) + total / v
 
 
 def place(model: Model, chip: Chip, devices: int, global_batch: int,
@@ -419,8 +451,12 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         considered += 1
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
         L, pp = model.layers, base.pp
-        even = stage_layers(L, pp)
-        allowed_n = sorted({even[0]} if base.vp > 1 else range(1, L - pp + 2))
+        even = stage_layers(L, pp, base.vp)
+        # interleaved: chunks of c or c + 1 layers (c = L // (pp vp)), a stage's vp chunks hold
+        # v c .. v c + v layers
+        v, c = base.vp, L // (pp * base.vp)
+        # (c = 0: pp*vp is the layers + 1 or 2, the embedding and loss chunks hold none)
+        allowed_n = sorted(range(v * c if c else v - 1, v * c + v + 1) if v > 1 else range(1, L - pp + 2))
         lb_costs = costs if exhaustive else _bound_costs(costs, modes)
         opts = _options(lb_costs, modes, allowed_n)     # memory does not depend on the bounds
         # the Megatron-style plan: even split, one recompute mode for every stage
@@ -429,7 +465,8 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
                 plan = replace(base, recompute=r)
                 ts, tails = opts.time[np.arange(pp), even, k], opts.tail[np.arange(pp), even, k]
                 m, v = lb_costs.micro_batches, base.vp
-                base_cands.append(((m - 1.0 / v) * ts.max() + ts.sum() / v + tails.max(), considered, plan))
+                base_cands.append((critical_weight(m, pp, v) * ts.max() + ts.sum() / v + tails.max(), considered,
+                                   plan))
                 break
         if not _fits_somehow(opts, L):
             for k, r in enumerate(modes):

@@ -9,6 +9,8 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "flash2", "standard")
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("optimal", "sequential")
+ROUTING = ("forced", "dropless", "capacity")
+DISPATCHERS = ("alltoall", "deepep")
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,17 @@ class Plan:
     reduction behind the last backward pass; ``tp_overlap`` hides tensor-parallel collectives
     behind the layer's GEMMs (Megatron's ``--tp-comm-overlap``); ``reduce_fp32`` reduces
     gradients in fp32 (Megatron's ``--accumulate-allreduce-grads-in-fp32``, FSDP's default
-    mixed precision)."""
+    mixed precision). ``ep`` (expert parallelism) and ``etp`` (expert tensor parallelism) lay out
+    a mixture of experts' expert layers as Megatron-Core does: a stage's tp x cp x dp ranks are
+    re-folded as etp x ep x edp (edp, the expert data parallelism, takes the rest; etp ranks are
+    adjacent, ep ranks ``etp`` apart). ``routing``: ``forced`` balanced tokens (Megatron's
+    ``--moe-router-force-load-balancing``), ``dropless`` real routing (the busiest rank gets more
+    than the mean), ``capacity`` tokens capped at the model's capacity factor (padded to it); blank:
+    ``capacity`` when the model has a capacity factor, else ``dropless``. ``dispatcher``: the
+    token all-to-all, ``alltoall`` (one flat all-to-all over ep, Megatron's default) or ``deepep``
+    (DeepEP: across nodes each token is sent once per destination node, then forwarded inside it);
+    ``ep_overlap`` hides the all-to-alls under another micro-batch's compute (Megatron-Core's
+    ``--overlap-moe-expert-parallel-comm``, the "1F1B overlap" of its MoE guide)."""
 
     tp: int = 1
     pp: int = 1
@@ -42,6 +54,11 @@ class Plan:
     stages: tuple[int, ...] = ()           # layers per pipeline stage (empty: even split)
     stage_recompute: tuple[str, ...] = ()  # recompute per stage (empty: ``recompute`` everywhere)
     memory_reserve: float | None = None    # bytes per device kept free (None: the chip's modelled reserve)
+    ep: int = 1                            # expert parallel width (mixture of experts)
+    etp: int = 1                           # expert tensor parallel width
+    routing: str = ""                      # forced | dropless | capacity ("": from the model)
+    dispatcher: str = ""                   # MoE token dispatch: alltoall | deepep ("": alltoall)
+    ep_overlap: bool = False               # MoE all-to-alls overlapped with another micro-batch's compute
 
     def __post_init__(self):
         if self.sp is None:
@@ -49,6 +66,10 @@ class Plan:
 
     def dp(self, devices: int) -> int:
         return devices // (self.tp * self.pp * self.cp)
+
+    def edp(self, devices: int) -> int:
+        """Expert data parallelism: the devices of a stage left after etp x ep."""
+        return devices // (self.pp * self.etp * self.ep)
 
     def label(self) -> str:
         return (f"tp={self.tp},pp={self.pp},mbs={self.mbs},recompute={self.recompute}"
@@ -58,13 +79,18 @@ class Plan:
                 + (",tp_overlap=1" if self.tp_overlap else "")
                 + (f",schedule={self.schedule}" if self.schedule != "optimal" else "")
                 + (",stages=" + ":".join(map(str, self.stages)) if self.stages else "")
-                + (",stage_recompute=" + ":".join(self.stage_recompute) if self.stage_recompute else ""))
+                + (",stage_recompute=" + ":".join(self.stage_recompute) if self.stage_recompute else "")
+                + (f",ep={self.ep}" if self.ep > 1 else "") + (f",etp={self.etp}" if self.etp > 1 else "")
+                + (f",routing={self.routing}" if self.routing else "")
+                + (f",dispatcher={self.dispatcher}" if self.dispatcher else "")
+                + (",ep_overlap=1" if self.ep_overlap else ""))
 
 
-_INT_KEYS = ("tp", "pp", "mbs", "vp", "cp")
+_INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp")
 _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a plan's text
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
-             "tp_overlap", "reduce_fp32", "schedule", "stages", "stage_recompute")
+             "tp_overlap", "reduce_fp32", "schedule", "stages", "stage_recompute", "ep", "etp", "routing",
+             "dispatcher", "ep_overlap")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
 
@@ -99,13 +125,14 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 raise ConfigError(source, key, f"must be {'/'.join(RECOMPUTE)} per stage joined by ':', "
                                                f"got {raw!r}")
             values[key] = parts
-        elif key in ("sp", "dp_overlap", "tp_overlap", "reduce_fp32"):
+        elif key in ("sp", "dp_overlap", "tp_overlap", "reduce_fp32", "ep_overlap"):
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = _BOOL[raw.lower()]
         else:
             choices = {"recompute": RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
-                       "schedule": SCHEDULES}[key]
+                       "schedule": SCHEDULES, "routing": ROUTING,
+                       "dispatcher": DISPATCHERS}[key]
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()

@@ -610,7 +610,7 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
     rs = _sgs(prio, rd, [dem[i][chosen[i]] for i in range(n)], deps, capacities)
     makespan = max((rs[i] + rd[i] for i in range(n)), default=0.0)
     lower = min(energy_s, makespan)
-    if status == "OPTIMAL" and exact:
+    if (status == "OPTIMAL" and exact) or makespan - lower <= 1e-12 * makespan:   # equal but for rounding
         lower = makespan
     gap = (makespan - lower) / makespan if makespan > 0 else 0.0
 
@@ -990,13 +990,15 @@ def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompu
 
 @lru_cache(maxsize=1024)
 def layer_tasks(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
-                eff: Efficiency = IDEAL, modes: tuple | None = None) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
+                eff: Efficiency = IDEAL, modes: tuple | None = None, moe=None
+                ) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
     """(forward, backward incl. recompute) tasks of one layer on ``chip``: the cost model run once
-    per (layer, chip) for the bounds and the solve alike."""
+    per (layer, chip) for the bounds and the solve alike; ``moe``: the expert layers' layout."""
     from .graph import layer_graph
+    from .step import _groups
     check_layer_args(model, mbs, tp, sp, attention, recompute)
-    g = layer_graph(model, mbs, tp, sp, attention, recompute)
-    kw = dict(groups={"tp": (tp, 1)}, bytes_per_element=model.bytes_per_element, shares=modes)
+    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe)
+    kw = dict(groups=_groups(tp, moe), bytes_per_element=model.bytes_per_element, shares=modes)
     return op_tasks(g.fwd, chip, model.precision, eff, **kw), op_tasks(g.bwd, chip, model.precision, eff, **kw)
 
 
@@ -1005,11 +1007,11 @@ _UNITS_OF = lambda chip: {"tensor": chip.tensor.count, "vector": chip.vector.cou
 
 def schedule_layer(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
                    eff: Efficiency = IDEAL, *, time_limit_s: float = 10.0, modes: Iterable[float] | None = None,
-                   num_workers: int = 1, cache: bool = True) -> tuple[Schedule, Schedule]:
+                   num_workers: int = 1, cache: bool = True, moe=None) -> tuple[Schedule, Schedule]:
     """(forward, backward incl. recompute) schedules of one layer for one micro-batch, with the
     ops, groups and precision of :func:`phaze.step.layer_time`."""
     fwd, bwd = layer_tasks(model, chip, mbs, tp, sp, attention, recompute, eff,
-                           None if modes is None else tuple(modes))
+                           None if modes is None else tuple(modes), moe)
     kw = dict(time_limit_s=time_limit_s, num_workers=num_workers, cache=cache, unit_counts=_UNITS_OF(chip))
     caps = chip_capacities(chip)
     return solve(fwd, caps, **kw), solve(bwd, caps, **kw)
@@ -1017,11 +1019,11 @@ def schedule_layer(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: st
 
 @lru_cache(maxsize=4096)
 def layer_bounds(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
-                 eff: Efficiency = IDEAL) -> tuple[tuple[float, float], tuple[float, float]]:
+                 eff: Efficiency = IDEAL, moe=None) -> tuple[tuple[float, float], tuple[float, float]]:
     """((lower, upper) of the forward makespan, (lower, upper) of the backward one) of
     :func:`schedule_layer`'s schedules, without a solver (:func:`bounds`). Cheap: what the
     placement search uses to decide which layers are worth solving."""
-    fwd, bwd = layer_tasks(model, chip, mbs, tp, sp, attention, recompute, eff, None)
+    fwd, bwd = layer_tasks(model, chip, mbs, tp, sp, attention, recompute, eff, None, moe)
     caps = tuple(sorted(chip_capacities(chip).items()))
     return _bounds_of(fwd, caps), _bounds_of(bwd, caps)
 

@@ -21,6 +21,7 @@ from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, read_mapping
 from .placement import PlacementOptions
 from .plan import RECOMPUTE
+from .system import System, load_system
 from .workload import Model, load_model
 
 KiB, MiB, GiB = 2.0 ** 10, 2.0 ** 20, 2.0 ** 30
@@ -220,6 +221,7 @@ class WorkloadSpec:
     weight: float = 1.0
     options: PlacementOptions = PlacementOptions()
     source: str = field(default="", repr=False, compare=False)   # as the config names it (not in the fingerprint)
+    system: System | None = field(default=None, repr=False)      # the cluster (None: the chip's links)
 
     @property
     def label(self) -> str:
@@ -274,7 +276,8 @@ class SweepConfig:
     def fingerprint(self) -> str:
         """What a study's trials depend on: the space, workloads, constraints, objectives and
         template chip. A study is only resumed by a config with the same fingerprint."""
-        desc = {"base": repr(self.base), "workloads": [repr(w) for w in self.workloads],
+        desc = {"base": repr(self.base),
+                "workloads": [repr(w) + (f" in {w.system!r}" if w.system else "") for w in self.workloads],
                 "dimensions": [repr(d) for d in self.dimensions], "constraints": self.constraints,
                 "objectives": self.objectives, "node": self.process_node_nm}
         return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -343,7 +346,20 @@ def _int_tuple(f: Fields, key: str, default: tuple) -> tuple:
     return tuple(raw)
 
 
-def _workload(item, source: str, i: int) -> WorkloadSpec:
+def _system(f: Fields, default: System | None) -> System | None:
+    """The ``system`` key of a sweep or of one workload entry (a shipped name or a YAML path)."""
+    name = f.str("system", None)
+    if name is None:
+        return default
+    try:
+        return load_system(name)
+    except ConfigError as exc:
+        if exc.source != "--system":     # a system file that exists names its own file and field
+            raise
+        raise f.error("system", exc.message) from None
+
+
+def _workload(item, source: str, i: int, system: System | None = None) -> WorkloadSpec:
     f = Fields(item, source, f"workloads[{i}].") if isinstance(item, dict) else None
     if f is None:
         raise ConfigError(source, f"workloads[{i}]", "must be a mapping with workload, devices, global_batch")
@@ -352,6 +368,7 @@ def _workload(item, source: str, i: int) -> WorkloadSpec:
     model = load_model(source, seq)
     devices, batch = f.int("devices"), f.int("global_batch")
     weight = f.number("weight", 1.0)
+    system = _system(f, system)
     d = PlacementOptions()
     p = f.sub("placement", None)
     options = d
@@ -369,7 +386,7 @@ def _workload(item, source: str, i: int) -> WorkloadSpec:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         p.finish()
     f.finish()
-    return WorkloadSpec(model, devices, batch, weight, options, source)
+    return WorkloadSpec(model, devices, batch, weight, options, source, system)
 
 
 def load_sweep(path: str | Path) -> SweepConfig:
@@ -381,7 +398,8 @@ def load_sweep(path: str | Path) -> SweepConfig:
     if not all(c.isalnum() or c in "-_." for c in name):
         raise f.error("name", f"letters, digits, '-', '_' and '.' only (it names results/<name>), got {name!r}")
     base = load_chip(f.str("base", "tpuv4"))
-    workloads = tuple(_workload(w, source, i) for i, w in enumerate(f.list("workloads")))
+    system = _system(f, None)
+    workloads = tuple(_workload(w, source, i, system) for i, w in enumerate(f.list("workloads")))
     names = [w.model.name for w in workloads]
     for i, n in enumerate(names):
         if n in names[:i]:
@@ -394,6 +412,11 @@ def load_sweep(path: str | Path) -> SweepConfig:
             raise space.error(str(key), f"unknown parameter; allowed: {', '.join(PARAMETERS)}")
         dims[key] = _dimension(key, space._get(key, None), source)
     order = _order(dims, source)
+    fixed = [w.system.name for w in workloads if w.system and w.system.intra_node_bandwidth_bytes_per_s]
+    if "link_bandwidth_gb_per_s" in dims and fixed:
+        raise ConfigError(source, "space.link_bandwidth_gb_per_s", f"has no effect: system {fixed[0]!r} fixes the "
+                          f"intra-node bandwidth; allowed: a system without intra_node bandwidth_bytes_per_s "
+                          f"(e.g. cluster-100g: the chip's own links inside the node), or no link_bandwidth_gb_per_s")
     if not any(not dims[k].fixed and not dims[k].expression for k in order):
         raise ConfigError(source, "space", "nothing to search: every parameter is fixed")
     cons = []

@@ -16,7 +16,7 @@ import numpy as np
 from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, collective_time, op_time
-from .graph import edge_graph, layer_graph, optimizer_op, tensor_flops
+from .graph import DROPLESS_LOAD, ExpertLayout, edge_graph, kv_width, layer_graph, optimizer_op, tensor_flops
 from .memory import StageMemory, activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
 from .plan import Plan
 from .workload import Model, with_seq_len
@@ -59,47 +59,91 @@ def _sum_ops(ops, chip: Chip, precision: str, eff: Efficiency, groups: dict, p: 
     return PhaseTime(**acc)
 
 
+def dense_view(model: Model) -> Model:
+    """A mixture of experts' dense layers (DeepSeek-V3's first three) as a dense model."""
+    return replace(model, experts=0, top_k=0, shared_experts=0, dense_layers=0, expert_ffn_hidden=0,
+                   shared_expert_ffn_hidden=0)
+
+
+def expert_layout(model: Model, plan: Plan, chip: Chip | None = None) -> ExpertLayout | None:
+    """The expert layers' layout of ``plan`` (None for a dense model): ep, etp, the busiest
+    rank's load under the plan's routing (forced 1, capacity the capacity factor (padded),
+    dropless :data:`phaze.graph.DROPLESS_LOAD`) and, for the ``deepep`` dispatcher, the nodes
+    (domains of the chip's first link level) the ep ranks span."""
+    if not model.moe:
+        return None
+    routing = plan.routing or ("capacity" if model.capacity_factor else "dropless")
+    load = {"forced": 1.0, "capacity": model.capacity_factor or 1.0, "dropless": DROPLESS_LOAD}[routing]
+    nodes = 1
+    if plan.dispatcher == "deepep" and chip is not None and chip.links and chip.links[0].devices:
+        local = max(1, min(plan.ep, chip.links[0].devices // plan.etp))
+        nodes = plan.ep // local if plan.ep % local == 0 else 1
+    return ExpertLayout(plan.ep, plan.etp, load, nodes, plan.ep_overlap)
+
+
+def _groups(tp: int, moe: ExpertLayout | None) -> dict:
+    """Collective groups of a layer: (size, rank stride); expert ranks are etp-major, then ep
+    (``ep_node``: one ep rank per node, the ranks a DeepEP network transfer joins)."""
+    if moe is None:
+        return {"tp": (tp, 1)}
+    return {"tp": (tp, 1), "ep": (moe.ep, moe.etp), "etp": (moe.etp, 1),
+            "ep_node": (moe.nodes, moe.etp * (moe.ep // moe.nodes))}
+
+
 @lru_cache(maxsize=16384)
 def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
-                eff: Efficiency) -> tuple[PhaseTime, PhaseTime]:
-    """(forward, backward) sums of the layer's operator times, split by what bounds each op."""
-    g = layer_graph(model, mbs, tp, sp, attention, recompute)
-    groups = {"tp": (tp, 1)}
+                eff: Efficiency, moe: ExpertLayout | None = None) -> tuple[PhaseTime, PhaseTime]:
+    """(forward, backward) sums of the layer's operator times, split by what bounds each op; for a
+    mixture of experts with dense layers, the mean over its dense and MoE layers."""
+    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe)
+    groups = _groups(tp, moe)
     p = model.bytes_per_element
-    return (_sum_ops(g.fwd, chip, model.precision, eff, groups, p),
-            _sum_ops(g.bwd, chip, model.precision, eff, groups, p))
+    fwd, bwd = (_sum_ops(g.fwd, chip, model.precision, eff, groups, p),
+                _sum_ops(g.bwd, chip, model.precision, eff, groups, p))
+    if moe is not None and moe.overlap:   # the ep all-to-alls hide under the phase's compute
+        def hide(ops, t: PhaseTime) -> PhaseTime:
+            a2a = _sum_ops([o for o in ops if o.collective and o.collective.kind == "all_to_all"],
+                           chip, model.precision, eff, groups, p).communication
+            return PhaseTime(t.compute, t.memory, t.communication - a2a + exposed(a2a, t.compute, eff))
+        fwd, bwd = hide(g.fwd, fwd), hide(g.bwd, bwd)
+    if model.moe and model.dense_layers:
+        df, db = _layer_sums(dense_view(model), chip, mbs, tp, sp, attention, recompute, eff)
+        w = model.dense_layers / model.layers
+        fwd, bwd = fwd * (1 - w) + df * w, bwd * (1 - w) + db * w
+    return fwd, bwd
 
 
 @lru_cache(maxsize=65536)
 def layer_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str,
                recompute: str, eff: Efficiency = IDEAL,
-               schedule: str = "optimal") -> tuple[PhaseTime, PhaseTime]:
+               schedule: str = "optimal", moe: ExpertLayout | None = None) -> tuple[PhaseTime, PhaseTime]:
     """(forward, backward incl. recompute) time of one layer for one micro-batch.
 
     ``optimal``: the makespan of the CP-SAT schedule of each phase on the chip's units
     (:mod:`phaze.schedule`), its parts scaled from the operators' sums; ``sequential``: the sum
     of the operator times. On a chip whose units are shared sequentially (a GPU) the optimal
-    schedule is that sum, computed directly."""
-    fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff)
+    schedule is that sum, computed directly. ``moe``: the expert layers' layout."""
+    fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
     if schedule == "sequential" or chip.unit_sharing == "sequential":
         return fwd, bwd
     from .schedule import schedule_layer
-    sf, sb = schedule_layer(model, chip, mbs, tp, sp, attention, recompute, eff)
+    sf, sb = schedule_layer(model, chip, mbs, tp, sp, attention, recompute, eff, moe=moe)
     return fwd * (sf.makespan_s / fwd.total), bwd * (sb.makespan_s / bwd.total)
 
 
 @lru_cache(maxsize=16384)
 def layer_time_bounds(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str,
-                      recompute: str, eff: Efficiency = IDEAL, schedule: str = "optimal"
+                      recompute: str, eff: Efficiency = IDEAL, schedule: str = "optimal",
+                      moe: ExpertLayout | None = None
                       ) -> tuple[tuple[PhaseTime, PhaseTime], tuple[PhaseTime, PhaseTime]]:
     """((forward, backward) lower bounds, (forward, backward) upper bounds) of :func:`layer_time`,
     without a solver: the critical-path and energy bounds and the list schedule of each phase
     (:func:`phaze.schedule.layer_bounds`), split into parts as :func:`layer_time` splits them."""
-    fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff)
+    fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
     if schedule == "sequential" or chip.unit_sharing == "sequential":
         return (fwd, bwd), (fwd, bwd)
     from .schedule import layer_bounds
-    (fl, fh), (bl, bh) = layer_bounds(model, chip, mbs, tp, sp, attention, recompute, eff)
+    (fl, fh), (bl, bh) = layer_bounds(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
     return ((fwd * (fl / fwd.total), bwd * (bl / bwd.total)),
             (fwd * (fh / fwd.total), bwd * (bh / bwd.total)))
 
@@ -118,15 +162,29 @@ def edge_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool,
 @lru_cache(maxsize=4096)
 def model_flops_per_sample(model: Model) -> float:
     """Model FLOPs of one sequence, forward and backward, no recompute, non-causal attention
-    counted in full (the Narayanan / MFU convention)."""
-    g = layer_graph(model, 1, 1, False, "standard", "none")
+    counted in full (the Narayanan / MFU convention); a mixture of experts counts its router, the
+    top-k routed and the shared experts (Megatron's convention)."""
     e = edge_graph(model, 1, 1, False)
-    return model.layers * tensor_flops(g.ops) + tensor_flops(e["embedding"] + e["head"])
+    return _layers_flops(model, "none") + tensor_flops(e["embedding"] + e["head"])
 
 
-def stage_layers(layers: int, pp: int) -> tuple[int, ...]:
+def _layers_flops(model: Model, recompute: str) -> float:
+    """Tensor FLOPs of all the layers for one sequence (balanced routing over one rank)."""
+    flops = model.layers * tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute).ops)
+    if model.moe and model.dense_layers:
+        dense = tensor_flops(layer_graph(dense_view(model), 1, 1, False, "standard", recompute).ops)
+        flops = model.moe_layers * flops / model.layers + model.dense_layers * dense
+    return flops
+
+
+def stage_layers(layers: int, pp: int, vp: int = 1) -> tuple[int, ...]:
     """Even contiguous split; the remainder goes to the middle stages, away from the first
-    (embedding) and last (logits and loss) stages."""
+    (embedding) and last (logits and loss) stages. Interleaved (``vp`` chunks per stage), the
+    layers split so into pp * vp chunks (the shorter ones first and last, as Megatron's uneven
+    first and last pipeline stages), stage i holding chunks i, i + pp, ...: its layer count."""
+    if vp > 1:
+        chunks = stage_layers(layers, pp * vp)
+        return tuple(sum(chunks[i::pp]) for i in range(pp))
     base, extra = divmod(layers, pp)
     counts = [base] * pp
     order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2)))
@@ -213,12 +271,14 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if devices % width:
         raise ConfigError("--plan", "tp*pp*cp", f"{plan.tp}*{plan.pp}*{plan.cp} = {width} must divide "
                                                f"the devices ({devices})")
-    if plan.pp * plan.vp > model.layers:
-        raise ConfigError("--plan", "pp", f"pp*vp must be <= layers ({model.layers}), "
-                                          f"got {plan.pp * plan.vp}")
-    if plan.vp > 1 and (plan.pp == 1 or model.layers % (plan.pp * plan.vp)):
-        raise ConfigError("--plan", "vp", f"interleaving needs pp > 1 and pp*vp dividing the "
-                                          f"layers ({model.layers}), got pp={plan.pp}, vp={plan.vp}")
+    # interleaved, the embedding and the loss may take a chunk each (Megatron's
+    # --account-for-embedding/loss-in-pipeline-split): the first and last chunks may hold no layer
+    chunks = model.layers + (2 if plan.vp > 1 else 0)
+    if plan.pp * plan.vp > chunks or plan.pp > model.layers:
+        raise ConfigError("--plan", "pp", f"pp*vp must be <= layers ({model.layers})"
+                          + (" + 2 (embedding and loss)" if plan.vp > 1 else "") + f", got {plan.pp * plan.vp}")
+    if plan.vp > 1 and plan.pp == 1:
+        raise ConfigError("--plan", "vp", f"interleaving needs pp > 1, got pp={plan.pp}, vp={plan.vp}")
     if plan.sp and plan.tp > 1 and model.seq_len % plan.tp:
         raise ConfigError("--plan", "sp", f"sequence parallelism needs tp ({plan.tp}) to divide "
                                           f"the sequence length ({model.seq_len})")
@@ -227,16 +287,49 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if plan.stages and (len(plan.stages) != plan.pp or sum(plan.stages) != model.layers):
         raise ConfigError("--plan", "stages", f"must give pp = {plan.pp} layer counts summing to the "
                                               f"layers ({model.layers}), got {':'.join(map(str, plan.stages))}")
-    if plan.stages and plan.vp > 1 and any(n % plan.vp for n in plan.stages):
-        raise ConfigError("--plan", "stages", f"with vp = {plan.vp} every stage's layers must be a "
-                                              f"multiple of vp")
+    if plan.stages and plan.vp > 1 and any(n < plan.vp - (i in (0, plan.pp - 1)) for i, n in enumerate(plan.stages)):
+        raise ConfigError("--plan", "stages", f"with vp = {plan.vp} every stage needs a layer per chunk "
+                                              f"(the first and last stages: vp - 1)")
     if plan.stage_recompute and len(plan.stage_recompute) != plan.pp:
         raise ConfigError("--plan", "stage_recompute", f"must give one mode per stage (pp = {plan.pp}), "
                                                        f"got {len(plan.stage_recompute)}")
     dp = devices // width
+    _check_experts(model, plan, dp)
     if global_batch % (dp * plan.mbs):
         raise ConfigError("--global-batch", None, f"must be a multiple of dp*mbs = {dp}*{plan.mbs} "
                                                   f"= {dp * plan.mbs}, got {global_batch}")
+
+
+def _check_experts(model: Model, plan: Plan, dp: int) -> None:
+    """ep and etp: a mixture of experts only; ep divides the experts, etp the expert FFN width, and
+    etp x ep the tp x cp x dp ranks of a stage (Megatron-Core's expert layout)."""
+    def divisors(n):
+        return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+    if not model.moe:
+        if plan.ep > 1 or plan.etp > 1:
+            raise ConfigError("--plan", "ep" if plan.ep > 1 else "etp",
+                              f"{model.name} has no experts; allowed: 1")
+        return
+    ranks = plan.tp * plan.cp * dp
+    if model.experts % plan.ep or ranks % (plan.ep * plan.etp):
+        raise ConfigError("--plan", "ep", f"must divide the experts ({model.experts}) and tp*cp*dp/etp "
+                                          f"({ranks}/{plan.etp}); allowed: "
+                                          f"{divisors(math.gcd(model.experts, ranks // math.gcd(ranks, plan.etp)))}")
+    if model.expert_ffn % plan.etp or ranks % plan.etp:
+        raise ConfigError("--plan", "etp", f"must divide the expert FFN width ({model.expert_ffn}) and "
+                                           f"tp*cp*dp ({ranks}); allowed: "
+                                           f"{divisors(math.gcd(model.expert_ffn, ranks))}")
+
+
+def inflight_micro_batches(pp: int, v: int, m: int, i):
+    """Micro-batches' worth of its layers' activations stage ``i`` holds at its peak: under 1F1B,
+    min(pp - i, m); interleaved (v chunks of a stage's layers), Megatron's warm-up of
+    2(pp - i - 1) + (v - 1) pp chunk forwards plus the one in flight, at most m v chunks, each 1/v
+    of the stage (``i`` may be an array)."""
+    least = min if isinstance(i, int) else np.minimum
+    if v == 1:
+        return least(pp - i, m)
+    return least(m * v, 2 * (pp - i - 1) + (v - 1) * pp + 1) / v
 
 
 @dataclass(frozen=True)
@@ -267,14 +360,34 @@ class StageCosts:
     def params(self, i: int, n: int) -> float:
         """Parameters one device of stage ``i`` holds with ``n`` layers."""
         m, pp = self.model, self.plan.pp
-        q = n * m.layer_params
+        q = n * tp_layer_params(m, self.plan.tp)
         if i == 0:
             q += m.embedding_params
         if i == pp - 1:
             q += m.head_params
             if m.tied_embeddings and pp > 1:   # the last stage keeps its own copy of the table
                 q += m.vocab * (m.embedding_projection_dim or m.hidden)
+        if m.moe:   # routed experts are sharded over ep x etp, not tp
+            return q / self.plan.tp + n * self._expert_shift()
         return q / self.plan.tp
+
+    def _expert_shift(self) -> float:
+        """Per layer: routed-expert parameters a device holds beyond their tp-sharded share."""
+        plan = self.plan
+        return self.model.expert_layer_params * (1.0 / (plan.ep * plan.etp) - 1.0 / plan.tp)
+
+    def expert_params(self, n):
+        """Routed-expert parameters one device holds with ``n`` layers (0 for a dense model)."""
+        return n * self.model.expert_layer_params / (self.plan.ep * self.plan.etp)
+
+    def _expert_state_shift(self) -> float:
+        """Per layer: bytes of the routed experts' state beyond ``state_bytes_per_param``: their
+        gradients and optimizer state are sharded over the expert data-parallel group."""
+        plan, m = self.plan, self.model
+        p = m.bytes_per_element
+        edp = state_bytes_per_param(plan.optimizer, plan.zero, plan.edp(self.devices), p,
+                                    4 if plan.reduce_fp32 else p)
+        return self.expert_params(1) * (edp - self.state_bytes_per_param)
 
     def time(self, i: int, n: int, r: str) -> PhaseTime:
         """Stage ``i`` with ``n`` layers and recompute ``r``: one micro-batch forward + backward."""
@@ -292,15 +405,25 @@ class StageCosts:
         p = self.model.bytes_per_element
         dp = plan.dp(self.devices)
         params = self.params(i, n)
-        group, stride = dp * plan.cp, (plan.tp * plan.pp if plan.cp == 1 else plan.tp)
+        group, stride = dp * plan.cp, plan.tp   # rank order tp, cp, dp, pp (Megatron, torchtitan)
         grad_bytes = 4 if plan.reduce_fp32 else p
 
-        def coll(kind, nbytes):   # a collective's time is affine in its size: slope + latency
+        def coll(kind, nbytes, group=group, stride=stride):   # affine in its size: slope + latency
             one = collective_time(kind, 1.0, group, chip, stride, eff)
             return (collective_time(kind, 2.0, group, chip, stride, eff) - one) * (nbytes - 1.0) + one
 
+        experts = self.expert_params(n) if self.model.moe else 0.0
+        edp = plan.edp(self.devices)
+        if self.model.moe:   # dense gradients over dp x cp, the experts' over the expert-DP group
+            dense_coll = coll
+
+            def coll(kind, nbytes):
+                per = nbytes / params
+                return (dense_coll(kind, per * (params - experts))
+                        + dense_coll(kind, per * experts, edp, plan.etp * plan.ep))
+
         exposed_s = 0.0 * params
-        if group > 1 and plan.zero < 3:
+        if (group > 1 or (self.model.moe and edp > 1)) and plan.zero < 3:
             # gradients accumulate over micro-batches: only the last backward can hide their reduction
             bwd_window = self.mode(r).bwd.total * n if plan.dp_overlap else 0.0 * params
             if plan.zero >= 1:
@@ -313,6 +436,8 @@ class StageCosts:
                 exposed_s = exposed(coll("all_reduce", grad_bytes * params), bwd_window, eff)
         opt = optimizer_op(1.0, plan.optimizer)    # per parameter; the update is element-wise
         updated = params / (group if plan.zero >= 1 else 1)
+        if self.model.moe and plan.zero >= 1:
+            updated = (params - experts) / group + experts / edp
         opt_s = np.maximum(opt.flops * updated / chip.vector_flops_per_s,
                            opt.bytes * updated / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction))
         return exposed_s, opt_s + eff.kernel_overhead_s
@@ -323,8 +448,8 @@ class StageCosts:
         plan, m = self.plan, self.model
         pp, v, tp = plan.pp, plan.vp, plan.tp
         i = np.arange(pp, dtype=float)[:, None]
-        inflight = np.minimum(pp - i, self.micro_batches) * (1 + (pp - 1) / (pp * v) if v > 1 else 1.0)
-        q = np.broadcast_to(ns * m.layer_params, (pp, len(ns))).copy()
+        inflight = inflight_micro_batches(pp, v, self.micro_batches, i)
+        q = np.broadcast_to(ns * tp_layer_params(m, tp), (pp, len(ns))).copy()
         q[0] += m.embedding_params
         q[pp - 1] += m.head_params
         if m.tied_embeddings and pp > 1:
@@ -332,21 +457,26 @@ class StageCosts:
         transient = np.full((pp, 1), self.full_act_bytes if r != "none" else 0.0)
         transient[pp - 1] += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
         if plan.zero >= 3:
-            transient += 2 * m.bytes_per_element * m.layer_params / plan.tp
+            transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp
+        if m.moe:
+            return (self.state_bytes_per_param * (q / tp + ns * self._expert_shift()) + ns * self._expert_state_shift()
+                    + ns * self.mode(r).act_bytes * inflight + transient)
         return self.state_bytes_per_param * (q / tp) + ns * self.mode(r).act_bytes * inflight + transient
 
     def memory(self, i: int, n: int, r: str) -> StageMemory:
         """Peak bytes on a device of stage ``i``: under 1F1B it holds min(pp - i, m) micro-batches."""
         plan, m = self.plan, self.model
         pp, v = plan.pp, plan.vp
-        inflight = min(pp - i, self.micro_batches) * (1 + (pp - 1) / (pp * v) if v > 1 else 1.0)
+        inflight = inflight_micro_batches(pp, v, self.micro_batches, i)
         transient = self.full_act_bytes if r != "none" else 0.0    # one layer re-materialised
         if i == pp - 1:   # fp32 logits for the loss
             transient += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
         if plan.zero >= 3:
-            transient += 2 * m.bytes_per_element * m.layer_params / plan.tp   # gathered layer weights
-        return StageMemory(i, n, self.state_bytes_per_param * self.params(i, n),
-                           n * self.mode(r).act_bytes * inflight, transient)
+            transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp   # gathered layer weights
+        weights = self.state_bytes_per_param * self.params(i, n)
+        if m.moe:
+            weights = weights + n * self._expert_state_shift()
+        return StageMemory(i, n, weights, n * self.mode(r).act_bytes * inflight, transient)
 
 
 @dataclass(frozen=True)
@@ -359,9 +489,22 @@ class ModeCosts:
     act_bytes: float       # stored activations
 
 
+def tp_layer_params(model: Model, tp: int) -> int:
+    """Parameters of one layer summed over its ``tp`` ranks: ``layer_params``, plus the copies of
+    the K/V projections when tp exceeds the KV heads (each rank holds one whole KV head, as
+    Megatron replicates them)."""
+    if tp <= model.kv_heads:
+        return model.layer_params
+    bias = 1 if (model.bias or model.qkv_bias) else 0
+    return model.layer_params + 2 * (model.hidden + bias) * (tp * kv_width(model, tp) - model.kv_dim)
+
+
 def _shard(model: Model, plan: Plan) -> Model:
-    """Context parallelism splits each sequence over cp devices: a layer sees seq/cp tokens."""
-    return model if plan.cp == 1 else with_seq_len(model, model.seq_len // plan.cp)
+    """Context parallelism splits each sequence over cp devices: a layer holds seq/cp tokens,
+    whose queries attend over the whole sequence's keys (``Model.context_parallel``)."""
+    if plan.cp == 1:
+        return model
+    return replace(with_seq_len(model, model.seq_len // plan.cp), context_parallel=plan.cp)
 
 
 @lru_cache(maxsize=65536)
@@ -369,8 +512,8 @@ def mode_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficien
                r: str) -> ModeCosts:
     """The costs of one layer of the layout ``plan`` under recompute ``r``."""
     fwd, bwd = layer_time(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
-                          plan.schedule)
-    f, b, total = _layer_costs(model, chip, devices, plan, eff, fwd, bwd)
+                          plan.schedule, expert_layout(model, plan, chip))
+    f, b, total = _layer_costs(model, chip, devices, plan, eff, fwd, bwd, r)
     return ModeCosts(total, f, b, _act_bytes(model, plan, r))
 
 
@@ -384,9 +527,9 @@ def mode_cost_bounds(model: Model, chip: Chip, devices: int, plan: Plan, eff: Ef
     (non-increasing in the windows) are then at most their values with the optimal schedules,
     and so is the step time of every stage assignment."""
     lo, hi = layer_time_bounds(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
-                               plan.schedule)
-    _, _, total = _layer_costs(model, chip, devices, plan, eff, *lo)
-    f, b, _ = _layer_costs(model, chip, devices, plan, eff, *hi)
+                               plan.schedule, expert_layout(model, plan, chip))
+    _, _, total = _layer_costs(model, chip, devices, plan, eff, *lo, r)
+    f, b, _ = _layer_costs(model, chip, devices, plan, eff, *hi, r)
     return ModeCosts(total, f, b, _act_bytes(model, plan, r))
 
 
@@ -395,30 +538,54 @@ def _act_bytes(model: Model, plan: Plan, r: str) -> float:
     return activation_bytes_per_layer(_shard(model, plan), plan.mbs, plan.tp, plan.sp, r, plan.attention)
 
 
+@lru_cache(maxsize=16384)
+def _ring_exposed(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -> float:
+    """Exposed time of ring attention's K/V exchange, one layer and micro-batch. Each of the cp - 1
+    ring steps sends the K and V block a rank holds to the next rank while the attention of the
+    step's block runs: forward once, backward K/V again plus dK/dV, and again in full recompute's
+    re-run forward; only the attention kernel of that step hides it. The cp ranks sit at stride
+    tp (Megatron's order: tp innermost, then cp), so the ring runs over the link level that holds
+    tp * cp devices."""
+    tp, cp = plan.tp, plan.cp
+    shard = _shard(model, plan)
+    p = model.bytes_per_element
+    kv = 2 * p * plan.mbs * shard.seq_len * kv_width(model, tp)
+    hop = collective_time("send", kv, 2, chip, max(1, tp * cp // 2), eff)
+    hop2 = collective_time("send", 2 * kv, 2, chip, max(1, tp * cp // 2), eff)
+    g = layer_graph(shard, plan.mbs, tp, plan.sp, plan.attention, r)
+
+    def attention(ops, recomputed: bool) -> float:   # one ring step's share of the attention
+        return sum(op_time(o, chip, model.precision, eff, bytes_per_element=p) for o in ops
+                   if o.core_attention and o.name.startswith("recompute.") == recomputed) / cp
+
+    f, b = attention(g.fwd, False), attention(g.bwd, False)
+    out = exposed(hop, f, eff) + exposed(hop2, b, eff)
+    if r == "full":
+        out += exposed(hop, attention(g.bwd, True), eff)
+    return (cp - 1) * out
+
+
 def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficiency, fwd: PhaseTime,
-                 bwd: PhaseTime) -> tuple[PhaseTime, PhaseTime, PhaseTime]:
+                 bwd: PhaseTime, r: str = "none") -> tuple[PhaseTime, PhaseTime, PhaseTime]:
     """(forward, backward, forward + backward with exposed FSDP / ring traffic) of one layer whose
     phases take ``fwd`` and ``bwd``; every part is monotone in them."""
-    tp, pp, dp = plan.tp, plan.pp, plan.dp(devices)
+    tp, dp = plan.tp, plan.dp(devices)
     p = model.bytes_per_element
-    shard = _shard(model, plan)
     if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
         fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
         bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
     total = fwd + bwd
-    if plan.cp > 1:   # ring attention: K and V pass around the cp ring, once forward, twice backward
-        kv = p * plan.mbs * shard.seq_len * 2 * model.kv_dim / tp
-        ring = 3 * collective_time("all_gather", kv * plan.cp, plan.cp, chip, tp, eff)
-        total = total + PhaseTime(communication=exposed(ring, total.compute, eff))
-    if plan.zero >= 3 and dp > 1:
+    if plan.cp > 1:
+        total = total + PhaseTime(communication=_ring_exposed(model, chip, plan, eff, r))
+    shards = dp * plan.cp    # weights shard over the data- and context-parallel ranks (stride tp)
+    if plan.zero >= 3 and shards > 1:
         # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
         # layer's forward; in backward they are gathered again and the gradients
         # reduce-scattered on the same communication stream, under the layer's backward
         grad_bytes = 4 if plan.reduce_fp32 else p
-        stride = tp * pp * plan.cp
-        gather = collective_time("all_gather", p * model.layer_params / tp, dp, chip, stride, eff)
-        scatter = collective_time("reduce_scatter", grad_bytes * model.layer_params / tp, dp, chip,
-                                  stride, eff)
+        gather = collective_time("all_gather", p * tp_layer_params(model, tp) / tp, shards, chip, tp, eff)
+        scatter = collective_time("reduce_scatter", grad_bytes * tp_layer_params(model, tp) / tp, shards, chip,
+                                  tp, eff)
         total = total + PhaseTime(communication=exposed(gather, fwd.compute + fwd.memory, eff)
                                   + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
     return fwd, bwd, total
@@ -440,7 +607,8 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
         # scatter/gather (Narayanan et al. SC'21, 4.1): each of the tp ranks sends 1/tp of the
         # activation over its own link; without sequence parallelism the receivers re-gather it
         act = p * plan.mbs * shard.seq_len * model.hidden
-        one = collective_time("send", act / tp, 2, chip, tp * plan.cp, eff)
+        # pipeline stages are outermost in the rank order: neighbours tp * cp * dp ranks apart
+        one = collective_time("send", act / tp, 2, chip, tp * plan.cp * dp, eff)
         if tp > 1 and not plan.sp:
             one += collective_time("all_gather", act, tp, chip, 1, eff)
         send = 2 * v * one
@@ -467,7 +635,15 @@ def step_time_of(costs: StageCosts, counts, recomputes) -> tuple[float, int, int
     tails = [sum(costs.tail(i, n, r)) for i, (n, r) in enumerate(zip(counts, recomputes, strict=False))]
     crit = max(range(len(times)), key=times.__getitem__)
     last = max(range(len(tails)), key=tails.__getitem__)
-    return (m - 1.0 / v) * times[crit] + sum(times) / v + tails[last], crit, last, times
+    return (critical_weight(m, len(times), v) * times[crit] + sum(times) / v + tails[last], crit, last,
+            times)
+
+
+def critical_weight(m: int, pp: int, v: int) -> float:
+    """Weight of the slowest stage's time in the 1F1B step time: m - 1/v. Interleaved with fewer
+    micro-batches than stages, each of the v - 1 later rounds of chunks also waits (pp - m) chunk
+    times for its first micro-batch to come round the pipeline (at m = 1: pp stage times)."""
+    return m - 1.0 / v + (v - 1) * max(0, pp - m) / v
 
 
 @lru_cache(maxsize=8192)
@@ -477,12 +653,12 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     check_plan(model, devices, global_batch, plan)
     pp, v = plan.pp, plan.vp
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), eff)
-    counts = plan.stages or stage_layers(model.layers, pp)
+    counts = plan.stages or stage_layers(model.layers, pp, v)
     recs = plan.stage_recompute or (plan.recompute,) * pp
     step, crit, last, times = step_time_of(costs, counts, recs)
     per_mb = costs.time(crit, counts[crit], recs[crit])
     m = costs.micro_batches
-    bubble = (sum(times) - times[crit]) / v
+    bubble = (sum(times) - times[crit]) / v + (critical_weight(m, pp, v) - m + 1.0 / v) * times[crit]
     dp_exposed, t_opt = costs.tail(last, counts[last], recs[last])
     breakdown = {
         "compute_s": m * per_mb.compute,
@@ -515,7 +691,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
 @lru_cache(maxsize=4096)
 def _hardware_flops_per_layer(model: Model, recompute: str) -> float:
     """FLOPs the hardware executes per layer and sequence, recompute included (for HFU)."""
-    return model.layers * tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute).ops)
+    return _layers_flops(model, recompute)
 
 
 @lru_cache(maxsize=4096)

@@ -11,11 +11,22 @@ row's source (``phaze/data/reference/README.md``). A CSV without them (or with a
 documented defaults, never a value guessed from the model name or the row id:
 ``ffn_hidden`` = 4·hidden; an FFN width that is not a whole multiple of hidden is gated (SwiGLU);
 ``vocab`` :data:`DEFAULT_VOCAB`; kv heads = heads; micro-batch 1 (a pipelined row, pp > 1, whose
-micro-batch is not stated is skipped: it decides the bubble); recompute none; sequence parallelism
+micro-batch is not stated is scored with the fastest of :data:`SEARCHED_MICRO_BATCHES` that fits,
+as a tuned run would use, and marked ``searched``: it weighs half in fits); recompute none; sequence parallelism
 on when tp > 1; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
 fp32 reduction; no tensor-parallel overlap; model-FLOP convention; MFU over the chip's 16-bit peak.
-A row without a shape that names a shipped workload is resolved to it; a mixture-of-experts row
-is skipped until experts are modelled.
+A row without a shape that names a shipped workload is resolved to it.
+
+Mixture of experts: a row whose ``model`` names a shipped MoE workload is an MoE case with that
+workload's experts, even when the row gives its own shape (its ``ffn_hidden`` is then the
+per-expert FFN); a row with ``num_experts`` and ``moe_top_k`` is an MoE of its own shape. ``ep``,
+``etp``, ``moe_routing``, ``moe_dispatcher``, ``moe_a2a_overlap`` and the other MoE columns come
+from the row; without ``ep``, the widest ep inside one node that divides the experts and
+tp·cp·dp/etp (:func:`_expert_plan`), and the case is marked ``unconfirmed`` (it weighs half in
+fits); routing defaults to ``dropless`` (``capacity`` with a capacity factor), the dispatcher to
+``alltoall``. A row naming a catalogued MoE model phaze does not ship (``moe_models.csv``) is
+skipped with the reason, and so is a row whose ``params_b`` is over :data:`PARAMS_GUARD` times the
+dense model its shape gives (parts the row does not describe).
 """
 from __future__ import annotations
 
@@ -32,6 +43,7 @@ from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .plan import Plan
 from .step import check_plan, evaluate, model_flops_per_sample
+from .system import apply_system, load_system
 from .workload import Model, load_model, with_seq_len
 
 REQUIRED_COLUMNS = (
@@ -42,11 +54,20 @@ REQUIRED_COLUMNS = (
 EXPLICIT_COLUMNS = (
     "chip", "framework", "system", "attention_kernel", "zero_stage", "vocab", "kv_heads", "head_dim",
     "activation", "dropout", "compute_precision", "grad_reduce_fp32", "tp_comm_overlap",
-    "flop_convention", "mfu_peak_tflops", "num_experts", "moe_top_k", "unconfirmed")
+    "flop_convention", "mfu_peak_tflops", "num_experts", "moe_top_k", "unconfirmed", "system_config",
+    "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
+    "moe_routing", "moe_dispatcher", "moe_a2a_overlap")
+# standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
+OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
-MODEL_COLUMNS = REQUIRED_COLUMNS + EXPLICIT_COLUMNS
+MODEL_COLUMNS = REQUIRED_COLUMNS + EXPLICIT_COLUMNS + OPTIONAL_COLUMNS
+# a row whose params_b exceeds the dense model its shape gives by this factor has parts the row
+# does not describe (experts, another architecture): it is skipped unless it resolved to experts
+PARAMS_GUARD = 1.5
 METRICS = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "tokens_per_s_total", "step_time_s")
 CONVENTIONS = ("model", "narayanan96", "6n_12lqs")
+# a pipelined row (pp > 1) that does not state its micro-batch: these are tried, the fastest that fits counts
+SEARCHED_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_VOCAB = 51200   # GPT-2 BPE padded to a multiple of 1024 (Megatron's default); see module doc
 _TRUE = ("yes", "true", "1", "on", "y")
 _FALSE = ("no", "false", "0", "off", "n")
@@ -85,9 +106,10 @@ class Case:
     global_batch: int
     plan: Plan
     measured_step_s: float
-    layout_from: str = "row"    # row | unconfirmed (some fields are quoted defaults, weak evidence)
+    layout_from: str = "row"    # row | unconfirmed (quoted defaults) | searched (a field chosen by phaze)
     chip_file: str = ""
     dataset: str = ""
+    alternatives: tuple[Plan, ...] = ()   # other plans the row allows (an unstated field); the fastest that fits counts
 
 
 @dataclass(frozen=True)
@@ -238,15 +260,18 @@ def row_to_case(row: dict, chips: dict[str, Chip] | None = None, dataset: str = 
 
 
 def _moe_reason(row: dict) -> str | None:
+    """Why a mixture-of-experts row cannot be expressed: it names a catalogued MoE model that phaze
+    does not ship (its architecture is not modelled), or gives experts without a top-k."""
+    name = _text(row, "model")
+    shipped = resolve_workload(name) if name else None
+    known = moe_models().get(_norm_name(name))
+    if known and not (shipped and shipped.moe):
+        why = known.get("not_modelled") or "no shipped workload describes it"
+        return (f"mixture of experts {known['model']} ({known['experts']} experts, top-{known['top_k']}, "
+                f"{known['total_params_b']}B total / {known['active_params_b']}B active) is not modelled: {why}")
     experts = _int(row, "num_experts")
-    if experts and experts > 1:
-        k = _text(row, "moe_top_k") or "?"
-        return f"mixture of experts ({experts} experts, top-{k}): phaze does not model experts yet"
-    known = moe_models().get(_norm_name(_text(row, "model")))
-    if known:
-        return (f"mixture of experts ({known['model']}: {known['experts']} experts, top-{known['top_k']}, "
-                f"{known['total_params_b']}B total / {known['active_params_b']}B active): "
-                f"phaze does not model experts yet")
+    if experts and experts > 1 and not _int(row, "moe_top_k") and not (shipped and shipped.moe):
+        return f"mixture of experts ({experts} experts) without moe_top_k: the routed work is unknown"
     return None
 
 
@@ -260,6 +285,15 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if chip_name not in chips:
         chips[chip_name] = load_chip(chip_name)
     chip = chips[chip_name]
+    system_name = _text(row, "system_config")
+    if system_name:     # the row's cluster: the chip with that system's links, cached by (chip, system)
+        if (chip_name, system_name) not in chips:
+            try:
+                chips[chip_name, system_name] = apply_system(chip, load_system(system_name))
+            except ConfigError as exc:
+                raise ValueError(f"column 'system_config': {exc.message if exc.source == '--system' else exc}"
+                                 ) from None
+        chip = chips[chip_name, system_name]
     metric = _text(row, "measured_metric")
     if metric not in METRICS:
         raise ValueError(f"unknown measured_metric {metric!r}; allowed: {', '.join(METRICS)}")
@@ -277,14 +311,16 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         first = _text(row, "precision").lower().split(" ")[0]
         precision = first if first in ("fp16", "bf16", "fp8") else "bf16"
     model = _row_model(row, seq, precision)
+    nominal = _num(row, "params_b")
+    if nominal and not model.moe and nominal * 1e9 > PARAMS_GUARD * model.params:
+        raise ValueError(f"params_b {nominal:g} B but the shape gives a dense {model.params / 1e9:.1f} B: "
+                         f"experts or an architecture the row does not describe")
 
     unconfirmed = _text(row, "unconfirmed")
     tp, pp, mbs, cp, vp = (_int(row, k) for k in ("tp", "pp", "micro_batch", "cp", "vp"))
     batch = _int(row, "global_batch")
     if tp is None or pp is None or batch is None:
         raise ValueError("parallel layout not published (tp, pp or global_batch missing)")
-    if pp > 1 and mbs is None:
-        raise ValueError("pipeline micro-batch size not stated (pp > 1: it decides the bubble)")
     recompute = _RECOMPUTE.get(_text(row, "recompute").lower() or "none")
     if recompute is None:
         raise ValueError(f"column 'recompute' must be none, selective or full, got {row['recompute']!r}")
@@ -301,17 +337,116 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
+    layout_from = "unconfirmed" if unconfirmed else "row"
+    alternatives: tuple[Plan, ...] = ()
+    if pp > 1 and mbs is None:   # it decides the bubble: the micro-batch a tuned run would use
+        alternatives = tuple(_valid_plans(model, devices, batch, [dataclasses.replace(plan, mbs=b)
+                                                                  for b in SEARCHED_MICRO_BATCHES[1:]]))
+        layout_from = "searched"
+    if model.moe:
+        plan, assumed = _expert_plan(row, model, chip, devices, plan)
+        layout_from = "unconfirmed" if assumed and layout_from == "row" else layout_from
+        check_plan(model, devices, batch, plan)
+        alternatives = tuple(dataclasses.replace(a, ep=plan.ep, etp=plan.etp, routing=plan.routing,
+                                                 dispatcher=plan.dispatcher, ep_overlap=plan.ep_overlap)
+                             for a in alternatives)
     peak = _num(row, "mfu_peak_tflops")
     # blank: the datasheet's dense 16-bit peak as the chip file lists it
     listed = dict(chip.peak_flops_per_s)
     peak = peak * 1e12 if peak else (listed.get("bf16") or listed.get("fp16") or chip.peak_flops("bf16"))
     convention = _choice(row, "flop_convention", CONVENTIONS, "model")
     step = measured_step_time(metric, value, model, devices, batch, convention, recompute, peak)
-    return Case(run_id, source, gpu, chip, model, devices, batch, plan, step,
-                "unconfirmed" if unconfirmed else "row", chip_name, dataset)
+    return Case(run_id, source, gpu, chip, model, devices, batch, plan, step, layout_from, chip_name, dataset,
+                alternatives)
+
+
+def _valid_plans(model: Model, devices: int, batch: int, plans) -> list[Plan]:
+    out = []
+    for p in plans:
+        try:
+            check_plan(model, devices, batch, p)
+        except ConfigError:
+            continue
+        out.append(p)
+    return out
+
+
+def _expert_plan(row: dict, model: Model, chip: Chip, devices: int, plan: Plan) -> tuple[Plan, bool]:
+    """The row's plan with its expert layout: the ``ep``, ``etp``, ``moe_routing``,
+    ``moe_dispatcher`` and ``moe_a2a_overlap`` columns when given (dispatcher blank: ``alltoall``;
+    routing blank: ``capacity`` with a capacity factor, else ``dropless``, Megatron's default).
+    Without ``ep`` (the second value is then True): the widest ep that divides the experts and
+    tp*cp*dp/etp and keeps etp*ep inside one domain of the chip's first link level (a node), as
+    Megatron-Core's MoE guide advises (expert all-to-alls on NVLink). Not a search on predicted
+    time: memory decides how wide runs go, and a row without its ZeRO stage and recompute modules
+    does not pin the memory down."""
+    routing = _choice(row, "moe_routing", ("forced", "dropless", "capacity"), "")
+    etp = _int(row, "etp", 1)
+    plan = dataclasses.replace(plan, etp=etp, routing=routing,
+                               dispatcher=_choice(row, "moe_dispatcher", ("alltoall", "deepep"), ""),
+                               ep_overlap=_flag(row, "moe_a2a_overlap"))
+    ep = _int(row, "ep")
+    if ep:
+        return dataclasses.replace(plan, ep=ep), False
+    ranks = plan.tp * plan.cp * plan.dp(devices)
+    node = (chip.links[0].devices if chip.links and chip.links[0].devices else ranks) // etp
+    ep = max(e for e in range(1, model.experts + 1)
+             if model.experts % e == 0 and ranks % (e * etp) == 0 and (e <= node or e == 1))
+    return dataclasses.replace(plan, ep=ep), True
 
 
 def _row_model(row: dict, seq: int, precision: str) -> Model:
+    """The row's model; a mixture of experts when the row names a shipped MoE workload or gives
+    ``num_experts`` (:func:`_with_experts`)."""
+    model = _row_shape_model(row, seq, precision)
+    shipped = resolve_workload(_text(row, "model")) if _text(row, "model") else None
+    experts = _int(row, "num_experts")
+    if (shipped is not None and shipped.moe) or (experts and experts > 1):
+        return _with_experts(row, model, shipped if shipped is not None and shipped.moe else None)
+    return model
+
+
+def _with_experts(row: dict, model: Model, shipped: Model | None) -> Model:
+    """A mixture of experts: the shipped MoE workload the row names (its experts, router, shared
+    experts, dense layers, attention details) with the row's shape, or the row's own shape with its
+    expert columns. A row that gives a shape gives the per-expert FFN in ``ffn_hidden`` (or
+    ``moe_ffn_hidden``); the dense layers keep the workload's FFN. The expert columns override."""
+    shape_given = _int(row, "layers") is not None
+    if shipped is not None and shape_given:
+        same = (shipped.hidden, shipped.heads) == (model.hidden, model.heads)
+        keep = {"kv_heads": _int(row, "kv_heads") or (shipped.kv_heads if same else model.heads),
+                "head_dim": _int(row, "head_dim") or (shipped.head_dim if same else model.hidden // model.heads),
+                "vocab": _int(row, "vocab") or shipped.vocab}
+        mla = {} if same else {"q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_head_dim": 0}
+        expert_ffn = _int(row, "ffn_hidden") or shipped.expert_ffn
+        base = dataclasses.replace(shipped, name=model.name, layers=model.layers, hidden=model.hidden,
+                                   heads=model.heads, seq_len=model.seq_len, precision=model.precision,
+                                   dropout=model.dropout, expert_ffn_hidden=expert_ffn,
+                                   v_head_dim=keep["head_dim"] if not same else shipped.v_head_dim,
+                                   ffn_hidden=shipped.ffn_hidden if same else model.ffn_hidden,
+                                   dense_layers=min(shipped.dense_layers, model.layers - 1), **keep, **mla)
+    elif shipped is not None:
+        base = model
+    else:
+        base = dataclasses.replace(model, experts=_int(row, "num_experts"), top_k=_int(row, "moe_top_k"))
+    changes = {}
+    for key, col in (("experts", "num_experts"), ("top_k", "moe_top_k"), ("expert_ffn_hidden", "moe_ffn_hidden"),
+                     ("shared_expert_ffn_hidden", "shared_expert_ffn_hidden")):
+        if _int(row, col):
+            changes[key] = _int(row, col)
+    shared = _num(row, "shared_experts")
+    if shared is not None:
+        changes["shared_experts"] = int(shared)
+    capacity = _num(row, "moe_capacity_factor")
+    if capacity is not None:
+        changes["capacity_factor"] = capacity
+    out = dataclasses.replace(base, **changes)
+    if not 1 <= out.top_k <= out.experts:
+        raise ValueError(f"moe_top_k {out.top_k} must be between 1 and the experts ({out.experts})")
+    return out
+
+
+def _row_shape_model(row: dict, seq: int, precision: str) -> Model:
     layers, hidden, heads = (_int(row, k) for k in ("layers", "hidden", "heads"))
     name = _text(row, "model") or _text(row, "run_id")
     if layers is None and hidden is None and heads is None:
@@ -414,17 +549,24 @@ class Prediction:
 
 
 def predict_case(case: Case, eff: Efficiency = IDEAL) -> float:
-    return evaluate(case.model, case.chip, case.devices, case.global_batch, case.plan, eff).step_time_s
+    """Predicted seconds per step of the row's plan; when the row leaves a field to phaze
+    (:attr:`Case.alternatives`), of the fastest of its allowed plans that fits in memory (of all
+    of them when none fits)."""
+    if not case.alternatives:
+        return evaluate(case.model, case.chip, case.devices, case.global_batch, case.plan, eff).step_time_s
+    results = [evaluate(case.model, case.chip, case.devices, case.global_batch, p, eff)
+               for p in (case.plan, *case.alternatives)]
+    return min(r.step_time_s for r in ([r for r in results if r.fits] or results))
 
 
 # --- calibration, summaries, the full validation ------------------------------------------------
 def case_weights(cases) -> list[float]:
     """Each source weighs the same in a fit (one benchmark suite with many rows must not decide the
-    parameters alone); rows with unconfirmed fields (quoted defaults) weigh half."""
+    parameters alone); rows with unconfirmed (quoted defaults) or searched fields weigh half."""
     counts: dict[str, int] = {}
     for c in cases:
         counts[c.source] = counts.get(c.source, 0) + 1
-    return [(0.5 if c.layout_from == "unconfirmed" else 1.0) / counts[c.source] for c in cases]
+    return [(0.5 if c.layout_from in ("unconfirmed", "searched") else 1.0) / counts[c.source] for c in cases]
 
 
 def fit_cases(cases) -> Efficiency:
@@ -501,11 +643,19 @@ def leave_one_source_out(cases, progress=None) -> tuple[dict, list[Prediction]]:
     preds = []
     for s in sources:
         train = [c for c in cases if c.source != s]
-        params = calibrate_cases(train)
+        params = calibrate_cases(train, progress=(lambda fam, s=s: progress(f"{s}: {fam}")) if progress else None)
         preds += predict_all([c for c in cases if c.source == s], params)
-        if progress:
-            progress(s)
     return summarize(preds), preds
+
+
+def loso_fits(cases) -> int:
+    """How many fits :func:`leave_one_source_out` runs (its progress callback fires once per fit)."""
+    total = 0
+    for s in {c.source for c in cases}:
+        train = [c for c in cases if c.source != s]
+        total += 1 + len({f for f in {c.chip.family for c in train}
+                          if len({c.source for c in train if c.chip.family == f}) >= 2})
+    return total
 
 
 def unseen_gpu(cases, train_family: str = "A100", test_family: str = "H100") -> dict:

@@ -43,6 +43,25 @@ class Model:
     precision: str = "bf16"
     qkv_bias: bool = False               # biases on the q, k, v projections only (Qwen2) when ``bias`` is off
     sliding_window: int = 0              # attention window (Mistral); 0 = every earlier token
+    context_parallel: int = 1            # a context-parallel shard: ``seq_len`` local queries of a
+                                         # sequence this many times longer (set by the plan's cp)
+    qk_norm: bool = False                # RMSNorm on each query and key head (Qwen3): 2 x head_dim weights
+    attention_sinks: bool = False        # one learned sink logit per head (GPT-OSS)
+    # multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = ordinary attention. With MLA,
+    # ``head_dim`` is the query/key head width (qk_nope_head_dim + qk_rope_head_dim)
+    q_lora_rank: int = 0                 # low-rank query compression (0: full-rank query projection)
+    kv_lora_rank: int = 0                # compressed key/value latent width
+    qk_rope_head_dim: int = 0            # decoupled rotary part of each query/key head
+    v_head_dim: int = 0                  # value head width; 0 means = head_dim
+    # mixture of experts; experts 0 = dense. ``ffn_hidden`` is then the FFN of the dense layers
+    experts: int = 0                     # routed experts per MoE layer
+    top_k: int = 0                       # routed experts per token
+    expert_ffn_hidden: int = 0           # FFN width of one routed expert; 0 means = ffn_hidden
+    shared_experts: int = 0              # experts every token passes through (DeepSeek)
+    shared_expert_ffn_hidden: int = 0    # FFN width of one shared expert; 0 means = expert_ffn_hidden
+    dense_layers: int = 0                # the first layers keep a dense FFN (DeepSeek-V3: 3)
+    expert_bias: bool = False            # biases on the experts' and router's linear layers (GPT-OSS)
+    capacity_factor: float = 0.0         # expert capacity / mean tokens per expert; 0 = dropless
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -52,6 +71,8 @@ class Model:
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if self.max_positions == 0 and self.position_embedding == "learned":
             object.__setattr__(self, "max_positions", self.seq_len)
+        if self.v_head_dim == 0:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -67,6 +88,32 @@ class Model:
     def kv_dim(self) -> int:
         """Width of the key (and of the value) projection."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the attention output (heads x value head width), the out-projection's input."""
+        return self.heads * self.v_head_dim
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose FFN is a mixture of experts."""
+        return self.layers - self.dense_layers if self.moe else 0
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.expert_ffn_hidden or self.ffn_hidden
+
+    @property
+    def shared_ffn(self) -> int:
+        return self.shared_expert_ffn_hidden or self.expert_ffn
 
     @property
     def bytes_per_element(self) -> int:
@@ -86,21 +133,71 @@ class Model:
     @property
     def attention_params(self) -> int:
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        extra = (2 * self.head_dim if self.qk_norm else 0) + (self.heads if self.attention_sinks else 0)
+        if self.mla:
+            return self.mla_params + extra
         weights = h * (q + 2 * kv) + q * h
         if self.bias:
-            return weights + q + 2 * kv + h
-        return weights + ((q + 2 * kv) if self.qkv_bias else 0)
+            return weights + q + 2 * kv + h + extra
+        return weights + ((q + 2 * kv) if self.qkv_bias else 0) + extra
+
+    @property
+    def mla_params(self) -> int:
+        """Multi-head latent attention (DeepSeek-V3): query down/up projections with a norm between
+        (or a full-rank query projection), the joint key/value latent plus the shared rotary key,
+        its norm, the key/value up-projection and the output projection."""
+        h, a, qk, v = self.hidden, self.heads, self.head_dim, self.v_head_dim
+        nope = qk - self.qk_rope_head_dim
+        r_q, r_kv = self.q_lora_rank, self.kv_lora_rank
+        query = (h * r_q + r_q + r_q * a * qk) if r_q else h * a * qk
+        return query + h * (r_kv + self.qk_rope_head_dim) + r_kv + r_kv * a * (nope + v) + a * v * h
+
+    def _ffn(self, f: int, bias: bool) -> int:
+        return self.ffn_matrices * self.hidden * f + (((self.ffn_matrices - 1) * f + self.hidden) if bias else 0)
 
     @property
     def ffn_params(self) -> int:
-        h, f = self.hidden, self.ffn_hidden
-        weights = self.ffn_matrices * h * f
-        return weights + (((self.ffn_matrices - 1) * f + h) if self.bias else 0)
+        """Parameters of a dense layer's FFN."""
+        return self._ffn(self.ffn_hidden, self.bias)
 
     @property
-    def layer_params(self) -> int:
-        """Parameters of one transformer layer (attention, FFN, two norms)."""
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (a gated or plain FFN of ``expert_ffn`` width)."""
+        return self._ffn(self.expert_ffn, self.bias or self.expert_bias)
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.experts + (self.experts if self.bias or self.expert_bias else 0)
+
+    @property
+    def shared_expert_params(self) -> int:
+        """Parameters of the shared experts of one MoE layer."""
+        return self.shared_experts * self._ffn(self.shared_ffn, self.bias or self.expert_bias)
+
+    @property
+    def dense_layer_params(self) -> int:
+        """Parameters of one dense transformer layer (attention, FFN, two norms)."""
         return self.attention_params + self.ffn_params + 2 * self.norm_params
+
+    @property
+    def moe_layer_params(self) -> int:
+        """Parameters of one MoE layer (attention, router, routed and shared experts, two norms)."""
+        return (self.attention_params + self.router_params + self.experts * self.expert_params
+                + self.shared_expert_params + 2 * self.norm_params)
+
+    @property
+    def layer_params(self) -> float:
+        """Parameters of one transformer layer (attention, FFN, two norms); for a mixture of
+        experts, the mean over its dense and MoE layers."""
+        if not self.moe:
+            return self.dense_layer_params
+        return (self.dense_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params) / self.layers
+
+    @property
+    def expert_layer_params(self) -> float:
+        """Routed-expert parameters per layer (mean over the layers): the part sharded over expert
+        parallelism and reduced over the expert data-parallel group; the rest of a layer is dense."""
+        return self.moe_layers * self.experts * self.expert_params / self.layers if self.moe else 0.0
 
     @property
     def embedding_params(self) -> int:
@@ -133,7 +230,17 @@ class Model:
     @property
     def params(self) -> int:
         """Total trainable parameters."""
-        return self.layers * self.layer_params + self.embedding_params + self.head_params
+        layers = ((self.layers - self.moe_layers) * self.dense_layer_params
+                  + self.moe_layers * self.moe_layer_params)
+        return layers + self.embedding_params + self.head_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token's forward pass uses: ``params`` with only ``top_k`` of the routed
+        experts of each MoE layer (both embedding tables counted, as Mistral and Qwen count them)."""
+        if not self.moe:
+            return self.params
+        return self.params - self.moe_layers * (self.experts - self.top_k) * self.expert_params
 
 
 # --- closed-form FLOP counts (used as independent checks on the operator graphs) -------------
@@ -180,14 +287,42 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         embedding_projection_dim=f.int("embedding_projection_dim", 0, minimum=0),
         token_types=f.int("token_types", 0, minimum=0),
         precision=f.choice("precision", PRECISIONS, "bf16"),
+        qk_norm=f.bool("qk_norm", False),
+        attention_sinks=f.bool("attention_sinks", False),
+        q_lora_rank=f.int("q_lora_rank", 0, minimum=0),
+        kv_lora_rank=f.int("kv_lora_rank", 0, minimum=0),
+        qk_rope_head_dim=f.int("qk_rope_head_dim", 0, minimum=0),
+        v_head_dim=f.int("v_head_dim", 0, minimum=0),
+        experts=f.int("experts", 0, minimum=0),
+        top_k=f.int("top_k", 0, minimum=0),
+        expert_ffn_hidden=f.int("expert_ffn_hidden", 0, minimum=0),
+        shared_experts=f.int("shared_experts", 0, minimum=0),
+        shared_expert_ffn_hidden=f.int("shared_expert_ffn_hidden", 0, minimum=0),
+        dense_layers=f.int("dense_layers", 0, minimum=0),
+        expert_bias=f.bool("expert_bias", False),
+        capacity_factor=f.number("capacity_factor", 0.0, minimum=0.0, inclusive=True),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
+    f.int("published_active_params", None)  # published parameters active per token (MoE)
     f.finish()
+    _check_moe(model, source)
     if model.position_embedding == "learned" and model.max_positions < model.seq_len:
         raise ConfigError(source, "seq_len", f"must be <= max_positions ({model.max_positions}) "
                                              f"with learned positions, got {model.seq_len}")
     return model
+
+
+def _check_moe(model: Model, source: str) -> None:
+    """One clear error for an inconsistent mixture of experts."""
+    if not model.moe:
+        if model.top_k or model.shared_experts:
+            raise ConfigError(source, "experts", "must be > 0 when top_k or shared_experts is given")
+        return
+    if not 1 <= model.top_k <= model.experts:
+        raise ConfigError(source, "top_k", f"must be between 1 and experts ({model.experts}), got {model.top_k}")
+    if model.dense_layers >= model.layers:
+        raise ConfigError(source, "dense_layers", f"must be < layers ({model.layers}), got {model.dense_layers}")
 
 
 def _first(cfg: dict, *keys, default=None):
@@ -195,6 +330,41 @@ def _first(cfg: dict, *keys, default=None):
         if cfg.get(k) is not None:
             return cfg[k]
     return default
+
+
+_HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss")
+
+
+def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
+    """Mixture-of-experts, MLA and q/k-norm fields of a Hugging Face config (Mixtral, Qwen3,
+    Qwen3-MoE, DeepSeek-V3, GPT-OSS); what is simplified goes to ``notes``."""
+    out: dict = {}
+    if mtype in ("qwen3", "qwen3_moe"):
+        out["qk_norm"] = True
+    experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
+    if mtype in _HF_MOE_TYPES and experts:
+        out.update(experts=int(experts),
+                   top_k=int(_first(cfg, "num_experts_per_tok", "experts_per_token", default=1)),
+                   expert_ffn_hidden=int(_first(cfg, "moe_intermediate_size", default=ffn)),
+                   shared_experts=int(cfg.get("n_shared_experts") or 0),
+                   dense_layers=int(cfg.get("first_k_dense_replace") or 0))
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        if step != 1 or cfg.get("mlp_only_layers") or int(cfg.get("moe_layer_freq") or 1) != 1:
+            notes.append("MoE layer pattern other than 'every layer after the dense ones' costed as MoE in "
+                         "every such layer")
+    if mtype == "deepseek_v3":
+        out.update(q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
+                   qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+                   head_dim=int(cfg.get("qk_nope_head_dim", 0)) + int(cfg.get("qk_rope_head_dim", 0)),
+                   v_head_dim=int(cfg.get("v_head_dim") or 0))
+        if cfg.get("num_nextn_predict_layers"):
+            notes.append("multi-token prediction module not modelled (not part of the published 671B)")
+        notes.append("MLA attention core costed with the query/key head width for both products")
+    if mtype == "gpt_oss":
+        out.update(expert_bias=True, attention_sinks=True)
+        notes.append("alternating sliding-window and full attention layers costed as full causal attention "
+                     "in every layer (an upper bound on attention FLOPs); SwiGLU clamp and sinks add no GEMM work")
+    return out
 
 
 def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | None = None) -> Model:
@@ -215,13 +385,13 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         ffn = int(cfg["expansion_ratio"] * hidden)
     ffn = ffn or 4 * hidden
     act = str(_first(cfg, "hidden_act", "activation_function", default="gelu")).lower()
-    if mtype in ("llama", "mistral", "qwen2", "gemma"):
+    if mtype in ("llama", "mistral", "qwen2", "gemma") + _HF_MOE_TYPES:
         act = "swiglu"
     activation = _ACTIVATIONS.get(act)
     if activation is None:
         raise ConfigError(source, "hidden_act", f"must be one of {', '.join(_ACTIVATIONS)}, got {act!r}")
     max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
-    rotary = (mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma") or "rope_theta" in cfg
+    rotary = (mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma") + _HF_MOE_TYPES or "rope_theta" in cfg
               or bool(attn_cfg.get("rope")))  # MPT keeps its RoPE switch in attn_config
     alibi = bool(attn_cfg.get("alibi")) or mtype in ("bloom",)
     if mtype == "mpt" and not alibi and not rotary:
@@ -229,8 +399,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     else:
         position = "rotary" if rotary else ("alibi" if alibi else "learned")
     encoder = mtype in ("bert", "roberta")
-    norm = "rmsnorm" if ("rms_norm_eps" in cfg or mtype in ("llama", "mistral")) else "layernorm"
-    bias = not cfg.get("no_bias", False) and norm == "layernorm" and mtype not in ("llama", "mistral")
+    norm = "rmsnorm" if ("rms_norm_eps" in cfg or mtype in ("llama", "mistral") + _HF_MOE_TYPES) else "layernorm"
+    bias = (not cfg.get("no_bias", False) and norm == "layernorm"
+            and mtype not in ("llama", "mistral") + _HF_MOE_TYPES)
     proj = cfg.get("word_embed_proj_dim") or 0
     post = (mtype == "opt" and cfg.get("do_layer_norm_before") is False) or encoder
     dtype = str(cfg.get("torch_dtype", "bfloat16"))
@@ -246,28 +417,33 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     else:
         seq = 2048
         notes.append("sequence length 2048: the config gives no context length; --seq-len sets it")
-    qkv_bias = mtype == "qwen2" and not bias
+    qkv_bias = (mtype == "qwen2" or (mtype == "gpt_oss" and bool(cfg.get("attention_bias")))) and not bias
     if qkv_bias:
-        notes.append("q/k/v projections with biases (Qwen2), no other linear biases")
+        which = (f"GPT-OSS; its output projection's bias, {hidden} per layer, is not counted"
+                 if mtype == "gpt_oss" else "Qwen2")
+        notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
+    extra = _hf_moe_fields(cfg, mtype, ffn, notes)
     window = cfg.get("sliding_window")
     if cfg.get("use_sliding_window", mtype == "mistral") is False or not isinstance(window, int) or window <= 0:
         window = 0
+    if mtype == "gpt_oss":
+        window = 0     # only every other layer is windowed: see _hf_moe_fields
     if window:
         notes.append(f"sliding-window attention over {window} tokens (in effect when the sequence is longer)")
     return Model(
         name=name or cfg.get("_name_or_path") or mtype or "hf-model",
         architecture="encoder" if encoder else "decoder",
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-        head_dim=cfg.get("head_dim") or 0, ffn_hidden=ffn, activation=activation,
+        head_dim=extra.pop("head_dim", 0) or cfg.get("head_dim") or 0, ffn_hidden=ffn, activation=activation,
         vocab=cfg["vocab_size"], seq_len=seq, position_embedding=position,
         max_positions=(max_pos + (2 if mtype == "opt" else 0)) if position == "learned" else 0,
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", mtype not in ("llama", "mistral"))),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", mtype not in ("llama", "mistral") + _HF_MOE_TYPES)),
         norm=norm, norm_position="post" if post else "pre", bias=bias,
         dropout=bool(_first(cfg, "attention_probs_dropout_prob", "attn_pdrop", "dropout",
                             "attention_dropout", default=0.0)),
         embedding_norm=encoder, embedding_projection_dim=proj if proj and proj != hidden else 0,
         token_types=cfg.get("type_vocab_size", 0) if encoder else 0, precision=precision,
-        qkv_bias=qkv_bias, sliding_window=window, notes=tuple(notes),
+        qkv_bias=qkv_bias, sliding_window=window, notes=tuple(notes), **extra,
     )
 
 

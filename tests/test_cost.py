@@ -1,4 +1,5 @@
 """Operator cost model: hand-derived cases, ring formulas, roofline bounds, monotonicity."""
+import json
 import math
 from dataclasses import replace
 
@@ -8,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phaze.arch import LinkLevel, TensorUnits, load_chip
-from phaze.cost import collective_time, gemm_time, tile_candidates, vector_time
+from phaze.calibrate import BOUNDS, load_params
+from phaze.cost import Efficiency, collective_time, gemm_time, op_time, tile_candidates, vector_time
+from phaze.graph import Collective, Op
 
 
 def test_gemm_whole_tiles_and_waves(chip):
@@ -134,3 +137,62 @@ def test_bigger_buffers_reduce_hbm_traffic():
     big = replace(small, shared_buffer_bytes=1 << 30)
     assert gemm_time(1, 8192, 8192, 8192, big) < gemm_time(1, 8192, 8192, 8192, small)
     assert math.isfinite(gemm_time(1, 8192, 8192, 8192, small))
+
+
+# --- per-tile overheads, fused attention, host dispatch -----------------------------------------
+def _fused_attention(s: int, d: int = 4, causal: bool = True) -> Op:
+    """A fused attention forward by hand: both products (S = Q.K^T, O = P.V), no softmax cost."""
+    return Op(name="fa", unit="tensor+vector", phase="fwd", flops=4.0 * s * s * d, gemm=(1, s, s, d),
+              work_fraction=0.5 if causal else 1.0)
+
+
+def test_tile_overhead_adds_to_a_feed_bound_main_loop():
+    # 1 B/cycle from local SRAM; a 4x4 tile reads 2 B (p = 2) x (1/4 + 1/4) = 1 B per MAC:
+    # 16 x 64 MACs = 1024 cycles of feed vs 64 of compute. The prologue and epilogue (10 K-steps
+    # of the one pass) come on top of the feed-bound loop: 1024 + 10 cycles.
+    c = toy_chip(local_sram_bandwidth_bytes_per_cycle=1.0)
+    assert gemm_time(1, 4, 64, 4, c) == pytest.approx(1024e-9)
+    assert gemm_time(1, 4, 64, 4, c, eff=Efficiency(tile_overhead_k=10)) == pytest.approx(1034e-9)
+
+
+def test_fused_attention_efficiency_rises_with_sequence_length(chip):
+    # toy chip, head dim 4: one 4x4 tile per 4 queries; causal: half the s/4 query tiles' work,
+    # s/8 tiles in waves of 4 units. s = 64: 2 waves x 64 keys = 128 cycles per product, and
+    # every query tile pays k = 32 key steps however many keys it keeps: 2 waves x 32 / (1/2)
+    # = 128 cycles. Two products: 2 x (128 + 128) ns = 512 ns, efficiency w*s/(w*s + k) = 1/2.
+    # s = 128: 4 waves x 128 = 512 cycles + 4 x 64 = 256: 2 x 768 ns, efficiency 64/96 = 2/3.
+    eff = Efficiency(tile_overhead_k=32)
+    assert op_time(_fused_attention(64), chip, "bf16", eff) == pytest.approx(512e-9)
+    assert op_time(_fused_attention(128), chip, "bf16", eff) == pytest.approx(1536e-9)
+    ideal = lambda s: op_time(_fused_attention(s), chip, "bf16")  # noqa: E731
+    assert ideal(64) / op_time(_fused_attention(64), chip, "bf16", eff) == pytest.approx(1 / 2)
+    assert ideal(128) / op_time(_fused_attention(128), chip, "bf16", eff) == pytest.approx(2 / 3)
+    # not causal: every query tile keeps all s keys, the overhead weighs k / s: 64 / (64 + 32)
+    full = op_time(_fused_attention(64, causal=False), chip, "bf16", eff)
+    assert op_time(_fused_attention(64, causal=False), chip, "bf16") / full == pytest.approx(2 / 3)
+
+
+def test_a_kernel_shorter_than_the_host_time_takes_the_host_time(chip):
+    # the 8x8x64 GEMM runs 64 ns on the toy chip (one wave) plus a 1 us launch; the host needs
+    # 10 us to issue it, so the device waits: 10 us. A 1 ms host leaves nothing of the kernel.
+    gemm = Op(name="g", unit="tensor", phase="fwd", flops=2.0 * 8 * 64 * 8, gemm=(1, 8, 64, 8))
+    assert op_time(gemm, chip, "bf16", Efficiency(kernel_overhead_s=1e-6)) == pytest.approx(64e-9 + 1e-6)
+    assert op_time(gemm, chip, "bf16", Efficiency(kernel_overhead_s=1e-6, host_overhead_s=10e-6)) \
+        == pytest.approx(10e-6)
+    # a kernel longer than the host time is unchanged: 1e12 bytes at 1 PB/s = 1 ms
+    big = Op(name="v", unit="vector", phase="fwd", elements=1.0, bytes_read=1e12)
+    assert op_time(big, chip, "bf16", Efficiency(host_overhead_s=10e-6)) == pytest.approx(1e-3)
+    # a collective is issued by the host too: 1 kB all-reduce over 2 devices ~ 2 us of latency
+    coll = Op(name="c", unit="link", phase="fwd", collective=Collective("all_reduce", "tp", 1e3))
+    assert op_time(coll, chip, "bf16", tp=2) < 10e-6
+    assert op_time(coll, chip, "bf16", Efficiency(host_overhead_s=10e-6), tp=2) == pytest.approx(10e-6)
+
+
+def test_parameter_files_without_the_new_fields_load_their_defaults(tmp_path):
+    # a calibration written before host_overhead_s existed
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps({"parameters": {"A100": {"tensor_fraction": 0.7, "tile_overhead_k": 150.0}}}))
+    eff = load_params(path)["A100"]
+    assert (eff.tensor_fraction, eff.tile_overhead_k, eff.host_overhead_s) == (0.7, 150.0, 0.0)
+    assert all(name in BOUNDS and BOUNDS[name][0] <= BOUNDS[name][2] <= BOUNDS[name][1]
+               for name in Efficiency.names())

@@ -214,3 +214,28 @@ def test_bounded_search_equals_solving_every_layout(seed, monkeypatch, tmp_path)
     assert [p.plan for p in got.top] == [p.plan for p in want.top]
     assert [p.result.step_time_s for p in got.top] == [p.result.step_time_s for p in want.top]
     assert (got.baseline and got.baseline.plan) == (want.baseline and want.baseline.plan)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_uneven_interleaved_layouts_equal_brute_force(seed):
+    """Layers not dividing pp*vp: the search places chunks of c or c + 1 layers (a stage's vp
+    chunks hold vp*c .. vp*c + vp layers) and scores exactly what evaluate scores for the best
+    such split."""
+    rng = random.Random(500 + seed)
+    model = tiny_model(rng.choice([5, 7, 9]), seed)
+    options = PlacementOptions(tp=(1,), mbs=(1,), pp=(2,), vp=(2,), attention="flash")
+    chip = toy_chip()
+    devices, batch = 4, 16
+    best = None
+    for base in layouts(model, devices, batch, options):
+        c = model.layers // (base.pp * base.vp)
+        for counts in compositions(model.layers, base.pp):
+            if not all(base.vp * c <= n <= base.vp * c + base.vp for n in counts):
+                continue
+            for recs in itertools.product(options.recompute, repeat=base.pp):
+                r = evaluate(model, chip, devices, batch, replace(base, stages=counts, stage_recompute=recs))
+                if r.fits and (best is None or r.step_time_s < best.step_time_s):
+                    best = r
+    got = place(model, chip, devices, batch, options)
+    assert model.layers % 4 and got.best.plan.vp == 2
+    assert got.best.result.step_time_s == pytest.approx(best.step_time_s, rel=1e-12)

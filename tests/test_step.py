@@ -132,3 +132,76 @@ def test_schedule_is_the_sequential_sum_on_gpus_and_never_slower_on_accelerators
     seq = evaluate(gpt3, tpu, 1024, 1536, replace(plan, schedule="sequential"))
     assert opt.step_time_s < seq.step_time_s            # concurrent units overlap some ops
     assert sum(opt.breakdown_s.values()) == pytest.approx(opt.step_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("layers,pp,vp,want", [(5, 2, 2, (2, 3)), (30, 4, 2, (7, 8, 8, 7)), (96, 8, 3, (12,) * 8),
+                                               (126, 16, 2, (7,) + (8,) * 14 + (7,)),
+                                               (94, 8, 12, (11,) + (12,) * 6 + (11,))])
+def test_uneven_interleaved_split_by_hand(layers, pp, vp, want):
+    """pp*vp chunks differing by at most one, the shorter first and last (5 = 1,2,1,1: stage 0
+    holds chunks 0 and 2, stage 1 chunks 1 and 3; 30 = 3,4,4,4,4,4,4,3 over 8 chunks)."""
+    assert stage_layers(layers, pp, vp) == want
+
+
+def test_uneven_interleaved_pipeline_by_hand(a100):
+    """5 layers, pp = 2, vp = 2 (Megatron's uneven chunks): step = (m - 1/2) T_max + (T0 + T1)/2
+    + the largest tail, T_i the stage's time per micro-batch over its 2 and 3 layers."""
+    from phaze.step import layout_of, stage_costs
+    model = load_model("mpt-125m")
+    model = replace(model, layers=5)
+    plan = Plan(pp=2, vp=2, recompute="none")
+    r = evaluate(model, a100, 4, 16, plan)
+    costs = stage_costs(model, a100, 4, 16, layout_of(plan))
+    m = 16 // 2
+    assert costs.micro_batches == m
+    t0, t1 = costs.time(0, 2, "none").total, costs.time(1, 3, "none").total
+    tail = max(sum(costs.tail(0, 2, "none")), sum(costs.tail(1, 3, "none")))
+    assert [s.layers for s in r.stage_memory] == [2, 3]
+    assert r.step_time_s == pytest.approx((m - 0.5) * max(t0, t1) + (t0 + t1) / 2 + tail, rel=1e-12)
+
+
+@pytest.mark.parametrize("m,pp,v,want", [(8, 4, 2, 7.5), (4, 4, 2, 3.5), (2, 4, 2, 2.5), (1, 4, 2, 2.0),
+                                         (1, 4, 1, 0.0), (2, 4, 4, 3.25)])
+def test_critical_weight_by_hand(m, pp, v, want):
+    """m - 1/v, plus (v - 1)(pp - m)/v when fewer micro-batches than stages: at m = 1 and equal
+    stages T, 2T + 4T/2 = 4T (one micro-batch through all pp*v chunks)."""
+    from phaze.step import critical_weight
+    assert critical_weight(m, pp, v) == pytest.approx(want)
+
+
+def test_interleaved_in_flight_activations_by_hand():
+    """Megatron's interleaved warm-up: 2(pp - i - 1) + (v - 1)pp chunk forwards plus one, in
+    whole stages (/v): pp = 4, v = 2: 11/2, 9/2, 7/2, 5/2; capped at m v chunks."""
+    import numpy as np
+
+    from phaze.step import inflight_micro_batches
+    assert list(inflight_micro_batches(4, 2, 100, np.arange(4))) == [5.5, 4.5, 3.5, 2.5]
+    assert list(inflight_micro_batches(4, 2, 2, np.arange(4))) == [2.0, 2.0, 2.0, 2.0]
+    assert list(inflight_micro_batches(4, 1, 3, np.arange(4))) == [3, 3, 2, 1]
+
+
+def test_pipeline_sends_cross_nodes_when_dp_fills_them(a100):
+    """Pipeline stages are outermost in the rank order (tp, cp, dp, pp): with tp = 2 and dp = 4
+    on 8-GPU nodes the stage neighbours are 8 ranks apart, on the network: per micro-batch
+    2 v sends of the activation's 1/tp, p * mbs * s * h / tp bytes each."""
+    from phaze.arch import LinkLevel
+    from phaze.step import stage_costs
+    chip = replace(a100, links=(LinkLevel("node", 8, 1e9, 0.0), LinkLevel("net", 0, 1e6, 0.0)))
+    model = load_model("mpt-125m")
+    costs = stage_costs(model, chip, 16, 64, Plan(tp=2, pp=2))
+    one = 2 * model.seq_len * model.hidden / 2 / 1e6
+    assert costs.send_s == pytest.approx(2 * one, rel=1e-9)
+    costs = stage_costs(model, chip, 8, 64, Plan(tp=2, pp=2))     # dp = 2: neighbours 4 apart, in the node
+    assert costs.send_s == pytest.approx(2 * one / 1000, rel=1e-9)
+
+
+def test_embedding_and_loss_may_take_a_chunk(a100):
+    """pp*vp = layers + 2 (Megatron's --account-for-embedding/loss-in-pipeline-split): 6 layers,
+    pp = 2, vp = 4: chunks 0,1,1,1,1,1,1,0, stages of 3 layers; one more chunk is refused."""
+    from phaze.configio import ConfigError
+    model = replace(load_model("mpt-125m"), layers=6)
+    r = evaluate(model, a100, 4, 16, Plan(pp=2, vp=4))
+    assert [s.layers for s in r.stage_memory] == [3, 3]
+    evaluate(model, a100, 3, 16, Plan(pp=3, vp=2))
+    with pytest.raises(ConfigError, match=r"pp\*vp must be <= layers \(6\) \+ 2"):
+        evaluate(model, a100, 3, 16, Plan(pp=3, vp=3))

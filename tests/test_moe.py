@@ -1,0 +1,311 @@
+"""Mixture of experts: parameter counts, the MoE layer's operators, the all-to-all, expert
+parallelism's plan checks and memory, routing, and MoE rows in validation.
+
+Expected numbers come from outside phaze: published totals and active counts (papers, model cards,
+Hugging Face configs), FLOP formulas and an all-to-all time written out by hand.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from phaze.arch import load_chip
+from phaze.configio import ConfigError
+from phaze.cost import collective_time
+from phaze.graph import Collective, ExpertLayout, Op, layer_graph, tensor_flops
+from phaze.plan import Plan, parse_plan
+from phaze.step import evaluate, model_flops_per_sample, stage_costs
+from phaze.validate import Case, Skipped, default_runs_paths, read_runs, row_to_case
+from phaze.workload import Model, load_model, model_from_hf_config
+
+# (workload, published total, published active, source); the active count of gpt-oss is the model
+# card's, which counts the unembedding but not the embedding table
+PUBLISHED = [
+    ("mixtral-8x7b", 46.7e9, 12.9e9),      # Mistral AI, Mixtral of experts (Dec 2023)
+    ("mixtral-8x22b", 141e9, 39e9),        # Mistral AI, Cheaper, Better, Faster, Stronger (Apr 2024)
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9),      # Qwen3-30B-A3B model card
+    ("qwen3-235b-a22b", 235e9, 22e9),      # arXiv:2505.09388 Table 2
+    ("deepseek-v3", 671e9, 37e9),          # arXiv:2412.19437 Sec. 4.2
+    ("gpt-oss-120b", 116.83e9, 5.13e9),    # arXiv:2508.10925 Table 1
+]
+
+
+@pytest.mark.parametrize("name,total,active", PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_published_total_and_active_params(name, total, active):
+    m = load_model(name)
+    assert m.moe
+    assert m.params == pytest.approx(total, rel=0.01)
+    got = m.active_params - (m.vocab * m.hidden if name == "gpt-oss-120b" else 0)
+    assert got == pytest.approx(active, rel=0.02)
+
+
+def test_deepseek_v3_params_by_hand():
+    """671B written out from arXiv:2412.19437 Sec. 4.2 and the HF config: MLA attention, 3 dense
+    layers of FFN 18432, 58 MoE layers of 256 routed + 1 shared expert of 2048, untied 129280 vocab."""
+    h, a = 7168, 128
+    mla = (h * 1536 + 1536 + 1536 * a * 192 + h * (512 + 64) + 512 + 512 * a * (128 + 128) + a * 128 * h)
+    expert = 3 * h * 2048
+    norms = 2 * h
+    dense = 3 * (mla + 3 * h * 18432 + norms)
+    moe = 58 * (mla + h * 256 + 257 * expert + norms)
+    total = dense + moe + 2 * 129280 * h + h
+    m = load_model("deepseek-v3")
+    assert m.params == total
+    assert m.active_params == total - 58 * (256 - 8) * expert
+
+
+def test_hf_configs_give_the_shipped_workloads():
+    """The Hugging Face configs of the shipped MoE models (the keys as published) give the same
+    parameter count as the workload files."""
+    configs = {
+        "mixtral-8x7b": dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                             num_key_value_heads=8, intermediate_size=14336, num_local_experts=8,
+                             num_experts_per_tok=2, vocab_size=32000, hidden_act="silu", rms_norm_eps=1e-5,
+                             tie_word_embeddings=False, max_position_embeddings=32768),
+        "qwen3-235b-a22b": dict(model_type="qwen3_moe", hidden_size=4096, num_hidden_layers=94,
+                                num_attention_heads=64, num_key_value_heads=4, head_dim=128,
+                                intermediate_size=12288, moe_intermediate_size=1536, num_experts=128,
+                                num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[],
+                                vocab_size=151936, hidden_act="silu", rms_norm_eps=1e-6,
+                                tie_word_embeddings=False, max_position_embeddings=40960),
+        "deepseek-v3": dict(model_type="deepseek_v3", hidden_size=7168, num_hidden_layers=61,
+                            num_attention_heads=128, num_key_value_heads=128, intermediate_size=18432,
+                            moe_intermediate_size=2048, n_routed_experts=256, n_shared_experts=1,
+                            num_experts_per_tok=8, first_k_dense_replace=3, q_lora_rank=1536,
+                            kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                            vocab_size=129280, hidden_act="silu", rms_norm_eps=1e-6,
+                            tie_word_embeddings=False, num_nextn_predict_layers=1,
+                            max_position_embeddings=163840),
+        "gpt-oss-120b": dict(model_type="gpt_oss", hidden_size=2880, num_hidden_layers=36, num_attention_heads=64,
+                             num_key_value_heads=8, head_dim=64, intermediate_size=2880, num_local_experts=128,
+                             experts_per_token=4, vocab_size=201088, sliding_window=128, attention_bias=True,
+                             rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072),
+    }
+    for name, cfg in configs.items():
+        hf = model_from_hf_config(cfg, name=name)
+        shipped = load_model(name)
+        assert hf.moe and (hf.experts, hf.top_k) == (shipped.experts, shipped.top_k)
+        # gpt-oss from HF also counts the q/k/v biases (5120 per layer) the workload file leaves out
+        slack = 36 * 5120 if name == "gpt-oss-120b" else 0
+        assert abs(hf.params - shipped.params) <= slack, name
+    assert any("multi-token prediction" in n for n in model_from_hf_config(configs["deepseek-v3"]).notes)
+    assert model_from_hf_config(configs["gpt-oss-120b"]).sliding_window == 0   # alternating: stated, not applied
+
+
+def test_dense_qwen3_counts_qk_norm():
+    """Qwen3-8B (HF Qwen/Qwen3-8B config.json): 8,190,735,360 parameters; q/k norms add 2 x 128 per layer."""
+    cfg = dict(model_type="qwen3", hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936,
+               hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=40960)
+    m = model_from_hf_config(cfg)
+    assert m.qk_norm and not m.moe
+    assert m.params == 8_190_735_360
+
+
+TINY = Model(name="tiny-moe", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=128, seq_len=32,
+             activation="swiglu", position_embedding="rotary", tied_embeddings=False, norm="rmsnorm",
+             bias=False, dropout=False, experts=4, top_k=2, expert_ffn_hidden=32)
+
+
+def test_router_and_expert_flops_by_hand():
+    T, h, E, k, f = 32, 64, 4, 2, 32
+    g = layer_graph(TINY, 1, 1, False, "flash", "none")
+    fwd = {o.name: o for o in g.fwd}
+    assert fwd["router"].flops == 2 * T * h * E
+    # SwiGLU experts: up (gate and up, 2f wide) and down, over T*k routed tokens
+    assert fwd["expert_up"].flops + fwd["expert_down"].flops == 2 * T * k * h * 2 * f + 2 * T * k * f * h
+    assert fwd["expert_up"].gemm == (E, T * k // E, h, 2 * f)
+    assert "ffn_up" not in fwd
+    # ep = 2: each device holds 2 experts and receives, balanced, as many routed tokens as it
+    # sends (the ep ranks hold different data): the same work in fewer, taller GEMMs, sent and
+    # received by an all-to-all before and after the experts, mirrored in backward
+    g2 = layer_graph(TINY, 1, 1, False, "flash", "none", ExpertLayout(ep=2))
+    f2 = {o.name: o for o in g2.fwd}
+    assert f2["expert_up"].flops == fwd["expert_up"].flops
+    assert f2["expert_up"].gemm == (E // 2, 2 * T * k // E, h, 2 * f)
+    a2a = [o for o in g2.ops if o.collective and o.collective.kind == "all_to_all"]
+    assert len(a2a) == 4 and all(o.collective.group == "ep" for o in a2a)
+    assert f2["dispatch.all_to_all"].collective.bytes == 2 * T * k * h
+    # the busiest rank under dropless routing: load x the mean tokens
+    g3 = layer_graph(TINY, 1, 1, False, "flash", "none", ExpertLayout(ep=2, load=1.5))
+    assert {o.name: o for o in g3.fwd}["expert_up"].gemm[1] == 1.5 * T * k / 2   # over 2 local experts
+
+
+def test_model_flops_count_top_k_and_router():
+    """Megatron's convention: the routed top-k experts count, the idle ones do not. An MoE of
+    top-2 experts of width 32 = a dense SwiGLU FFN of width 64 plus the router (3 passes)."""
+    dense = dataclasses.replace(TINY, experts=0, top_k=0, expert_ffn_hidden=0, ffn_hidden=64)
+    router = 3 * 2 * 32 * 64 * 4
+    assert model_flops_per_sample(TINY) - model_flops_per_sample(dense) == TINY.layers * router
+
+
+def test_all_to_all_two_levels_by_hand():
+    """16 ranks on two 8-GPU H100 nodes: 7 peers over NVLink (450 GB/s, 1.9 us), 8 over the
+    network (50 GB/s, 4 us), each sent 1/16 of the buffer; the levels run concurrently."""
+    chip = load_chip("h100-sxm")
+    nbytes = 64e6
+    nv = 7 / 16 * nbytes / 450e9 + 7 * 1.9e-6
+    ib = 8 / 16 * nbytes / 50e9 + 8 * 4.0e-6
+    assert collective_time("all_to_all", nbytes, 16, chip) == pytest.approx(max(nv, ib), rel=1e-9)
+    # 8 ranks inside one node: NVLink only
+    assert collective_time("all_to_all", nbytes, 8, chip) == pytest.approx(7 / 8 * nbytes / 450e9 + 7 * 1.9e-6)
+    # ep ranks 2 apart (etp = 2): 4 of them per node, 2 nodes
+    nv4 = 3 / 8 * nbytes / 450e9 + 3 * 1.9e-6
+    ib4 = 4 / 8 * nbytes / 50e9 + 4 * 4.0e-6
+    assert collective_time("all_to_all", nbytes, 8, chip, stride=2) == pytest.approx(max(nv4, ib4))
+
+
+def _one_line_error(fn, field):
+    with pytest.raises(ConfigError) as exc:
+        fn()
+    text = str(exc.value)
+    assert field in text and "\n" not in text
+    return text
+
+
+def test_ep_etp_validation():
+    chip = load_chip("h100-sxm")
+    mix = load_model("mixtral-8x7b")
+    text = _one_line_error(lambda: evaluate(mix, chip, 64, 64, Plan(tp=2, pp=4, ep=3)), "ep")
+    assert "allowed" in text and "8" in text
+    _one_line_error(lambda: evaluate(mix, chip, 16, 16, Plan(tp=2, pp=4, ep=8)), "ep")   # 2*2 ranks < 8
+    _one_line_error(lambda: evaluate(mix, chip, 64, 64, Plan(tp=2, pp=4, ep=2, etp=3)), "etp")
+    gpt = load_model("gpt3-175b")
+    _one_line_error(lambda: evaluate(gpt, chip, 64, 64, Plan(tp=8, pp=8, ep=2)), "ep")
+    assert parse_plan("tp=2,ep=8,etp=2,routing=forced") == Plan(tp=2, ep=8, etp=2, routing="forced")
+    assert parse_plan(Plan(tp=2, ep=8, etp=2, routing="forced").label()) == Plan(tp=2, ep=8, etp=2,
+                                                                                  routing="forced")
+    _one_line_error(lambda: parse_plan("ep=0"), "ep")
+    _one_line_error(lambda: parse_plan("routing=random"), "routing")
+
+
+def test_expert_weights_shrink_as_one_over_ep():
+    chip = load_chip("h100-sxm")
+    m = load_model("mixtral-8x22b")
+    weights = {}
+    for ep in (1, 2, 4, 8):
+        c = stage_costs(m, chip, 128, 256, Plan(tp=2, pp=8, ep=ep), )
+        weights[ep] = c.params(1, 7)
+    # per device: dense part / tp + experts / (ep * etp), not / tp (Megatron-Core re-folds the
+    # expert layers' ranks): at ep = 1 every device holds all the experts of its layers
+    for ep in (2, 4, 8):
+        assert weights[1] - weights[ep] == pytest.approx(7 * m.expert_layer_params * (1 - 1 / ep))
+    assert weights[2] - weights[4] == pytest.approx(2 * (weights[4] - weights[8]))
+    # the expert data-parallel group shards the experts' optimizer state (distributed optimizer)
+    r1 = evaluate(m, chip, 128, 256, Plan(tp=2, pp=8, vp=7, ep=8, zero=1))
+    r0 = evaluate(m, chip, 128, 256, Plan(tp=2, pp=8, vp=7, ep=8, zero=0))
+    assert r1.memory_per_device_bytes < r0.memory_per_device_bytes
+
+
+def test_forced_balance_is_faster_than_dropless():
+    chip = load_chip("h100-sxm")
+    m = load_model("mixtral-8x22b")
+    times = {r: evaluate(m, chip, 128, 256, Plan(tp=2, pp=8, vp=7, ep=8, routing=r)).step_time_s
+             for r in ("forced", "dropless", "capacity")}
+    assert times["forced"] < times["dropless"]
+    # capacity factor 1 padded: exactly the balanced load
+    assert times["capacity"] == times["forced"]
+    cf = dataclasses.replace(m, capacity_factor=1.25)
+    assert evaluate(cf, chip, 128, 256, Plan(tp=2, pp=8, vp=7, ep=8)).step_time_s > times["forced"]
+
+
+def test_dense_model_ignores_the_expert_layout():
+    """A dense model's graph and step are the same whatever expert layout or routing is given."""
+    gpt = load_model("gpt3-175b")
+    assert layer_graph(gpt, 1, 8, True, "flash", "selective", ExpertLayout(4, 2, 1.3)) == \
+        layer_graph(gpt, 1, 8, True, "flash", "selective")
+    chip = load_chip("a100-80gb")
+    base = evaluate(gpt, chip, 1024, 1536, Plan(tp=8, pp=8, recompute="selective"))
+    routed = evaluate(gpt, chip, 1024, 1536, Plan(tp=8, pp=8, recompute="selective", routing="forced"))
+    assert routed.step_time_s == base.step_time_s
+    assert routed.memory_per_device_bytes == base.memory_per_device_bytes
+
+
+def _rows():
+    return {r["run_id"]: r for r in read_runs(default_runs_paths()[1])}
+
+
+def test_moe_row_becomes_a_case():
+    row = _rows()["R1056"]     # Mixtral-8x22B, ep 8, dropless (S21)
+    case = row_to_case(row)
+    assert isinstance(case, Case), getattr(case, "reason", "")
+    assert case.model.moe and case.model.experts == 8 and case.plan.ep == 8
+    assert case.plan.routing == "dropless" and case.layout_from == "row"
+
+
+def test_moe_row_without_explicit_columns_gets_intra_node_ep():
+    """The standard columns only: the named workload gives the experts and the attention shape;
+    the row's ffn_hidden is the per-expert FFN; ep is the widest inside an 8-GPU node that divides
+    the 128 experts and the tp*cp*dp = 2*1*16 ranks, and the case says it is assumed."""
+    from phaze.validate import EXPLICIT_COLUMNS
+    row = {k: v for k, v in _rows()["R1041"].items() if k not in EXPLICIT_COLUMNS}
+    case = row_to_case(row)
+    assert isinstance(case, Case), getattr(case, "reason", "")
+    assert case.model.experts == 128 and case.model.expert_ffn == 1536 and case.model.head_dim == 128
+    assert case.model.vocab == 151936
+    assert case.layout_from == "unconfirmed" and case.plan.ep == 8
+
+
+def test_unshipped_moe_and_oversized_rows_are_skipped():
+    skipped = row_to_case(_rows()["R1046"])      # Qwen3-Next-80B-A3B: hybrid linear attention
+    assert isinstance(skipped, Skipped) and "Gated DeltaNet" in skipped.reason and "\n" not in skipped.reason
+    row = dict(_rows()["R1056"], model="Some-MoE-80B", params_b="80", num_experts="", moe_top_k="",
+               layers="24", hidden="2048", heads="16", ffn_hidden="8192", ep="", vocab="32000")
+    guarded = row_to_case(row)
+    assert isinstance(guarded, Skipped) and guarded.reason.startswith("params_b 80 B but the shape gives a dense")
+
+
+def test_collective_kind_is_recorded():
+    op = Op(name="x", unit="link", phase="fwd", collective=Collective("all_to_all", "ep", 1.0))
+    assert tensor_flops([op]) == 0.0
+
+
+def test_deepep_sends_each_token_once_per_node():
+    """ep = 32 over four 8-GPU nodes, top-8 of 128 experts (32 per node): a token reaches a given
+    node unless all 8 picks fall on the other 96 experts, C(96,8)/C(128,8); DeepEP sends it over the
+    network once per node reached instead of once per expert."""
+    from math import comb
+    share = 1 - comb(96, 8) / comb(128, 8)
+    assert ExpertLayout(ep=32, nodes=4).node_share(128, 8) == pytest.approx(share)
+    from phaze.step import expert_layout
+    qwen = load_model("qwen3-235b-a22b")
+    chip = load_chip("h100-sxm")
+    lay = expert_layout(qwen, Plan(tp=2, pp=8, ep=32, dispatcher="deepep"), chip)
+    assert lay.nodes == 4
+    assert expert_layout(qwen, Plan(tp=2, pp=8, ep=32), chip).nodes == 1          # flat all-to-all
+    assert expert_layout(qwen, Plan(tp=2, pp=8, ep=8, dispatcher="deepep"), chip).nodes == 1   # one node
+    g = layer_graph(qwen, 1, 2, True, "flash", "none", lay)
+    fwd = {o.name: o for o in g.fwd}
+    T = qwen.seq_len // 2
+    assert fwd["dispatch.internode"].collective.bytes == pytest.approx(2 * lay.load * T * qwen.hidden * 4 * share)
+    assert fwd["dispatch.internode"].collective.group == "ep_node"
+    # fewer bytes over the network: the deepep layer is faster than the flat all-to-all one
+    slow = evaluate(qwen, chip, 256, 2048, Plan(tp=2, pp=8, vp=4, ep=32, zero=1, recompute="selective"))
+    fast = evaluate(qwen, chip, 256, 2048, Plan(tp=2, pp=8, vp=4, ep=32, zero=1, recompute="selective",
+                                                dispatcher="deepep"))
+    assert fast.step_time_s < slow.step_time_s
+    hidden = evaluate(qwen, chip, 256, 2048, Plan(tp=2, pp=8, vp=4, ep=32, zero=1, recompute="selective",
+                                                  dispatcher="deepep", ep_overlap=True))
+    assert hidden.step_time_s < fast.step_time_s
+    plan = Plan(tp=2, pp=8, vp=4, ep=32, dispatcher="deepep", ep_overlap=True)
+    assert parse_plan(plan.label()) == plan
+
+
+def test_place_searches_expert_widths_and_names_a_bad_one():
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "phaze.cli", "place", "--workload", "mixtral-8x7b", "--arch", "h100-sxm",
+           "--global-batch", "256", "--tp", "1", "--mbs", "1", "--zero", "1", "--recompute", "full"]
+    ok = subprocess.run(cmd + ["--devices", "64", "--ep", "4,8", "--format", "json"], capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    import json
+    plans = [p["plan"] for p in json.loads(ok.stdout)["top"]]
+    assert plans and all(",ep=4" in p or ",ep=8" in p for p in plans)
+    for devices, ep, words in (("64", "3", "none of 3 divides the experts (8)"),
+                               ("4", "8", "must divide the experts (8) and tp*cp*dp/etp (4/1)")):
+        bad = subprocess.run(cmd + ["--devices", devices, "--ep", ep], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and bad.stdout == ""
+        lines = bad.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("phaze: error: --ep: ") and words in lines[0]
