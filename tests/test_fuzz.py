@@ -24,12 +24,16 @@ BAD_NUMBERS = ["-1", "0", "-0", "1e30", "nan", "inf", "", " ", "abc", "9" * 40, 
 BAD_NAMES = ["nope", "gpt-9000", "../../etc", ".", "/", "a" * 300, "a100-80gb.yaml", "x.json", "\u00e9\u00e9",
              "-", "~"]
 PLAN_KEYS = ["tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
-             "tp_overlap", "reduce_fp32", "schedule", "stages", "stage_recompute", "colour", ""]
+             "tp_overlap", "reduce_fp32", "schedule", "stages", "stage_recompute", "ep", "etp", "routing",
+             "dispatcher", "ep_overlap", "colour", ""]
 PLAN_VALUES = ["0", "1", "2", "3", "7", "8", "16", "96", "128", "-1", "full", "none", "flash2", "yes", "maybe",
-               "1:2:3", "48:48", "full:none", "", "=", "1e3", "9" * 30]
+               "1:2:3", "48:48", "full:none", "", "=", "1e3", "9" * 30, "forced", "capacity", "deepep"]
 GOOD = {
     "evaluate": ["evaluate", "--workload", "gpt3-175b", "--arch", "a100-80gb", "--devices", "1024",
-                 "--global-batch", "1536", "--plan", "tp=8,pp=16,mbs=1,recompute=full"],
+                 "--global-batch", "1536", "--plan", "tp=8,pp=16,mbs=1,recompute=full", "--system",
+                 "dgx-a100-superpod"],
+    "moe": ["place", "--workload", "mixtral-8x7b", "--arch", "h100-sxm", "--devices", "64", "--global-batch",
+            "256", "--tp", "1,2", "--mbs", "1", "--ep", "4,8", "--recompute", "full", "--zero", "1"],
     "place": ["place", "--workload", "mpt-125m", "--arch", "a100-80gb", "--devices", "64",
               "--global-batch", "256", "--tp", "1,2", "--mbs", "1,2"],
     "schedule": ["schedule", "--workload", "gpt2-xl", "--arch", "a100-80gb", "--tp", "2"],
@@ -38,7 +42,7 @@ GOOD = {
     "validate": ["validate", "--no-loso", "--unseen", ""],
 }
 NUMERIC = {"--devices", "--global-batch", "--seq-len", "--top", "--tp", "--mbs", "--pp", "--vp", "--zero",
-           "--memory-reserve", "--time-limit"}
+           "--memory-reserve", "--time-limit", "--ep", "--nics-per-node"}
 
 
 def files(root: Path) -> dict[str, Path]:
@@ -60,7 +64,7 @@ def files(root: Path) -> dict[str, Path]:
 def mutated_runs(root: Path, rng: random.Random) -> Path:
     """A few rows of the shipped validation CSV with one cell replaced by junk."""
     from phaze.validate import default_runs_paths
-    with open(default_runs_paths()[0], newline="") as fh:
+    with open(rng.choice(default_runs_paths()), newline="") as fh:
         rows = list(csv.reader(fh))
     head, body = rows[0], rng.sample(rows[1:], 4)
     r, c = rng.randrange(len(body)), rng.randrange(len(head))
@@ -98,16 +102,16 @@ def make_case(rng: random.Random, root: Path, bad: dict[str, Path]) -> list[str]
         i = rng.choice(nums)
         argv[i + 1] = rng.choice(BAD_NUMBERS)
     elif kind == "name":
-        i = rng.choice([i for i in flags if argv[i] in ("--workload", "--arch")] or flags)
+        i = rng.choice([i for i in flags if argv[i] in ("--workload", "--arch", "--system")] or flags)
         argv[i + 1] = rng.choice(BAD_NAMES)
     elif kind == "file":
-        flag = rng.choice(["--workload", "--arch", "--params"])
+        flag = rng.choice(["--workload", "--arch", "--params", "--system"])
         argv += [flag, str(rng.choice(list(bad.values())))]
     elif kind == "plan":
         if "--plan" in argv:
             argv[argv.index("--plan") + 1] = junk_plan(rng)
         else:
-            argv += [rng.choice(["--baseline", "--tp", "--recompute", "--zero"]), junk_plan(rng)]
+            argv += [rng.choice(["--baseline", "--tp", "--recompute", "--zero", "--ep"]), junk_plan(rng)]
     elif kind == "drop":
         i = rng.choice(flags)
         del argv[i:i + 2]
@@ -119,7 +123,8 @@ def make_case(rng: random.Random, root: Path, bad: dict[str, Path]) -> list[str]
     else:   # one good flag with a bad value added
         argv += rng.choice([["--seq-len", rng.choice(BAD_NUMBERS)], ["--memory-reserve", rng.choice(BAD_NUMBERS)],
                             ["--format", rng.choice(["xml", "", "JSON"])], ["--gantt", str(root)],
-                            ["--out", str(root / "no" / "such.csv")], ["--top", rng.choice(BAD_NUMBERS)]])
+                            ["--out", str(root / "no" / "such.csv")], ["--top", rng.choice(BAD_NUMBERS)],
+                            ["--system", rng.choice(BAD_NAMES)], ["--nics-per-node", rng.choice(BAD_NUMBERS)]])
     return argv
 
 
