@@ -138,7 +138,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",
                     "attention": "attention=flash", "optimizer": "optimizer=adam",
-                    "dp_overlap": "dp_overlap on", "tp_overlap": "tp_overlap off",
+                    "dp_overlap": "dp_overlap on", "tp_overlap": "tp_overlap off", "tp_async": "tp_async off",
                     "reduce_fp32": "reduce_fp32 off (16-bit gradients)", "stages": "an even split of the layers",
                     "schedule": "schedule=optimal"}
         unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)]
@@ -744,7 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
     ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
                     "recompute (none/selective/full), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
-                    "optimizer (adam/sgd), dp_overlap, tp_overlap, reduce_fp32, schedule (optimal/sequential), "
+                    "optimizer (adam/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
+                    "schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
                     "ep_overlap; default tp=1,pp=1,mbs=1")

@@ -71,6 +71,7 @@ class Op:
     special: float = 0.0           # transcendental evaluations (exp, tanh) on special-function units
     vector_flops: float = 0.0      # fused ops: the element-wise FLOPs beside the GEMM ones
     operand_reuse: int = 0         # rows sharing each operand read from local SRAM (0: the tile)
+    hidden_by: str = ""            # a collective Megatron issues asynchronously under this GEMM (``tp_async``)
 
     @property
     def bytes(self) -> float:
@@ -119,8 +120,8 @@ def _vector(b: _Builder, name, elements, p, reads=1.0, writes=1.0, flops_per_ele
                  special=special_per_element * elements, **kw)
 
 
-def _coll(b: _Builder, name, kind, group, nbytes, deps=None) -> str:
-    return b.add(name, "link", deps, collective=Collective(kind, group, nbytes))
+def _coll(b: _Builder, name, kind, group, nbytes, deps=None, hidden_by: str = "") -> str:
+    return b.add(name, "link", deps, collective=Collective(kind, group, nbytes), hidden_by=hidden_by)
 
 
 def kv_width(model: Model, tp: int) -> int:
@@ -339,15 +340,20 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _attention_core(bb, lambda x: "recompute." + x)
     grad = bb.last
 
+    column = ""   # the column-parallel linear whose backward was built last (its input was gathered)
     for op in reversed(fb.ops):
         if op.name.endswith(".fp8_cast"):
             continue
+        gathered_for, column = column, ""
         if op.unit == "link":
             c = op.collective
             mirror = {"all_reduce": None, "reduce_scatter": "all_gather", "all_gather": "reduce_scatter",
                       "all_to_all": "all_to_all"}
             if mirror[c.kind]:
-                grad = (_coll(bb, f"{op.name}.bwd", mirror[c.kind], c.group, c.bytes, deps=grad),)
+                # the input gradient's reduce-scatter runs under that linear's weight-gradient GEMM
+                under = f"{gathered_for}.wgrad" if c.kind == "all_gather" and c.group == "tp" and gathered_for else ""
+                grad = (_coll(bb, f"{op.name}.bwd", mirror[c.kind], c.group, c.bytes, deps=grad,
+                              hidden_by=under),)
             continue
         if op.unit == "vector":
             grad = (_vector(bb, f"{op.name}.bwd", op.elements, p, reads=2 * op.bytes_read / (p * op.elements),
@@ -375,12 +381,13 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             wdeps = grad
             if input_gathered:   # Megatron-SP re-gathers the sharded input for the weight gradient
                 wdeps = grad + (_coll(bb, f"{op.name}.input_all_gather", "all_gather", "tp",
-                                      p * T * h, deps=grad),)
+                                      p * T * h, deps=grad, hidden_by=f"{op.name}.dgrad"),)
             _gemm(bb, f"{op.name}.wgrad", batch, K, M, N, p, weights=False, deps=wdeps, linear=True)
             grad = (dgrad,)
+            column = op.name if op.name in ("qkv", "ffn_up", "shared_up") else ""
             if t > 1 and not sp and op.name in ("qkv", "ffn_up"):
                 grad = (_coll(bb, f"{op.name}.dgrad.all_reduce", "all_reduce", "tp", p * T * h,
-                              deps=grad),)
+                              deps=grad, hidden_by=f"{op.name}.wgrad"),)
         else:                    # attention batched GEMMs: both operands are activations
             g1 = _gemm(bb, f"{op.name}.dgrad_a", batch, M, N, K, p, weights=False, deps=grad,
                        core_attention=True)

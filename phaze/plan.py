@@ -23,7 +23,11 @@ class Plan:
     16 query rows, the design of the Ampere generation), ``standard`` unfused (scores in HBM);
     ``dp_overlap`` hides the gradient
     reduction behind the last backward pass; ``tp_overlap`` hides tensor-parallel collectives
-    behind the layer's GEMMs (Megatron's ``--tp-comm-overlap``); ``reduce_fp32`` reduces
+    behind the layer's GEMMs (Megatron's ``--tp-comm-overlap``); ``tp_async`` issues the backward
+    tensor-parallel collectives asynchronously, each under one GEMM (Megatron-LM's default since 2022:
+    the sequence-parallel input's all-gather under the input-gradient GEMM, the input gradient's
+    reduce-scatter or all-reduce under the weight-gradient GEMM; on a GPU, where kernels otherwise
+    run one after another); ``reduce_fp32`` reduces
     gradients in fp32 (Megatron's ``--accumulate-allreduce-grads-in-fp32``, FSDP's default
     mixed precision). ``ep`` (expert parallelism) and ``etp`` (expert tensor parallelism) lay out
     a mixture of experts' expert layers as Megatron-Core does: a stage's tp x cp x dp ranks are
@@ -49,6 +53,7 @@ class Plan:
     optimizer: str = "adam"
     dp_overlap: bool = True
     tp_overlap: bool = False
+    tp_async: bool = False
     reduce_fp32: bool = False
     schedule: str = "optimal"              # layer time: CP-SAT schedule | sequential sum of ops
     stages: tuple[int, ...] = ()           # layers per pipeline stage (empty: even split)
@@ -76,7 +81,7 @@ class Plan:
                 + (",sp=1" if self.sp and self.tp > 1 else "")
                 + (f",vp={self.vp}" if self.vp > 1 else "") + (f",cp={self.cp}" if self.cp > 1 else "")
                 + (f",zero={self.zero}" if self.zero else "") + f",attention={self.attention}"
-                + (",tp_overlap=1" if self.tp_overlap else "")
+                + (",tp_overlap=1" if self.tp_overlap else "") + (",tp_async=1" if self.tp_async else "")
                 + (f",schedule={self.schedule}" if self.schedule != "optimal" else "")
                 + (",stages=" + ":".join(map(str, self.stages)) if self.stages else "")
                 + (",stage_recompute=" + ":".join(self.stage_recompute) if self.stage_recompute else "")
@@ -89,7 +94,7 @@ class Plan:
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp")
 _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a plan's text
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
-             "tp_overlap", "reduce_fp32", "schedule", "stages", "stage_recompute", "ep", "etp", "routing",
+             "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "ep", "etp", "routing",
              "dispatcher", "ep_overlap")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
@@ -125,7 +130,7 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 raise ConfigError(source, key, f"must be {'/'.join(RECOMPUTE)} per stage joined by ':', "
                                                f"got {raw!r}")
             values[key] = parts
-        elif key in ("sp", "dp_overlap", "tp_overlap", "reduce_fp32", "ep_overlap"):
+        elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap"):
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = _BOOL[raw.lower()]

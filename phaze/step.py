@@ -29,6 +29,7 @@ class PhaseTime:
     compute: float = 0.0        # tensor-unit ops (GEMMs, fused attention)
     memory: float = 0.0         # vector-unit ops: element-wise, norms, softmax (bandwidth-bound)
     communication: float = 0.0  # collectives on the links
+    async_hidden: float = 0.0   # of ``communication``, what asynchronous issue would hide (``tp_async``)
 
     @property
     def total(self) -> float:
@@ -36,10 +37,10 @@ class PhaseTime:
 
     def __add__(self, o: PhaseTime) -> PhaseTime:
         return PhaseTime(self.compute + o.compute, self.memory + o.memory,
-                         self.communication + o.communication)
+                         self.communication + o.communication, self.async_hidden + o.async_hidden)
 
     def __mul__(self, k: float) -> PhaseTime:
-        return PhaseTime(self.compute * k, self.memory * k, self.communication * k)
+        return PhaseTime(self.compute * k, self.memory * k, self.communication * k, self.async_hidden * k)
 
 
 def exposed(comm, cover, eff: Efficiency):
@@ -51,11 +52,20 @@ def exposed(comm, cover, eff: Efficiency):
 
 
 def _sum_ops(ops, chip: Chip, precision: str, eff: Efficiency, groups: dict, p: int) -> PhaseTime:
-    acc = {"compute": 0.0, "memory": 0.0, "communication": 0.0}
+    """The ops one after another, split by what bounds each; ``async_hidden``: what the collectives
+    issued asynchronously under a GEMM (``Op.hidden_by``) would save (:func:`exposed`)."""
+    acc = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "async_hidden": 0.0}
+    times, hidden = {}, []
     for op in ops:
         t = op_time(op, chip, precision, eff, groups=groups, bytes_per_element=p)
+        times[op.name] = t
         key = {"link": "communication", "vector": "memory"}.get(op.unit, "compute")
         acc[key] += t
+        if op.hidden_by:
+            hidden.append((t, op.hidden_by))
+    for t, under in hidden:
+        if under in times:
+            acc["async_hidden"] += t - exposed(t, times[under], eff)
     return PhaseTime(**acc)
 
 
@@ -128,7 +138,13 @@ def layer_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention:
         return fwd, bwd
     from .schedule import schedule_layer
     sf, sb = schedule_layer(model, chip, mbs, tp, sp, attention, recompute, eff, moe=moe)
-    return fwd * (sf.makespan_s / fwd.total), bwd * (sb.makespan_s / bwd.total)
+    return _scaled(fwd, sf.makespan_s), _scaled(bwd, sb.makespan_s)
+
+
+def _scaled(t: PhaseTime, makespan_s: float) -> PhaseTime:
+    """A phase's parts scaled to a schedule's makespan; the schedule already overlaps collectives
+    with compute wherever the graph allows, so nothing is left for ``tp_async`` to hide."""
+    return replace(t * (makespan_s / t.total), async_hidden=0.0)
 
 
 @lru_cache(maxsize=16384)
@@ -144,8 +160,7 @@ def layer_time_bounds(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, att
         return (fwd, bwd), (fwd, bwd)
     from .schedule import layer_bounds
     (fl, fh), (bl, bh) = layer_bounds(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
-    return ((fwd * (fl / fwd.total), bwd * (bl / bwd.total)),
-            (fwd * (fh / fwd.total), bwd * (bh / bwd.total)))
+    return ((_scaled(fwd, fl), _scaled(bwd, bl)), (_scaled(fwd, fh), _scaled(bwd, bh)))
 
 
 @lru_cache(maxsize=16384)
@@ -574,6 +589,9 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
     if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
         fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
         bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
+    elif plan.tp_async:   # Megatron's asynchronous backward collectives, each under its GEMM
+        fwd = PhaseTime(fwd.compute, fwd.memory, fwd.communication - fwd.async_hidden)
+        bwd = PhaseTime(bwd.compute, bwd.memory, bwd.communication - bwd.async_hidden)
     total = fwd + bwd
     if plan.cp > 1:
         total = total + PhaseTime(communication=_ring_exposed(model, chip, plan, eff, r))

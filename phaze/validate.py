@@ -14,7 +14,8 @@ documented defaults, never a value guessed from the model name or the row id:
 micro-batch is not stated is scored with the fastest of :data:`SEARCHED_MICRO_BATCHES` that fits,
 as a tuned run would use, and marked ``searched``: it weighs half in fits); recompute none; sequence parallelism
 on when tp > 1; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
-fp32 reduction; no tensor-parallel overlap; model-FLOP convention; MFU over the chip's 16-bit peak.
+fp32 reduction; no tensor-parallel overlap and no asynchronous backward collectives; model-FLOP
+convention; MFU over the chip's 16-bit peak.
 A row without a shape that names a shipped workload is resolved to it.
 
 Mixture of experts: a row whose ``model`` names a shipped MoE workload is an MoE case with that
@@ -56,7 +57,7 @@ EXPLICIT_COLUMNS = (
     "activation", "dropout", "compute_precision", "grad_reduce_fp32", "tp_comm_overlap",
     "flop_convention", "mfu_peak_tflops", "num_experts", "moe_top_k", "unconfirmed", "system_config",
     "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
-    "moe_routing", "moe_dispatcher", "moe_a2a_overlap")
+    "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -332,7 +333,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     plan = Plan(tp=tp, pp=pp, mbs=mbs or 1, recompute=recompute, sp=sp, vp=vp or 1, cp=cp or 1,
                 zero=int(zero),
                 attention=_choice(row, "attention_kernel", ("flash", "flash2", "standard"), "flash"),
-                tp_overlap=_flag(row, "tp_comm_overlap"), reduce_fp32=_flag(row, "grad_reduce_fp32"))
+                tp_overlap=_flag(row, "tp_comm_overlap"), tp_async=_flag(row, "tp_async"),
+                reduce_fp32=_flag(row, "grad_reduce_fp32"))
     dp_col = _int(row, "dp")
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")

@@ -205,3 +205,38 @@ def test_embedding_and_loss_may_take_a_chunk(a100):
     evaluate(model, a100, 3, 16, Plan(pp=3, vp=2))
     with pytest.raises(ConfigError, match=r"pp\*vp must be <= layers \(6\) \+ 2"):
         evaluate(model, a100, 3, 16, Plan(pp=3, vp=3))
+
+
+def test_tp_async_hides_each_backward_collective_under_its_gemm():
+    """Megatron's asynchronous backward: the sequence-parallel input's all-gather under that
+    linear's input-gradient GEMM, the input gradient's reduce-scatter (all-reduce without sp)
+    under its weight-gradient GEMM; each saves t - exposed(t, gemm) and nothing else changes."""
+    from phaze.cost import Efficiency, op_time
+    from phaze.graph import layer_graph
+    from phaze.step import mode_costs
+    m, c = load_model("gpt3-175b"), load_chip("a100-80gb")
+    eff = Efficiency(overlap_slowdown=0.25)
+    expected = {True: {"qkv.input_all_gather": "qkv.dgrad", "ln1.all_gather.bwd": "qkv.wgrad",
+                       "ffn_up.input_all_gather": "ffn_up.dgrad", "ln2.all_gather.bwd": "ffn_up.wgrad"},
+                False: {"qkv.dgrad.all_reduce": "qkv.wgrad", "ffn_up.dgrad.all_reduce": "ffn_up.wgrad"}}
+    for sp in (True, False):
+        g = layer_graph(m, 1, 8, sp, "flash", "none")
+        assert {o.name: o.hidden_by for o in g.bwd if o.hidden_by} == expected[sp]
+        assert not any(o.hidden_by for o in g.fwd)
+        t = {o.name: op_time(o, c, m.precision, eff, groups={"tp": (8, 1)}, bytes_per_element=2) for o in g.bwd}
+        saving = sum(t[a] - (max(0.0, t[a] - t[b]) + 0.25 * min(t[a], t[b])) for a, b in expected[sp].items())
+        assert saving > 0
+        plan = Plan(tp=8, pp=16, sp=sp)
+        off = mode_costs(m, c, 1024, plan, eff, "none")
+        on = mode_costs(m, c, 1024, replace(plan, tp_async=True), eff, "none")
+        assert off.bwd.total - on.bwd.total == pytest.approx(saving, rel=1e-9)
+        assert on.fwd == off.fwd and on.bwd.compute == off.bwd.compute
+        # with tp_overlap every collective already runs under the GEMMs: tp_async adds nothing
+        both = mode_costs(m, c, 1024, replace(plan, tp_overlap=True, tp_async=True), eff, "none")
+        assert both == mode_costs(m, c, 1024, replace(plan, tp_overlap=True), eff, "none")
+    # on an accelerator the CP-SAT schedule already overlaps what the graph allows: no change
+    tpu = load_chip("tpuv4")
+    plan = Plan(tp=8, pp=16)
+    assert (mode_costs(m, tpu, 1024, replace(plan, tp_async=True), eff, "none").layer.total
+            == mode_costs(m, tpu, 1024, plan, eff, "none").layer.total)
+    assert parse_plan("tp=8,tp_async=true").tp_async and "tp_async=1" in replace(plan, tp_async=True).label()
