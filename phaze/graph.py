@@ -161,6 +161,8 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
 # the linear layers (a weight operand): their backward is a data and a weight gradient
 _LINEAR = ("qkv", "attn_out", "ffn_up", "ffn_down", "q_down", "q_up", "kv_down", "kv_up", "router",
            "expert_up", "expert_down", "shared_up", "shared_down")
+# the column-parallel linears whose input sequence parallelism gathers over tp
+_COLUMN_PARALLEL = ("qkv", "ffn_up", "shared_up")
 
 
 @lru_cache(maxsize=4096)
@@ -222,15 +224,18 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             dense_ffn(fb, n)
         _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
 
+    def activation(fb: _Builder, name: str, elements: float) -> None:
+        """The FFN's element-wise activation: SwiGLU reads its two inputs; GELU and SwiGLU take
+        one transcendental per element, ReLU none."""
+        gated = model.activation == "swiglu"
+        _vector(fb, name, elements, p, reads=2 if gated else 1, flops_per_element=6 if gated else 8,
+                special_per_element=0 if model.activation == "relu" else 1)
+
     def dense_ffn(fb: _Builder, n) -> None:
         if t > 1 and sp:
             _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * T * h)
         linear(fb, n("ffn_up"), T, h, ffn_out)
-        if model.activation == "swiglu":
-            _vector(fb, n("swiglu"), T * f_t, p, reads=2, flops_per_element=6, special_per_element=1)
-        else:
-            _vector(fb, n(model.activation), T * f_t, p, flops_per_element=8,
-                    special_per_element=1 if model.activation == "gelu" else 0)
+        activation(fb, n(model.activation), T * f_t)
         linear(fb, n("ffn_down"), T, f_t, h)
         if t > 1:
             _coll(fb, n("ffn_down." + ("reduce_scatter" if sp else "all_reduce")),
@@ -287,9 +292,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if lay.etp > 1:
             _coll(fb, n("dispatch.all_gather"), "all_gather", "etp", p * recv * h)
         _gemm(fb, n("expert_up"), local, per_expert, h, ef * (2 if gated else 1), p, weights=True)
-        act = "swiglu" if gated else model.activation
-        _vector(fb, n("expert_" + act), local * per_expert * ef, p, reads=2 if gated else 1,
-                flops_per_element=6 if gated else 8, special_per_element=0 if act == "relu" else 1)
+        activation(fb, n("expert_" + model.activation), local * per_expert * ef)
         _gemm(fb, n("expert_down"), local, per_expert, ef, h, p, weights=True)
         if lay.etp > 1:
             _coll(fb, n("combine.reduce_scatter"), "reduce_scatter", "etp", p * recv * h)
@@ -301,8 +304,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             if t > 1:
                 _coll(fb, n("shared.all_gather"), "all_gather", "tp", p * T * h)
             linear(fb, n("shared_up"), T, h, sf * (2 if gated else 1))
-            _vector(fb, n("shared_" + act), T * sf, p, reads=2 if gated else 1,
-                    flops_per_element=6 if gated else 8, special_per_element=0 if act == "relu" else 1)
+            activation(fb, n("shared_" + model.activation), T * sf)
             linear(fb, n("shared_down"), T, sf, h)
             if t > 1:
                 _coll(fb, n("shared.reduce_scatter"), "reduce_scatter", "tp", p * T * h)
@@ -373,7 +375,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         batch, M, K, N = op.gemm
         weighted = op.name.split(".")[-1] in _LINEAR
         if weighted:
-            input_gathered = t > 1 and sp and op.name in ("qkv", "ffn_up", "shared_up")
+            input_gathered = t > 1 and sp and op.name in _COLUMN_PARALLEL
             if fp8:   # the output gradient is cast to fp8 (both layouts) before dgrad and wgrad
                 grad = (_vector(bb, f"{op.name}.grad_fp8_cast", M * N, p, reads=1, writes=2 / p,
                                 flops_per_element=2, deps=grad),)
@@ -384,7 +386,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                                       p * T * h, deps=grad, hidden_by=f"{op.name}.dgrad"),)
             _gemm(bb, f"{op.name}.wgrad", batch, K, M, N, p, weights=False, deps=wdeps, linear=True)
             grad = (dgrad,)
-            column = op.name if op.name in ("qkv", "ffn_up", "shared_up") else ""
+            column = op.name if op.name in _COLUMN_PARALLEL else ""
             if t > 1 and not sp and op.name in ("qkv", "ffn_up"):
                 grad = (_coll(bb, f"{op.name}.dgrad.all_reduce", "all_reduce", "tp", p * T * h,
                               deps=grad, hidden_by=f"{op.name}.wgrad"),)
