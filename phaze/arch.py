@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .configio import ConfigError, Fields, read_mapping
-from .workload import PRECISIONS, resolve_config
+from .workload import PRECISIONS, config_dirs, resolve_config
 
 HBM_GENERATIONS = ("hbm2", "hbm2e", "hbm3")
 
@@ -197,10 +197,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
 
 def arch_dirs() -> list[Path]:
     """Where chip names are looked up: ./arch_configs, then the shipped ones."""
-    dirs = [Path.cwd() / "arch_configs"]
-    dirs.append(Path(__file__).resolve().parent / "arch_configs")  # installed (non-editable)
-    dirs.append(Path(__file__).resolve().parent.parent / "arch_configs")
-    return dirs
+    return config_dirs("arch_configs")
 
 
 def load_chip(name_or_path: str | Path) -> Chip:

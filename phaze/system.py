@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .arch import Chip, LinkLevel
 from .configio import ConfigError, Fields, read_mapping
-from .workload import resolve_config
+from .workload import config_dirs, resolve_config
 
 TOPOLOGIES = ("fat-tree", "oversubscribed")
 
@@ -107,8 +107,7 @@ def _system_from_yaml(data: dict, source: str) -> System:
 
 def system_dirs() -> list[Path]:
     """Where system names are looked up: ./system_configs, then the shipped ones."""
-    here = Path(__file__).resolve().parent
-    return [Path.cwd() / "system_configs", here / "system_configs", here.parent / "system_configs"]
+    return config_dirs("system_configs")
 
 
 def load_system(name_or_path: str | Path) -> System:

@@ -447,12 +447,16 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     )
 
 
+def config_dirs(folder: str) -> list[Path]:
+    """Where shipped config names are looked up: ``./<folder>``, then the copy installed inside
+    the package (non-editable install), then the repository's."""
+    here = Path(__file__).resolve().parent
+    return [Path.cwd() / folder, here / folder, here.parent / folder]
+
+
 def workload_dirs() -> list[Path]:
     """Where workload names are looked up: ./workloads, then the shipped ones."""
-    dirs = [Path.cwd() / "workloads"]
-    dirs.append(Path(__file__).resolve().parent / "workloads")  # installed (non-editable)
-    dirs.append(Path(__file__).resolve().parent.parent / "workloads")
-    return dirs
+    return config_dirs("workloads")
 
 
 def resolve_config(name: str, dirs: list[Path], what: str, flag: str) -> Path:
