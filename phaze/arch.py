@@ -77,6 +77,8 @@ class Chip:
     hbm_bandwidth_bytes_per_s: float
     links: tuple[LinkLevel, ...]
     peak_flops_per_s: tuple[tuple[str, float], ...] = ()
+    collective_latency_s: float = 0.0  # fixed start-up time of one collective kernel, beside
+                                       # the per-hop latency of each link level
     process_node_nm: float = 7.0
     area_mm2: float | None = None
     tdp_w: float | None = None
@@ -180,6 +182,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         shared_buffer_bandwidth_bytes_per_s=f.number("shared_buffer_bandwidth_bytes_per_s"),
         hbm_bytes=f.number("hbm_bytes"), hbm_bandwidth_bytes_per_s=f.number("hbm_bandwidth_bytes_per_s"),
         links=tuple(links), peak_flops_per_s=tuple(peaks),
+        collective_latency_s=f.number("collective_latency_s", 0.0, inclusive=True),
         process_node_nm=f.number("process_node_nm", 7.0),
         area_mm2=f.number("area_mm2", None), tdp_w=f.number("tdp_w", None),
         family=f.str("family", ""),

@@ -9,6 +9,7 @@ from dataclasses import replace
 from .api import as_chip, as_model, as_plan
 from .configio import ConfigError
 from .cost import IDEAL
+from .plan import RECOMPUTE, SEARCHED_RECOMPUTE
 from .step import StepResult, evaluate
 
 GiB = 2.0 ** 30
@@ -439,7 +440,6 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _recompute_list(text: str) -> tuple[str, ...]:
-    from .plan import RECOMPUTE
     values = tuple(x.strip().lower() for x in text.split(",") if x.strip())
     if not values or any(v not in RECOMPUTE for v in values):
         raise argparse.ArgumentTypeError(f"must be a comma-separated subset of {','.join(RECOMPUTE)}, got {text!r}")
@@ -743,7 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--devices", required=True, type=_devices, help="number of devices")
     ev.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
     ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
-                    "recompute (none/selective/full), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
+                    "recompute (none/selective/op/full), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
                     "optimizer (adam/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
@@ -784,8 +784,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--mbs", type=_int_list, default=(1, 2, 4, 8), help="micro-batch sizes (default 1,2,4,8)")
     pl.add_argument("--pp", type=_int_list, default=None, help="pipeline depths (default: every divisor)")
     pl.add_argument("--vp", type=_int_list, default=(1,), help="interleaved chunks per stage (default 1)")
-    pl.add_argument("--recompute", type=_recompute_list, default=("none", "selective", "full"),
-                    help="recompute modes each stage may use (default none,selective,full)")
+    pl.add_argument("--recompute", type=_recompute_list, default=SEARCHED_RECOMPUTE,
+                    help="recompute modes each stage may use (default none,selective,full; op: torchtitan's "
+                         "per-op policy)")
     pl.add_argument("--ep", type=_int_list, default=None,
                     help="expert-parallel widths of a mixture of experts (default: the powers of two dividing "
                          "the experts; 1 for a dense model)")
@@ -819,7 +820,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sequence parallelism (default: on when tp > 1)")
     sc.add_argument("--attention", choices=("flash", "flash2", "standard"), default="flash",
                     help="attention kernel (default flash)")
-    sc.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    sc.add_argument("--recompute", choices=RECOMPUTE, default="none")
     sc.add_argument("--seq-len", type=_seq_len, default=None, help="override the sequence length")
     sc.add_argument("--time-limit", type=float, default=10.0, help="solver seconds per phase (default 10)")
     sc.add_argument("--format", choices=("text", "json"), default="text")

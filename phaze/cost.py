@@ -173,9 +173,16 @@ def collective_time(kind: str, nbytes: float, n: int, chip: Chip, stride: int = 
     ``stride`` ranks apart. Hierarchical rings: each level reduces the data by its member
     count before the next; one level gives the textbook ring formula
     ``2(n-1)/n * bytes/beta + 2(n-1)*alpha`` for all-reduce, half of it for reduce-scatter
-    or all-gather, and ``bytes/beta + alpha`` for a send."""
+    or all-gather, and ``bytes/beta + alpha`` for a send; each adds the chip's fixed start-up
+    time of one collective kernel (``collective_latency_s``)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
+    return chip.collective_latency_s + _collective_transfer(kind, nbytes, n, chip, stride, eff)
+
+
+def _collective_transfer(kind: str, nbytes: float, n: int, chip: Chip, stride: int,
+                         eff: Efficiency) -> float:
+    """:func:`collective_time` without the fixed start-up."""
     if kind == "send":
         levels = _levels(chip, 2, stride)
         _, beta, alpha = levels[-1] if levels else (1, chip.links[-1].bandwidth_bytes_per_s,

@@ -173,7 +173,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
     ``sp`` (sequence parallelism) shards norms, dropouts and residuals over ``tp`` and turns each
     all-reduce into a reduce-scatter plus all-gather. ``recompute`` adds the re-run forward ops to
-    the backward graph (``full``: the whole layer; ``selective``: core attention only).
+    the backward graph (``full``: the whole layer; ``selective``: core attention only; ``op``:
+    torchtitan's per-op policy, every other linear and the element-wise ops).
     """
     h, s, b, t = model.hidden, model.seq_len, mbs, tp
     p = model.bytes_per_element
@@ -335,9 +336,35 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     fb = _Builder("fwd")
     forward(fb)
 
+    def op_recompute(fb: _Builder) -> None:
+        """torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``): the
+        attention kernel's output and every odd-numbered matmul of the block (in call order q, k,
+        v, o, then gate, up, down or up, down) are saved; the even-numbered ones (k, o, and up
+        for SwiGLU or down otherwise) and every element-wise op are re-run, as are the sequence-
+        parallel gathers their inputs need (reduce-scatter outputs are saved)."""
+        n = lambda x: "recompute." + x  # noqa: E731
+        _vector(fb, n("ln1"), Tn * h, p, flops_per_element=8)
+        if t > 1 and sp:
+            _coll(fb, n("ln1.all_gather"), "all_gather", "tp", p * T * h)
+        linear(fb, n("qkv"), T, h, kv_t)
+        linear(fb, n("attn_out"), T, model.o_dim // t, h)
+        _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+        _vector(fb, n("ln2"), Tn * h, p, flops_per_element=8)
+        if t > 1 and sp:
+            _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * T * h)
+        if model.activation == "swiglu":
+            linear(fb, n("ffn_up"), T, h, f_t)
+            activation(fb, n(model.activation), T * f_t)
+        else:
+            activation(fb, n(model.activation), T * f_t)
+            linear(fb, n("ffn_down"), T, f_t, h)
+        _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+
     bb = _Builder("bwd")
     if recompute == "full":
         forward(bb, "recompute.")
+    elif recompute == "op":
+        op_recompute(bb)
     elif recompute == "selective" and not fused:
         _attention_core(bb, lambda x: "recompute." + x)
     grad = bb.last

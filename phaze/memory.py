@@ -51,6 +51,8 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     rep = 1.0 / t if sp else 1.0          # tensors replicated across TP unless sequence-parallel
     if recompute == "full":
         return p * sb * h * rep
+    if recompute == "op":
+        return _op_checkpoint_bytes(model, sb, t, rep, attention)
     mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
     replicated = (p + p + mask + p + p + mask) * sb * h * rep  # ln1 in, qkv in, mask, ln2 in, ffn in, mask
     # K and V as the tp ranks hold them together (a KV head replicated when tp > kv heads)
@@ -68,6 +70,25 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
         # scores against every key of the sequence (a context-parallel shard's too)
         core = (p + (mask + p if model.dropout else 0.0)) * a * s * model.context_parallel * sb / t
     return replicated + split + core
+
+
+def _op_checkpoint_bytes(model: Model, sb: int, t: int, rep: float, attention: str) -> float:
+    """Bytes torchtitan's per-op checkpointing keeps for one layer: the layer input, the outputs of
+    the saved (odd-numbered) matmuls, q and v, the gate projection (SwiGLU) or the up projection,
+    and the down projection's partial sums (SwiGLU), the attention kernel's output and log-sum-exp
+    (or the scores, unfused), and with tp the two reduce-scatters' outputs."""
+    p, h, a = model.bytes_per_element, model.hidden, model.heads
+    q, kv, f = model.q_dim, kv_width(model, t) * t, model.ffn_hidden
+    saved = p * sb * h * rep + p * sb * (q + kv + q + f) / t
+    if model.activation == "swiglu":
+        saved += p * sb * h                     # the down projection's output before its reduction
+    if attention in ("flash", "flash2"):
+        saved += 4.0 * a * sb / t
+    else:
+        saved += p * a * model.seq_len * model.context_parallel * sb / t
+    if t > 1:
+        saved += 2 * p * sb * h * rep
+    return saved
 
 
 def moe_activation_bytes(model: Model, tokens: int, tp: int) -> float:

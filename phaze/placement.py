@@ -26,7 +26,7 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .memory import memory_reserve_bytes
-from .plan import RECOMPUTE, Plan
+from .plan import RECOMPUTE, SEARCHED_RECOMPUTE, Plan
 from .step import (
     StageCosts,
     StepResult,
@@ -58,7 +58,7 @@ class PlacementOptions:
 
     tp: tuple[int, ...] = (1, 2, 4, 8)
     mbs: tuple[int, ...] = (1, 2, 4, 8)
-    recompute: tuple[str, ...] = RECOMPUTE
+    recompute: tuple[str, ...] = SEARCHED_RECOMPUTE
     pp: tuple[int, ...] = ()
     vp: tuple[int, ...] = (1,)
     zero: int | tuple[int, ...] = SEARCH_ZERO

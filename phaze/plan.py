@@ -5,7 +5,9 @@ from dataclasses import dataclass, fields
 
 from .configio import ConfigError
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
+# the modes the placement search tries by default (``op`` is torchtitan's policy, chosen explicitly)
+SEARCHED_RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "flash2", "standard")
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("optimal", "sequential")

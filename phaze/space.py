@@ -274,12 +274,16 @@ class SweepConfig:
         return env
 
     def fingerprint(self) -> str:
-        """What a study's trials depend on: the space, workloads, constraints, objectives and
-        template chip. A study is only resumed by a config with the same fingerprint."""
+        """What a study's trials depend on: the space, workloads, constraints, objectives, template
+        chip and the calibrated efficiency parameters that score it. A study is only resumed by a
+        config with the same fingerprint (a recalibrated phaze starts a new study)."""
+        from .validate import load_default_params
+        params = load_default_params() or {}
         desc = {"base": repr(self.base),
                 "workloads": [repr(w) + (f" in {w.system!r}" if w.system else "") for w in self.workloads],
                 "dimensions": [repr(d) for d in self.dimensions], "constraints": self.constraints,
-                "objectives": self.objectives, "node": self.process_node_nm}
+                "objectives": self.objectives, "node": self.process_node_nm,
+                "calibration": {fam: repr(e) for fam, e in sorted(params.items())}}
         return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -308,6 +308,10 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if plan.stage_recompute and len(plan.stage_recompute) != plan.pp:
         raise ConfigError("--plan", "stage_recompute", f"must give one mode per stage (pp = {plan.pp}), "
                                                        f"got {len(plan.stage_recompute)}")
+    if (model.moe or model.mla) and "op" in (plan.recompute, *plan.stage_recompute):
+        raise ConfigError("--plan", "recompute", "op (torchtitan's per-op policy) is modelled for dense "
+                                                 "layers with standard attention projections; use none, "
+                                                 f"selective or full for {model.name}")
     dp = devices // width
     _check_experts(model, plan, dp)
     if global_batch % (dp * plan.mbs):

@@ -10,9 +10,10 @@ attention kernel, ZeRO/FSDP stage, vocabulary, kv heads, precision, ...), each f
 row's source (``phaze/data/reference/README.md``). A CSV without them (or with a blank) gets the
 documented defaults, never a value guessed from the model name or the row id:
 ``ffn_hidden`` = 4·hidden; an FFN width that is not a whole multiple of hidden is gated (SwiGLU);
-``vocab`` :data:`DEFAULT_VOCAB`; kv heads = heads; micro-batch 1 (a pipelined row, pp > 1, whose
-micro-batch is not stated is scored with the fastest of :data:`SEARCHED_MICRO_BATCHES` that fits,
-as a tuned run would use, and marked ``searched``: it weighs half in fits); recompute none; sequence parallelism
+``vocab`` :data:`DEFAULT_VOCAB`; kv heads = heads; a row whose micro-batch is not stated is
+scored with the fastest of :data:`SEARCHED_MICRO_BATCHES` that fits, as a tuned run would use,
+and marked ``searched`` (it weighs half in fits); recompute none (``selective`` is Megatron's
+core-attention recompute unless ``selective_recompute`` says ``op``); sequence parallelism
 on when tp > 1; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
 fp32 reduction; no tensor-parallel overlap and no asynchronous backward collectives; model-FLOP
 convention; MFU over the chip's 16-bit peak.
@@ -57,7 +58,7 @@ EXPLICIT_COLUMNS = (
     "activation", "dropout", "compute_precision", "grad_reduce_fp32", "tp_comm_overlap",
     "flop_convention", "mfu_peak_tflops", "num_experts", "moe_top_k", "unconfirmed", "system_config",
     "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
-    "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async")
+    "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -67,7 +68,7 @@ MODEL_COLUMNS = REQUIRED_COLUMNS + EXPLICIT_COLUMNS + OPTIONAL_COLUMNS
 PARAMS_GUARD = 1.5
 METRICS = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "tokens_per_s_total", "step_time_s")
 CONVENTIONS = ("model", "narayanan96", "6n_12lqs")
-# a pipelined row (pp > 1) that does not state its micro-batch: these are tried, the fastest that fits counts
+# a row that does not state its micro-batch: these are tried, the fastest that fits counts
 SEARCHED_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_VOCAB = 51200   # GPT-2 BPE padded to a multiple of 1024 (Megatron's default); see module doc
 _TRUE = ("yes", "true", "1", "on", "y")
@@ -280,6 +281,10 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     moe = _moe_reason(row)
     if moe:
         raise ValueError(moe)
+    if _flag(row, "packed_documents"):
+        raise ValueError("each sequence packs several documents that attend only within themselves "
+                         "(packed fine-tuning data); their lengths are not given, so the attention work "
+                         "is unknown (phaze costs one causal sequence)")
     if not chip_name:
         raise ValueError(f"no chip file for GPU {gpu!r}: name one in the 'chip' column or add it "
                          f"to arch_configs/ (shipped GPU names: {', '.join(sorted(set(GPU_CHIPS.values())))})")
@@ -325,6 +330,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     recompute = _RECOMPUTE.get(_text(row, "recompute").lower() or "none")
     if recompute is None:
         raise ValueError(f"column 'recompute' must be none, selective or full, got {row['recompute']!r}")
+    if recompute == "selective" and _choice(row, "selective_recompute", ("attention", "op"), "attention") == "op":
+        recompute = "op"   # torchtitan's per-op policy rather than Megatron's core-attention recompute
     sp_text = _text(row, "sequence_parallel").lower()
     sp = True if sp_text in _TRUE else False if sp_text in _FALSE else tp > 1
     zero = _num(row, "zero_stage") or 0
@@ -341,7 +348,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     check_plan(model, devices, batch, plan)
     layout_from = "unconfirmed" if unconfirmed else "row"
     alternatives: tuple[Plan, ...] = ()
-    if pp > 1 and mbs is None:   # it decides the bubble: the micro-batch a tuned run would use
+    if mbs is None:   # it sets the kernels' sizes (and the bubble): the one a tuned run would use
         alternatives = tuple(_valid_plans(model, devices, batch, [dataclasses.replace(plan, mbs=b)
                                                                   for b in SEARCHED_MICRO_BATCHES[1:]]))
         layout_from = "searched"

@@ -120,7 +120,8 @@ def visit(page: Path, width: int = 1280, height: int = 1800, settle_s: float = 1
         raise FileNotFoundError("chromium not found")
     url = Path(page).resolve().as_uri()
     out = PageVisit()
-    with tempfile.TemporaryDirectory(prefix="phaze-chromium-") as profile:
+    # Chromium's helper processes may still be writing to the profile as it is removed
+    with tempfile.TemporaryDirectory(prefix="phaze-chromium-", ignore_cleanup_errors=True) as profile:
         args = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--no-first-run", "--no-default-browser-check", "--disable-extensions",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",

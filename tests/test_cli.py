@@ -173,7 +173,7 @@ def test_unknown_shipped_chip(tmp_path):
     (1000, 1536, "tp=8,pp=16", ["--plan", "field 'tp*pp*cp'", "8*16*1 = 128", "devices (1000)"]),
     (1024, 1536, "tp=8,speed=11", ["--plan", "field 'speed'", "unknown key",
                                    "allowed: tp, pp, mbs, recompute"]),
-    (1024, 1536, "recompute=sometimes", ["--plan", "field 'recompute'", "none, selective, full",
+    (1024, 1536, "recompute=sometimes", ["--plan", "field 'recompute'", "none, selective, op, full",
                                          "'sometimes'"]),
     (1024, 1536, "tp=8,pp=16,mbs=0", ["--plan", "field 'mbs'", "positive integer", "'0'"]),
     (1024, 1540, "tp=8,pp=16", ["--global-batch", "multiple of dp*mbs = 8*1 = 8", "1540"]),

@@ -196,3 +196,18 @@ def test_parameter_files_without_the_new_fields_load_their_defaults(tmp_path):
     assert (eff.tensor_fraction, eff.tile_overhead_k, eff.host_overhead_s) == (0.7, 150.0, 0.0)
     assert all(name in BOUNDS and BOUNDS[name][0] <= BOUNDS[name][2] <= BOUNDS[name][1]
                for name in Efficiency.names())
+
+
+def test_every_collective_pays_the_chips_fixed_start_up_once():
+    """A collective kernel's fixed start-up (NCCL's base latency in the GPU chip files) is added
+    once, whatever the kind, the size or the number of link levels it crosses."""
+    a100 = load_chip("a100-80gb")
+    assert a100.collective_latency_s == pytest.approx(14e-6)
+    bare = replace(a100, collective_latency_s=0.0)
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send"):
+        for n, nbytes in ((8, 4e6), (64, 1e9), (2, 1.0)):
+            assert collective_time(kind, nbytes, n, a100) - collective_time(kind, nbytes, n, bare) == \
+                pytest.approx(14e-6, rel=1e-9)
+    assert collective_time("all_reduce", 0.0, 8, a100) == 0.0 and collective_time("all_reduce", 1e6, 1, a100) == 0.0
+    # 8-GPU ring all-reduce of 4 MB: 14 steps of 1.9 us and the start-up, then the bytes
+    assert collective_time("all_reduce", 4e6, 8, a100) == pytest.approx(14e-6 + 14 * 1.9e-6 + 2 * 7 / 8 * 4e6 / 300e9)

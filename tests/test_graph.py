@@ -50,7 +50,7 @@ def test_backward_is_twice_forward_and_tp_splits_flops(gpt3, attention, sp):
 
 def test_dag_deps_point_backwards_and_names_unique(gpt3):
     for sp in (False, True):
-        for rc in ("none", "selective", "full"):
+        for rc in ("none", "selective", "op", "full"):
             g = layer_graph(gpt3, 1, 4, sp, "standard", rc)
             for phase in (g.fwd, g.bwd):
                 seen = set()
@@ -104,3 +104,29 @@ def test_logits_flops(gpt3):
     e = edge_graph(gpt3, 1, 1, False)
     T, h, V = 2048, 12288, 50257
     assert tensor_flops(e["head"]) == pytest.approx(3 * 2 * T * h * V)
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (8, True)])
+def test_per_op_recompute_reruns_k_o_and_up_of_swiglu_by_hand(tp, sp):
+    """torchtitan's per-op policy: of the matmuls q, k, v, o, gate, up, down the even-numbered
+    (k, o, up) are re-run, with every element-wise op; attention and the other matmuls are saved."""
+    m = load_model("llama3-8b")   # h 4096, 32 heads, 8 kv heads of 128, SwiGLU ffn 14336
+    T, h, kv, f = 8192, 4096, 1024, 14336
+    none = layer_graph(m, 1, tp, sp, "flash2", "none")
+    op = layer_graph(m, 1, tp, sp, "flash2", "op")
+    rerun = [o for o in op.bwd if o.name.startswith("recompute.")]
+    assert tensor_flops(op.bwd) - tensor_flops(none.bwd) == pytest.approx(2 * T * h * (kv + h + f) / tp)
+    assert not any(o.core_attention for o in rerun)
+    assert {o.name for o in rerun if o.unit == "vector"} == {
+        "recompute." + x for x in ("ln1", "attn_residual", "ln2", "swiglu", "ffn_residual")}
+    gathers = [o.collective.kind for o in rerun if o.collective]
+    assert gathers == (["all_gather", "all_gather"] if sp else [])
+
+
+def test_per_op_recompute_of_an_ungated_ffn_reruns_the_down_projection(gpt3):
+    none = layer_graph(gpt3, 1, 1, False, "flash", "none")
+    op = layer_graph(gpt3, 1, 1, False, "flash", "op")
+    T, h = 2048, 12288                              # q, k, v, o, up (4h), down: k, o and down re-run
+    assert tensor_flops(op.bwd) - tensor_flops(none.bwd) == pytest.approx(2 * T * h * (h + h + 4 * h))
+    full = layer_graph(gpt3, 1, 1, False, "flash", "full")
+    assert tensor_flops(none.bwd) < tensor_flops(op.bwd) < tensor_flops(full.bwd)

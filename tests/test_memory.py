@@ -50,3 +50,20 @@ def test_state_bytes():
     assert state_bytes_per_param("adam", 1, 4) == pytest.approx(2 + 2 + 3)
     assert state_bytes_per_param("adam", 3, 8) == pytest.approx(16 / 8)
     assert state_bytes_per_param("sgd", 0, 8) == 4
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (8, True)])
+def test_per_op_checkpoint_bytes_hand_count(tp, sp):
+    """What torchtitan's per-op policy keeps: the layer input, q and v, the attention output and its
+    fp32 log-sum-exp, the gate projection and the down projection's output (SwiGLU), and with tp the
+    two reduce-scatter outputs."""
+    m = load_model("llama3-8b")
+    s, h, a, f, q, kv = 8192, 4096, 32, 14336, 4096, 1024
+    rep = 1 / tp if sp else 1
+    expect = 2 * s * h * rep + 2 * s * (q + kv + q + f) / tp + 2 * s * h + 4 * a * s / tp
+    if tp > 1:
+        expect += 2 * 2 * s * h * rep
+    got = activation_bytes_per_layer(m, 1, tp, sp, "op", "flash2")
+    assert got == pytest.approx(expect, rel=1e-12)
+    assert (activation_bytes_per_layer(m, 1, tp, sp, "full", "flash2") < got
+            < activation_bytes_per_layer(m, 1, tp, sp, "none", "flash2"))

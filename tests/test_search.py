@@ -145,6 +145,19 @@ def test_pareto_mask_matches_brute_force(points, directions):
 
 
 # --- studies ----------------------------------------------------------------------------------------
+def test_a_recalibrated_phaze_does_not_resume_an_old_study(tmp_path, monkeypatch):
+    """The fingerprint holds the calibrated parameters: trials scored by other parameters are not
+    mixed into a resumed study; resuming with the same ones is allowed."""
+    from phaze import validate
+    cfg = load_sweep(write(tmp_path, SMALL))
+    before = cfg.fingerprint()
+    assert before == load_sweep(write(tmp_path, SMALL)).fingerprint()
+    shipped = validate.load_default_params()
+    changed = {fam: replace(e, tensor_fraction=e.tensor_fraction * 0.9) for fam, e in shipped.items()}
+    monkeypatch.setattr(validate, "load_default_params", lambda: changed)
+    assert cfg.fingerprint() != before
+
+
 def test_search_resumes_to_exactly_n_distinct_trials(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_sweep(write(tmp_path, SMALL))

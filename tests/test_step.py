@@ -186,7 +186,8 @@ def test_pipeline_sends_cross_nodes_when_dp_fills_them(a100):
     2 v sends of the activation's 1/tp, p * mbs * s * h / tp bytes each."""
     from phaze.arch import LinkLevel
     from phaze.step import stage_costs
-    chip = replace(a100, links=(LinkLevel("node", 8, 1e9, 0.0), LinkLevel("net", 0, 1e6, 0.0)))
+    chip = replace(a100, links=(LinkLevel("node", 8, 1e9, 0.0), LinkLevel("net", 0, 1e6, 0.0)),
+                   collective_latency_s=0.0)
     model = load_model("mpt-125m")
     costs = stage_costs(model, chip, 16, 64, Plan(tp=2, pp=2))
     one = 2 * model.seq_len * model.hidden / 2 / 1e6

@@ -24,6 +24,7 @@ from phaze.space import load_sweep
 from phaze.system import System, apply_system, load_system
 
 ROOT = Path(__file__).resolve().parent.parent
+NCCL_START = 14e-6   # the A100 chip file's fixed start-up of one NCCL collective (NCCL's LL128 ring base latency)
 SHIPPED = ("dgx-a100-superpod", "dgx-h100-superpod", "cluster-100g")
 SMALL_RUN = ["--workload", "mpt-125m", "--arch", "a100-80gb", "--devices", "16", "--global-batch", "32"]
 DGX = {"name": "test-pod", "devices_per_node": 8,
@@ -125,7 +126,7 @@ def test_oversubscribed_fabric_is_an_extra_level(tmp_path):
     assert [(lv.devices, lv.bandwidth_bytes_per_s) for lv in chip.links] == [(8, 300e9), (32, 25e9), (0, 12.5e9)]
     # 64 GPUs over 2 leaves: the spine carries 1/32 of the buffer at half the leaf bandwidth
     nbytes = 1e9
-    want = (2 * (7 / 8 * nbytes / 300e9 + 7 * 1.9e-6) + 2 * (3 / 4 * nbytes / 8 / 25e9 + 3 * 4e-6)
+    want = (NCCL_START + 2 * (7 / 8 * nbytes / 300e9 + 7 * 1.9e-6) + 2 * (3 / 4 * nbytes / 8 / 25e9 + 3 * 4e-6)
             + 2 * (1 / 2 * nbytes / 32 / 12.5e9 + 1 * 4e-6))
     assert collective_time("all_reduce", nbytes, 64, chip) == pytest.approx(want, rel=1e-12)
 
@@ -136,7 +137,7 @@ def test_all_reduce_across_two_nodes_by_hand():
     slow = apply_system(a100, load_system("cluster-100g"))     # 4 x 100 Gb/s per 8 GPUs: 6.25 GB/s
     fast = apply_system(a100, load_system("dgx-a100-superpod"))  # 8 x 200 Gb/s per 8 GPUs: 25 GB/s
     nbytes = 1e9
-    nvlink = 2 * (7 / 8 * nbytes / 300e9 + 7 * 1.9e-6)
+    nvlink = NCCL_START + 2 * (7 / 8 * nbytes / 300e9 + 7 * 1.9e-6)
     assert collective_time("all_reduce", nbytes, 16, slow) == pytest.approx(
         nvlink + 2 * (1 / 2 * nbytes / 8 / 6.25e9 + 4e-6), rel=1e-12)
     assert collective_time("all_reduce", nbytes, 16, fast) == pytest.approx(
@@ -235,7 +236,7 @@ def _row(**changes) -> dict:
     r = {k: "" for k in v.REQUIRED_COLUMNS}
     r.update(run_id="X0001", source_id="S99_test", gpu="A100-SXM4-80GB", gpu_count="16", model="toy-gpt",
              layers="4", hidden="1024", heads="16", seq_len="2048", global_batch="32", tp="2", pp="1",
-             precision="bf16", measured_metric="step_time_s", measured_value="1.0")
+             micro_batch="1", precision="bf16", measured_metric="step_time_s", measured_value="1.0")
     r.update(changes)
     return r
 

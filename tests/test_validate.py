@@ -335,7 +335,14 @@ def test_remaining_defaults():
     assert c.model.vocab == v.DEFAULT_VOCAB
     assert synthetic_case(vocab="32000").model.vocab == 32000
     assert synthetic_case(notes="vocab 32000").model.vocab == v.DEFAULT_VOCAB
-    assert c.source == "S99_test" and c.layout_from == "row" and c.devices == 8
+    assert c.source == "S99_test" and c.layout_from == "searched" and c.devices == 8   # no micro-batch
+    assert synthetic_case(micro_batch="1").layout_from == "row"
+    # selective is Megatron's core-attention recompute unless the row names torchtitan's per-op policy
+    assert synthetic_case(recompute="selective", selective_recompute="attention").plan.recompute == "selective"
+    assert synthetic_case(recompute="selective", selective_recompute="op").plan.recompute == "op"
+    assert synthetic_case(recompute="full", selective_recompute="op").plan.recompute == "full"
+    assert case("R1036").plan.recompute == "op" and case("R1000").plan.recompute == "selective"
+    assert isinstance(v.row_to_case(synthetic(recompute="selective", selective_recompute="layer")), v.Skipped)
 
 
 # --- 3. coverage of the bundled CSV ------------------------------------------------------------
@@ -732,15 +739,16 @@ def test_moe_rows_are_modelled_or_skipped_with_the_reason():
     assert isinstance(s, v.Skipped) and "512 experts" in s.reason and "top-10" in s.reason
     assert "not modelled" in s.reason
     # a CSV without the num_experts column: a shipped MoE model is recognised by name, its ep assumed
-    c = v.row_to_case(synthetic(model="Mixtral-8x7B"))
+    c = v.row_to_case(synthetic(model="Mixtral-8x7B", micro_batch="1"))
     assert isinstance(c, v.Case) and (c.model.experts, c.model.top_k) == (8, 2) and c.layout_from == "unconfirmed"
     # a published MoE model phaze does not ship
     s = v.row_to_case(synthetic(model="gpt-oss-20b"))
     assert isinstance(s, v.Skipped) and "32 experts" in s.reason and "20.9B total" in s.reason
 
 
-def test_pipelined_row_without_micro_batch_is_scored_with_the_fastest_that_fits():
-    c = synthetic_case(layers="12", tp="1", pp="2")
+@pytest.mark.parametrize("pp", ["2", "1"])
+def test_row_without_micro_batch_is_scored_with_the_fastest_that_fits(pp):
+    c = synthetic_case(layers="12", tp="1", pp=pp)
     dp = c.plan.dp(c.devices)
     tried = [p.mbs for p in (c.plan, *c.alternatives)]
     assert c.layout_from == "searched" and c.plan.mbs == 1
@@ -751,7 +759,7 @@ def test_pipelined_row_without_micro_batch_is_scored_with_the_fastest_that_fits(
     fitting = [r.step_time_s for r in results if r.fits]
     assert fitting and v.predict_case(c) == min(fitting)
     # a stated micro-batch is used as given, with nothing searched
-    stated = synthetic_case(layers="12", tp="1", pp="2", micro_batch="2")
+    stated = synthetic_case(layers="12", tp="1", pp=pp, micro_batch="2")
     assert stated.plan.mbs == 2 and stated.alternatives == () and stated.layout_from == "row"
     # searched rows weigh half in a fit, as unconfirmed ones do
     w = v.case_weights([c, stated])
@@ -793,3 +801,13 @@ def test_leave_one_source_out_on_a_small_subset(monkeypatch):
     assert set(summary["per_source"]) == sources
     for p in preds:
         assert p.status == "ok" and p.predicted_step_s > 0 and math.isfinite(p.error)
+
+
+def test_packed_fine_tuning_rows_are_skipped_with_the_reason():
+    """Packed documents attend only within themselves: without their lengths the attention work is
+    unknown, so such a row is refused rather than costed as one causal sequence."""
+    s = v.row_to_case(synthetic(packed_documents="yes"))
+    assert isinstance(s, v.Skipped) and "packs several documents" in s.reason
+    assert isinstance(v.row_to_case(synthetic(packed_documents="no")), v.Case)
+    for rid in ("R0261", "R0262", "R0263"):
+        assert isinstance(v.row_to_case(rows()[rid]), v.Skipped)
