@@ -508,6 +508,7 @@ class ModeCosts:
     act_bytes: float       # stored activations
 
 
+@lru_cache(maxsize=4096)
 def tp_layer_params(model: Model, tp: int) -> int:
     """Parameters of one layer summed over its ``tp`` ranks: ``layer_params``, plus the copies of
     the K/V projections when tp exceeds the KV heads (each rank holds one whole KV head, as
