@@ -365,6 +365,9 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     peak = peak * 1e12 if peak else (listed.get("bf16") or listed.get("fp16") or chip.peak_flops("bf16"))
     convention = _choice(row, "flop_convention", CONVENTIONS, "model")
     step = measured_step_time(metric, value, model, devices, batch, convention, recompute, peak)
+    if not (math.isfinite(step) and step > 0):
+        raise ValueError(f"measured_value {value:g} ({metric}) gives a step time of {step:g} s; "
+                         f"allowed: a value whose step time is a positive finite number")
     return Case(run_id, source, gpu, chip, model, devices, batch, plan, step, layout_from, chip_name, dataset,
                 alternatives)
 

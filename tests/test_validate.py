@@ -811,3 +811,11 @@ def test_packed_fine_tuning_rows_are_skipped_with_the_reason():
     assert isinstance(v.row_to_case(synthetic(packed_documents="no")), v.Case)
     for rid in ("R0261", "R0262", "R0263"):
         assert isinstance(v.row_to_case(rows()[rid]), v.Skipped)
+
+
+@pytest.mark.parametrize("value", ["1e308", "1e-320"])
+def test_a_value_whose_step_time_is_not_finite_and_positive_is_skipped(value):
+    """A throughput so large that the step time underflows to 0 (or so small that it overflows)
+    is refused with the reason instead of dividing by zero later."""
+    s = v.row_to_case(synthetic(measured_metric="tokens_per_s_per_gpu", measured_value=value))
+    assert isinstance(s, v.Skipped) and "positive finite" in s.reason
