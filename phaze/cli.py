@@ -135,6 +135,11 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
             out["attention_window"] = note
         elif not note.startswith("sequence length"):
             out.setdefault("workload", note)
+    if model.sliding_window and "attention_window" not in out:
+        share = model.window_layer_share
+        out["attention_window"] = (f"sliding-window attention over {model.sliding_window} tokens"
+                                   + (f" in {share:.0%} of the layers (the others attend to every earlier "
+                                      "token)" if share < 1 else "") + " (the workload's)")
     if plan is not None:
         defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",

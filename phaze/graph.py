@@ -134,12 +134,16 @@ def kv_width(model: Model, tp: int) -> int:
 def attention_work_fraction(model: Model) -> float:
     """Share of the full (queries x keys) score matrix a fused kernel computes over the whole
     sequence ``seq_len * context_parallel``: causal, 1/2; with a sliding window of w < S keys,
-    query i sees min(i, w) keys: (w S - w^2 / 2) / S^2 = (w/S)(1 - w/(2S)); not causal, 1."""
+    query i sees min(i, w) keys: (w S - w^2 / 2) / S^2 = (w/S)(1 - w/(2S)); not causal, 1. When
+    only a share of the layers is windowed (GPT-OSS), the layers' mean."""
     if not model.causal:
         return 1.0
     S = model.seq_len * model.context_parallel
     w = model.sliding_window
-    return (w / S) * (1.0 - w / (2.0 * S)) if 0 < w < S else 0.5
+    if not 0 < w < S:
+        return 0.5
+    share = model.window_layer_share
+    return share * (w / S) * (1.0 - w / (2.0 * S)) + (1.0 - share) * 0.5
 
 
 def ring_steps(model: Model, work: float) -> tuple[int, float]:
@@ -148,12 +152,12 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
     sequence divided over cp ranks: ``work * cp`` blocks. Ring attention with causal load
     balancing (Megatron / torchtitan: 2cp chunks, rank i holds chunks i and 2cp-1-i) runs cp steps,
     each over half a block (the diagonal step causally, the others on one half of the queries or
-    keys); a sliding window only needs the steps whose blocks it reaches."""
+    keys); a sliding window in every layer only needs the steps whose blocks it reaches."""
     cp, s = model.context_parallel, model.seq_len
     if cp == 1:
         return 1, work
     steps = cp
-    if model.causal and 0 < model.sliding_window < s * cp:
+    if model.causal and 0 < model.sliding_window < s * cp and model.window_layer_share == 1.0:
         steps = min(cp, -(-model.sliding_window // s) + 1)
     return steps, min(1.0, work * cp / steps)
 

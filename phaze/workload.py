@@ -43,6 +43,8 @@ class Model:
     precision: str = "bf16"
     qkv_bias: bool = False               # biases on the q, k, v projections only (Qwen2) when ``bias`` is off
     sliding_window: int = 0              # attention window (Mistral); 0 = every earlier token
+    window_layer_share: float = 1.0      # share of the layers that use the window (GPT-OSS alternates
+                                         # windowed and full layers: 0.5); the others see every key
     context_parallel: int = 1            # a context-parallel shard: ``seq_len`` local queries of a
                                          # sequence this many times longer (set by the plan's cp)
     qk_norm: bool = False                # RMSNorm on each query and key head (Qwen3): 2 x head_dim weights
@@ -289,6 +291,8 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         precision=f.choice("precision", PRECISIONS, "bf16"),
         qk_norm=f.bool("qk_norm", False),
         attention_sinks=f.bool("attention_sinks", False),
+        sliding_window=f.int("sliding_window", 0, minimum=0),
+        window_layer_share=f.number("window_layer_share", 1.0, minimum=0.0, maximum=1.0, inclusive=True),
         q_lora_rank=f.int("q_lora_rank", 0, minimum=0),
         kv_lora_rank=f.int("kv_lora_rank", 0, minimum=0),
         qk_rope_head_dim=f.int("qk_rope_head_dim", 0, minimum=0),
@@ -362,8 +366,10 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
         notes.append("MLA attention core costed with the query/key head width for both products")
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
-        notes.append("alternating sliding-window and full attention layers costed as full causal attention "
-                     "in every layer (an upper bound on attention FLOPs); SwiGLU clamp and sinks add no GEMM work")
+        kinds = cfg.get("layer_types") or []
+        share = sum(k == "sliding_attention" for k in kinds) / len(kinds) if kinds else 0.5
+        out["window_layer_share"] = share
+        notes.append("GPT-OSS: the SwiGLU clamp and the attention sinks add no GEMM work")
     return out
 
 
@@ -424,12 +430,13 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
     extra = _hf_moe_fields(cfg, mtype, ffn, notes)
     window = cfg.get("sliding_window")
-    if cfg.get("use_sliding_window", mtype == "mistral") is False or not isinstance(window, int) or window <= 0:
+    if (cfg.get("use_sliding_window", mtype in ("mistral", "gpt_oss")) is False or not isinstance(window, int)
+            or window <= 0):
         window = 0
-    if mtype == "gpt_oss":
-        window = 0     # only every other layer is windowed: see _hf_moe_fields
     if window:
-        notes.append(f"sliding-window attention over {window} tokens (in effect when the sequence is longer)")
+        share = extra.get("window_layer_share", 1.0)
+        some = f" in {share:.0%} of the layers (the others attend to every earlier token)" if share < 1 else ""
+        notes.append(f"sliding-window attention over {window} tokens{some} (in effect when the sequence is longer)")
     return Model(
         name=name or cfg.get("_name_or_path") or mtype or "hf-model",
         architecture="encoder" if encoder else "decoder",

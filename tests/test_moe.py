@@ -90,7 +90,29 @@ def test_hf_configs_give_the_shipped_workloads():
         slack = 36 * 5120 if name == "gpt-oss-120b" else 0
         assert abs(hf.params - shipped.params) <= slack, name
     assert any("multi-token prediction" in n for n in model_from_hf_config(configs["deepseek-v3"]).notes)
-    assert model_from_hf_config(configs["gpt-oss-120b"]).sliding_window == 0   # alternating: stated, not applied
+    oss = model_from_hf_config(configs["gpt-oss-120b"])
+    assert (oss.sliding_window, oss.window_layer_share) == (128, 0.5)        # every other layer (no layer_types)
+    assert (shipped.sliding_window, shipped.window_layer_share) == (128, 0.5)
+    kinds = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"] * 9
+    assert model_from_hf_config(dict(configs["gpt-oss-120b"], layer_types=kinds)).window_layer_share == 0.75
+
+
+def test_alternating_window_costs_the_mean_of_its_layers_by_hand():
+    """GPT-OSS: half the layers see at most 128 earlier keys, half every earlier key. At s = 4096
+    a windowed layer computes (w/s)(1 - w/(2s)) = (1/32)(1 - 1/64) of the score matrix, a full one
+    1/2: the layer graph's attention FLOPs are the mean, 0.5 * (63/2048) + 0.25."""
+    from phaze.graph import attention_work_fraction
+    m = load_model("gpt-oss-120b")
+    assert m.seq_len == 4096
+    assert attention_work_fraction(m) == pytest.approx(0.5 * 63 / 2048 + 0.25)
+    full = dataclasses.replace(m, sliding_window=0)
+    everywhere = dataclasses.replace(m, window_layer_share=1.0)
+    assert attention_work_fraction(full) == 0.5 and attention_work_fraction(everywhere) == pytest.approx(63 / 2048)
+
+    def attention(model):
+        g = layer_graph(model, 1, 1, False, "flash", "none")
+        return sum(o.flops * o.work_fraction for o in g.fwd if o.core_attention)
+    assert attention(m) == pytest.approx((attention(full) + attention(everywhere)) / 2)
 
 
 def test_dense_qwen3_counts_qk_norm():
