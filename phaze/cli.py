@@ -411,8 +411,7 @@ def cmd_calibrate(args) -> int:
     cases = [c for c in items if isinstance(c, v.Case)]
     if not cases:
         raise ConfigError(runs_paths[0], None, "no run could be expressed; nothing to calibrate on")
-    fits = 1 + sum(len({c.source for c in cases if c.chip.family == f}) >= 2 for f in {c.chip.family for c in cases})
-    with tqdm(total=fits, desc="calibrate", unit="fit") as bar:
+    with tqdm(total=1 + len(v.fitted_families(cases)), desc="calibrate", unit="fit") as bar:
         params = v.calibrate_cases(cases, progress=lambda _: bar.update(1))
     fitted = {fam: v.summarize(v.predict_all([c for c in cases if fam in ("default", c.chip.family)],
                                              {fam: e, "default": e}))["overall"]

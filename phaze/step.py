@@ -179,12 +179,13 @@ def model_flops_per_sample(model: Model) -> float:
     """Model FLOPs of one sequence, forward and backward, no recompute, non-causal attention
     counted in full (the Narayanan / MFU convention); a mixture of experts counts its router, the
     top-k routed and the shared experts (Megatron's convention)."""
-    e = edge_graph(model, 1, 1, False)
-    return _layers_flops(model, "none") + tensor_flops(e["embedding"] + e["head"])
+    return _layers_flops(model, "none") + _edge_flops(model)
 
 
+@lru_cache(maxsize=4096)
 def _layers_flops(model: Model, recompute: str) -> float:
-    """Tensor FLOPs of all the layers for one sequence (balanced routing over one rank)."""
+    """Tensor FLOPs of all the layers for one sequence (balanced routing over one rank), recompute
+    included: what the hardware executes (for HFU)."""
     flops = model.layers * tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute).ops)
     if model.moe and model.dense_layers:
         dense = tensor_flops(layer_graph(dense_view(model), 1, 1, False, "standard", recompute).ops)
@@ -692,7 +693,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
-    hw = sum(n * _hardware_flops_per_layer(model, r) for n, r in zip(counts, recs, strict=False)) / model.layers
+    hw = sum(n * _layers_flops(model, r) for n, r in zip(counts, recs, strict=False)) / model.layers
     hw = (hw + _edge_flops(model)) * global_batch
     stages = [StageMemory(s.stage, int(s.layers), float(s.weights_and_optimizer_bytes), float(s.activation_bytes),
                           float(s.transient_bytes))
@@ -712,12 +713,6 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
 
 
 @lru_cache(maxsize=4096)
-def _hardware_flops_per_layer(model: Model, recompute: str) -> float:
-    """FLOPs the hardware executes per layer and sequence, recompute included (for HFU)."""
-    return _layers_flops(model, recompute)
-
-
-@lru_cache(maxsize=4096)
 def _edge_flops(model: Model) -> float:
     e = edge_graph(model, 1, 1, False)
     return tensor_flops(e["embedding"] + e["head"])
@@ -725,7 +720,7 @@ def _edge_flops(model: Model) -> float:
 
 def _hardware_flops_per_sample(model: Model, plan: Plan) -> float:
     """FLOPs the hardware executes per sequence under a uniform recompute (for HFU)."""
-    return _hardware_flops_per_layer(model, plan.recompute) + _edge_flops(model)
+    return _layers_flops(model, plan.recompute) + _edge_flops(model)
 
 
 def clear_caches(workload_too: bool = False) -> None:
@@ -740,6 +735,6 @@ def clear_caches(workload_too: bool = False) -> None:
     schedule.clear_memory_cache()
     if workload_too:
         from . import graph
-        for f in (graph.layer_graph, graph.edge_graph, model_flops_per_sample, _hardware_flops_per_layer,
+        for f in (graph.layer_graph, graph.edge_graph, model_flops_per_sample, _layers_flops,
                   _edge_flops, _act_bytes):
             f.cache_clear()

@@ -587,13 +587,19 @@ def fit_cases(cases) -> Efficiency:
     return fit(cases, predict_case, weights=case_weights(cases))[0]
 
 
+def fitted_families(cases) -> list[str]:
+    """The chip families that get a fit of their own: those covered by runs of two or more
+    sources (the others use ``default``)."""
+    return sorted(f for f in {c.chip.family for c in cases}
+                  if len({c.source for c in cases if c.chip.family == f}) >= 2)
+
+
 def calibrate_cases(cases, progress=None) -> dict[str, Efficiency]:
     """Fit efficiency parameters per chip family, plus ``default`` pooled over all families (used
     for chips no published run covers, such as a proposed accelerator). A family gets its own
-    fit only when runs of two or more sources cover it; otherwise it uses ``default``."""
-    families = sorted(f for f in {c.chip.family for c in cases}
-                      if len({c.source for c in cases if c.chip.family == f}) >= 2)
-    groups = [(fam, [c for c in cases if c.chip.family == fam]) for fam in families]
+    fit only when runs of two or more sources cover it (:func:`fitted_families`); otherwise it
+    uses ``default``."""
+    groups = [(fam, [c for c in cases if c.chip.family == fam]) for fam in fitted_families(cases)]
     groups.append(("default", list(cases)))
     params = {}
     for fam, group in groups:
@@ -662,12 +668,7 @@ def leave_one_source_out(cases, progress=None) -> tuple[dict, list[Prediction]]:
 
 def loso_fits(cases) -> int:
     """How many fits :func:`leave_one_source_out` runs (its progress callback fires once per fit)."""
-    total = 0
-    for s in {c.source for c in cases}:
-        train = [c for c in cases if c.source != s]
-        total += 1 + len({f for f in {c.chip.family for c in train}
-                          if len({c.source for c in train if c.chip.family == f}) >= 2})
-    return total
+    return sum(1 + len(fitted_families([c for c in cases if c.source != s])) for s in {c.source for c in cases})
 
 
 def unseen_gpu(cases, train_family: str = "A100", test_family: str = "H100") -> dict:
