@@ -573,3 +573,32 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
                       + "; allowed: more devices, a chip with more HBM, or a smaller --memory-reserve")
     return PlacementResult(ranked[0] if ranked else None, ranked, baseline, considered, feasible,
                            time.perf_counter() - start, reason, solved_n, source, kind if baseline else "")
+
+
+def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
+                options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL) -> float:
+    """A lower bound of the best step time :func:`place` can return (``inf`` when no layout fits),
+    without a solver: the smallest over every layout of the dynamic program run on the layer
+    schedules' lower bounds (what :func:`place` bounds layouts with before it solves any).
+    Layouts are visited in order of their closed-form bound and skipped once that bound reaches
+    the best found."""
+    modes = tuple(r for r in RECOMPUTE if r in options.recompute)
+    cands = []
+    for base in layouts(model, devices, global_batch, options):
+        costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
+        lb_costs = _bound_costs(costs, modes)
+        cands.append((_quick_bound(lb_costs, modes), len(cands), base, lb_costs))
+    best = math.inf
+    for quick, _, base, lb_costs in sorted(cands, key=lambda c: c[:2]):
+        if quick * _SLACK >= best:
+            break
+        L, pp, v = model.layers, base.pp, base.vp
+        c = L // (pp * v)
+        allowed_n = sorted(range(v * c if c else v - 1, v * c + v + 1) if v > 1 else range(1, L - pp + 2))
+        opts = _options(lb_costs, modes, allowed_n)
+        if not _fits_somehow(opts, L):
+            continue
+        lb = _solve_layout(lb_costs, opts)
+        if lb is not None:
+            best = min(best, lb[0])
+    return best * _SLACK if math.isfinite(best) else best

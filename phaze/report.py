@@ -66,15 +66,19 @@ def trials_frame(study, objectives) -> pd.DataFrame:
         row = {"trial": t.number, "state": t.state.name}
         row.update({f"param:{k}": v for k, v in t.params.items()})
         row.update({f"chip:{k}": v for k, v in (a.get("chip") or {}).items()})
+        evaluated = t.state.name == "COMPLETE" and bool(a.get("evaluated", True))
+        row["evaluated"] = evaluated
         for i, o in enumerate(objectives):
-            row[o] = t.values[i] if t.values else None
+            # a design skipped before evaluation (over a budget) has no throughput or power
+            exact = o in ("area", "cost")
+            row[o] = t.values[i] if t.values and (evaluated or exact) else None
         row["feasible"] = bool(a.get("feasible", False)) and t.state.name == "COMPLETE"
         row["reason"] = a.get("reason", "") if t.state.name == "COMPLETE" else (
             f"duplicate of trial {a['duplicate_of']}" if "duplicate_of" in a else t.state.name.lower())
         row["reason_kinds"] = "; ".join(a.get("reason_kinds", []))
         for k in ("area_mm2", "power_w", "cost_usd", "throughput_tokens_per_s", "schedule_status",
                   "schedule_gap", "eval_time_s"):
-            row[k] = a.get(k)
+            row[k] = a.get(k) if evaluated or k in ("area_mm2", "cost_usd") else None
         row["template"] = a.get("template", "")
         _workload_columns(row, a.get("workloads"))
         rows.append(row)
@@ -553,12 +557,24 @@ def markdown(study, cfg: SweepConfig | StudyMeta | None, trials: pd.DataFrame, b
     feasible = feasible_trials(trials)
     best = best_designs(trials, meta) if len(trials) else trials
     lines += [answer(best, baselines, meta, trials), ""]
-    lines.append(f"{len(complete)} designs evaluated ({len(feasible)} feasible) of a space of "
+    evaluated = complete[complete["evaluated"].astype(bool)] if len(complete) else complete
+    over = len(complete) - len(evaluated)
+    lines.append(f"{len(evaluated)} designs evaluated ({len(feasible)} feasible"
+                 + (f"; {over} more proposed over a budget and not evaluated" if over else "")
+                 + f") of a space of "
                  f"{meta.grid_size:,}; template {meta.base}; objectives: "
                  + ", ".join(f"{o} ({d})" for o, d in zip(meta.objectives, meta.directions, strict=False))
                  + "; budgets: " + (", ".join(f"{k} {v:g}" for k, v in meta.constraints) or "none") + ".")
     lines.append("Workloads: " + ", ".join(meta.descriptions) + ".")
     lines.append("")
+    cert = study.user_attrs.get("certificate")
+    if cert:
+        from .exact import Certificate
+        c = Certificate(**{k: (tuple(v) if k == "objectives" else v) for k, v in cert.items()})
+        lines += ["## Certificate of the exact search", ""]
+        lines += [f"- {x}" for x in c.lines()] + [""]
+        lines += ["Every design not evaluated is listed in `certificate.csv` with the level that pruned it, its "
+                  "optimistic throughput bound and the evaluated trial that bounds it.", ""]
     lines += ["## Best designs", ""]
     if not len(best):
         lines += ["No feasible design" + (": every design evaluated is infeasible (reasons below)."

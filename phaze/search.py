@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .configio import ConfigError
+from .exact import ExactSampler, certificate, make_exact_sampler
 from .space import CONSTRAINTS, SweepConfig, build_chip, chip_values
 
 STATES_COUNTED = ("COMPLETE", "RUNNING")   # toward --trials: done, or in flight on some worker
@@ -118,6 +119,10 @@ def make_sampler(cfg: SweepConfig, worker: int = 0):
             return s.RandomSampler(seed=seed, **kw)
         if cfg.sampler == "grid":
             return s.GridSampler(cfg.grid(), seed=seed, **kw)
+        if cfg.sampler == "exact":
+            if kw:
+                raise ConfigError(cfg.source, "sampler_options", "the exact sampler takes no options")
+            return make_exact_sampler(cfg)
         try:
             import torch  # noqa: F401
         except ImportError:
@@ -152,6 +157,10 @@ class _Objective:
         optuna = _optuna()
         cfg = self.cfg
         choices = {d.param: d.suggest(trial) for d in cfg.searched}
+        sampler = trial.study.sampler
+        if isinstance(sampler, ExactSampler) and sampler.is_filler(trial.number):
+            trial.study.stop()
+            raise optuna.TrialPruned("every design of the space is decided")
         key = _key(choices)
         if key not in self.seen:
             self.refresh(trial.study, trial.number)
@@ -345,7 +354,9 @@ class _Stops:
 
     def __call__(self, study, trial) -> None:
         self.streak = self.streak + 1 if trial.state.name == "PRUNED" else 0
-        if count(study, ("COMPLETE",)) >= self.size:
+        if isinstance(study.sampler, ExactSampler) and study.sampler.peek(study) is None:
+            study.stop()
+        elif count(study, ("COMPLETE",)) >= self.size:
             self.note = f"every one of the {self.size} designs of the space is evaluated"
             study.stop()
         elif self.streak >= DUPLICATE_STREAK:
@@ -372,7 +383,14 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
     counted = STATES_COUNTED if beating else ("COMPLETE",)
     budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
     adopted: set[int] = set()
+    exact = isinstance(study.sampler, ExactSampler)
     while count(study, ("COMPLETE",)) < cfg.trials and not stops.note:
+        if exact and study.sampler.peek(study) is None:
+            if not count(study, ("RUNNING",)):
+                break               # every design is decided: the certificate says how
+            time.sleep(poll_s)      # designs in flight elsewhere: wait for them (they may fail)
+            optuna.storages.fail_stale_trials(study)
+            continue
         if count(study, counted) < cfg.trials:
             study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
         else:
@@ -435,11 +453,35 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
     finally:
         bar.update(study)
         bar.close()
+        if cfg.sampler == "exact":
+            write_certificate(cfg, study, study_dir(url, name) if write else None)
         if write:
             from .report import write_study_files
             write_study_files(study, cfg, study_dir(url, name))
     return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
                         time.perf_counter() - start, note)
+
+
+def write_certificate(cfg: SweepConfig, study, out_dir: Path | None):
+    """The exact search's certificate, stored on the study (the report reads it) and, with
+    ``out_dir``, every design decided without evaluation in ``certificate.csv``."""
+    import csv
+    import io
+    cert, records = certificate(cfg, study)
+    study.set_user_attr("certificate", _jsonable(cert.to_dict()))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        buf = io.StringIO()
+        cols = ["point", *(d.param for d in cfg.searched), "level", "throughput_bound", "area_mm2",
+                "bounded_by_trial"]
+        w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+        w.writeheader()
+        for r in records:
+            w.writerow({k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in r.items()})
+        tmp = out_dir / "certificate.csv.tmp"
+        tmp.write_text(buf.getvalue())
+        tmp.replace(out_dir / "certificate.csv")
+    return cert
 
 
 def _run_workers(cfg, url, name, jobs, bar, study, grace_period_s) -> None:

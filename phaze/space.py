@@ -54,7 +54,7 @@ CONSTRAINTS = {  # key -> (metric, sense)
     "area_mm2": ("area", "max"), "min_area_mm2": ("area", "min"),
     "power_w": ("power", "max"), "cost_usd": ("cost", "max"),
 }
-SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
+SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "exact")
 
 
 # --- expressions ---------------------------------------------------------------------------------

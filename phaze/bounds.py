@@ -1,0 +1,276 @@
+"""Optimistic bounds of a design's objectives, for the exact search (:mod:`phaze.exact`).
+
+Three levels, each at least as optimistic as the next (the property tests check it on random
+designs and workloads):
+
+0. **Closed form, vectorised over the whole grid** (:func:`grid_bounds`): a device's step is at
+   least its share of the tensor work over the tensor units' peak and of the vector work over
+   the vector lanes' (and special-function units') rate. The work is what the cheapest layout of
+   the placement space executes (the fewest FLOPs over its tensor widths and recompute modes,
+   causal skipping included); numpy evaluates the bound for every point of the space at once.
+1. **The placement's layout bounds** (:func:`placement_bound`): the placement's own dynamic
+   program run on the lower bounds of every layer schedule (critical path and per-pool work,
+   no solver), within the chip's memory; the smallest over all layouts.
+2. **The exact evaluation** (:func:`phaze.candidate.evaluate_chip`).
+
+A throughput bound is an upper bound of the weighted geometric mean of tokens/s; area and cost
+are exact (the silicon model); power is bounded below by the die's leakage. Why level 0 is a
+bound: every tensor op takes at least its executed multiply-accumulates over the MACs of the
+units it runs on times the clock (the tile model's cycles count whole tiles in whole waves, never
+fewer MACs); a schedule runs the ops of one unit pool within the pool's capacity; a device's step
+under 1F1B is at least its micro-batches times its stage time, and the busiest device does at
+least the mean work.
+
+Monotonicity (:data:`MONOTONE`): more tensor or vector units, lanes, SRAM, HBM capacity or
+bandwidth, link bandwidth or clock never lowers the best throughput (the property tests check it
+end to end), so an evaluated design bounds every design it dominates in those parameters.
+"""
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .arch import Chip
+from .cost import Efficiency
+from .graph import edge_graph, layer_graph
+from .placement import place_bound
+from .plan import RECOMPUTE
+from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
+
+# Parameters in which a design is never slower with a larger value (for a fixed value of the
+# others). The array shape (rows, columns) is not among them: a larger array wastes more of its
+# tiles on small products.
+MONOTONE = ("tensor_units", "vector_units", "vector_lanes", "local_sram_kib", "shared_buffer_mib",
+            "hbm_gib", "hbm_bandwidth_gb_per_s", "link_bandwidth_gb_per_s", "clock_ghz")
+
+_NP_FUNCS = {"min": np.minimum, "max": np.maximum, "ceil": np.ceil, "floor": np.floor, "log2": np.log2}
+
+
+def _np_eval(node: ast.AST, env: dict):
+    """A sweep expression over arrays (the same grammar as :func:`phaze.space._eval`)."""
+    if isinstance(node, ast.Expression):
+        return _np_eval(node.body, env)
+    if isinstance(node, ast.Constant):
+        return float(node.value)
+    if isinstance(node, ast.Name):
+        return env[node.id]
+    if isinstance(node, ast.BinOp):
+        return _BINOPS[type(node.op)](_np_eval(node.left, env), _np_eval(node.right, env))
+    if isinstance(node, ast.UnaryOp):
+        return -_np_eval(node.operand, env)
+    if isinstance(node, ast.Call):
+        args = [_np_eval(a, env) for a in node.args]
+        out = args[0]
+        for a in args[1:]:
+            out = _NP_FUNCS[node.func.id](out, a)
+        return _NP_FUNCS[node.func.id](out) if len(args) == 1 and node.func.id not in ("min", "max") else out
+    raise ValueError(f"unsupported expression node {type(node).__name__}")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Every point of a sweep config's space: the sampler's choices (``choices[param]``, one
+    array each) and every parameter's physical value in config units (``values[key]``)."""
+
+    params: tuple[str, ...]
+    choices: dict
+    values: dict
+
+    @property
+    def size(self) -> int:
+        return len(next(iter(self.choices.values()))) if self.choices else 1
+
+    def point(self, i: int) -> dict:
+        """The sampler's choices of point ``i`` (Python scalars, as Optuna stores them)."""
+        return {p: self.choices[p][i].item() for p in self.params}
+
+
+def grid(cfg: SweepConfig) -> Grid:
+    """Every point of ``cfg``'s space, in the order of :func:`itertools.product` over
+    :meth:`SweepConfig.grid` (the order ``phaze sweep`` walks)."""
+    g = cfg.grid()
+    params = tuple(g)
+    axes = [np.asarray(g[p]) for p in params]
+    mesh = np.meshgrid(*axes, indexing="ij") if axes else []
+    choices = {p: m.ravel() for p, m in zip(params, mesh, strict=True)}
+    n = len(next(iter(choices.values()))) if choices else 1
+    env: dict = {}
+    for d in cfg.dimensions:
+        if d.expression:
+            v = _np_eval(ast.parse(d.expression, mode="eval"), env)
+            env[d.key] = np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy()
+        elif d.fixed:
+            env[d.key] = np.full(n, d.values[0])
+        else:
+            c = choices[d.param].astype(float)
+            env[d.key] = 2.0 ** c if d.log2 else c
+    return Grid(params, choices, env)
+
+
+# --- level 0: the closed form --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Work:
+    """What one layout option executes over the whole cluster in one step, on arrays of a given
+    shape: tensor work in unit-cycles (one array busy for one clock cycle) and vector work as lane
+    FLOPs and special-function evaluations."""
+
+    tensor_cycles: float
+    vector_flops: float
+    special: float
+
+
+def _gemm_cycles(b: int, M: int, K: float, N: int, w: float, R: int, C: int, fill: bool) -> float:
+    """Unit-cycles of ``b`` products M x K . K x N (share ``w`` executed) on R x C arrays: every
+    output tile is a multiple of the array, so the outputs pad to whole arrays, each pass streams
+    its K (plus the tile's prologue) and each wave fills and drains the array once (a product has
+    at least one tile per batch entry)."""
+    return b * w * (math.ceil(M / R) * math.ceil(N / C) * K + ((R + C) if fill else 0))
+
+
+def _ops_work(ops, eff: Efficiency, R: int, C: int, fill: bool) -> tuple[float, float, float]:
+    """(tensor unit-cycles, vector lane FLOPs, special evaluations) of ``ops``. A GEMM tile pays
+    ``tile_overhead_k`` extra K-steps; fused attention pays it over its work fraction per query
+    tile and runs at ``attention_fraction`` of its roofline, as :func:`phaze.cost.op_time` costs
+    them."""
+    t = v = s = 0.0
+    k0 = eff.tile_overhead_k
+    for o in ops:
+        if o.unit == "tensor":
+            b, M, K, N = o.gemm
+            t += _gemm_cycles(b, M, K + k0, N, o.work_fraction, R, C, fill)
+        elif o.unit == "tensor+vector":
+            b, M, K, N = o.gemm
+            w = o.work_fraction
+            passes = o.flops / (2.0 * b * M * K * N)
+            t += passes * _gemm_cycles(b, M, K + k0 / w, N, w, R, C, fill) / eff.attention_fraction
+            v += w * o.vector_flops
+            s += w * o.special
+        elif o.unit == "vector":
+            v += o.flops
+            s += o.special
+    return t, v, s
+
+
+@lru_cache(maxsize=4096)
+def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fill: bool) -> tuple[Work, ...]:
+    """The work of each tensor width and recompute mode the placement may pick for ``spec``
+    (every layer at its width, the output layer once per sequence) on arrays of ``rows`` x
+    ``cols``. Empty for a mixture of experts or context parallelism (level 0 does not bound them:
+    the busiest rank's load depends on the layout; level 1 does)."""
+    m, o = spec.model, spec.options
+    if m.moe or m.context_parallel > 1:
+        return ()
+    out = []
+    modes = [r for r in RECOMPUTE if r in o.recompute]
+    for tp in sorted(set(o.tp)):
+        if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:   # never placed
+            continue
+        sp = o.sp and tp > 1
+        head = _ops_work(edge_graph(m, 1, tp, sp)["head"], eff, rows, cols, fill)
+        for r in modes:
+            layer = _ops_work(layer_graph(m, 1, tp, sp, o.attention, r).ops, eff, rows, cols, fill)
+            # per sequence, over the tp ranks of its group: every layer, and the head once
+            per_seq = [tp * (m.layers * a + h) for a, h in zip(layer, head, strict=True)]
+            out.append(Work(*(spec.global_batch * x for x in per_seq)))
+    return tuple(out)
+
+
+def _precision_scale(base: Chip, precision: str) -> float:
+    """The tensor rate in ``precision`` relative to the units' 16-bit rate (an fp8 chip: the
+    higher of the two, so the bound stays optimistic)."""
+    try:
+        return max(1.0, base.peak_flops(precision) / base.implied_peak_flops_per_s)
+    except Exception:
+        return 1.0
+
+
+def grid_bounds(cfg: SweepConfig, g: Grid, eff_of) -> np.ndarray:
+    """Level 0: an upper bound of every grid point's throughput (weighted geometric mean of
+    tokens/s), ``inf`` where a workload cannot be bounded in closed form. ``eff_of(chip)`` gives
+    the efficiency a candidate is scored with. Per point: each workload's step is at least the
+    slower of its tensor work over the arrays' cycles and its vector work over the lanes' and
+    special units' rates, for the cheapest layout option."""
+    base = cfg.base
+    v = g.values
+    n = g.size
+
+    def val(key, default):
+        return v[key] if key in v else np.full(n, float(default))
+
+    clock = val("clock_ghz", base.clock_hz / 1e9) * 1e9
+    units = val("tensor_units", base.tensor.count)
+    rows = val("tensor_rows", base.tensor.rows).astype(int)
+    cols = val("tensor_cols", base.tensor.cols).astype(int)
+    lanes = val("vector_lanes", base.vector.lanes)
+    vcount = val("vector_units", base.vector.count)
+    vflops = vcount * lanes * base.vector.flops_per_lane_per_cycle * clock
+    special = np.maximum(1.0, np.round(base.vector.special_per_cycle * lanes / base.vector.lanes))
+    sps = vcount * special * clock
+    eff: Efficiency = eff_of(base)
+    t0 = base.tensor
+    shapes = np.unique(np.stack([rows, cols], axis=1), axis=0)
+    logs = np.zeros(n)
+    weights = 0.0
+    for w in cfg.workloads:
+        rate = units * clock * _precision_scale(base, w.model.precision) * eff.tensor_fraction
+        step = np.full(n, np.inf)
+        for R, C in shapes:
+            R, C = int(R), int(C)
+            at = (rows == R) & (cols == C)
+            # a configured tile of the template (kept only at its own shape) may not be a whole
+            # number of arrays: no padding there
+            padded = not (t0.tile_m and (R, C) == (t0.rows, t0.cols) and (t0.tile_m % R or t0.tile_n % C))
+            works = workload_work(w, eff, R if padded else 1, C if padded else 1, t0.fill_drain and padded)
+            if not works:
+                return np.full(n, np.inf)
+            for k in works:
+                t = np.maximum(k.tensor_cycles / rate[at], k.vector_flops / vflops[at] + k.special / sps[at])
+                step[at] = np.minimum(step[at], t / w.devices)
+        tokens = w.global_batch * w.model.seq_len
+        logs += w.weight * np.log(tokens / step)
+        weights += w.weight
+    return np.exp(logs / weights)
+
+
+# --- level 1: the placement's bounds -------------------------------------------------------------
+def chip_bound(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency) -> float:
+    """Level 1: an upper bound of ``chip``'s throughput from the placement's layout bounds (0 when
+    some workload has no layout that fits)."""
+    from .system import apply_system
+    logs, weights = 0.0, 0.0
+    for w in workloads:
+        c = apply_system(chip, w.system)
+        step = place_bound(w.model, c, w.devices, w.global_batch, w.options, eff)
+        if not math.isfinite(step):
+            return 0.0
+        logs += w.weight * math.log(w.global_batch * w.model.seq_len / step)
+        weights += w.weight
+    return math.exp(logs / weights)
+
+
+# --- dominance -----------------------------------------------------------------------------------
+def dominance_keys(cfg: SweepConfig, g: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """(monotone values [n, k], other values [n, j]) of every point: point a dominates point b
+    when a's monotone values are all at least b's and its other values equal b's."""
+    keys = [k for k in PARAMETERS if k in g.values]
+    mono = [k for k in keys if k in MONOTONE]
+    other = [k for k in keys if k not in MONOTONE]
+    m = np.stack([g.values[k] for k in mono], axis=1) if mono else np.zeros((g.size, 0))
+    o = np.stack([g.values[k] for k in other], axis=1) if other else np.zeros((g.size, 0))
+    return m, o
+
+
+def dominated_by(mono: np.ndarray, other: np.ndarray, i: int) -> np.ndarray:
+    """Mask of the points that point ``i`` dominates (itself included)."""
+    mask = np.all(mono <= mono[i], axis=1)
+    if other.shape[1]:
+        mask &= np.all(other == other[i], axis=1)
+    return mask
+
+
+__all__ = ["MONOTONE", "Grid", "Work", "chip_bound", "dominance_keys", "dominated_by", "grid", "grid_bounds",
+           "workload_work"]
