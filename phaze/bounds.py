@@ -157,8 +157,8 @@ def _ops_work(ops, eff: Efficiency, R: int, C: int, fill: bool) -> tuple[float, 
 
 @lru_cache(maxsize=4096)
 def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fill: bool) -> tuple[Work, ...]:
-    """The work of each tensor width and recompute mode the placement may pick for ``spec``
-    (every layer at its width, the output layer once per sequence) on arrays of ``rows`` x
+    """The work of each tensor width, micro-batch and recompute mode the placement may pick for
+    ``spec`` (every layer at its width, the output layer once per micro-batch) on arrays of ``rows`` x
     ``cols``. Empty for a mixture of experts or context parallelism (level 0 does not bound them:
     the busiest rank's load depends on the layout; level 1 does)."""
     m, o = spec.model, spec.options
@@ -170,12 +170,13 @@ def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fil
         if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:   # never placed
             continue
         sp = o.sp and tp > 1
-        head = _ops_work(edge_graph(m, 1, tp, sp)["head"], eff, rows, cols, fill)
-        for r in modes:
-            layer = _ops_work(layer_graph(m, 1, tp, sp, o.attention, r).ops, eff, rows, cols, fill)
-            # per sequence, over the tp ranks of its group: every layer, and the head once
-            per_seq = [tp * (m.layers * a + h) for a, h in zip(layer, head, strict=True)]
-            out.append(Work(*(spec.global_batch * x for x in per_seq)))
+        for mbs in sorted(set(o.mbs)):     # padding and fills do not scale with the micro-batch
+            head = _ops_work(edge_graph(m, mbs, tp, sp)["head"], eff, rows, cols, fill)
+            for r in modes:
+                layer = _ops_work(layer_graph(m, mbs, tp, sp, o.attention, r).ops, eff, rows, cols, fill)
+                # per micro-batch, over the tp ranks of its group: every layer, and the head once
+                per_mb = [tp * (m.layers * a + h) for a, h in zip(layer, head, strict=True)]
+                out.append(Work(*(spec.global_batch / mbs * x for x in per_mb)))
     return tuple(out)
 
 

@@ -151,7 +151,7 @@ class ExactSampler:
         self._heap: list | None = None
         self._next: int | None = None
         self._picked: dict[int, int] = {}
-        self._study_id = None
+        self.on_bound = None         # called with (level-1 bounds computed, designs in budget)
 
     # Optuna's sampler interface (a BaseSampler subclass is built lazily: optuna imports slowly)
     def infer_relative_search_space(self, study, trial):
@@ -192,7 +192,7 @@ class ExactSampler:
 
     def sync(self, study) -> None:
         """Read what the storage knows: evaluated designs, designs in flight, level-1 bounds."""
-        import optuna   # deferred: optuna imports slowly and the CLI's other commands do not need it
+        import optuna  # deferred: optuna imports slowly and the CLI's other commands do not need it
         states = optuna.trial.TrialState
         sp, st = self.space, self._state
         if st.dom is None:
@@ -288,6 +288,8 @@ class ExactSampler:
                 b1 = chip_bound(sp.chip(i), self.cfg.workloads, _efficiency(sp.chip(i)))
                 st.bound1[i] = b1
                 study._storage.set_study_system_attr(study._study_id, f"{BOUND_ATTR}{i}", b1)
+                if self.on_bound:
+                    self.on_bound(len(st.bound1), int(sp.ok.sum()))
                 self.sync(study)
                 front = self._front()
                 continue
@@ -305,7 +307,7 @@ class ExactSampler:
 
 def make_exact_sampler(cfg: SweepConfig):
     """An :class:`ExactSampler` that is also an ``optuna.samplers.BaseSampler``."""
-    import optuna   # deferred: optuna imports slowly
+    import optuna  # deferred: optuna imports slowly
     base = optuna.samplers.BaseSampler
     cls = type("ExactSampler", (ExactSampler, base), {})
     return cls(cfg)

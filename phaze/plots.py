@@ -34,6 +34,8 @@ from .report import (
     layer_schedules,
     plan_front,
     plans_table,
+    sampler_phrase,
+    storage_hint,
 )
 
 DPI = 150
@@ -216,7 +218,9 @@ def fig_history(trials, baselines, meta: StudyMeta):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    axes[0].set_title(f"{meta.name}: best so far against trial number ({meta.sampler} sampler)")
+    how = {"sweep": "every design, largest area first", "exact": "exact search, best bound first"}
+    axes[0].set_title(f"{meta.name}: best so far against trial number "
+                      f"({how.get(meta.sampler, meta.sampler + ' sampler')})")
     fig.tight_layout()
     return fig
 
@@ -683,11 +687,11 @@ def write_html(study, meta: StudyMeta, trials, baselines, out_dir: Path, drawn: 
         b.append('<p class="note">No infeasible design.</p>')
     pruned = int((trials["state"] == "PRUNED").sum())
     b += ["<h2>Study</h2>",
-          f"<p>Sampler {html.escape(meta.sampler)}, seed {meta.seed}; {len(trials)} trials in the storage: "
-          f"{len(complete)} complete, {pruned} repeat proposals pruned unevaluated, "
+          f"<p>{html.escape(sampler_phrase(meta))}; {len(trials)} trials in the storage: "
+          f"{len(complete)} complete, {pruned} pruned unevaluated, "
           f"{int((trials['state'] == 'FAIL').sum())} failed. Every trial is in <code>trials.csv</code>, the front "
           f"in <code>pareto.csv</code>; browse the study with <code>optuna-dashboard "
-          f"sqlite:///results/{html.escape(study.study_name)}/study.db</code>.</p>"]
+          f"{html.escape(storage_hint(study))}</code>.</p>"]
     path = Path(out_dir) / "report.html"
     tmp = path.with_name(f".report.html.tmp{os.getpid()}")
     tmp.write_text(_page(f"phaze search: {study.study_name}", b))

@@ -621,12 +621,40 @@ def markdown(study, cfg: SweepConfig | StudyMeta | None, trials: pd.DataFrame, b
                   + f"; largest gap {100 * float(complete['schedule_gap'].fillna(0).max()):.3f} %.", ""]
     pruned = int((trials["state"] == "PRUNED").sum()) if len(trials) else 0
     lines += ["## Study", "",
-              f"Sampler {meta.sampler}, seed {meta.seed}; {len(trials)} trials in the storage: "
-              f"{len(complete)} complete, {pruned} repeat proposals pruned unevaluated, "
+              f"{sampler_phrase(meta)}; {len(trials)} trials in the storage: "
+              f"{len(complete)} complete, {pruned} pruned unevaluated, "
               f"{int((trials['state'] == 'FAIL').sum()) if len(trials) else 0} failed. "
-              f"Browse it with `optuna-dashboard sqlite:///results/{study.study_name}/study.db` "
-              f"(the study's folder).", ""]
+              f"Browse it with `optuna-dashboard {storage_hint(study)}`.", ""]
     return "\n".join(lines)
+
+
+def sampler_phrase(meta) -> str:
+    """How the study chose its designs, for the report's bookkeeping."""
+    if meta.sampler == "sweep":
+        return "Every design of the grid within the budgets (`phaze sweep`), largest area first"
+    if meta.sampler == "exact":
+        return "Exact search: designs in order of their optimistic bound (the certificate above)"
+    return f"Sampler {meta.sampler}, seed {meta.seed}"
+
+
+def storage_hint(study) -> str:
+    """The study's storage as a URL to browse it with: a SQLite file relative to the working
+    folder (or its name alone when outside it: no machine paths in files), a server URL without
+    its password."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    engine = getattr(backend, "engine", None)
+    if engine is None:
+        return "<the study's storage URL>"
+    url = engine.url.render_as_string(hide_password=True)
+    for prefix in ("sqlite:///", "sqlite+pysqlite:///"):
+        if url.startswith(prefix):
+            path = Path(url[len(prefix):])
+            try:
+                path = path.resolve().relative_to(Path.cwd().resolve())
+            except (ValueError, OSError):
+                path = Path(path.name)
+            return f"sqlite:///{path.as_posix()}"
+    return url
 
 
 def write_study_files(study, cfg: SweepConfig | None = None, out_dir: Path | None = None,

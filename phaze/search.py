@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .configio import ConfigError
 from .exact import ExactSampler, certificate, make_exact_sampler
+from .norepeat import make_norepeat
 from .space import CONSTRAINTS, SweepConfig, build_chip, chip_values
 
 STATES_COUNTED = ("COMPLETE", "RUNNING")   # toward --trials: done, or in flight on some worker
@@ -43,10 +44,14 @@ def default_storage(cfg: SweepConfig, study: str | None = None, root: str | Path
 
 
 def study_dir(storage: str, study: str, root: str | Path = "results") -> Path:
-    """Where a study's files go: beside its SQLite or journal file, else ``results/<study>/``."""
+    """Where a study's files go: beside its SQLite or journal file when the file's folder is named
+    after the study (the default ``results/<study>/study.db``), else in a folder of the study's
+    name beside the file (several studies in one file never overwrite each other's files); for a
+    server storage, ``results/<study>/``."""
     for prefix in ("sqlite:///", "journal:///"):
         if storage.startswith(prefix):
-            return Path(storage[len(prefix):]).parent
+            parent = Path(storage[len(prefix):]).parent
+            return parent if parent.name == study else parent / study
     return Path(root) / study
 
 
@@ -112,11 +117,11 @@ def make_sampler(cfg: SweepConfig, worker: int = 0):
     kw = dict(cfg.sampler_options)
     try:
         if cfg.sampler == "tpe":
-            return s.TPESampler(seed=seed, **{"n_startup_trials": 10, **kw})
+            return make_norepeat(s.TPESampler(seed=seed, **{"n_startup_trials": 10, **kw}), cfg, seed)
         if cfg.sampler == "nsga2":
-            return s.NSGAIISampler(seed=seed, **{"population_size": 20, **kw})
+            return make_norepeat(s.NSGAIISampler(seed=seed, **{"population_size": 20, **kw}), cfg, seed)
         if cfg.sampler == "random":
-            return s.RandomSampler(seed=seed, **kw)
+            return make_norepeat(s.RandomSampler(seed=seed, **kw), cfg, seed)
         if cfg.sampler == "grid":
             return s.GridSampler(cfg.grid(), seed=seed, **kw)
         if cfg.sampler == "exact":
@@ -128,8 +133,8 @@ def make_sampler(cfg: SweepConfig, worker: int = 0):
         except ImportError:
             raise ConfigError(cfg.source, "sampler", "gp needs PyTorch, which phaze does not install "
                               "(pip install torch); allowed without it: tpe, nsga2, random, grid") from None
-        return s.GPSampler(seed=seed, **kw)
-    except TypeError as exc:
+        return make_norepeat(s.GPSampler(seed=seed, **kw), cfg, seed)
+    except (TypeError, ValueError) as exc:
         raise ConfigError(cfg.source, "sampler_options", f"{exc}") from None
 
 
@@ -342,6 +347,13 @@ class _Progress:
     def __call__(self, study, trial) -> None:
         self.update(study)
 
+    def bounded(self, n: int, total: int) -> None:
+        """The exact search's level-1 bounds so far (they come before most evaluations)."""
+        post = dict(self.bar.postfix and [kv.split("=", 1) for kv in self.bar.postfix.split(", ")] or [])
+        post["bounded"] = f"{n}/{total}"
+        self.bar.set_postfix(post)
+        self.bar.refresh()
+
     def close(self) -> None:
         self.bar.close()
 
@@ -443,7 +455,11 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
         study.enqueue_trial(template_choices(cfg), user_attrs={"template": cfg.base.name})
     start = time.perf_counter()
     evaluate_baselines(cfg, study)
-    bar = _Progress(cfg, study, cfg.trials, progress)
+    exact = isinstance(study.sampler, ExactSampler)
+    total = min(cfg.trials, int(study.sampler.space.ok.sum())) if exact else cfg.trials
+    bar = _Progress(cfg, study, total, progress)
+    if exact:
+        study.sampler.on_bound = bar.bounded
     note = ""
     try:
         if jobs <= 1:
@@ -522,6 +538,9 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
     url = storage or cfg.storage or default_storage(cfg, name)
     check_budgets(cfg)
     study = open_study(cfg, url, name, sampler=optuna.samplers.RandomSampler(seed=cfg.seed), heartbeat=False)
+    conf = dict(study.user_attrs.get("config") or {})
+    if conf.get("sampler") != "sweep":      # the report says how the designs were chosen
+        study.set_user_attr("config", {**conf, "sampler": "sweep"})
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)  # a sweep is one process
     start = time.perf_counter()

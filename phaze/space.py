@@ -125,6 +125,21 @@ class Dimension:
             return trial.suggest_float(self.param, c[0], c[-1], step=step)
         return trial.suggest_categorical(self.param, list(c))
 
+    def distribution(self):
+        """The Optuna distribution :meth:`suggest` samples from (what a sampler proposing whole
+        designs at once declares)."""
+        from optuna import distributions as od  # deferred: optuna imports slowly
+        c = self.choices
+        if self.log2:
+            return od.IntDistribution(c[0], c[-1])
+        step = _even_step(c)
+        is_int = PARAMETERS[self.key][2] and all(float(x).is_integer() for x in c)
+        if step is not None and is_int:
+            return od.IntDistribution(int(c[0]), int(c[-1]), step=int(step))
+        if step is not None:
+            return od.FloatDistribution(c[0], c[-1], step=step)
+        return od.CategoricalDistribution(list(c))
+
     def nearest_choice(self, value: float):
         """The choice closest to ``value`` (log distance): where a baseline chip lands."""
         best = min(self.values, key=lambda v: abs(math.log(v / value)) if value > 0 else v)

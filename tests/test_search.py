@@ -268,3 +268,22 @@ def test_the_same_seed_gives_the_same_trials(tmp_path, monkeypatch):
         t = pd.read_csv(res.out_dir / "trials.csv").sort_values("trial")
         runs.append([tuple(r) for r in t[[c for c in t.columns if c.startswith("param:")]].to_numpy()])
     assert runs[0] == runs[1] and len(set(runs[0])) == 5
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "nsga2"])
+def test_samplers_never_repropose_a_design(tmp_path, sampler):
+    """Every sampler of phaze search proposes each design of the space at most once, whatever its
+    values: on a 12-design space, 12 asks give the 12 designs (before the wrapper, TPE repeated
+    evaluated designs in up to 45 % of its proposals)."""
+    from phaze.search import _key, _optuna, make_sampler
+    optuna = _optuna()
+    cfg = load_sweep(write(tmp_path, dict(SMALL, space={"tensor_units": [27, 54, 108], "hbm_gib": [40, 80],
+                                                        "vector_units": [1, 2]}, sampler=sampler,
+                                          objectives=["throughput"])))
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(cfg))
+    keys = []
+    for k in range(cfg.grid_size()):
+        t = study.ask()
+        keys.append(_key({d.param: d.suggest(t) for d in cfg.searched}))
+        study.tell(t, float(k % 3))          # flat values: a sampler left alone repeats itself
+    assert len(set(keys)) == cfg.grid_size() == 12

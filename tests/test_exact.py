@@ -1,0 +1,175 @@
+"""The exact search: its bounds are bounds, and it returns exactly what brute force returns.
+
+Brute force here is :func:`phaze.candidate.evaluate_chip` on every design of a small space within
+its budgets. The spaces use a TPUv4 template (concurrent units: CP-SAT schedules, the placement's
+layer bounds differ from the exact times) and small workloads, so a design evaluates quickly.
+"""
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from phaze.bounds import MONOTONE, chip_bound, grid, grid_bounds
+from phaze.candidate import evaluate_chip
+from phaze.exact import _efficiency, certificate, prepare
+from phaze.report import pareto_mask
+from phaze.search import open_study, search
+from phaze.space import build_chip, load_sweep
+
+WORKLOADS = [
+    {"workload": "bert-large", "devices": 16, "global_batch": 64,
+     "placement": {"tp": [1, 2], "mbs": [2, 4], "recompute": ["none", "full"]}},
+    {"workload": "gpt2-xl", "devices": 16, "global_batch": 32,
+     "placement": {"tp": [1, 2, 4], "mbs": [1, 2], "recompute": ["none", "full"]}},
+]
+
+
+def config(tmp_path, space: dict, constraints: dict, objectives=("throughput",), name="exact", workloads=None):
+    cfg = {"name": name, "base": "tpuv4", "workloads": workloads or WORKLOADS, "space": space,
+           "constraints": constraints, "objectives": list(objectives), "sampler": "exact", "trials": 10_000,
+           "seed": 0}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return load_sweep(p)
+
+
+SPACE = {"tensor_units": [2, 4, 8], "tensor_rows": [64, 128], "tensor_cols": "tensor_rows",
+         "vector_units": [1, 4], "shared_buffer_mib": [16, 64], "hbm_gib": [8, 32],
+         "vector_lanes": "8 * tensor_rows"}
+
+
+def brute_force(cfg):
+    """Every design within the budgets known before evaluation, evaluated."""
+    sp = prepare(cfg)
+    out = {}
+    for i in np.flatnonzero(sp.ok):
+        chip = sp.chip(int(i))
+        ev = evaluate_chip(chip, cfg.workloads, constraints=cfg.constraints)
+        out[int(i)] = ev
+    return sp, out
+
+
+def _values(cfg, ev):
+    return [ev.metric(o) for o in cfg.objectives]
+
+
+def _feasible(cfg, ev):
+    return not ev.reasons(cfg.constraints)
+
+
+def test_bounds_are_bounds_on_random_designs():
+    """Each level bounds the exact throughput, on random designs of a wide space and both
+    workloads; the search's level-1 bound (the smaller of the two) bounds the exact value and is
+    bounded by level 0."""
+    rng = random.Random(7)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = config(Path(d), {"tensor_units": [1, 2, 4, 8, 16], "tensor_rows": [16, 32, 64, 128, 256],
+                               "tensor_cols": [16, 64, 256], "vector_units": [1, 2, 8],
+                               "vector_lanes": [64, 256, 1024], "shared_buffer_mib": [2, 32, 128],
+                               "hbm_gib": [8, 32], "hbm_bandwidth_gb_per_s": [300, 1200],
+                               "clock_ghz": [0.7, 1.05, 1.5]}, {})
+    g = grid(cfg)
+    ub0 = grid_bounds(cfg, g, _efficiency)
+    checked = 0
+    for i in rng.sample(range(g.size), 30):
+        chip = build_chip(cfg.base, {k: float(v[i]) for k, v in g.values.items()}, cfg.process_node_nm,
+                          cfg.link_latency_s)
+        eff = _efficiency(chip)
+        b1 = chip_bound(chip, cfg.workloads, eff)
+        exact = evaluate_chip(chip, cfg.workloads, eff).throughput
+        assert b1 >= exact * (1 - 1e-9), (g.point(i), b1, exact)
+        assert ub0[i] >= exact * (1 - 1e-9), (g.point(i), ub0[i], exact)
+        assert ub0[i] >= min(ub0[i], b1) >= exact * (1 - 1e-9)
+        checked += exact > 0
+    assert checked >= 15       # most random designs fit a plan: the comparison is not vacuous
+
+
+def test_more_of_a_monotone_parameter_is_never_slower():
+    """The dominance the exact search relies on, end to end through placement and CP-SAT: a design
+    with more of every monotone parameter (and the same array shape) is never slower."""
+    rng = random.Random(3)
+    base_space = {"tensor_units": [1, 2, 4, 8], "vector_units": [1, 2, 4], "vector_lanes": [128, 512, 1024],
+                  "shared_buffer_mib": [2, 16, 128], "hbm_gib": [4, 8, 32], "hbm_bandwidth_gb_per_s": [200, 1200],
+                  "link_bandwidth_gb_per_s": [25, 100], "clock_ghz": [0.8, 1.2], "local_sram_kib": [256, 4096]}
+    assert set(base_space) <= set(MONOTONE)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = config(Path(d), {"tensor_units": [1, 2]}, {})
+    for _ in range(15):
+        lo = {k: rng.choice(v) for k, v in base_space.items()}
+        hi = {k: rng.choice([x for x in v if x >= lo[k]]) for k, v in base_space.items()}
+        small = build_chip(cfg.base, lo, cfg.process_node_nm, cfg.link_latency_s)
+        large = build_chip(cfg.base, hi, cfg.process_node_nm, cfg.link_latency_s)
+        a = evaluate_chip(small, cfg.workloads, _efficiency(small)).throughput
+        b = evaluate_chip(large, cfg.workloads, _efficiency(large)).throughput
+        assert b >= a * (1 - 1e-9), (lo, hi, a, b)
+
+
+def _run(cfg, tmp_path):
+    url = f"sqlite:///{tmp_path / cfg.name / 'study.db'}"
+    res = search(cfg, storage=url, progress=False, write=False)
+    study = open_study(cfg, url, res.study_name, create=False, heartbeat=False)
+    return res, study
+
+
+def test_exact_search_returns_the_brute_force_best(tmp_path):
+    cfg = config(tmp_path, SPACE, {"area_mm2": 420, "power_w": 400})
+    sp, evs = brute_force(cfg)
+    feas = {i: ev.throughput for i, ev in evs.items() if _feasible(cfg, ev)}
+    best = max(feas.values())
+    _, study = _run(cfg, tmp_path)
+    got = [t for t in study.get_trials() if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")]
+    assert max(t.values[0] for t in got) == pytest.approx(best, rel=1e-12)
+    cert, records = certificate(cfg, study)
+    assert cert.proven and cert.remaining == 0 and cert.gap == 0.0
+    assert cert.best_value == pytest.approx(best, rel=1e-12)
+    # every design is accounted for, once
+    assert cert.evaluated + cert.pruned_level0 + cert.pruned_dominance + cert.pruned_level1 == int(sp.ok.sum())
+    assert sum(cert.over_budget.values()) >= int((~sp.ok).sum())
+    assert cert.evaluated < int(sp.ok.sum()) / 2      # the bounds did prune
+    for r in records:          # no pruned design is better than the answer
+        assert feas.get(r["point"], 0.0) <= best * (1 + 1e-9)
+
+
+def test_exact_search_finds_a_lone_best_design(tmp_path):
+    """The best design is the only one with its MAC count inside the area budget: a sampler that
+    misses it lands 30 % lower; the exact search proves it."""
+    space = dict(SPACE, tensor_units=[2, 4, 8, 16], hbm_gib=32)    # HBM capacity adds no die area
+    probe = config(tmp_path, space, {}, name="probe")
+    sp = prepare(probe)
+    v = sp.grid.values
+    top = (v["tensor_units"] == 16) & (v["tensor_rows"] == 128)
+    lone = int(np.flatnonzero(top)[np.argmin(sp.area[top])])
+    cfg = config(tmp_path, space, {"area_mm2": float(sp.area[lone]) + 0.01}, name="lone")
+    sp2 = prepare(cfg)
+    assert int((sp2.ok & top).sum()) == 1          # lone: nothing else with its MACs fits
+    _, study = _run(cfg, tmp_path)
+    cert, _ = certificate(cfg, study)
+    best = study.best_trial
+    assert sp2.key_of(best.params) == lone and cert.proven
+    ev = evaluate_chip(sp2.chip(lone), cfg.workloads, constraints=cfg.constraints)
+    others = [evaluate_chip(sp2.chip(int(i)), cfg.workloads).throughput
+              for i in np.flatnonzero(sp2.ok & (v["tensor_units"] == 8) & (v["tensor_rows"] == 128))]
+    assert ev.throughput > max(others)      # it is strictly the best
+    assert cert.evaluated <= 0.25 * int(sp2.ok.sum())
+
+
+def test_exact_search_returns_the_brute_force_front(tmp_path):
+    cfg = config(tmp_path, SPACE, {"area_mm2": 420}, objectives=("throughput", "area"), name="front")
+    sp, evs = brute_force(cfg)
+    pts = {i: _values(cfg, ev) for i, ev in evs.items() if _feasible(cfg, ev)}
+    idx = list(pts)
+    arr = np.array([pts[i] for i in idx])
+    front = {tuple(np.round(arr[k], 6)) for k in np.flatnonzero(pareto_mask(arr, cfg.directions))}
+    _, study = _run(cfg, tmp_path)
+    done = [t for t in study.get_trials() if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")]
+    got = np.array([t.values for t in done])
+    found = {tuple(np.round(got[k], 6)) for k in np.flatnonzero(pareto_mask(got, cfg.directions))}
+    assert found == front
+    cert, _ = certificate(cfg, study)
+    assert cert.proven and cert.remaining == 0
+    assert cert.evaluated + cert.pruned_level0 + cert.pruned_dominance + cert.pruned_level1 == int(sp.ok.sum())
