@@ -55,6 +55,8 @@ def study_dir(storage: str, study: str, root: str | Path = "results") -> Path:
     return Path(root) / study
 
 
+SCHEMA_RETRIES = 8
+_SCHEMA_RACE = ("UNIQUE constraint failed", "duplicate key value", "already exists", "UniqueViolation")
 GRACE_PERIOD_S = 30     # a running trial whose worker has not beaten its heart for this long is dead
 
 
@@ -83,13 +85,25 @@ def make_storage(url: str, heartbeat: bool = True, grace_period_s: int = GRACE_P
         kwargs = {"connect_args": {"connect_timeout": 5}}
     shown = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)     # never print a password
     url = postgres_driver_url(url)
-    try:
+    def open_rdb():
         if not heartbeat:
             return RDBStorage(url, engine_kwargs=kwargs)
         interval = max(1, grace_period_s // 6)
         return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=interval,
                           grace_period=max(grace_period_s, interval + 1),
                           heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+
+    try:
+        for attempt in range(SCHEMA_RETRIES):
+            try:
+                return open_rdb()
+            except Exception as exc:
+                # processes started together on a new storage race to create its tables: the
+                # losers see the winner's rows or tables; the schema is there once it commits
+                text = str(exc)
+                if attempt + 1 == SCHEMA_RETRIES or not any(w in text for w in _SCHEMA_RACE):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
     except Exception as exc:   # bad URL, missing driver, unreachable server: one line
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         detail = detail.replace(url, shown)
@@ -158,9 +172,24 @@ class _Objective:
             if t.number != current and (t.state == states.COMPLETE or len(t.params) == len(self.cfg.searched)):
                 self.seen.setdefault(_key(t.params), t.number)
 
+    counted: tuple = STATES_COUNTED
+
+    def surplus(self, trial) -> bool:
+        """Whether trials created before this one already make up ``--trials`` (workers that
+        start trials at the same moment both pass Optuna's budget check; trial numbers, given out
+        by the storage one by one, decide which of them is surplus)."""
+        states = _optuna().trial.TrialState
+        ahead = sum(t.number < trial.number for t in trial.study.get_trials(
+            deepcopy=False, states=tuple(getattr(states, s) for s in self.counted)))
+        return ahead >= self.cfg.trials
+
     def __call__(self, trial):
         optuna = _optuna()
         cfg = self.cfg
+        if self.surplus(trial):
+            trial.set_user_attr("surplus", True)
+            trial.study.stop()
+            raise optuna.TrialPruned(f"the study already holds its {cfg.trials} trials")
         choices = {d.param: d.suggest(trial) for d in cfg.searched}
         sampler = trial.study.sampler
         if isinstance(sampler, ExactSampler) and sampler.is_filler(trial.number):
@@ -393,6 +422,7 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
     # count only what completed there (several workers may then overshoot by a trial or two)
     beating = is_heartbeat_enabled(study._storage)
     counted = STATES_COUNTED if beating else ("COMPLETE",)
+    objective.counted = counted
     budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
     adopted: set[int] = set()
     exact = isinstance(study.sampler, ExactSampler)
