@@ -613,8 +613,19 @@ def _search_summary(res, cfg) -> None:
     base = baselines_frame(study, cfg.objectives)
     if res.note:
         print(f"stopped early: {res.note}")
-    print(f"phaze {res.study_name}: {res.complete} designs evaluated in {res.elapsed_s:.0f} s "
-          f"(storage {res.storage})")
+    done = trials[trials["state"] == "COMPLETE"] if len(trials) else trials
+    evaluated = int(done["evaluated"].astype(bool).sum()) if len(done) else 0
+    over = len(done) - evaluated
+    print(f"phaze {res.study_name}: {evaluated} designs evaluated"
+          + (f" ({over} more proposed over a budget, not evaluated)" if over else "")
+          + f" in {res.elapsed_s:.0f} s (storage {res.storage})")
+    cert = study.user_attrs.get("certificate")
+    if cert and cfg.sampler == "exact":
+        from .exact import Certificate
+        c = Certificate(**{k: (tuple(v) if k == "objectives" else v) for k, v in cert.items()})
+        print("certificate of the exact search (report.md, certificate.csv):")
+        for line in c.lines():
+            print(f"  {line}")
     best = best_designs(trials, cfg) if len(trials) else trials
     if not len(best):
         print("no feasible design: see the reasons in trials.csv and report.md")

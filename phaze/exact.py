@@ -122,8 +122,9 @@ def _weakly_dominated(point: np.ndarray, front: np.ndarray) -> bool:
     rounding."""
     if not len(front):
         return False
-    tol = _REL * np.maximum(np.abs(point), 1e-300)
-    return bool(np.any(np.all(front >= point - tol, axis=1)))
+    with np.errstate(invalid="ignore"):     # an infinite bound is dominated by nothing
+        tol = _REL * np.maximum(np.abs(point), 1e-300)
+        return bool(np.any(np.all(front >= point - tol, axis=1)))
 
 
 # --- the state a worker rebuilds from the storage ----------------------------------------------------
@@ -406,8 +407,9 @@ def certificate(cfg: SweepConfig, study) -> tuple[Certificate, list[dict]]:
 def _dominator(s: ExactSampler, i: int, b: float, front: np.ndarray, st: _State) -> int | None:
     point = optimistic(s.space, i, b)
     for num, _, ok, v in sorted(st.evaluated.values(), key=lambda x: x[0]):
-        if ok and np.all(v >= point - _REL * np.maximum(np.abs(point), 1e-300)):
-            return num
+        with np.errstate(invalid="ignore"):
+            if ok and np.all(v >= point - _REL * np.maximum(np.abs(point), 1e-300)):
+                return num
     return None
 
 

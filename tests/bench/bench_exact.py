@@ -36,7 +36,7 @@ from phaze.space import load_sweep
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SPACES = [ROOT / "search" / "quickstart.yaml", HERE / "search_quality.yaml"]
+SPACES = [ROOT / "search" / "quickstart.yaml", HERE / "lone_best.yaml", HERE / "search_quality.yaml"]
 
 
 def hypervolume_2d(points: np.ndarray, ref: tuple[float, float]) -> float:
@@ -115,9 +115,12 @@ def run_exact(cfg) -> tuple[dict, object, float]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--only", default=None, help="one space (its config's file stem)")
     args = ap.parse_args()
     ok = True
     for path in SPACES:
+        if args.only and path.stem != args.only:
+            continue
         cfg = load_sweep(path)
         table, sweep_wall = table_of(cfg)
         sp = prepare(cfg)
