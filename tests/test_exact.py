@@ -173,3 +173,30 @@ def test_exact_search_returns_the_brute_force_front(tmp_path):
     cert, _ = certificate(cfg, study)
     assert cert.proven and cert.remaining == 0
     assert cert.evaluated + cert.pruned_level0 + cert.pruned_dominance + cert.pruned_level1 == int(sp.ok.sum())
+
+
+def test_exact_search_stopped_early_states_a_true_gap(tmp_path):
+    """With --trials capping the evaluations, the certificate is not a proof but its gap holds:
+    the true optimum is within (1 + gap) of the best found."""
+    from dataclasses import replace
+    cfg = replace(config(tmp_path, SPACE, {"area_mm2": 420}, name="early"), trials=1)
+    sp, evs = brute_force(cfg)
+    best = max(ev.throughput for ev in evs.values() if _feasible(cfg, ev))
+    _, study = _run(cfg, tmp_path)
+    cert, _ = certificate(cfg, study)
+    assert cert.evaluated == 1 and not cert.proven           # the template alone: not enough
+    assert cert.remaining > 0 and cert.gap is not None and cert.gap > 0
+    assert best <= cert.best_value * (1 + cert.gap) * (1 + 1e-9)
+
+
+def test_exact_search_with_two_workers_returns_the_same_answer(tmp_path):
+    cfg = config(tmp_path, SPACE, {"area_mm2": 420}, name="workers")
+    sp, evs = brute_force(cfg)
+    best = max(ev.throughput for ev in evs.values() if _feasible(cfg, ev))
+    url = f"sqlite:///{tmp_path / 'workers' / 'study.db'}"
+    search(cfg, storage=url, progress=False, write=False, jobs=2)
+    study = open_study(cfg, url, "workers", create=False, heartbeat=False)
+    cert, _ = certificate(cfg, study)
+    assert cert.proven and cert.best_value == pytest.approx(best, rel=1e-12)
+    done = [t for t in study.get_trials() if t.state.name == "COMPLETE"]
+    assert len({tuple(sorted(t.params.items())) for t in done}) == len(done)     # none twice
