@@ -23,6 +23,9 @@ rebuilds the queue from the storage and skips designs in flight elsewhere.
 from __future__ import annotations
 
 import heapq
+import os
+import time
+import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -32,6 +35,9 @@ from .bounds import chip_bound, dominance_keys, dominated_by, grid, grid_bounds
 from .space import CONSTRAINTS, SweepConfig, build_chip
 
 BOUND_ATTR = "exact_bound1:"       # study system attribute prefix: level-1 bound of grid point i
+CLAIM_ATTR = "exact_claim:"        # [time, worker] of the worker bounding grid point i
+CLAIM_STALE_S = 120.0              # a claim older than this is a dead worker's: bound it again
+CLAIM_POLL_S = 0.25
 _REL = 1e-9                        # relative tolerance of bound comparisons (rounding of sums)
 
 
@@ -136,6 +142,7 @@ class _State:
     dom: np.ndarray | None = None                    # tightest throughput bound from dominance
     dom_by: np.ndarray | None = None                 # the trial number giving it
     seen_trials: set = field(default_factory=set)
+    claims: dict = field(default_factory=dict)       # point -> [time, worker] of a level-1 bound in progress
 
 
 class ExactSampler:
@@ -153,6 +160,7 @@ class ExactSampler:
         self._next: int | None = None
         self._picked: dict[int, int] = {}
         self.on_bound = None         # called with (level-1 bounds computed, designs in budget)
+        self._token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     # Optuna's sampler interface (a BaseSampler subclass is built lazily: optuna imports slowly)
     def infer_relative_search_space(self, study, trial):
@@ -225,6 +233,8 @@ class ExactSampler:
         for k, v in study._storage.get_study_system_attrs(study._study_id).items():
             if k.startswith(BOUND_ATTR):
                 st.bound1[int(k[len(BOUND_ATTR):])] = float(v)
+            elif k.startswith(CLAIM_ATTR):
+                st.claims[int(k[len(CLAIM_ATTR):])] = v
 
     def _front(self) -> np.ndarray:
         pts = [v for (_, _, feas, v) in self._state.evaluated.values() if feas]
@@ -262,42 +272,62 @@ class ExactSampler:
 
     def next_design(self, study) -> int | None:
         """The next design to evaluate, or None when every design is decided. Level-1 bounds are
-        computed here (and stored on the study) for the designs that reach the head of the queue."""
+        computed here (and stored on the study) for the designs that reach the head of the queue;
+        a design another worker is bounding is set aside until its bound arrives."""
         self.exhausted = False
-        self.sync(study)
-        if self._heap is None:
-            self._build_heap()
-        st, sp = self._state, self.space
-        front = self._front()
-        while self._heap:
-            head = self._heap[0]
-            i = head[-1]
-            if i in st.evaluated or i in st.inflight:
-                heapq.heappop(self._heap)
-                continue
-            b = self.bound(i)
-            if self.single and self._order_key(i, b) > head:      # a tighter bound is known: requeue
-                heapq.heapreplace(self._heap, self._order_key(i, b))
-                continue
-            if not self.can_win(i, b, front):
-                if self.single:
-                    self._heap = []      # best first: nothing after it can win either
-                    break
-                heapq.heappop(self._heap)
-                continue
-            if i not in st.bound1:
-                b1 = chip_bound(sp.chip(i), self.cfg.workloads, _efficiency(sp.chip(i)))
-                st.bound1[i] = b1
-                study._storage.set_study_system_attr(study._study_id, f"{BOUND_ATTR}{i}", b1)
-                if self.on_bound:
-                    self.on_bound(len(st.bound1), int(sp.ok.sum()))
-                self.sync(study)
-                front = self._front()
-                continue
-            heapq.heappop(self._heap)
-            return i
+        while True:
+            self.sync(study)
+            if self._heap is None:
+                self._build_heap()
+            st, sp = self._state, self.space
+            front = self._front()
+            aside, found = [], None
+            while self._heap:
+                head = self._heap[0]
+                i = head[-1]
+                if i in st.evaluated or i in st.inflight:
+                    heapq.heappop(self._heap)
+                    continue
+                b = self.bound(i)
+                if self.single and self._order_key(i, b) > head:      # a tighter bound is known: requeue
+                    heapq.heapreplace(self._heap, self._order_key(i, b))
+                    continue
+                if not self.can_win(i, b, front):
+                    if self.single:
+                        self._heap = []      # best first: nothing after it can win either
+                        break
+                    heapq.heappop(self._heap)
+                    continue
+                if i not in st.bound1:
+                    if self._claimed_elsewhere(i):
+                        aside.append(heapq.heappop(self._heap))
+                        continue
+                    store = study._storage
+                    store.set_study_system_attr(study._study_id, f"{CLAIM_ATTR}{i}", [time.time(), self._token])
+                    b1 = chip_bound(sp.chip(i), self.cfg.workloads, _efficiency(sp.chip(i)))
+                    st.bound1[i] = b1
+                    store.set_study_system_attr(study._study_id, f"{BOUND_ATTR}{i}", b1)
+                    if self.on_bound:
+                        self.on_bound(len(st.bound1), int(sp.ok.sum()))
+                    self.sync(study)
+                    front = self._front()
+                    continue
+                found = heapq.heappop(self._heap)[-1]
+                break
+            for item in aside:
+                heapq.heappush(self._heap, item)
+            if found is not None:
+                return found
+            if not aside:
+                break
+            time.sleep(CLAIM_POLL_S)     # other workers are bounding what is left: wait for them
         self.exhausted = True
         return None
+
+    def _claimed_elsewhere(self, i: int) -> bool:
+        """Whether another worker started bounding point ``i`` recently (it will store the bound)."""
+        c = self._state.claims.get(i)
+        return bool(c) and c[1] != self._token and time.time() - c[0] < CLAIM_STALE_S
 
     def peek(self, study) -> int | None:
         """Decide the next design now (so the driver can stop the study when there is none)."""

@@ -287,3 +287,54 @@ def test_samplers_never_repropose_a_design(tmp_path, sampler):
         keys.append(_key({d.param: d.suggest(t) for d in cfg.searched}))
         study.tell(t, float(k % 3))          # flat values: a sampler left alone repeats itself
     assert len(set(keys)) == cfg.grid_size() == 12
+
+
+def test_trials_csv_says_which_designs_were_evaluated(tmp_path):
+    """A design over the area budget is recorded unevaluated: `evaluated` false, no throughput or
+    power (never a 0 that could read as a result), its area given; the report counts only the
+    evaluated designs."""
+    from phaze.search import _key, open_study
+    probe = load_sweep(write(tmp_path, SMALL, "probe.yaml"))
+    areas = sorted(silicon(build_chip(probe.base, probe.values(dict(zip(probe.grid(), c, strict=True))),
+                                      probe.process_node_nm)).area_mm2
+                   for c in itertools.product(*probe.grid().values()))
+    budget = (areas[1] + areas[2]) / 2
+    n_over = sum(a > budget for a in areas)
+    assert 0 < n_over < 6
+    cfg = load_sweep(write(tmp_path, dict(SMALL, constraints={"area_mm2": budget},
+                                          objectives=["throughput"], sampler="grid", trials=6)))
+    url = f"sqlite:///{tmp_path / 'tiny' / 'study.db'}"
+    res = search(cfg, storage=url, progress=False)
+    t = pd.read_csv(res.out_dir / "trials.csv")
+    done = t[t["state"] == "COMPLETE"]
+    over = done[~done["evaluated"]]
+    assert len(over) == n_over and len(done) == 6
+    assert over["throughput"].isna().all() and over["power_w"].isna().all()
+    assert (over["area_mm2"] > budget).all()
+    report = (res.out_dir / "report.md").read_text()
+    assert (f"{6 - n_over} designs evaluated (" in report
+            and f"{n_over} more proposed over a budget and not evaluated" in report)
+    study = open_study(cfg, url, "tiny", create=False, heartbeat=False)
+    assert len({_key(tr.params) for tr in study.trials}) == 6
+
+
+def test_each_study_writes_into_its_own_folder():
+    from phaze.search import study_dir
+    assert study_dir("sqlite:///results/a/study.db", "a") == Path("results/a")
+    assert study_dir("sqlite:///results/shared.db", "a") == Path("results/a")
+    assert study_dir("sqlite:///results/shared.db", "b") == Path("results/b")
+    assert study_dir("journal:///x/log.jsonl", "c") == Path("x/c")
+    assert study_dir("postgresql://u@h/db", "d") == Path("results/d")
+
+
+def test_report_names_the_real_storage_and_how_designs_were_chosen(tmp_path):
+    from phaze.report import sampler_phrase, storage_hint, study_meta
+    from phaze.search import open_study, sweep
+    cfg = load_sweep(write(tmp_path, dict(SMALL, objectives=["throughput"])))
+    url = f"sqlite:///{tmp_path / 'store' / 'many.db'}"
+    res = sweep(cfg, storage=url, study_name="mine", progress=False, write=False)
+    study = open_study(cfg, url, res.study_name, create=False, heartbeat=False)
+    assert storage_hint(study) in (f"sqlite:///{(tmp_path / 'store' / 'many.db').relative_to(Path.cwd())}"
+                                   if (tmp_path).is_relative_to(Path.cwd()) else "sqlite:///many.db",)
+    phrase = sampler_phrase(study_meta(study))
+    assert "phaze sweep" in phrase and "random" not in phrase.lower()
