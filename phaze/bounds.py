@@ -37,7 +37,7 @@ import numpy as np
 from .arch import Chip
 from .cost import Efficiency
 from .graph import edge_graph, layer_graph
-from .placement import place_bound
+from .placement import place_bound, place_step_bounds
 from .plan import RECOMPUTE
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
 
@@ -251,6 +251,65 @@ def chip_bound(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency)
         logs += w.weight * math.log(w.global_batch * w.model.seq_len / step)
         weights += w.weight
     return math.exp(logs / weights)
+
+
+def _ops_energy(ops, k: dict) -> float:
+    """The part of :func:`phaze.area._ops_activity`'s energy that does not depend on the chip's
+    geometry: tensor FLOPs (causal skipping applied), vector FLOPs and special functions, and the
+    vector ops' bytes through HBM, the shared buffer and local SRAM."""
+    e = 0.0
+    for op in ops:
+        if op.unit in ("tensor", "tensor+vector"):
+            e += op.flops * op.work_fraction * k["tensor"]
+            if op.unit == "tensor+vector":
+                e += op.work_fraction * (op.vector_flops + op.special) * k["vector"]
+        elif op.unit == "vector":
+            e += (op.flops + op.special) * k["vector"] + op.bytes * (k["hbm"] + k["shared_buffer"] + k["local_sram"])
+    return e
+
+
+def _energy_min(spec: WorkloadSpec, k: dict) -> float:
+    """The least energy of one step over the cluster that the energy model charges for the ops'
+    work, over the layout options (the reduction and optimizer traffic, at least 0, left out)."""
+    m, o = spec.model, spec.options
+    best = math.inf
+    for tp in sorted(set(o.tp)):
+        if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:
+            continue
+        sp = o.sp and tp > 1
+        for mbs in sorted(set(o.mbs)):
+            e = edge_graph(m, mbs, tp, sp)
+            edges = _ops_energy(e["embedding"] + e["head"], k)
+            for r in (x for x in RECOMPUTE if x in o.recompute):
+                layer = _ops_energy(layer_graph(m, mbs, tp, sp, o.attention, r).ops, k)
+                best = min(best, spec.global_batch / mbs * tp * (m.layers * layer + edges))
+    return 0.0 if not math.isfinite(best) else best
+
+
+def chip_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency) -> tuple[float, float]:
+    """Level 1 with power: (an upper bound of the throughput, a lower bound of the power at load).
+
+    Power: the die's leakage, plus the clocked logic's switching power over the share of the
+    step the units are busy (at least the placement's ``busy_share_lb``), plus the energy of the
+    ops' work (at least the least any layout spends) over the longest step the chosen plan may
+    take; the highest over the workloads, as the power of a design is."""
+    from .area import DEFAULT, energy_coefficients, node_energy_factor, silicon
+    from .system import apply_system
+    si = silicon(chip)
+    logic_w = (DEFAULT.switching_fj_per_transistor_cycle * 1e-15 * node_energy_factor(chip.process_node_nm)
+               * si.transistors * chip.clock_hz)
+    k = energy_coefficients(chip)
+    logs, weights, power = 0.0, 0.0, si.leakage_w
+    for w in workloads:
+        c = apply_system(chip, w.system)
+        b = place_step_bounds(w.model, c, w.devices, w.global_batch, w.options, eff)
+        if b is None:
+            return 0.0, si.leakage_w
+        logs += w.weight * math.log(w.global_batch * w.model.seq_len / b.step_lb)
+        weights += w.weight
+        dyn = _energy_min(w, k) / w.devices / b.step_ub
+        power = max(power, si.leakage_w + logic_w * b.busy_share_lb + dyn)
+    return math.exp(logs / weights), power
 
 
 # --- dominance -----------------------------------------------------------------------------------

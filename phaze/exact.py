@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .bounds import chip_bound, dominance_keys, dominated_by, grid, grid_bounds
+from .bounds import chip_bound, chip_bounds, dominance_keys, dominated_by, grid, grid_bounds
 from .space import CONSTRAINTS, SweepConfig, build_chip
 
 BOUND_ATTR = "exact_bound1:"       # study system attribute prefix: level-1 bound of grid point i
@@ -105,16 +105,18 @@ def prepare(cfg: SweepConfig) -> Space:
 
 
 # --- objectives --------------------------------------------------------------------------------------
-def optimistic(space: Space, i: np.ndarray | int, tput_bound) -> np.ndarray:
-    """The optimistic objective vector(s) of points ``i`` given a throughput bound, each objective
-    oriented so that larger is better (minimised ones negated)."""
+def optimistic(space: Space, i: np.ndarray | int, tput_bound, power_bound=None) -> np.ndarray:
+    """The optimistic objective vector(s) of points ``i`` given a throughput bound and a power
+    bound (default: the leakage), each objective oriented so that larger is better (minimised
+    ones negated)."""
     cfg = space.cfg
-    a, c, leak = space.area[i], space.cost[i], space.leakage[i]
+    a, c = space.area[i], space.cost[i]
+    pw = space.leakage[i] if power_bound is None else power_bound
     out = []
     for o in cfg.objectives:
-        x = {"throughput": tput_bound, "area": -a, "cost": -c, "power": -leak,
+        x = {"throughput": tput_bound, "area": -a, "cost": -c, "power": -pw,
              "throughput_per_mm2": tput_bound / a, "throughput_per_usd": tput_bound / c,
-             "throughput_per_w": np.where(leak > 0, tput_bound / np.maximum(leak, 1e-300), np.inf)}[o]
+             "throughput_per_w": np.where(pw > 0, tput_bound / np.maximum(pw, 1e-300), np.inf)}[o]
         out.append(np.asarray(x, dtype=float))
     return np.stack(out, axis=-1)
 
@@ -143,6 +145,7 @@ class _State:
     dom_by: np.ndarray | None = None                 # the trial number giving it
     seen_trials: set = field(default_factory=set)
     claims: dict = field(default_factory=dict)       # point -> [time, worker] of a level-1 bound in progress
+    power1: dict = field(default_factory=dict)       # point -> level-1 power bound (when power matters)
 
 
 class ExactSampler:
@@ -161,6 +164,9 @@ class ExactSampler:
         self._picked: dict[int, int] = {}
         self.on_bound = None         # called with (level-1 bounds computed, designs in budget)
         self._token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        budgets = [b for k, b in cfg.constraints if CONSTRAINTS[k] == ("power", "max")]
+        self.power_budget = min(budgets) if budgets else None
+        self.needs_power = bool(budgets) or any(o in ("power", "throughput_per_w") for o in cfg.objectives)
 
     # Optuna's sampler interface (a BaseSampler subclass is built lazily: optuna imports slowly)
     def infer_relative_search_space(self, study, trial):
@@ -232,7 +238,11 @@ class ExactSampler:
             st.dom_by[better] = t.number
         for k, v in study._storage.get_study_system_attrs(study._study_id).items():
             if k.startswith(BOUND_ATTR):
-                st.bound1[int(k[len(BOUND_ATTR):])] = float(v)
+                j = int(k[len(BOUND_ATTR):])
+                if isinstance(v, list):          # [throughput bound, power bound]
+                    st.bound1[j], st.power1[j] = float(v[0]), float(v[1])
+                else:
+                    st.bound1[j] = float(v)
             elif k.startswith(CLAIM_ATTR):
                 st.claims[int(k[len(CLAIM_ATTR):])] = v
 
@@ -248,8 +258,18 @@ class ExactSampler:
             b = min(b, st.bound1[i])
         return b
 
-    def can_win(self, i: int, tput_bound: float, front: np.ndarray) -> bool:
-        point = optimistic(self.space, i, tput_bound)
+    def power_bound(self, i: int, level1: bool = True) -> float:
+        """The tightest lower bound of point ``i``'s power known (its leakage before level 1)."""
+        leak = float(self.space.leakage[i])
+        return max(leak, self._state.power1.get(i, 0.0)) if level1 else leak
+
+    def can_win(self, i: int, tput_bound: float, front: np.ndarray, level1: bool = True) -> bool:
+        """Whether point ``i`` may still improve the answer: its bounds within the power budget
+        and not beaten by the incumbent (one objective) or weakly dominated by the front."""
+        pw = self.power_bound(i, level1)
+        if self.power_budget is not None and pw > self.power_budget * (1 + _REL):
+            return False
+        point = optimistic(self.space, i, tput_bound, pw)
         if self.single:
             if not len(front):
                 return True
@@ -259,7 +279,8 @@ class ExactSampler:
 
     def _order_key(self, i: int, tput_bound: float) -> tuple:
         if self.single:     # best bound first; among equals the largest design (it dominates the others)
-            return (-float(optimistic(self.space, i, tput_bound)[0]), -float(self.space.area[i]), i)
+            return (-float(optimistic(self.space, i, tput_bound, self.power_bound(i))[0]),
+                    -float(self.space.area[i]), i)
         exact = [o for o in self.cfg.objectives if o in ("area", "cost")]
         first = self.space.area[i] if exact[:1] == ["area"] else (self.space.cost[i] if exact else -tput_bound)
         return (float(first), -tput_bound, i)
@@ -304,9 +325,15 @@ class ExactSampler:
                         continue
                     store = study._storage
                     store.set_study_system_attr(study._study_id, f"{CLAIM_ATTR}{i}", [time.time(), self._token])
-                    b1 = chip_bound(sp.chip(i), self.cfg.workloads, _efficiency(sp.chip(i)))
+                    chip = sp.chip(i)
+                    if self.needs_power:
+                        b1, p1 = chip_bounds(chip, self.cfg.workloads, _efficiency(chip))
+                        st.power1[i] = p1
+                        value = [b1, p1]
+                    else:
+                        b1 = value = chip_bound(chip, self.cfg.workloads, _efficiency(chip))
                     st.bound1[i] = b1
-                    store.set_study_system_attr(study._study_id, f"{BOUND_ATTR}{i}", b1)
+                    store.set_study_system_attr(study._study_id, f"{BOUND_ATTR}{i}", value)
                     if self.on_bound:
                         self.on_bound(len(st.bound1), int(sp.ok.sum()))
                     self.sync(study)
@@ -409,11 +436,11 @@ def certificate(cfg: SweepConfig, study) -> tuple[Certificate, list[dict]]:
             continue
         level, by = None, best_trial
         b0 = float(sp.ub0[i])
-        if not s.can_win(i, b0, front):
+        if not s.can_win(i, b0, front, level1=False):
             level = 0
-        elif not s.can_win(i, float(st.dom[i]), front):
+        elif not s.can_win(i, float(st.dom[i]), front, level1=False):
             level, by = "dom", int(st.dom_by[i])
-        elif i in st.bound1 and not s.can_win(i, st.bound1[i], front):
+        elif i in st.bound1 and not s.can_win(i, s.bound(i), front):
             level = 1
         if level is None:
             remaining += 1
@@ -435,7 +462,7 @@ def certificate(cfg: SweepConfig, study) -> tuple[Certificate, list[dict]]:
 
 
 def _dominator(s: ExactSampler, i: int, b: float, front: np.ndarray, st: _State) -> int | None:
-    point = optimistic(s.space, i, b)
+    point = optimistic(s.space, i, b, s.power_bound(i))
     for num, _, ok, v in sorted(st.evaluated.values(), key=lambda x: x[0]):
         with np.errstate(invalid="ignore"):
             if ok and np.all(v >= point - _REL * np.maximum(np.abs(point), 1e-300)):

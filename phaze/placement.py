@@ -28,6 +28,7 @@ from .cost import IDEAL, Efficiency
 from .memory import memory_reserve_bytes
 from .plan import RECOMPUTE, SEARCHED_RECOMPUTE, Plan
 from .step import (
+    PhaseTime,
     StageCosts,
     StepResult,
     check_plan,
@@ -35,6 +36,7 @@ from .step import (
     evaluate,
     layout_of,
     mode_cost_bounds,
+    mode_cost_upper,
     stage_costs,
     stage_layers,
 )
@@ -602,3 +604,81 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
         if lb is not None:
             best = min(best, lb[0])
     return best * _SLACK if math.isfinite(best) else best
+
+
+@dataclass(frozen=True)
+class StepBounds:
+    """Bounds of the plan :func:`place` chooses: its step time lies in [``step_lb``, ``step_ub``]
+    and the share of that step its critical stage's units are busy (what the energy model's logic
+    power counts) is at least ``busy_share_lb``."""
+
+    step_lb: float
+    step_ub: float
+    busy_share_lb: float
+
+
+def _allowed_n(L: int, pp: int, v: int) -> list[int]:
+    c = L // (pp * v)
+    return sorted(range(v * c if c else v - 1, v * c + v + 1) if v > 1 else range(1, L - pp + 2))
+
+
+def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
+                      options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL) -> StepBounds | None:
+    """Bounds of the best plan's step time and busy share without a solver (None: nothing fits).
+
+    ``step_ub``: the smallest over all layouts of the dynamic program on upper bounds of the layer
+    schedules (list schedules), a step some plan achieves, so the best plan's is no longer. The
+    chosen plan's layout is then one whose lower bound is at most ``step_ub``; for each, its busy
+    time is at least m * beta * (sum of the stage times) / pp (the critical stage is the slowest,
+    so at least the mean, and at least a share beta of it is compute and memory work: beta bounds
+    that share for any layer count, edge and recompute mode, from the layer bounds' parts, which
+    give the exact layer's share or less), over ``step_ub``."""
+    modes = tuple(r for r in RECOMPUTE if r in options.recompute)
+    L = model.layers
+    rows = []
+    for base in layouts(model, devices, global_batch, options):
+        costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
+        allowed = _allowed_n(L, base.pp, base.vp)
+        lb_costs = _bound_costs(costs, modes)
+        opts = _options(lb_costs, modes, allowed)
+        if not _fits_somehow(opts, L):
+            continue
+        up = {r: mode_cost_upper(model, chip, devices, base, eff, r) for r in modes}
+        ub_costs = replace(costs, _modes=up)
+        ub = _solve_layout(ub_costs, _options(ub_costs, modes, allowed))
+        rows.append((base, costs, lb_costs, opts, allowed, ub[0] if ub else math.inf))
+    if not rows:
+        return None
+    step_ub = min(r[-1] for r in rows)
+    step_lb, share = math.inf, 1.0
+    for base, costs, lb_costs, opts, allowed, _ in rows:
+        lb = _solve_layout(lb_costs, opts)
+        if lb is None:
+            continue
+        step_lb = min(step_lb, lb[0])
+        if lb[0] * _SLACK > step_ub:
+            continue                      # slower than a plan already in hand: never chosen
+        pp, m = base.pp, costs.micro_batches
+        beta = 1.0
+        tau = math.inf
+        for r in modes:
+            layer = lb_costs.mode(r).layer
+            tau = min(tau, layer.total)
+            b = (layer.compute + layer.memory) / layer.total if layer.total > 0 else 1.0
+            beta = min(beta, b)
+        n0 = max(0, min(allowed)) * tau
+        s = costs.send_s
+        edges = [PhaseTime()]
+        if pp == 1:
+            edges = [costs.embedding + costs.head]
+        else:
+            edges += [costs.embedding, costs.head]
+        beta_layer = beta
+        for e in edges:
+            den = n0 + e.total + s
+            if den > 0:
+                beta = min(beta, (beta_layer * n0 + e.compute + e.memory) / den)
+        stages_sum = L * tau + costs.embedding.total + costs.head.total + pp * s
+        busy = m * beta * stages_sum / pp
+        share = min(share, busy / step_ub)
+    return StepBounds(step_lb * _SLACK, step_ub / _SLACK, max(0.0, min(1.0, share * _SLACK)))

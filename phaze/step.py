@@ -555,6 +555,20 @@ def mode_cost_bounds(model: Model, chip: Chip, devices: int, plan: Plan, eff: Ef
 
 
 @lru_cache(maxsize=65536)
+def mode_cost_upper(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficiency,
+                    r: str) -> ModeCosts:
+    """An upper bound of :func:`mode_costs`: the layer time from the list schedules' makespans
+    (feasible schedules, so at least the optimum) and the windows that hide data-parallel traffic
+    from the lower bounds (a shorter window hides less). Every stage assignment's step time under
+    it is at least its step time with the optimal layer schedules."""
+    lo, hi = layer_time_bounds(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
+                               plan.schedule, expert_layout(model, plan, chip))
+    _, _, total = _layer_costs(model, chip, devices, plan, eff, *hi, r)
+    f, b, _ = _layer_costs(model, chip, devices, plan, eff, *lo, r)
+    return ModeCosts(total, f, b, _act_bytes(model, plan, r))
+
+
+@lru_cache(maxsize=65536)
 def _act_bytes(model: Model, plan: Plan, r: str) -> float:
     return activation_bytes_per_layer(_shard(model, plan), plan.mbs, plan.tp, plan.sp, r, plan.attention)
 
@@ -729,8 +743,8 @@ def clear_caches(workload_too: bool = False) -> None:
     ``workload_too`` also the chip-independent operator graphs. Every cache is size-capped
     anyway: a long search's memory stays bounded without calling this."""
     from . import cost, schedule
-    for f in (_layer_sums, layer_time, layer_time_bounds, edge_time, mode_costs, mode_cost_bounds, stage_costs,
-              evaluate, cost._gemm_geometry):
+    for f in (_layer_sums, layer_time, layer_time_bounds, edge_time, mode_costs, mode_cost_bounds, mode_cost_upper,
+              stage_costs, evaluate, cost._gemm_geometry):
         f.cache_clear()
     schedule.clear_memory_cache()
     if workload_too:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from phaze.bounds import MONOTONE, chip_bound, grid, grid_bounds
+from phaze.bounds import MONOTONE, chip_bound, chip_bounds, grid, grid_bounds
 from phaze.candidate import evaluate_chip
 from phaze.exact import _efficiency, certificate, prepare
 from phaze.report import pareto_mask
@@ -81,8 +81,14 @@ def test_bounds_are_bounds_on_random_designs():
                           cfg.link_latency_s)
         eff = _efficiency(chip)
         b1 = chip_bound(chip, cfg.workloads, eff)
-        exact = evaluate_chip(chip, cfg.workloads, eff).throughput
+        ev = evaluate_chip(chip, cfg.workloads, eff)
+        exact = ev.throughput
         assert b1 >= exact * (1 - 1e-9), (g.point(i), b1, exact)
+        ub, power_lb = chip_bounds(chip, cfg.workloads, eff)        # level 1 with power
+        assert ub == pytest.approx(b1, rel=1e-9) or ub >= exact * (1 - 1e-9)
+        if exact > 0:
+            assert power_lb <= ev.power_w * (1 + 1e-9), (g.point(i), power_lb, ev.power_w)
+            assert power_lb >= 0.5 * ev.power_w          # and it is not vacuous
         assert ub0[i] >= exact * (1 - 1e-9), (g.point(i), ub0[i], exact)
         assert ub0[i] >= min(ub0[i], b1) >= exact * (1 - 1e-9)
         checked += exact > 0
@@ -200,3 +206,19 @@ def test_exact_search_with_two_workers_returns_the_same_answer(tmp_path):
     assert cert.proven and cert.best_value == pytest.approx(best, rel=1e-12)
     done = [t for t in study.get_trials() if t.state.name == "COMPLETE"]
     assert len({tuple(sorted(t.params.items())) for t in done}) == len(done)     # none twice
+
+
+def test_exact_search_returns_the_brute_force_throughput_power_front(tmp_path):
+    """Throughput against power: the power bounds (leakage, the busy share of the logic's
+    switching power, the fewest tensor FLOPs) prune without losing a front design."""
+    cfg = config(tmp_path, SPACE, {"area_mm2": 420, "power_w": 350}, objectives=("throughput", "power"),
+                 name="power")
+    sp, evs = brute_force(cfg)
+    pts = np.array([_values(cfg, ev) for ev in evs.values() if _feasible(cfg, ev)])
+    front = {tuple(np.round(r, 6)) for r in pts[pareto_mask(pts, cfg.directions)]}
+    _, study = _run(cfg, tmp_path)
+    done = [t for t in study.get_trials() if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")]
+    got = np.array([t.values for t in done])
+    assert {tuple(np.round(r, 6)) for r in got[pareto_mask(got, cfg.directions)]} == front
+    cert, _ = certificate(cfg, study)
+    assert cert.proven and cert.evaluated < int(sp.ok.sum())
