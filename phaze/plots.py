@@ -26,6 +26,7 @@ from .report import (
     best_designs,
     best_designs_table,
     breakdown_table,
+    evaluated_phrase,
     feasible_trials,
     front_2d,
     gains_table,
@@ -628,10 +629,9 @@ def write_html(study, meta: StudyMeta, trials, baselines, out_dir: Path, drawn: 
     plans), self-contained: plotly.js and the Gantt charts are inlined."""
     best = best_designs(trials, meta)
     complete = trials[trials["state"] == "COMPLETE"]
-    feasible = feasible_trials(trials)
     b = [f"<h1>phaze search: {html.escape(study.study_name)}</h1>",
          f'<p class="answer" id="answer">{_md_inline(answer(best, baselines, meta, trials))}</p>',
-         f"<p>{len(complete)} designs evaluated ({len(feasible)} feasible) of a space of {meta.grid_size:,}; "
+         f"<p>{evaluated_phrase(trials)} of a space of {meta.grid_size:,}; "
          f"template {html.escape(meta.base)}; objectives: "
          + html.escape(", ".join(f"{o} ({d})" for o, d in zip(meta.objectives, meta.directions, strict=False)))
          + "; budgets: " + html.escape(", ".join(f"{k} {v:g}" for k, v in meta.constraints) or "none")

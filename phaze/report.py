@@ -523,6 +523,7 @@ def answer(best: pd.DataFrame, baselines: pd.DataFrame, meta: StudyMeta, trials:
         done = trials[trials["state"] == "COMPLETE"] if len(trials) else trials
         kinds = infeasible_counts(trials)
         why = ", ".join(f"{k} ({n})" for k, n in kinds.items()) or "no complete trial"
+        done = done[done["evaluated"].astype(bool)] if len(done) else done
         return (f"**No feasible design**: all {len(done)} designs evaluated break a budget or fit no plan "
                 f"({why}).")
     r = best.iloc[0]
@@ -554,14 +555,9 @@ def markdown(study, cfg: SweepConfig | StudyMeta | None, trials: pd.DataFrame, b
 
     lines = [f"# phaze search: {study.study_name}", ""]
     complete = trials[trials["state"] == "COMPLETE"] if len(trials) else trials
-    feasible = feasible_trials(trials)
     best = best_designs(trials, meta) if len(trials) else trials
     lines += [answer(best, baselines, meta, trials), ""]
-    evaluated = complete[complete["evaluated"].astype(bool)] if len(complete) else complete
-    over = len(complete) - len(evaluated)
-    lines.append(f"{len(evaluated)} designs evaluated ({len(feasible)} feasible"
-                 + (f"; {over} more proposed over a budget and not evaluated" if over else "")
-                 + f") of a space of "
+    lines.append(f"{evaluated_phrase(trials)} of a space of "
                  f"{meta.grid_size:,}; template {meta.base}; objectives: "
                  + ", ".join(f"{o} ({d})" for o, d in zip(meta.objectives, meta.directions, strict=False))
                  + "; budgets: " + (", ".join(f"{k} {v:g}" for k, v in meta.constraints) or "none") + ".")
@@ -626,6 +622,16 @@ def markdown(study, cfg: SweepConfig | StudyMeta | None, trials: pd.DataFrame, b
               f"{int((trials['state'] == 'FAIL').sum()) if len(trials) else 0} failed. "
               f"Browse it with `optuna-dashboard {storage_hint(study)}`.", ""]
     return "\n".join(lines)
+
+
+def evaluated_phrase(trials: pd.DataFrame) -> str:
+    """``N designs evaluated (F feasible; K more proposed over a budget and not evaluated)``:
+    only designs that were evaluated count as evaluated."""
+    complete = trials[trials["state"] == "COMPLETE"] if len(trials) else trials
+    evaluated = int(complete["evaluated"].astype(bool).sum()) if len(complete) else 0
+    over = len(complete) - evaluated
+    return (f"{evaluated} designs evaluated ({len(feasible_trials(trials))} feasible"
+            + (f"; {over} more proposed over a budget and not evaluated" if over else "") + ")")
 
 
 def sampler_phrase(meta) -> str:
