@@ -253,16 +253,26 @@ def chip_bound(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency)
     return math.exp(logs / weights)
 
 
-def _ops_energy(ops, k: dict) -> float:
-    """The part of :func:`phaze.area._ops_activity`'s energy that does not depend on the chip's
-    geometry: tensor FLOPs (causal skipping applied), vector FLOPs and special functions, and the
-    vector ops' bytes through HBM, the shared buffer and local SRAM."""
+def _ops_energy(ops, k: dict, precision: str, p: int, tp: int) -> float:
+    """A lower bound of :func:`phaze.area._ops_activity`'s energy that does not depend on the
+    chip's geometry: tensor FLOPs (causal skipping applied); vector FLOPs and special functions;
+    the vector ops' bytes through HBM, the shared buffer and local SRAM; a GEMM's HBM traffic at
+    least its operands and output once (through the shared buffer too); the bytes each device
+    sends in the tensor-parallel collectives."""
+    from .area import _sent_bytes
     e = 0.0
     for op in ops:
-        if op.unit in ("tensor", "tensor+vector"):
+        if op.unit == "link":
+            e += _sent_bytes(op.collective.kind, op.collective.bytes, tp) * k["link"]
+        elif op.unit in ("tensor", "tensor+vector"):
             e += op.flops * op.work_fraction * k["tensor"]
             if op.unit == "tensor+vector":
                 e += op.work_fraction * (op.vector_flops + op.special) * k["vector"]
+                e += op.bytes * (k["hbm"] + k["shared_buffer"])
+            else:
+                batch, M, K, N = op.gemm
+                q = 1 if (precision == "fp8" and op.weighted) else p
+                e += q * batch * (M * K + K * N + M * N) * (k["hbm"] + k["shared_buffer"])
         elif op.unit == "vector":
             e += (op.flops + op.special) * k["vector"] + op.bytes * (k["hbm"] + k["shared_buffer"] + k["local_sram"])
     return e
@@ -279,11 +289,60 @@ def _energy_min(spec: WorkloadSpec, k: dict) -> float:
         sp = o.sp and tp > 1
         for mbs in sorted(set(o.mbs)):
             e = edge_graph(m, mbs, tp, sp)
-            edges = _ops_energy(e["embedding"] + e["head"], k)
+            edges = _ops_energy(e["embedding"] + e["head"], k, m.precision, m.bytes_per_element, tp)
             for r in (x for x in RECOMPUTE if x in o.recompute):
-                layer = _ops_energy(layer_graph(m, mbs, tp, sp, o.attention, r).ops, k)
+                layer = _ops_energy(layer_graph(m, mbs, tp, sp, o.attention, r).ops, k, m.precision,
+                                    m.bytes_per_element, tp)
                 best = min(best, spec.global_batch / mbs * tp * (m.layers * layer + edges))
     return 0.0 if not math.isfinite(best) else best
+
+
+@dataclass(frozen=True)
+class PowerBounds:
+    """Level 1 with power. The design's throughput X is at most ``throughput_ub`` and at least
+    ``throughput_lb``; its power at load is at least ``power_lb`` and at least ``leakage_w +
+    per_throughput * X``: a workload's power is leakage plus (op energy + logic power x busy time)
+    / step, and its step is its tokens / throughput, so each workload's power grows with its
+    throughput; the highest over the workloads is at least their weighted geometric mean, which is
+    ``per_throughput`` (the weighted geometric mean of each workload's coefficient) times X."""
+
+    throughput_ub: float
+    power_lb: float
+    throughput_lb: float = 0.0
+    leakage_w: float = 0.0
+    per_throughput: float = 0.0
+
+    def power_at(self, x):
+        """The lower bound of the power of the design if its throughput is ``x``."""
+        return np.maximum(self.power_lb, self.leakage_w + self.per_throughput * x)
+
+
+def chip_power_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency) -> PowerBounds:
+    """:class:`PowerBounds` of ``chip`` (throughput 0 and power the leakage when some workload
+    has no plan that fits)."""
+    from .area import DEFAULT, energy_coefficients, node_energy_factor, silicon
+    from .system import apply_system
+    si = silicon(chip)
+    logic_w = (DEFAULT.switching_fj_per_transistor_cycle * 1e-15 * node_energy_factor(chip.process_node_nm)
+               * si.transistors * chip.clock_hz)
+    k = energy_coefficients(chip)
+    hi = lo = per = weights = 0.0
+    power = si.leakage_w
+    for w in workloads:
+        c = apply_system(chip, w.system)
+        b = place_step_bounds(w.model, c, w.devices, w.global_batch, w.options, eff)
+        if b is None:
+            return PowerBounds(0.0, si.leakage_w, 0.0, si.leakage_w, 0.0)
+        tokens = w.global_batch * w.model.seq_len
+        hi += w.weight * math.log(tokens / b.step_lb)
+        lo += w.weight * math.log(tokens / b.step_ub)
+        energy = _energy_min(w, k) / w.devices        # joules per device and step, at least
+        power = max(power, si.leakage_w + logic_w * b.busy_share_lb + energy / b.step_ub)
+        coeff = (energy + logic_w * b.busy_lb_s) / tokens
+        per += w.weight * math.log(coeff) if coeff > 0 else -math.inf
+        weights += w.weight
+    return PowerBounds(math.exp(hi / weights), power, math.exp(lo / weights), si.leakage_w,
+                       math.exp(per / weights) * (1 - 1e-9) if math.isfinite(per) else 0.0)
 
 
 def chip_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency) -> tuple[float, float]:
@@ -293,23 +352,8 @@ def chip_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency
     step the units are busy (at least the placement's ``busy_share_lb``), plus the energy of the
     ops' work (at least the least any layout spends) over the longest step the chosen plan may
     take; the highest over the workloads, as the power of a design is."""
-    from .area import DEFAULT, energy_coefficients, node_energy_factor, silicon
-    from .system import apply_system
-    si = silicon(chip)
-    logic_w = (DEFAULT.switching_fj_per_transistor_cycle * 1e-15 * node_energy_factor(chip.process_node_nm)
-               * si.transistors * chip.clock_hz)
-    k = energy_coefficients(chip)
-    logs, weights, power = 0.0, 0.0, si.leakage_w
-    for w in workloads:
-        c = apply_system(chip, w.system)
-        b = place_step_bounds(w.model, c, w.devices, w.global_batch, w.options, eff)
-        if b is None:
-            return 0.0, si.leakage_w
-        logs += w.weight * math.log(w.global_batch * w.model.seq_len / b.step_lb)
-        weights += w.weight
-        dyn = _energy_min(w, k) / w.devices / b.step_ub
-        power = max(power, si.leakage_w + logic_w * b.busy_share_lb + dyn)
-    return math.exp(logs / weights), power
+    b = chip_power_bounds(chip, workloads, eff)
+    return b.throughput_ub, b.power_lb
 
 
 # --- dominance -----------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .bounds import chip_bound, chip_bounds, dominance_keys, dominated_by, grid, grid_bounds
+from .bounds import chip_bound, chip_power_bounds, dominance_keys, dominated_by, grid, grid_bounds
 from .space import CONSTRAINTS, SweepConfig, build_chip
 
 BOUND_ATTR = "exact_bound1:"       # study system attribute prefix: level-1 bound of grid point i
@@ -146,6 +146,7 @@ class _State:
     seen_trials: set = field(default_factory=set)
     claims: dict = field(default_factory=dict)       # point -> [time, worker] of a level-1 bound in progress
     power1: dict = field(default_factory=dict)       # point -> level-1 power bound (when power matters)
+    segment: dict = field(default_factory=dict)      # point -> (throughput lb, leakage, power per throughput)
 
 
 class ExactSampler:
@@ -167,6 +168,8 @@ class ExactSampler:
         budgets = [b for k, b in cfg.constraints if CONSTRAINTS[k] == ("power", "max")]
         self.power_budget = min(budgets) if budgets else None
         self.needs_power = bool(budgets) or any(o in ("power", "throughput_per_w") for o in cfg.objectives)
+        objs = set(cfg.objectives)
+        self._segment_ok = {"throughput", "power"} <= objs and objs <= {"throughput", "power", "area", "cost"}
 
     # Optuna's sampler interface (a BaseSampler subclass is built lazily: optuna imports slowly)
     def infer_relative_search_space(self, study, trial):
@@ -239,8 +242,10 @@ class ExactSampler:
         for k, v in study._storage.get_study_system_attrs(study._study_id).items():
             if k.startswith(BOUND_ATTR):
                 j = int(k[len(BOUND_ATTR):])
-                if isinstance(v, list):          # [throughput bound, power bound]
+                if isinstance(v, list):          # [throughput bound, power bound, PowerBounds' others]
                     st.bound1[j], st.power1[j] = float(v[0]), float(v[1])
+                    if len(v) == 5:
+                        st.segment[j] = (float(v[2]), float(v[3]), float(v[4]))
                 else:
                     st.bound1[j] = float(v)
             elif k.startswith(CLAIM_ATTR):
@@ -275,7 +280,42 @@ class ExactSampler:
                 return True
             best = front[:, 0].max()
             return bool(point[0] > best + _REL * abs(best))
+        if level1 and self._segment_ok and i in self._state.segment:
+            return not self._segment_dominated(i, tput_bound, pw, front)
         return not _weakly_dominated(point, front)
+
+    def _segment_dominated(self, i: int, tput_bound: float, pw: float, front: np.ndarray) -> bool:
+        """Whether every outcome point ``i`` may have is weakly dominated by the front: its
+        throughput X in [lower bound, ``tput_bound``] and its power at least max(``pw``, leakage +
+        per-throughput x X) (:class:`phaze.bounds.PowerBounds`), area and cost exact. The front's
+        designs no larger in area and cost form a staircase of the least power for at least each
+        throughput; it must lie under the power bound across the whole throughput range."""
+        x_lo, leak, per = self._state.segment[i]
+        x_hi = tput_bound
+        x_lo = min(x_lo, x_hi)
+        cols = {o: k for k, o in enumerate(self.cfg.objectives)}
+        pts = front
+        for o in ("area", "cost"):      # oriented: larger is better, i.e. -area
+            if o in cols:
+                mine = -(self.space.area[i] if o == "area" else self.space.cost[i])
+                pts = pts[pts[:, cols[o]] >= mine - _REL * abs(mine)]
+        if not len(pts):
+            return False
+        tput, power = pts[:, cols["throughput"]], -pts[:, cols["power"]]
+        if tput.max() < x_hi * (1 - _REL):
+            return False
+        order = np.argsort(-tput)
+        tput, power = tput[order], power[order]
+        least = np.minimum.accumulate(power)           # least power among the k highest throughputs
+        below = np.append(tput[1:], -np.inf)           # where each step of the staircase begins
+        for k in range(len(tput)):
+            start = max(x_lo, below[k])
+            if start > x_hi or tput[k] < x_lo:
+                continue
+            bound = max(pw, leak + per * start)
+            if least[k] > bound * (1 + _REL):
+                return False
+        return True
 
     def _order_key(self, i: int, tput_bound: float) -> tuple:
         if self.single:     # best bound first; among equals the largest design (it dominates the others)
@@ -327,9 +367,10 @@ class ExactSampler:
                     store.set_study_system_attr(study._study_id, f"{CLAIM_ATTR}{i}", [time.time(), self._token])
                     chip = sp.chip(i)
                     if self.needs_power:
-                        b1, p1 = chip_bounds(chip, self.cfg.workloads, _efficiency(chip))
-                        st.power1[i] = p1
-                        value = [b1, p1]
+                        pb = chip_power_bounds(chip, self.cfg.workloads, _efficiency(chip))
+                        b1, st.power1[i] = pb.throughput_ub, pb.power_lb
+                        st.segment[i] = (pb.throughput_lb, pb.leakage_w, pb.per_throughput)
+                        value = [b1, pb.power_lb, *st.segment[i]]
                     else:
                         b1 = value = chip_bound(chip, self.cfg.workloads, _efficiency(chip))
                     st.bound1[i] = b1

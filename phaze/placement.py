@@ -615,6 +615,7 @@ class StepBounds:
     step_lb: float
     step_ub: float
     busy_share_lb: float
+    busy_lb_s: float = 0.0      # seconds the chosen plan's units are busy, at least
 
 
 def _allowed_n(L: int, pp: int, v: int) -> list[int]:
@@ -632,7 +633,9 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
     time is at least m * beta * (sum of the stage times) / pp (the critical stage is the slowest,
     so at least the mean, and at least a share beta of it is compute and memory work: beta bounds
     that share for any layer count, edge and recompute mode, from the layer bounds' parts, which
-    give the exact layer's share or less), over ``step_ub``."""
+    give the exact layer's share or less), over ``step_ub``; or, from the step's own form, at
+    least m * beta / (w + pp / v + tail / T_c) of the step (w the critical stage's weight in the
+    1F1B step, T_c at least the mean stage time, the tail at most the largest upper-bound tail)."""
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     L = model.layers
     rows = []
@@ -645,13 +648,16 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
             continue
         up = {r: mode_cost_upper(model, chip, devices, base, eff, r) for r in modes}
         ub_costs = replace(costs, _modes=up)
-        ub = _solve_layout(ub_costs, _options(ub_costs, modes, allowed))
-        rows.append((base, costs, lb_costs, opts, allowed, ub[0] if ub else math.inf))
+        ub_opts = _options(ub_costs, modes, allowed)
+        ub = _solve_layout(ub_costs, ub_opts)
+        tails = ub_opts.tail[np.isfinite(ub_opts.tail)]
+        tail_ub = float(tails.max()) if tails.size else 0.0
+        rows.append((base, costs, lb_costs, opts, allowed, tail_ub, ub[0] if ub else math.inf))
     if not rows:
         return None
     step_ub = min(r[-1] for r in rows)
-    step_lb, share = math.inf, 1.0
-    for base, costs, lb_costs, opts, allowed, _ in rows:
+    step_lb, share, busy_min = math.inf, 1.0, math.inf
+    for base, costs, lb_costs, opts, allowed, tail_ub, _ in rows:
         lb = _solve_layout(lb_costs, opts)
         if lb is None:
             continue
@@ -680,5 +686,12 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
                 beta = min(beta, (beta_layer * n0 + e.compute + e.memory) / den)
         stages_sum = L * tau + costs.embedding.total + costs.head.total + pp * s
         busy = m * beta * stages_sum / pp
-        share = min(share, busy / step_ub)
-    return StepBounds(step_lb * _SLACK, step_ub / _SLACK, max(0.0, min(1.0, share * _SLACK)))
+        # the share also follows from the step's own form: step = w T_c + sum T / v + tail
+        # <= (w + pp / v) T_c + tail, with T_c at least the mean stage time
+        v = base.vp
+        t_c = stages_sum / pp
+        ratio = (m * beta / (critical_weight(m, pp, v) + pp / v + tail_ub / t_c)) if t_c > 0 else 0.0
+        share = min(share, max(busy / step_ub, ratio))
+        busy_min = min(busy_min, busy)
+    busy_min = 0.0 if not math.isfinite(busy_min) else busy_min * _SLACK
+    return StepBounds(step_lb * _SLACK, step_ub / _SLACK, max(0.0, min(1.0, share * _SLACK)), busy_min)
