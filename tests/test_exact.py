@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import random
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from phaze.bounds import MONOTONE, chip_bound, chip_bounds, grid, grid_bounds
+from phaze.arch import load_chip
+from phaze.bounds import MONOTONE, chip_bound, chip_power_bounds, grid, grid_bounds
 from phaze.candidate import evaluate_chip
 from phaze.exact import _efficiency, certificate, prepare
 from phaze.report import pareto_mask
@@ -84,11 +86,14 @@ def test_bounds_are_bounds_on_random_designs():
         ev = evaluate_chip(chip, cfg.workloads, eff)
         exact = ev.throughput
         assert b1 >= exact * (1 - 1e-9), (g.point(i), b1, exact)
-        ub, power_lb = chip_bounds(chip, cfg.workloads, eff)        # level 1 with power
-        assert ub == pytest.approx(b1, rel=1e-9) or ub >= exact * (1 - 1e-9)
+        pb = chip_power_bounds(chip, cfg.workloads, eff)        # level 1 with power
+        assert pb.throughput_ub >= exact * (1 - 1e-9)
         if exact > 0:
-            assert power_lb <= ev.power_w * (1 + 1e-9), (g.point(i), power_lb, ev.power_w)
-            assert power_lb >= 0.5 * ev.power_w          # and it is not vacuous
+            assert pb.throughput_lb <= exact * (1 + 1e-9), (g.point(i), pb.throughput_lb, exact)
+            assert pb.power_lb <= ev.power_w * (1 + 1e-9), (g.point(i), pb.power_lb, ev.power_w)
+            # the power bound at the design's own throughput, too
+            assert float(pb.power_at(exact)) <= ev.power_w * (1 + 1e-9), (g.point(i), pb, ev.power_w)
+            assert pb.power_lb >= 0.8 * ev.power_w          # and it is not vacuous
         assert ub0[i] >= exact * (1 - 1e-9), (g.point(i), ub0[i], exact)
         assert ub0[i] >= min(ub0[i], b1) >= exact * (1 - 1e-9)
         checked += exact > 0
@@ -184,7 +189,6 @@ def test_exact_search_returns_the_brute_force_front(tmp_path):
 def test_exact_search_stopped_early_states_a_true_gap(tmp_path):
     """With --trials capping the evaluations, the certificate is not a proof but its gap holds:
     the true optimum is within (1 + gap) of the best found."""
-    from dataclasses import replace
     cfg = replace(config(tmp_path, SPACE, {"area_mm2": 420}, name="early"), trials=1)
     sp, evs = brute_force(cfg)
     best = max(ev.throughput for ev in evs.values() if _feasible(cfg, ev))
@@ -222,3 +226,26 @@ def test_exact_search_returns_the_brute_force_throughput_power_front(tmp_path):
     assert {tuple(np.round(r, 6)) for r in got[pareto_mask(got, cfg.directions)]} == front
     cert, _ = certificate(cfg, study)
     assert cert.proven and cert.evaluated < int(sp.ok.sum())
+
+
+def test_bounds_hold_on_a_gpu_template(tmp_path):
+    """The same bounds on an A100 template (kernels one after another: the layer time is the sum
+    of the operators), with tensor parallelism and pipelining in the placement."""
+    cfg = config(tmp_path, {"tensor_units": [27, 54, 108], "vector_units": [27, 108], "hbm_gib": [40, 80],
+                            "hbm_bandwidth_gb_per_s": [800, 2000], "clock_ghz": [1.0, 1.41]}, {},
+                 workloads=[{"workload": "gpt2-xl", "devices": 16, "global_batch": 64,
+                             "placement": {"tp": [1, 2, 4], "mbs": [1, 2], "recompute": ["none", "full"]}}],
+                 name="gpu")
+    cfg = replace(cfg, base=load_chip("a100-80gb"))
+    g = grid(cfg)
+    ub0 = grid_bounds(cfg, g, _efficiency)
+    for i in random.Random(5).sample(range(g.size), 8):
+        chip = build_chip(cfg.base, {k: float(v[i]) for k, v in g.values.items()}, cfg.process_node_nm,
+                          cfg.link_latency_s)
+        eff = _efficiency(chip)
+        ev = evaluate_chip(chip, cfg.workloads, eff)
+        pb = chip_power_bounds(chip, cfg.workloads, eff)
+        assert ub0[i] >= ev.throughput * (1 - 1e-9) and pb.throughput_ub >= ev.throughput * (1 - 1e-9)
+        assert ev.throughput > 0
+        assert pb.throughput_lb <= ev.throughput * (1 + 1e-9)
+        assert float(pb.power_at(ev.throughput)) <= ev.power_w * (1 + 1e-9)
