@@ -268,11 +268,15 @@ class ExactSampler:
         leak = float(self.space.leakage[i])
         return max(leak, self._state.power1.get(i, 0.0)) if level1 else leak
 
+    def over_power(self, i: int, level1: bool = True) -> bool:
+        """Whether point ``i``'s power bound already breaks the power budget."""
+        return self.power_budget is not None and self.power_bound(i, level1) > self.power_budget * (1 + _REL)
+
     def can_win(self, i: int, tput_bound: float, front: np.ndarray, level1: bool = True) -> bool:
         """Whether point ``i`` may still improve the answer: its bounds within the power budget
         and not beaten by the incumbent (one objective) or weakly dominated by the front."""
         pw = self.power_bound(i, level1)
-        if self.power_budget is not None and pw > self.power_budget * (1 + _REL):
+        if self.over_power(i, level1):
             return False
         point = optimistic(self.space, i, tput_bound, pw)
         if self.single:
@@ -352,6 +356,9 @@ class ExactSampler:
                 b = self.bound(i)
                 if self.single and self._order_key(i, b) > head:      # a tighter bound is known: requeue
                     heapq.heapreplace(self._heap, self._order_key(i, b))
+                    continue
+                if self.over_power(i):           # its power bound breaks the budget: pruned alone
+                    heapq.heappop(self._heap)
                     continue
                 if not self.can_win(i, b, front):
                     if self.single:
