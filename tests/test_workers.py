@@ -215,3 +215,32 @@ def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_the_study(tmp_
     assert res.complete == 3 and time.monotonic() - start < 60
     states = {t.number: t.state.name for t in _trials(url, "tiny")}
     assert states[orphan.number] == "FAIL"
+
+
+def test_exact_search_with_postgresql_workers_proves_the_same_answer(tmp_path, pg_url):
+    """Two worker processes run the exact search on one PostgreSQL study: they share the level-1
+    bounds through the study, evaluate no design twice, and the certificate rebuilt from the
+    storage proves the same best design as one process on SQLite."""
+    from phaze.exact import certificate
+    from phaze.search import open_study
+    from phaze.space import load_sweep
+    config = _config(tmp_path, sampler="exact", trials=1000, workloads=CONFIG["workloads"][:2],
+                     constraints={"power_w": 520.0})       # the power bounds take part too
+    procs = [_worker(tmp_path, config, "--storage", pg_url, "--study", "exact-pg") for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    alone = subprocess.run([sys.executable, "-m", "phaze.cli", "search", str(config), "--quiet", "--study", "alone"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    cfg = load_sweep(config)
+    from phaze.search import postgres_driver_url
+    pg = open_study(cfg, postgres_driver_url(pg_url), "exact-pg", create=False, heartbeat=False)
+    one = open_study(cfg, f"sqlite:///{tmp_path / 'results' / 'alone' / 'study.db'}", "alone", create=False,
+                     heartbeat=False)
+    c_pg, _ = certificate(cfg, pg)
+    c_one, _ = certificate(cfg, one)
+    assert c_pg.proven and c_one.proven
+    assert c_pg.best_value == pytest.approx(c_one.best_value, rel=1e-12)
+    done = [t for t in pg.get_trials() if t.state.name == "COMPLETE"]
+    assert len({tuple(sorted(t.params.items())) for t in done}) == len(done)
