@@ -35,11 +35,13 @@ from functools import lru_cache
 import numpy as np
 
 from .arch import Chip
+from .area import DEFAULT, _sent_bytes, energy_coefficients, node_energy_factor, silicon
 from .cost import Efficiency
 from .graph import edge_graph, layer_graph
 from .placement import place_bound, place_step_bounds
 from .plan import RECOMPUTE
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
+from .system import apply_system
 
 # Parameters in which a design is never slower with a larger value (for a fixed value of the
 # others). The array shape (rows, columns) is not among them: a larger array wastes more of its
@@ -241,7 +243,6 @@ def grid_bounds(cfg: SweepConfig, g: Grid, eff_of) -> np.ndarray:
 def chip_bound(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency) -> float:
     """Level 1: an upper bound of ``chip``'s throughput from the placement's layout bounds (0 when
     some workload has no layout that fits)."""
-    from .system import apply_system
     logs, weights = 0.0, 0.0
     for w in workloads:
         c = apply_system(chip, w.system)
@@ -259,7 +260,6 @@ def _ops_energy(ops, k: dict, precision: str, p: int, tp: int) -> float:
     the vector ops' bytes through HBM, the shared buffer and local SRAM; a GEMM's HBM traffic at
     least its operands and output once (through the shared buffer too); the bytes each device
     sends in the tensor-parallel collectives."""
-    from .area import _sent_bytes
     e = 0.0
     for op in ops:
         if op.unit == "link":
@@ -320,8 +320,6 @@ class PowerBounds:
 def chip_power_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency) -> PowerBounds:
     """:class:`PowerBounds` of ``chip`` (throughput 0 and power the leakage when some workload
     has no plan that fits)."""
-    from .area import DEFAULT, energy_coefficients, node_energy_factor, silicon
-    from .system import apply_system
     si = silicon(chip)
     logic_w = (DEFAULT.switching_fj_per_transistor_cycle * 1e-15 * node_energy_factor(chip.process_node_nm)
                * si.transistors * chip.clock_hz)
@@ -343,17 +341,6 @@ def chip_power_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Effi
         weights += w.weight
     return PowerBounds(math.exp(hi / weights), power, math.exp(lo / weights), si.leakage_w,
                        math.exp(per / weights) * (1 - 1e-9) if math.isfinite(per) else 0.0)
-
-
-def chip_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency) -> tuple[float, float]:
-    """Level 1 with power: (an upper bound of the throughput, a lower bound of the power at load).
-
-    Power: the die's leakage, plus the clocked logic's switching power over the share of the
-    step the units are busy (at least the placement's ``busy_share_lb``), plus the energy of the
-    ops' work (at least the least any layout spends) over the longest step the chosen plan may
-    take; the highest over the workloads, as the power of a design is."""
-    b = chip_power_bounds(chip, workloads, eff)
-    return b.throughput_ub, b.power_lb
 
 
 # --- dominance -----------------------------------------------------------------------------------

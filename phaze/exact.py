@@ -31,8 +31,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from .area import silicon
 from .bounds import chip_bound, chip_power_bounds, dominance_keys, dominated_by, grid, grid_bounds
 from .space import CONSTRAINTS, SweepConfig, build_chip
+from .validate import load_default_params, params_for
 
 BOUND_ATTR = "exact_bound1:"       # study system attribute prefix: level-1 bound of grid point i
 CLAIM_ATTR = "exact_claim:"        # [time, worker] of the worker bounding grid point i
@@ -42,7 +44,7 @@ _REL = 1e-9                        # relative tolerance of bound comparisons (ro
 
 
 def _efficiency(chip):
-    from .validate import load_default_params, params_for
+    """The efficiency a candidate is scored with (the shipped calibration, as the search's)."""
     return params_for(chip, load_default_params())
 
 
@@ -78,7 +80,6 @@ def _space(cfg: SweepConfig) -> Space:
 def prepare(cfg: SweepConfig) -> Space:
     """Area, cost and leakage of every point (the silicon model, point by point: it is exact),
     the budgets known before evaluation, and the level-0 bounds (vectorised)."""
-    from .area import silicon
     g = grid(cfg)
     n = g.size
     area, cost, leak = np.empty(n), np.empty(n), np.empty(n)
