@@ -1,4 +1,4 @@
-"""Area, power and cost of a chip (shared/DESIGN.md section 7).
+"""Area, power and cost of a chip.
 
 Three pure, cached functions a search calls thousands of times:
 
@@ -47,13 +47,13 @@ MAC_TRANSISTORS = 25e3
 # FP16 multiply 1640 um^2 + FP32 accumulate 4184 um^2 = 5824 um^2 for the tensor MAC: 2.04x.
 LANE_PER_MAC = (7700.0 + 4184.0) / (1640.0 + 4184.0)
 # SRAM, mm^2 per MiB at 7 nm: TSMC's 7 nm 256 Mib SRAM test chip, about 1.3 mm^2/MiB with its
-# periphery (ISSCC 2017, Chang et al.; DESIGN.md section 7). Other nodes scale with the
+# periphery (ISSCC 2017, Chang et al.). Other nodes scale with the
 # high-density bitcell area, um^2 (TSMC, IEDM papers / WikiChip): 16FF+ 0.074, N10 0.042,
 # N7 0.027, N5 0.021 (4N: N5 family), N3E 0.021.
 SRAM_MM2_PER_MIB_7NM = 1.3
 SRAM_BITCELL_UM2 = {16: 0.074, 10: 0.042, 7: 0.027, 5: 0.021, 4: 0.021, 3: 0.021}
 # HBM PHY and controller per 1024-bit stack: about 10.5 mm^2 for an HBM2e PHY (LLMCompass, ISCA
-# 2024; DESIGN.md section 7). assumption: the controller is a few mm^2 of logic; we take the PHY
+# 2024). assumption: the controller is a few mm^2 of logic; we take the PHY
 # figure for both, and the same for HBM2 and HBM3 (same 1024-bit interface).
 HBM_PHY_MM2_PER_STACK = 10.5
 # One chip-to-chip link PHY: about 1 mm^2 per NVLink 4 link (LLMCompass, ISCA 2024).
@@ -83,12 +83,12 @@ HBM = {
 # (4 nm: the N5 family). assumption: 3 nm at 20000 (no public figure in that source).
 WAFER_USD = {16: 3984.0, 10: 5992.0, 7: 9346.0, 5: 16988.0, 4: 16988.0, 3: 20000.0}
 # Defect density, per cm^2, for the negative-binomial yield (1 + A*D0/alpha)^-alpha with
-# alpha = 3 (LLMCompass's supply-chain cost model; DESIGN.md section 7: 0.15 at 7 nm, 0.20 at
+# alpha = 3 (LLMCompass's supply-chain cost model: 0.15 at 7 nm, 0.20 at
 # 5 nm). assumption: 16 and 10 nm mature at 0.10, 4 nm as 5 nm, 3 nm 0.25.
 DEFECTS_PER_CM2 = {16: 0.10, 10: 0.10, 7: 0.15, 5: 0.20, 4: 0.20, 3: 0.25}
 YIELD_ALPHA = 3.0
 WAFER_DIAMETER_MM = 300.0
-HBM_USD_PER_GB = 7.0   # HBM, USD per GB (1e9 B) of capacity (LLMCompass's cost model; DESIGN.md)
+HBM_USD_PER_GB = 7.0   # HBM, USD per GB (1e9 B) of capacity (LLMCompass's cost model)
 
 # ---- energy coefficients -----------------------------------------------------------------------
 # At 45 nm, 0.9 V (Horowitz, ISSCC 2014, energy table): FP16 multiply 1.1 pJ, FP32 add 0.9 pJ,

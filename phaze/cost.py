@@ -1,4 +1,4 @@
-"""Operator cost model: the time of one operator on a chip (shared/DESIGN.md section 3).
+"""Operator cost model: the time of one operator on a chip.
 
 Pure functions of (operator shape, chip, efficiency). A GEMM is a tile-level roofline: whole
 output tiles in whole waves over the tensor units, against the bytes each memory level must move

@@ -1,4 +1,4 @@
-"""Device placement: the best execution plan of a model on a cluster (shared/DESIGN.md section 5).
+"""Device placement: the best execution plan of a model on a cluster.
 
 For every layout (tensor-parallel width tp, pipeline depth pp, micro-batch mbs, interleaving vp)
 an exact dynamic program chooses the contiguous stage partition of the layers and each stage's

@@ -1,4 +1,4 @@
-"""Optimal operator schedule of one layer phase on one chip (shared/DESIGN.md section 4).
+"""Optimal operator schedule of one layer phase on one chip.
 
 One phase (a layer's forward ops, or its backward ops) is a DAG. Each op picks one *mode* (how
 many tensor / vector units it runs on; the cost model gives its time on that many) and a start

@@ -1,4 +1,4 @@
-"""Independent checker for operator schedules (shared/DESIGN.md section 4).
+"""Independent checker for operator schedules (the README's "Scheduling a layer on the chip's units").
 
 Shares no code with the solver in :mod:`phaze.schedule`: it recomputes every op's duration from
 :func:`phaze.cost.op_time` for the units the schedule says it ran on, derives what each op holds

@@ -1,4 +1,4 @@
-"""The architecture search: an Optuna study over chip designs (shared/DESIGN.md section 6).
+"""The architecture search: an Optuna study over chip designs.
 
 Each trial samples the chip parameters of a sweep config, builds the chip, scores it on every
 workload (:func:`phaze.candidate.evaluate_chip`) and records the objectives, the budgets through

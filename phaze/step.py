@@ -3,7 +3,7 @@
 ``evaluate`` is pure and cached by its arguments: (workload, chip, cluster, batch, plan,
 efficiency) -> :class:`StepResult`. Layer times are the makespans of the layers' optimal
 schedules (on a GPU, the sum of the operators: its kernels run one after another); pipeline,
-data-parallel and optimizer terms follow shared/DESIGN.md section 5.
+data-parallel and optimizer terms are the 1F1B formula of :func:`step_time_of`.
 """
 from __future__ import annotations
 

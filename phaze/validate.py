@@ -1,4 +1,4 @@
-"""Validation against published training runs (shared/DESIGN.md section 8).
+"""Validation against published training runs.
 
 Each CSV row becomes a case: the row's model, its chip, its own layout. phaze predicts seconds
 per step; the row's measured metric is converted to seconds per step with its source's FLOP
