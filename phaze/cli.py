@@ -669,7 +669,8 @@ def cmd_report(args) -> int:
     both on one front."""
     from pathlib import Path
 
-    from .report import compare_studies, load_study, write_study_files
+    from .report import load_study
+    from .study_files import compare_studies, write_study_files
     paths = list(args.study_dirs)
     names = list(args.study or [])
     if not paths and not args.storage:

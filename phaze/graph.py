@@ -78,6 +78,15 @@ class Op:
         return self.bytes_read + self.bytes_written
 
 
+def collective_groups(tp: int, moe: ExpertLayout | None) -> dict:
+    """Collective groups of a layer: (size, rank stride); expert ranks are etp-major, then ep
+    (``ep_node``: one ep rank per node, the ranks a DeepEP network transfer joins)."""
+    if moe is None:
+        return {"tp": (tp, 1)}
+    return {"tp": (tp, 1), "ep": (moe.ep, moe.etp), "etp": (moe.etp, 1),
+            "ep_node": (moe.nodes, moe.etp * (moe.ep // moe.nodes))}
+
+
 @dataclass(frozen=True)
 class LayerGraph:
     """Forward and backward DAGs of one transformer layer on one device."""

@@ -21,6 +21,7 @@ import pandas as pd
 
 from .configio import ConfigError
 from .space import SweepConfig
+from .storage import _optuna, make_storage, study_dir
 
 BREAKDOWN = ("compute_s", "memory_bound_s", "communication_exposed_s", "pipeline_bubble_s", "optimizer_s")
 
@@ -261,7 +262,6 @@ def load_study(path: str | Path | None = None, storage: str | None = None, name:
     its SQLite file, or a storage URL (with ``name`` unless the storage holds one study). Raises
     :class:`ConfigError` with one clear line for a missing path, a path that is not a study, an
     unknown name, a study phaze did not write, and a study without a complete trial."""
-    from .search import _optuna, make_storage, study_dir
     optuna = _optuna()
     what = str(path) if path is not None else "--storage"
     if path is not None:
@@ -348,7 +348,6 @@ def importances(study, meta: StudyMeta) -> tuple[dict[str, dict[str, float]], st
     """Per objective, each searched parameter's importance over the feasible trials (PED-ANOVA:
     how much each parameter decides reaching the best tenth of the designs; normalised to sum to
     1), and a note when there are too few trials or parameters to tell."""
-    from .search import _optuna
     optuna = _optuna()
     done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
             if t.user_attrs.get("feasible") and t.values]
@@ -661,45 +660,3 @@ def storage_hint(study) -> str:
                 path = Path(path.name)
             return f"sqlite:///{path.as_posix()}"
     return url
-
-
-def write_study_files(study, cfg: SweepConfig | None = None, out_dir: Path | None = None,
-                      figures: bool = True) -> dict[str, Path]:
-    """Write ``trials.csv``, ``pareto.csv``, ``baselines.csv``, ``report.md`` and, with
-    ``figures``, ``report.html`` and every figure (PNG and SVG) into ``out_dir`` (default: the
-    study's folder). ``cfg`` is optional: without it the study's own attributes say what it is."""
-    meta = study_meta(study, cfg)
-    out_dir = Path(out_dir) if out_dir is not None else Path("results") / study.study_name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    trials = trials_frame(study, meta.objectives)
-    front = pareto_frame(trials, meta.objectives, meta.directions) if len(trials) else trials
-    base = baselines_frame(study, meta.objectives)
-    files = {"trials": out_dir / "trials.csv", "pareto": out_dir / "pareto.csv",
-             "baselines": out_dir / "baselines.csv", "report": out_dir / "report.md"}
-    _atomic_write(files["trials"], trials.to_csv(index=False, float_format="%.9g"))
-    _atomic_write(files["pareto"], front.to_csv(index=False, float_format="%.9g"))
-    _atomic_write(files["baselines"], base.to_csv(index=False, float_format="%.9g"))
-    figs, notes = {}, {}
-    if figures and len(trials):
-        from .plots import write_figures, write_html
-        drawn, notes = write_figures(study, meta, trials, base, out_dir, cfg)
-        figs = {k: v["png"].name for k, v in drawn.items()}
-        for k, v in drawn.items():
-            files[f"{k}.png"], files[f"{k}.svg"] = v["png"], v["svg"]
-        files["html"] = write_html(study, meta, trials, base, out_dir, drawn, notes)
-    _atomic_write(files["report"], markdown(study, meta, trials, base, figs, notes))
-    return files
-
-
-def compare_studies(studies: list, out_dir: Path) -> dict[str, Path]:
-    """Two (or more) studies on one front: ``compare.md``, ``compare.html`` and the figures
-    ``compare-front`` and ``compare-history`` (PNG and SVG) in ``out_dir``."""
-    from .plots import write_compare
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data = []
-    for study in studies:
-        meta = study_meta(study)
-        trials = trials_frame(study, meta.objectives)
-        data.append((study, meta, trials, baselines_frame(study, meta.objectives)))
-    return write_compare(data, out_dir)

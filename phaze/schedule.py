@@ -77,12 +77,10 @@ from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-from ortools.sat.python import cp_model
-
 from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, op_time
-from .graph import Op
+from .graph import Op, collective_groups, layer_graph
 
 DEFAULT_SHARES = (1.0, 0.5, 0.25, 0.125)   # shares of a unit pool an op may run on
 TICK_RESOLUTION_EXP = 20                    # fastest-mode sum of a phase spans [2**20, 2**21) ticks
@@ -785,6 +783,7 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, h
     """CP-SAT on the ops ``seg`` in ticks. Returns (status, {op: mode}, {op: start}, proven
     lower bound); status is CP-SAT's name (UNKNOWN, ...) and the rest None when no solution
     was found."""
+    from ortools.sat.python import cp_model  # deferred: 0.24 s to import, and only a solve needs it
     m = cp_model.CpModel()
     starts, ends, bools = {}, {}, {}
     per_res: dict[str, list] = {r: [] for r in capacities}
@@ -994,11 +993,9 @@ def layer_tasks(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, 
                 ) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
     """(forward, backward incl. recompute) tasks of one layer on ``chip``: the cost model run once
     per (layer, chip) for the bounds and the solve alike; ``moe``: the expert layers' layout."""
-    from .graph import layer_graph
-    from .step import _groups
     check_layer_args(model, mbs, tp, sp, attention, recompute)
     g = layer_graph(model, mbs, tp, sp, attention, recompute, moe)
-    kw = dict(groups=_groups(tp, moe), bytes_per_element=model.bytes_per_element, shares=modes)
+    kw = dict(groups=collective_groups(tp, moe), bytes_per_element=model.bytes_per_element, shares=modes)
     return op_tasks(g.fwd, chip, model.precision, eff, **kw), op_tasks(g.bwd, chip, model.precision, eff, **kw)
 
 
@@ -1149,7 +1146,13 @@ def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "") -
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.04 + 0.012 * ((len(kinds) + 7) // 8), 1, 1))
+    # written beside and renamed: several workers ending one study write the same report files,
+    # and one of them may be reading this figure while another draws it
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
     try:
-        fig.savefig(path, dpi=150)
+        fig.savefig(tmp, dpi=150, format=path.suffix.lstrip(".") or None)
+        os.replace(tmp, path)
     finally:
         plt.close(fig)
+        tmp.unlink(missing_ok=True)

@@ -15,7 +15,6 @@ import itertools
 import logging
 import math
 import multiprocessing
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,103 +23,18 @@ from .configio import ConfigError
 from .exact import ExactSampler, certificate, make_exact_sampler
 from .norepeat import make_norepeat
 from .space import CONSTRAINTS, SweepConfig, build_chip, chip_values
+from .storage import (  # noqa: F401  (re-exported: phaze.search is where users find them)
+    GRACE_PERIOD_S,
+    _optuna,
+    default_storage,
+    make_storage,
+    postgres_driver_url,
+    study_dir,
+)
+from .study_files import write_study_files
 
 STATES_COUNTED = ("COMPLETE", "RUNNING")   # toward --trials: done, or in flight on some worker
 DUPLICATE_STREAK = 200                     # consecutive repeat proposals that end a search
-
-
-def _optuna():
-    import warnings
-
-    import optuna
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return optuna
-
-
-def default_storage(cfg: SweepConfig, study: str | None = None, root: str | Path = "results") -> str:
-    """SQLite file under ``results/<study>/``, as a relative URL (no machine paths in files)."""
-    return f"sqlite:///{Path(root) / (study or cfg.name) / 'study.db'}"
-
-
-def study_dir(storage: str, study: str, root: str | Path = "results") -> Path:
-    """Where a study's files go: beside its SQLite or journal file when the file's folder is named
-    after the study (the default ``results/<study>/study.db``), else in a folder of the study's
-    name beside the file (several studies in one file never overwrite each other's files); for a
-    server storage, ``results/<study>/``."""
-    for prefix in ("sqlite:///", "journal:///"):
-        if storage.startswith(prefix):
-            parent = Path(storage[len(prefix):]).parent
-            return parent if parent.name == study else parent / study
-    return Path(root) / study
-
-
-SCHEMA_RETRIES = 8
-_SCHEMA_RACE = ("UNIQUE constraint failed", "duplicate key value", "already exists", "UniqueViolation")
-GRACE_PERIOD_S = 30     # a running trial whose worker has not beaten its heart for this long is dead
-
-
-def make_storage(url: str, heartbeat: bool = True, grace_period_s: int = GRACE_PERIOD_S):
-    """An Optuna RDB storage; with ``heartbeat``, a killed worker's trial is failed after
-    ``grace_period_s`` and retried once (heartbeats work only inside ``study.optimize``)."""
-    _optuna()
-    from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-    kwargs = {}
-    if url.startswith("journal:///"):     # Optuna's file journal: no database, no heartbeats
-        path = Path(url[len("journal:///"):])
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
-        except OSError as exc:
-            raise ConfigError("--storage", None, f"cannot open the journal {str(path)!r} ({exc.strerror})") from None
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError("--storage", None, f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
-        kwargs = {"connect_args": {"timeout": 60}}
-    elif url.startswith("postgresql"):
-        kwargs = {"connect_args": {"connect_timeout": 5}}
-    shown = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)     # never print a password
-    url = postgres_driver_url(url)
-    def open_rdb():
-        if not heartbeat:
-            return RDBStorage(url, engine_kwargs=kwargs)
-        interval = max(1, grace_period_s // 6)
-        return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=interval,
-                          grace_period=max(grace_period_s, interval + 1),
-                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
-
-    try:
-        for attempt in range(SCHEMA_RETRIES):
-            try:
-                return open_rdb()
-            except Exception as exc:
-                # processes started together on a new storage race to create its tables: the
-                # losers see the winner's rows or tables; the schema is there once it commits
-                text = str(exc)
-                if attempt + 1 == SCHEMA_RETRIES or not any(w in text for w in _SCHEMA_RACE):
-                    raise
-                time.sleep(0.2 * (attempt + 1))
-    except Exception as exc:   # bad URL, missing driver, unreachable server: one line
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        detail = detail.replace(url, shown)
-        raise ConfigError("--storage", None, f"cannot open {shown!r}: {detail[:200]}; allowed: "
-                          f"sqlite:///PATH, postgresql://USER@HOST/DB (pip install -e '.[postgres]'), "
-                          f"or any SQLAlchemy URL Optuna supports") from None
-
-
-def postgres_driver_url(url: str) -> str:
-    """``postgresql://`` means psycopg2 to SQLAlchemy; phaze's ``postgres`` extra installs psycopg
-    (3), so a plain URL is given that driver when psycopg2 is not there."""
-    if not url.startswith("postgresql://"):
-        return url
-    import importlib.util
-    if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
-        return "postgresql+psycopg://" + url[len("postgresql://"):]
-    return url
 
 
 def make_sampler(cfg: SweepConfig, worker: int = 0):
@@ -502,7 +416,6 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
         if cfg.sampler == "exact":
             write_certificate(cfg, study, study_dir(url, name) if write else None)
         if write:
-            from .report import write_study_files
             write_study_files(study, cfg, study_dir(url, name))
     return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
                         time.perf_counter() - start, note)
@@ -612,7 +525,6 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
     finally:
         bar.close()
         if write:
-            from .report import write_study_files
             write_study_files(study, cfg, study_dir(url, name))
     return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
                         time.perf_counter() - start)

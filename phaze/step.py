@@ -16,9 +16,19 @@ import numpy as np
 from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, collective_time, op_time
-from .graph import DROPLESS_LOAD, ExpertLayout, edge_graph, kv_width, layer_graph, optimizer_op, tensor_flops
+from .graph import (
+    DROPLESS_LOAD,
+    ExpertLayout,
+    collective_groups,
+    edge_graph,
+    kv_width,
+    layer_graph,
+    optimizer_op,
+    tensor_flops,
+)
 from .memory import StageMemory, activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
 from .plan import Plan
+from .schedule import layer_bounds, schedule_layer
 from .workload import Model, with_seq_len
 
 
@@ -91,22 +101,13 @@ def expert_layout(model: Model, plan: Plan, chip: Chip | None = None) -> ExpertL
     return ExpertLayout(plan.ep, plan.etp, load, nodes, plan.ep_overlap)
 
 
-def _groups(tp: int, moe: ExpertLayout | None) -> dict:
-    """Collective groups of a layer: (size, rank stride); expert ranks are etp-major, then ep
-    (``ep_node``: one ep rank per node, the ranks a DeepEP network transfer joins)."""
-    if moe is None:
-        return {"tp": (tp, 1)}
-    return {"tp": (tp, 1), "ep": (moe.ep, moe.etp), "etp": (moe.etp, 1),
-            "ep_node": (moe.nodes, moe.etp * (moe.ep // moe.nodes))}
-
-
 @lru_cache(maxsize=16384)
 def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
                 eff: Efficiency, moe: ExpertLayout | None = None) -> tuple[PhaseTime, PhaseTime]:
     """(forward, backward) sums of the layer's operator times, split by what bounds each op; for a
     mixture of experts with dense layers, the mean over its dense and MoE layers."""
     g = layer_graph(model, mbs, tp, sp, attention, recompute, moe)
-    groups = _groups(tp, moe)
+    groups = collective_groups(tp, moe)
     p = model.bytes_per_element
     fwd, bwd = (_sum_ops(g.fwd, chip, model.precision, eff, groups, p),
                 _sum_ops(g.bwd, chip, model.precision, eff, groups, p))
@@ -136,7 +137,6 @@ def layer_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention:
     fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
     if schedule == "sequential" or chip.unit_sharing == "sequential":
         return fwd, bwd
-    from .schedule import schedule_layer
     sf, sb = schedule_layer(model, chip, mbs, tp, sp, attention, recompute, eff, moe=moe)
     return _scaled(fwd, sf.makespan_s), _scaled(bwd, sb.makespan_s)
 
@@ -158,7 +158,6 @@ def layer_time_bounds(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, att
     fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
     if schedule == "sequential" or chip.unit_sharing == "sequential":
         return (fwd, bwd), (fwd, bwd)
-    from .schedule import layer_bounds
     (fl, fh), (bl, bh) = layer_bounds(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
     return ((_scaled(fwd, fl), _scaled(bwd, bl)), (_scaled(fwd, fh), _scaled(bwd, bh)))
 

@@ -168,7 +168,8 @@ def test_pareto_set_is_non_dominated_and_complete(tiny):
 def test_report_from_the_storage_alone_matches_the_search(tiny, tmp_path):
     """``phaze report`` without the YAML writes what the end of ``phaze search`` wrote."""
     root, out = tiny
-    from phaze.report import load_study, write_study_files
+    from phaze.report import load_study
+    from phaze.study_files import write_study_files
     cfg = load_sweep(root / "tiny.yaml")
     study, folder = load_study(out)
     assert folder == out
