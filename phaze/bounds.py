@@ -157,28 +157,35 @@ def _ops_work(ops, eff: Efficiency, R: int, C: int, fill: bool) -> tuple[float, 
     return t, v, s
 
 
-@lru_cache(maxsize=4096)
-def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fill: bool) -> tuple[Work, ...]:
-    """The work of each tensor width, micro-batch and recompute mode the placement may pick for
-    ``spec`` (every layer at its width, the output layer once per micro-batch) on arrays of ``rows`` x
-    ``cols``. Empty for a mixture of experts or context parallelism (level 0 does not bound them:
-    the busiest rank's load depends on the layout; level 1 does)."""
+def _layout_options(spec: WorkloadSpec):
+    """(tp, sp, mbs, recompute) of every layout option the placement may pick for ``spec`` whose
+    work the operator graphs give in closed form: none for a mixture of experts or context
+    parallelism (the busiest rank's load depends on the layout; level 1 bounds them)."""
     m, o = spec.model, spec.options
     if m.moe or m.context_parallel > 1:
-        return ()
-    out = []
+        return
     modes = [r for r in RECOMPUTE if r in o.recompute]
     for tp in sorted(set(o.tp)):
         if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:   # never placed
             continue
-        sp = o.sp and tp > 1
         for mbs in sorted(set(o.mbs)):     # padding and fills do not scale with the micro-batch
-            head = _ops_work(edge_graph(m, mbs, tp, sp)["head"], eff, rows, cols, fill)
             for r in modes:
-                layer = _ops_work(layer_graph(m, mbs, tp, sp, o.attention, r).ops, eff, rows, cols, fill)
-                # per micro-batch, over the tp ranks of its group: every layer, and the head once
-                per_mb = [tp * (m.layers * a + h) for a, h in zip(layer, head, strict=True)]
-                out.append(Work(*(spec.global_batch / mbs * x for x in per_mb)))
+                yield tp, o.sp and tp > 1, mbs, r
+
+
+@lru_cache(maxsize=4096)
+def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fill: bool) -> tuple[Work, ...]:
+    """The work of each tensor width, micro-batch and recompute mode the placement may pick for
+    ``spec`` (every layer at its width, the output layer once per micro-batch) on arrays of ``rows`` x
+    ``cols`` (:func:`_layout_options`; empty when it has none)."""
+    m = spec.model
+    out = []
+    for tp, sp, mbs, r in _layout_options(spec):
+        head = _ops_work(edge_graph(m, mbs, tp, sp)["head"], eff, rows, cols, fill)
+        layer = _ops_work(layer_graph(m, mbs, tp, sp, spec.options.attention, r).ops, eff, rows, cols, fill)
+        # per micro-batch, over the tp ranks of its group: every layer, and the head once
+        per_mb = [tp * (m.layers * a + h) for a, h in zip(layer, head, strict=True)]
+        out.append(Work(*(spec.global_batch / mbs * x for x in per_mb)))
     return tuple(out)
 
 
@@ -280,20 +287,16 @@ def _ops_energy(ops, k: dict, precision: str, p: int, tp: int) -> float:
 
 def _energy_min(spec: WorkloadSpec, k: dict) -> float:
     """The least energy of one step over the cluster that the energy model charges for the ops'
-    work, over the layout options (the reduction and optimizer traffic, at least 0, left out)."""
-    m, o = spec.model, spec.options
+    work, over the layout options (the reduction and optimizer traffic, at least 0, left out;
+    0 where :func:`_layout_options` has none)."""
+    m = spec.model
     best = math.inf
-    for tp in sorted(set(o.tp)):
-        if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:
-            continue
-        sp = o.sp and tp > 1
-        for mbs in sorted(set(o.mbs)):
-            e = edge_graph(m, mbs, tp, sp)
-            edges = _ops_energy(e["embedding"] + e["head"], k, m.precision, m.bytes_per_element, tp)
-            for r in (x for x in RECOMPUTE if x in o.recompute):
-                layer = _ops_energy(layer_graph(m, mbs, tp, sp, o.attention, r).ops, k, m.precision,
-                                    m.bytes_per_element, tp)
-                best = min(best, spec.global_batch / mbs * tp * (m.layers * layer + edges))
+    for tp, sp, mbs, r in _layout_options(spec):
+        e = edge_graph(m, mbs, tp, sp)
+        edges = _ops_energy(e["embedding"] + e["head"], k, m.precision, m.bytes_per_element, tp)
+        layer = _ops_energy(layer_graph(m, mbs, tp, sp, spec.options.attention, r).ops, k, m.precision,
+                            m.bytes_per_element, tp)
+        best = min(best, spec.global_batch / mbs * tp * (m.layers * layer + edges))
     return 0.0 if not math.isfinite(best) else best
 
 

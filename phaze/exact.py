@@ -33,7 +33,7 @@ import numpy as np
 
 from .area import silicon
 from .bounds import chip_bound, chip_power_bounds, dominance_keys, dominated_by, grid, grid_bounds
-from .space import CONSTRAINTS, SweepConfig, build_chip
+from .space import CONSTRAINTS, SweepConfig, build_chip, design_key
 from .validate import load_default_params, params_for
 
 BOUND_ATTR = "exact_bound1:"       # study system attribute prefix: level-1 bound of grid point i
@@ -69,7 +69,7 @@ class Space:
         return build_chip(self.cfg.base, v, self.cfg.process_node_nm, self.cfg.link_latency_s)
 
     def key_of(self, params: dict):
-        return self.index.get(tuple(sorted(params.items())))
+        return self.index.get(design_key(params))
 
 
 @lru_cache(maxsize=4)
@@ -101,7 +101,7 @@ def prepare(cfg: SweepConfig) -> Space:
         ok &= ~m
     ub0 = grid_bounds(cfg, g, _efficiency)
     mono, other = dominance_keys(cfg, g)
-    index = {tuple(sorted(g.point(i).items())): i for i in range(n)} if n <= 2_000_000 else {}
+    index = {design_key(g.point(i)): i for i in range(n)} if n <= 2_000_000 else {}
     return Space(cfg, g, area, cost, leak, over, ok, ub0, mono, other, index)
 
 
@@ -126,14 +126,17 @@ def _oriented(cfg: SweepConfig, values) -> np.ndarray:
     return np.array([v if d == "maximize" else -v for v, d in zip(values, cfg.directions, strict=True)])
 
 
-def _weakly_dominated(point: np.ndarray, front: np.ndarray) -> bool:
-    """Whether some row of ``front`` is at least ``point`` in every (oriented) objective, up to
-    rounding."""
-    if not len(front):
-        return False
-    with np.errstate(invalid="ignore"):     # an infinite bound is dominated by nothing
+def _dominating(point: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Mask of the ``rows`` that are at least ``point`` in every (oriented) objective, up to
+    rounding (an infinite bound is dominated by nothing)."""
+    with np.errstate(invalid="ignore"):
         tol = _REL * np.maximum(np.abs(point), 1e-300)
-        return bool(np.any(np.all(front >= point - tol, axis=1)))
+        return np.all(rows >= point - tol, axis=1)
+
+
+def _weakly_dominated(point: np.ndarray, front: np.ndarray) -> bool:
+    """Whether some row of ``front`` weakly dominates ``point``."""
+    return bool(len(front)) and bool(np.any(_dominating(point, front)))
 
 
 # --- the state a worker rebuilds from the storage ----------------------------------------------------
@@ -511,12 +514,14 @@ def certificate(cfg: SweepConfig, study) -> tuple[Certificate, list[dict]]:
 
 
 def _dominator(s: ExactSampler, i: int, b: float, front: np.ndarray, st: _State) -> int | None:
+    """The earliest evaluated feasible trial that weakly dominates point ``i``'s optimistic point
+    (None when only the segment check of throughput and power prunes it)."""
     point = optimistic(s.space, i, b, s.power_bound(i))
-    for num, _, ok, v in sorted(st.evaluated.values(), key=lambda x: x[0]):
-        with np.errstate(invalid="ignore"):
-            if ok and np.all(v >= point - _REL * np.maximum(np.abs(point), 1e-300)):
-                return num
-    return None
+    feasible = sorted((num, v) for num, _, ok, v in st.evaluated.values() if ok)
+    if not feasible:
+        return None
+    hit = np.flatnonzero(_dominating(point, np.array([v for _, v in feasible])))
+    return feasible[hit[0]][0] if len(hit) else None
 
 
 __all__ = ["Certificate", "ExactSampler", "certificate", "make_exact_sampler", "prepare"]

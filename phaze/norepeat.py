@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import random
 
+from .space import design_key
+
 ATTEMPTS = 64            # draws from the wrapped sampler before a random unseen design
 RANDOM_ATTEMPTS = 10_000
-
-
-def _key(params: dict) -> tuple:
-    return tuple(sorted(params.items()))
 
 
 def make_norepeat(inner, cfg, seed: int = 0):
@@ -36,7 +34,7 @@ def make_norepeat(inner, cfg, seed: int = 0):
             return dict(self.space)
 
         def _seen(self, study) -> set:
-            return {_key(t.params) for t in study.get_trials(deepcopy=False) if len(t.params) == len(self.space)}
+            return {design_key(t.params) for t in study.get_trials(deepcopy=False) if len(t.params) == len(self.space)}
 
         def sample_relative(self, study, trial, search_space):
             seen = self._seen(study)
@@ -46,12 +44,12 @@ def make_norepeat(inner, cfg, seed: int = 0):
                 for name, dist in self.space.items():
                     if name not in p:
                         p[name] = self.inner.sample_independent(study, trial, name, dist)
-                if _key(p) not in seen:
+                if design_key(p) not in seen:
                     return p
                 self.repeats_avoided += 1
             for _ in range(RANDOM_ATTEMPTS):      # the sampler has converged: explore instead
                 p = {name: self.rng.choice(c) for name, c in self.choices.items()}
-                if _key(p) not in seen:
+                if design_key(p) not in seen:
                     return p
             return p                              # (nearly) every design is held: a repeat is pruned
 

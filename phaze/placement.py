@@ -401,6 +401,14 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
     return "--tp", "no valid layout in the options"
 
 
+def _allowed_n(L: int, pp: int, v: int) -> list[int]:
+    """The layer counts a stage may hold: without interleaving 1 .. L - pp + 1; interleaved, chunks
+    of c or c + 1 layers (c = L // (pp v)), so a stage's v chunks hold v c .. v c + v layers (c = 0:
+    pp v is the layers + 1 or 2, the embedding and loss chunks hold none)."""
+    c = L // (pp * v)
+    return sorted(range(v * c if c else v - 1, v * c + v + 1) if v > 1 else range(1, L - pp + 2))
+
+
 def _fits_somehow(opts: _Options, L: int) -> bool:
     """Whether some contiguous split, each stage in some mode, fits in memory (what the DP finds
     feasible)."""
@@ -454,11 +462,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
         L, pp = model.layers, base.pp
         even = stage_layers(L, pp, base.vp)
-        # interleaved: chunks of c or c + 1 layers (c = L // (pp vp)), a stage's vp chunks hold
-        # v c .. v c + v layers
-        v, c = base.vp, L // (pp * base.vp)
-        # (c = 0: pp*vp is the layers + 1 or 2, the embedding and loss chunks hold none)
-        allowed_n = sorted(range(v * c if c else v - 1, v * c + v + 1) if v > 1 else range(1, L - pp + 2))
+        allowed_n = _allowed_n(L, pp, base.vp)
         lb_costs = costs if exhaustive else _bound_costs(costs, modes)
         opts = _options(lb_costs, modes, allowed_n)     # memory does not depend on the bounds
         # the Megatron-style plan: even split, one recompute mode for every stage
@@ -594,9 +598,8 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
     for quick, _, base, lb_costs in sorted(cands, key=lambda c: c[:2]):
         if quick * _SLACK >= best:
             break
-        L, pp, v = model.layers, base.pp, base.vp
-        c = L // (pp * v)
-        allowed_n = sorted(range(v * c if c else v - 1, v * c + v + 1) if v > 1 else range(1, L - pp + 2))
+        L = model.layers
+        allowed_n = _allowed_n(L, base.pp, base.vp)
         opts = _options(lb_costs, modes, allowed_n)
         if not _fits_somehow(opts, L):
             continue
@@ -616,11 +619,6 @@ class StepBounds:
     step_ub: float
     busy_share_lb: float
     busy_lb_s: float = 0.0      # seconds the chosen plan's units are busy, at least
-
-
-def _allowed_n(L: int, pp: int, v: int) -> list[int]:
-    c = L // (pp * v)
-    return sorted(range(v * c if c else v - 1, v * c + v + 1) if v > 1 else range(1, L - pp + 2))
 
 
 def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,

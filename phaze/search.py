@@ -22,7 +22,7 @@ from pathlib import Path
 from .configio import ConfigError
 from .exact import ExactSampler, certificate, make_exact_sampler
 from .norepeat import make_norepeat
-from .space import CONSTRAINTS, SweepConfig, build_chip, chip_values
+from .space import CONSTRAINTS, SweepConfig, build_chip, chip_values, design_key
 from .storage import (  # noqa: F401  (re-exported: phaze.search is where users find them)
     GRACE_PERIOD_S,
     _optuna,
@@ -66,8 +66,7 @@ def make_sampler(cfg: SweepConfig, worker: int = 0):
         raise ConfigError(cfg.source, "sampler_options", f"{exc}") from None
 
 
-def _key(params: dict) -> tuple:
-    return tuple(sorted(params.items()))
+_key = design_key
 
 
 @dataclass

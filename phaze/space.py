@@ -146,6 +146,11 @@ class Dimension:
         return self.choices[self.values.index(best)]
 
 
+def design_key(params: dict) -> tuple:
+    """A design's identity: its sampler choices, sorted (what the study stores as ``params``)."""
+    return tuple(sorted(params.items()))
+
+
 def _even_step(c: tuple) -> float | None:
     if len(c) < 2:
         return None
