@@ -20,7 +20,8 @@ from .workload import Model, load_model, with_seq_len
 # CLI flags as the library's parameter names
 _PARAMETER = {"--plan": "plan", "--baseline": "plan", "--devices": "devices", "--global-batch": "global_batch",
               "--workload": "workload", "--arch": "arch", "--seq-len": "seq_len", "--tp": "tp", "--pp": "pp",
-              "--mbs": "mbs", "--vp": "vp", "--ep": "ep", "--zero": "zero", "--recompute": "recompute",
+              "--mbs": "mbs", "--vp": "vp", "--ep": "ep", "--cp": "cp", "--etp": "etp", "--routing": "routing",
+              "--zero": "zero", "--recompute": "recompute",
               "--attention": "attention", "--memory-reserve": "memory_reserve", "--params": "efficiency",
               "--system": "system"}
 
@@ -104,8 +105,9 @@ def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, g
           system: str | Path | System | None = None, **space):
     """Best execution plans of a workload on ``devices`` chips: ``phaze.place("gpt3-175b",
     "a100-80gb", 1024, 1536).best.plan``. The space searched is ``options``
-    (:class:`phaze.PlacementOptions`) or its fields as keywords: ``tp``, ``mbs``, ``pp``, ``vp``
-    (a value or a list), ``recompute`` (modes), ``zero`` (a stage or a list of stages),
+    (:class:`phaze.PlacementOptions`) or its fields as keywords: ``tp``, ``mbs``, ``pp``, ``vp``,
+    ``cp``, ``ep``, ``etp``, ``routing`` (a value or a list; ``vp``, ``cp``, ``etp`` empty: searched
+    as :mod:`phaze.placement` says), ``recompute`` (modes), ``zero`` (a stage or a list of stages),
     ``attention``, ``optimizer``, ``reduce_fp32``; ``memory_reserve_gib`` replaces the chip's
     modelled memory reserve; ``system`` the cluster, as in :func:`evaluate`."""
     from dataclasses import fields, replace
@@ -123,7 +125,8 @@ def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, g
         if key not in known:
             allowed = ", ".join(sorted(known | {"memory_reserve_gib"}))
             raise ConfigError(key, None, f"unknown keyword; allowed: {allowed}")
-        if key in ("tp", "mbs", "pp", "vp", "recompute", "zero") and isinstance(value, (int, str)):
+        listed = ("tp", "mbs", "pp", "vp", "cp", "ep", "etp", "routing", "recompute", "zero")
+        if key in listed and isinstance(value, (int, str)):
             value = (value,)
         changes[key] = tuple(value) if isinstance(value, list) else value
     if changes:

@@ -38,7 +38,7 @@ from .arch import Chip
 from .area import DEFAULT, _sent_bytes, energy_coefficients, node_energy_factor, silicon
 from .cost import Efficiency
 from .graph import edge_graph, layer_graph
-from .placement import place_bound, place_step_bounds
+from .placement import cp_values, place_bound, place_step_bounds
 from .plan import RECOMPUTE
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
 from .system import apply_system
@@ -162,7 +162,7 @@ def _layout_options(spec: WorkloadSpec):
     work the operator graphs give in closed form: none for a mixture of experts or context
     parallelism (the busiest rank's load depends on the layout; level 1 bounds them)."""
     m, o = spec.model, spec.options
-    if m.moe or m.context_parallel > 1:
+    if m.moe or m.context_parallel > 1 or max(cp_values(m, o)) > 1:
         return
     modes = [r for r in RECOMPUTE if r in o.recompute]
     for tp in sorted(set(o.tp)):

@@ -1,7 +1,9 @@
 """One candidate chip scored on a set of workloads: the pure function a search calls per trial.
 
-For each workload, the placement finds the best execution plan on the chip; the energy model
-gives the power of that plan; the silicon model gives area and cost. Throughput over workloads is
+For each workload, the placement finds the best execution plan on the chip; the plan runs within
+the chip's power limit (the sweep's power budget, else the chip's TDP; :mod:`phaze.power` lowers
+the clock until it fits) and the energy model gives its power; the silicon model gives area and
+cost. Throughput over workloads is
 their weighted geometric mean of tokens per second. Nothing here depends on the search: a
 notebook calls :func:`evaluate_chip` directly.
 """
@@ -11,10 +13,14 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .arch import Chip
+from .area import silicon
 from .cost import Efficiency
 from .placement import place
+from .power import within_limit
+from .schedule import schedule_layer
 from .space import CONSTRAINTS, WorkloadSpec
 from .system import apply_system
+from .validate import load_default_params, params_for
 
 STATUS_RANK = {"OPTIMAL": 0, "FEASIBLE": 1, "HEURISTIC": 2}
 
@@ -42,6 +48,14 @@ class WorkloadOutcome:
     layouts_considered: int = 0
     layouts_solved: int = 0          # layouts the placement had to solve (the rest were bounded out)
     solve_time_s: float = 0.0
+    clock_hz: float = 0.0            # the clock the plan ran at (below nominal: throttled to the limit)
+    nominal_clock_hz: float = 0.0
+    nominal_power_w: float = 0.0     # the plan's power at the nominal clock
+    power_limit_w: float | None = None
+
+    @property
+    def throttled(self) -> bool:
+        return self.feasible and self.clock_hz < self.nominal_clock_hz
 
 
 @dataclass(frozen=True)
@@ -117,7 +131,6 @@ def _schedule_quality(spec: WorkloadSpec, chip: Chip, plan, eff: Efficiency) -> 
     """Worst status and largest gap of the layer schedules the plan uses (cached solves)."""
     if chip.unit_sharing == "sequential" or plan.schedule == "sequential":
         return "OPTIMAL", 0.0
-    from .schedule import schedule_layer
     worst, gap = "OPTIMAL", 0.0
     for r in set(plan.stage_recompute or (plan.recompute,)):
         for s in schedule_layer(spec.model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention, r, eff):
@@ -127,8 +140,10 @@ def _schedule_quality(spec: WorkloadSpec, chip: Chip, plan, eff: Efficiency) -> 
     return worst, gap
 
 
-def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency) -> WorkloadOutcome:
-    from .area import step_energy
+def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency,
+                      power_limit_w: float | None = None) -> WorkloadOutcome:
+    """The best plan of ``spec`` on ``chip``, run within ``power_limit_w`` (None: the chip's TDP,
+    if it has one). The plan is chosen at the nominal clock, then throttled (:mod:`phaze.power`)."""
     chip = apply_system(chip, spec.system)
     head = dict(workload=spec.model.name, devices=spec.devices, global_batch=spec.global_batch)
     res = place(spec.model, chip, spec.devices, spec.global_batch, spec.options, eff, top=1)
@@ -136,8 +151,9 @@ def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency) -> Worklo
         return WorkloadOutcome(**head, feasible=False, reason=res.infeasible_reason,
                                layouts_considered=res.layouts_considered, layouts_solved=res.layouts_solved,
                                solve_time_s=res.solve_time_s)
-    plan, r = res.best.plan, res.best.result
-    energy = step_energy(spec.model, chip, spec.devices, spec.global_batch, plan, eff, result=r)
+    plan = res.best.plan
+    run = within_limit(spec.model, chip, spec.devices, spec.global_batch, plan, eff, power_limit_w, res.best.result)
+    r, energy = run.result, run.energy
     status, gap = _schedule_quality(spec, chip, plan, eff)
     return WorkloadOutcome(
         **head, feasible=True, plan=plan.label(), step_time_s=r.step_time_s, tokens_per_s=r.tokens_per_s,
@@ -145,23 +161,30 @@ def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency) -> Worklo
         power_w=energy.power_w, energy_per_step_j=energy.energy_per_step_j,
         tokens_per_joule=energy.tokens_per_joule, schedule_status=status, schedule_gap=gap,
         layouts_considered=res.layouts_considered, layouts_solved=res.layouts_solved,
-        solve_time_s=res.solve_time_s)
+        solve_time_s=res.solve_time_s, clock_hz=run.clock_hz, nominal_clock_hz=run.nominal_clock_hz,
+        nominal_power_w=run.nominal_power_w, power_limit_w=run.power_limit_w)
+
+
+def power_limit(chip: Chip, constraints=()) -> float | None:
+    """The power limit a candidate runs within: the tightest power budget, else the chip's TDP."""
+    budgets = [b for k, b in constraints if CONSTRAINTS[k] == ("power", "max")]
+    return min(budgets) if budgets else chip.tdp_w
 
 
 def evaluate_chip(chip: Chip, workloads: tuple[WorkloadSpec, ...], efficiency: Efficiency | None = None,
                   constraints=(), skip_if_over_budget: bool = True) -> ChipEvaluation:
-    """Score ``chip`` on ``workloads``: per workload the best plan, its power, and the chip's area,
-    cost and throughput. With ``skip_if_over_budget``, a chip whose area or cost already breaks a
+    """Score ``chip`` on ``workloads``: per workload the best plan, run within the power limit
+    (:func:`power_limit`), its power, and the chip's area, cost and throughput. With
+    ``skip_if_over_budget``, a chip whose area or cost already breaks a
     budget is not evaluated on the workloads (its throughput and power are reported as 0)."""
-    from .api import calibrated_efficiency
-    from .area import silicon
-    eff = calibrated_efficiency(chip) if efficiency is None else efficiency
+    eff = params_for(chip, load_default_params()) if efficiency is None else efficiency
     si = silicon(chip)
     pre = ChipEvaluation(chip.name, si.area_mm2, si.cost_usd, 0.0, 0.0, (), si.to_dict(), evaluated=False)
     static = [(k, b) for k, b in constraints if CONSTRAINTS[k][0] in ("area", "cost")]
     if skip_if_over_budget and any(v > 0 for k, v in pre.violations(static).items() if k != "plans"):
         return pre
-    outcomes = tuple(evaluate_workload(w, chip, eff) for w in workloads)
+    limit = power_limit(chip, constraints)
+    outcomes = tuple(evaluate_workload(w, chip, eff, limit) for w in workloads)
     throughput = weighted_geomean([o.tokens_per_s for o in outcomes], [w.weight for w in workloads])
     power = max((o.power_w for o in outcomes if o.feasible), default=0.0)
     return ChipEvaluation(chip.name, si.area_mm2, si.cost_usd, power, throughput, outcomes, si.to_dict())

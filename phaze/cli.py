@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 
 from .api import as_chip, as_model, as_plan
+from .area import DEFAULT, silicon
 from .configio import ConfigError
 from .cost import IDEAL
-from .plan import RECOMPUTE, SEARCHED_RECOMPUTE
+from .placement import MAX_AUTO_VP, Placement, PlacementOptions, cp_values, expert_widths, place, routing_values
+from .plan import RECOMPUTE, ROUTING, SEARCHED_RECOMPUTE
+from .power import PoweredStep, within_limit
 from .step import StepResult, evaluate
 
 GiB = 2.0 ** 30
@@ -49,7 +53,6 @@ _top = _int_at_least(1, "a positive integer up to 1000", 1000)
 
 def _gib(text: str) -> float:
     """An argparse type: a size in GiB (>= 0), returned in bytes."""
-    import math
     try:
         value = float(text)
     except ValueError:
@@ -65,9 +68,12 @@ def format_result(r: StepResult) -> str:
         f"{r.workload} on {r.devices} x {r.chip}, global batch {r.global_batch}",
         f"  plan               {r.plan}, dp={r.dp}, {r.micro_batches} micro-batches per step",
         f"  step time          {r.step_time_s:.3f} s",
-        f"  throughput         {r.samples_per_s:,.2f} samples/s   {r.tokens_per_s:,.0f} tokens/s",
-        f"  MFU                {pct(r.mfu)}   (HFU {pct(r.hfu).strip()}, model "
-        f"{r.model_flops_per_step / 1e15:,.1f} PFLOP per step)",
+        f"  throughput         {r.samples_per_s:,.2f} samples/s   {r.tokens_per_s:,.0f} tokens/s (cluster), "
+        f"{r.tokens_per_s_per_device:,.0f} tokens/s per device",
+        f"  MFU / HFU          {pct(r.mfu)} / {pct(r.hfu).strip()}   (model {r.model_flops_per_step / 1e15:,.1f} "
+        f"PFLOP per step)",
+        f"  TFLOP/s per device {r.model_flops_per_s_per_device / 1e12:,.1f} model, "
+        f"{r.hardware_flops_per_s_per_device / 1e12:,.1f} hardware (recompute included, as HFU counts)",
         f"  memory per device  {r.memory_per_device_bytes / GiB:.1f} GiB of {r.hbm_bytes / GiB:.1f} GiB"
         f" (stage {r.binding_stage}), {r.memory_reserve_bytes / GiB:.1f} GiB reserved: headroom "
         f"{r.headroom_bytes / GiB:.1f} GiB, {'fits' if r.fits else 'DOES NOT FIT'}",
@@ -83,6 +89,21 @@ def format_result(r: StepResult) -> str:
                  f"{m.weights_and_optimizer_bytes / GiB:.1f} GiB, activations "
                  f"{m.activation_bytes / GiB:.1f} GiB, transient {m.transient_bytes / GiB:.1f} GiB")
     return "\n".join(lines)
+
+
+def format_power(ps: PoweredStep) -> str:
+    """The power lines of a plan run within its chip's power limit."""
+    e = ps.energy
+    limit = (f"{ps.power_limit_w:g} W limit" + (" (the TDP)" if ps.power_limit_w == ps.tdp_w else "")
+             if ps.power_limit_w else "no power limit")
+    lines = [f"  power per device   {e.power_w:,.1f} W of a {limit}; {ps.energy_per_token_j * 1e3:,.3f} mJ per token "
+             f"({e.tokens_per_joule:,.2f} tokens/J)",
+             f"  clock              {ps.note()}"]
+    return "\n".join(lines)
+
+
+def _within_limit(model, chip, devices, batch, plan, eff, result, args) -> PoweredStep:
+    return within_limit(model, chip, devices, batch, plan, eff, getattr(args, "power_limit", None), result)
 
 
 def efficiency_for(chip, args):
@@ -155,13 +176,19 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         o = options
         out["searched"] = (f"tp {','.join(map(str, o.tp))}; mbs {','.join(map(str, o.mbs))}; pp "
                            + (','.join(map(str, o.pp)) if o.pp else "every divisor of devices/tp up to the layers")
-                           + f"; vp {','.join(map(str, o.vp))}; recompute {'/'.join(o.recompute)} per stage; "
+                           + "; vp " + (','.join(map(str, o.vp)) if o.vp else
+                                        f"every value Megatron accepts for the layers, up to {MAX_AUTO_VP}")
+                           + f"; cp {','.join(map(str, cp_values(model, o)))}"
+                           + f"; recompute {'/'.join(o.recompute)} per stage; "
                            f"zero {','.join(map(str, o.zero_stages))}; attention {o.attention}; optimizer "
                            f"{o.optimizer}; sp on when tp > 1; dp_overlap on; "
                            f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients")
         if model.moe:
-            from .placement import expert_widths
-            out["searched"] += f"; ep {','.join(map(str, expert_widths(model, o)))} (etp 1, dropless routing)"
+            routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
+                      for r in routing_values(model, o)]
+            out["searched"] += (f"; ep {','.join(map(str, expert_widths(model, o)))}; etp "
+                                + (','.join(map(str, o.etp)) if o.etp else "1 and tp")
+                                + f"; routing {', '.join(routes)}")
         tp = max(o.tp)
     if tp > model.kv_heads:
         out["kv_heads"] = (f"tp={tp} is more than the {model.kv_heads} KV heads: each KV head is replicated on "
@@ -215,13 +242,22 @@ def cmd_evaluate(args) -> int:
                           f"{result.memory_reserve_bytes / GiB:.1f} GiB reserved; allowed: plans that fit "
                           f"(try recompute=full, a larger tp or pp, a smaller mbs, zero=1, or 'phaze place' "
                           f"to find one) or --allow-oom to print the result anyway")
+    ps = _within_limit(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args), result, args)
+    result = ps.result
     notes = assumptions(model, chip, args, plan, _plan_keys(args.plan))
     if args.format == "json":
-        print(json.dumps(dict(result.to_dict(), assumptions=notes), indent=2))
+        print(json.dumps(dict(result.to_dict(), power=_power_dict(ps), assumptions=notes), indent=2))
     else:
         print(format_result(result))
+        print(format_power(ps))
         _print_assumptions(notes)
     return 0
+
+
+def _power_dict(ps: PoweredStep) -> dict:
+    d = ps.to_dict()
+    d.pop("result")
+    return d
 
 
 def _pct(x) -> str:
@@ -450,6 +486,13 @@ def _recompute_list(text: str) -> tuple[str, ...]:
     return values
 
 
+def _routing_list(text: str) -> tuple[str, ...]:
+    values = tuple(x.strip().lower() for x in text.split(",") if x.strip())
+    if not values or any(v not in ROUTING for v in values):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated subset of {','.join(ROUTING)}, got {text[:40]!r}")
+    return values
+
+
 def _zero_list(text: str) -> tuple[int, ...]:
     values = tuple(x.strip() for x in text.split(",") if x.strip())
     if not values or any(v not in ("0", "1", "2", "3") for v in values):
@@ -492,20 +535,33 @@ class _Ticker:
 
 
 def cmd_place(args) -> int:
-    from .placement import Placement, PlacementOptions, place
     model = as_model(args.workload, args.seq_len)
     chip = chip_for(args)
     baseline_plan = as_plan(args.baseline, "--baseline") if args.baseline else None
     options = PlacementOptions(tp=args.tp, mbs=args.mbs, recompute=args.recompute, pp=args.pp or (),
-                               vp=args.vp, zero=args.zero, attention=args.attention,
+                               vp=args.vp or (), zero=args.zero, attention=args.attention,
                                memory_reserve=args.memory_reserve, reduce_fp32=args.reduce_fp32,
-                               ep=args.ep or ())
+                               ep=args.ep or (), cp=args.cp or (), etp=args.etp or (),
+                               routing=args.routing or ())
     eff = efficiency_for(chip, args)
     with _Ticker("phaze place", unit="layout") as ticker:
         res = place(model, chip, args.devices, args.global_batch, options, eff, args.top, progress=ticker.progress)
     if res.best is None:
         raise ConfigError(res.infeasible_source or "--arch", None, res.infeasible_reason)
     kind = res.baseline_kind
+    # the plans are ranked at the nominal clock; each listed one then runs within the power limit
+    # (a plan that draws more is throttled: it may fall behind one ranked below it)
+    powered = {p.plan: _within_limit(model, chip, args.devices, args.global_batch, p.plan, eff, p.result, args)
+               for p in res.top}
+    top = tuple(sorted((Placement(p.plan, powered[p.plan].result) for p in res.top),
+                       key=lambda p: p.result.step_time_s))
+    res = replace(res, top=top, best=top[0])
+    if res.baseline is not None and baseline_plan is None:
+        b = res.baseline
+        bp = powered.get(b.plan) or _within_limit(model, chip, args.devices, args.global_batch, b.plan, eff,
+                                                  b.result, args)
+        powered[b.plan] = bp
+        res = replace(res, baseline=Placement(b.plan, bp.result))
     if baseline_plan is not None:
         plan = replace(baseline_plan, memory_reserve=args.memory_reserve)
         try:
@@ -514,13 +570,15 @@ def cmd_place(args) -> int:
             if exc.source != "--plan":
                 raise
             raise ConfigError("--baseline", exc.field, exc.message) from None
+        r = _within_limit(model, chip, args.devices, args.global_batch, plan, eff, r, args).result
         res = replace(res, baseline=Placement(plan, r))
         kind = "given with --baseline"
     baseline, gain = res.baseline, res.gain_over_baseline
     same = baseline is not None and baseline.plan == res.best.plan
     notes = assumptions(model, chip, args, options=options)
+    best_power = powered[res.best.plan]
     if args.format == "json":
-        out = {"best": dict(res.best.result.to_dict(), plan=res.best.plan.label()),
+        out = {"best": dict(res.best.result.to_dict(), plan=res.best.plan.label(), power=_power_dict(best_power)),
                "top": [dict(p.result.to_dict(), plan=p.plan.label()) for p in res.top],
                "baseline": dict(baseline.result.to_dict(), plan=baseline.plan.label()) if baseline else None,
                "baseline_kind": kind, "best_is_baseline": same,
@@ -532,6 +590,7 @@ def cmd_place(args) -> int:
     print(f"phaze place: {model.name} on {args.devices} x {chip.name}, global batch {args.global_batch}: "
           f"{res.layouts_feasible} of {res.layouts_considered} layouts fit, solved in {res.solve_time_s:.2f} s")
     print(format_result(res.best.result))
+    print(format_power(best_power))
     _print_assumptions(notes)
     print(f"  {'rank':<5} {'step (s)':>9} {'tokens/s':>12} {'MFU':>6} {'mem GiB':>8} {'free GiB':>8}  plan")
     for k, p in enumerate(res.top, 1):
@@ -700,7 +759,6 @@ def cmd_report(args) -> int:
 def cmd_area(args) -> int:
     """``phaze area``: die area, cost and leakage of a chip; with a workload, its step energy,
     average power and tokens per joule under a plan (phaze/area.py)."""
-    from .area import DEFAULT, silicon, step_energy
     chip = as_chip(args.arch)
     si = silicon(chip)
     out = {"chip": chip.name, "process_node_nm": chip.process_node_nm, "silicon": si.to_dict(),
@@ -712,14 +770,15 @@ def cmd_area(args) -> int:
             plan = as_plan(args.plan)
             result = evaluate(model, chip, args.devices, args.global_batch, plan, eff)
         else:
-            from .placement import PlacementOptions, place
             res = place(model, chip, args.devices, args.global_batch, PlacementOptions(), eff, 1)
             if res.best is None:
                 raise ConfigError("--arch", None, res.infeasible_reason)
             plan, result = res.best.plan, res.best.result
-        en = step_energy(model, chip, args.devices, args.global_batch, plan, eff, result)
+        ps = _within_limit(model, chip, args.devices, args.global_batch, plan, eff, result, args)
+        en = ps.energy
         out["energy"] = dict(en.to_dict(), workload=model.name, devices=args.devices,
-                             global_batch=args.global_batch, plan=plan.label(), fits=result.fits)
+                             global_batch=args.global_batch, plan=plan.label(), fits=ps.result.fits)
+        out["power"] = _power_dict(ps)
     if args.format == "json":
         print(json.dumps(out, indent=2, default=float))
         return 0
@@ -736,10 +795,28 @@ def cmd_area(args) -> int:
         print(f"  {e['workload']} on {e['devices']} chips, global batch {e['global_batch']}, plan {e['plan']}:")
         print(f"    energy per step {e['energy_per_step_j'] / 1e3:,.2f} kJ per device over "
               f"{e['step_time_s']:.3f} s: average power {e['power_w']:.1f} W"
-              + (f" (TDP {chip.tdp_w:g} W)" if chip.tdp_w else "") + f", {e['tokens_per_joule']:.3f} tokens/J")
+              + (f" (TDP {chip.tdp_w:g} W)" if chip.tdp_w else "") + f", {e['tokens_per_joule']:.3f} tokens/J, "
+              f"{1e3 / e['tokens_per_joule']:.3f} mJ per token")
+        print(f"    clock {ps.note()}")
         for k, v in e["breakdown_j"].items():
             print(f"    {k:<14} {v / e['step_time_s']:8.1f} W  {100 * v / e['energy_per_step_j']:5.1f} %")
     return 0
+
+
+def _watts(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= 1e5):
+        raise argparse.ArgumentTypeError(f"must be a power in watts > 0 (e.g. 500), got {text[:40]!r}")
+    return value
+
+
+def _power_args(p) -> None:
+    p.add_argument("--power-limit", type=_watts, default=None, metavar="W",
+                   help="the chip's power limit; above it the clock drops until the step fits "
+                        "(default: the chip's TDP)")
 
 
 def _system_args(p) -> None:
@@ -775,6 +852,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--schedule", choices=("optimal", "sequential"), default=None,
                     help="layer time from the CP-SAT schedule (default) or the sum of the operators")
     _system_args(ev)
+    _power_args(ev)
     ev.set_defaults(func=cmd_evaluate)
 
     va = sub.add_parser("validate", help="compare predicted and published step times")
@@ -799,13 +877,21 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--tp", type=_int_list, default=(1, 2, 4, 8), help="tensor-parallel widths (default 1,2,4,8)")
     pl.add_argument("--mbs", type=_int_list, default=(1, 2, 4, 8), help="micro-batch sizes (default 1,2,4,8)")
     pl.add_argument("--pp", type=_int_list, default=None, help="pipeline depths (default: every divisor)")
-    pl.add_argument("--vp", type=_int_list, default=(1,), help="interleaved chunks per stage (default 1)")
+    pl.add_argument("--vp", type=_int_list, default=None,
+                    help="interleaved chunks per stage (default: every vp Megatron accepts for the layers, up to 8)")
+    pl.add_argument("--cp", type=_int_list, default=None,
+                    help="context-parallel widths (default 1; from 16K tokens also every power of two leaving "
+                         "4K tokens per rank)")
     pl.add_argument("--recompute", type=_recompute_list, default=SEARCHED_RECOMPUTE,
                     help="recompute modes each stage may use (default none,selective,full; op: torchtitan's "
                          "per-op policy)")
     pl.add_argument("--ep", type=_int_list, default=None,
                     help="expert-parallel widths of a mixture of experts (default: the powers of two dividing "
                          "the experts; 1 for a dense model)")
+    pl.add_argument("--etp", type=_int_list, default=None,
+                    help="expert tensor-parallel widths of a mixture of experts (default 1 and tp)")
+    pl.add_argument("--routing", type=_routing_list, default=None,
+                    help="MoE routings to search: forced, dropless, capacity (default: the model's own)")
     pl.add_argument("--zero", type=_zero_list, default=(0, 1),
                     help="ZeRO stages to search (default 0,1: none and the distributed optimizer; 0,1,2,3 all)")
     pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default="flash",
@@ -821,6 +907,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--params", help="efficiency parameters (default: shipped calibration)")
     pl.add_argument("--ideal", action="store_true", help="ideal datasheet machine")
     _system_args(pl)
+    _power_args(pl)
     pl.set_defaults(func=cmd_place)
 
     ca = sub.add_parser("calibrate", help="fit the efficiency parameters on published runs")
@@ -884,6 +971,7 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--format", choices=("text", "json"), default="text")
     ar.add_argument("--params", help="efficiency parameters (default: shipped calibration)")
     ar.add_argument("--ideal", action="store_true", help="ideal datasheet machine")
+    _power_args(ar)
     ar.set_defaults(func=cmd_area)
     return parser
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from .area import silicon
 from .bounds import chip_bound, chip_power_bounds, dominance_keys, dominated_by, grid, grid_bounds
+from .power import V_FLOOR, throttled_power_floor
 from .space import CONSTRAINTS, SweepConfig, build_chip, design_key
 from .validate import load_default_params, params_for
 
@@ -91,7 +92,7 @@ def prepare(cfg: SweepConfig) -> Space:
         si = silicon(chip)
         area[i], cost[i], leak[i] = si.area_mm2, si.cost_usd, si.leakage_w
     over = {}
-    static = {"area": area, "cost": cost, "power": leak}    # power: leakage alone already over
+    static = {"area": area, "cost": cost, "power": leak * V_FLOOR}   # power: over even at the lowest voltage
     for key, bound in cfg.constraints:
         metric, sense = CONSTRAINTS[key]
         x = static[metric]
@@ -173,7 +174,9 @@ class ExactSampler:
         self.power_budget = min(budgets) if budgets else None
         self.needs_power = bool(budgets) or any(o in ("power", "throughput_per_w") for o in cfg.objectives)
         objs = set(cfg.objectives)
-        self._segment_ok = {"throughput", "power"} <= objs and objs <= {"throughput", "power", "area", "cost"}
+        # the throughput-power segment holds at the nominal clock only: not under a power budget
+        self._segment_ok = ({"throughput", "power"} <= objs and objs <= {"throughput", "power", "area", "cost"}
+                            and not budgets)
 
     # Optuna's sampler interface (a BaseSampler subclass is built lazily: optuna imports slowly)
     def infer_relative_search_space(self, study, trial):
@@ -233,12 +236,16 @@ class ExactSampler:
             if t.number in st.seen_trials or not t.user_attrs.get("evaluated", True):
                 continue
             st.seen_trials.add(t.number)
+            throttled = bool(t.user_attrs.get("throttled"))
             tput = float(t.user_attrs.get("throughput_tokens_per_s") or 0.0)
             feasible = bool(t.user_attrs.get("feasible"))
             prev = st.evaluated.get(i)
             if prev is None or t.number < prev[0]:
                 st.evaluated[i] = (t.number, tput, feasible, _oriented(self.cfg, t.values))
-            # every design this one dominates is at most as fast
+            if throttled:       # a throttled design bounds nothing: a smaller one may need no throttling
+                continue
+            # every design this one dominates is at most as fast (at the nominal clock it ran at;
+            # a dominated design draws less power, and throttling only slows it)
             mask = dominated_by(sp.mono, sp.other, i)
             better = mask & (tput < st.dom)
             st.dom[better] = tput
@@ -268,13 +275,21 @@ class ExactSampler:
         return b
 
     def power_bound(self, i: int, level1: bool = True) -> float:
-        """The tightest lower bound of point ``i``'s power known (its leakage before level 1)."""
+        """The tightest lower bound of point ``i``'s power known (its leakage before level 1). Under
+        a power budget a design over it is throttled (:mod:`phaze.power`) and then draws at least
+        :func:`~phaze.power.throttled_power_floor` of the budget, and its leakage at the lowest
+        voltage."""
         leak = float(self.space.leakage[i])
-        return max(leak, self._state.power1.get(i, 0.0)) if level1 else leak
+        b = max(leak, self._state.power1.get(i, 0.0)) if level1 else leak
+        if self.power_budget is not None:
+            b = min(b, max(leak * V_FLOOR, throttled_power_floor() * self.power_budget))
+        return b
 
     def over_power(self, i: int, level1: bool = True) -> bool:
-        """Whether point ``i``'s power bound already breaks the power budget."""
-        return self.power_budget is not None and self.power_bound(i, level1) > self.power_budget * (1 + _REL)
+        """Whether point ``i`` cannot meet the power budget even throttled to the lowest clock:
+        its leakage at the lowest voltage already breaks it."""
+        return (self.power_budget is not None
+                and float(self.space.leakage[i]) * V_FLOOR > self.power_budget * (1 + _REL))
 
     def can_win(self, i: int, tput_bound: float, front: np.ndarray, level1: bool = True) -> bool:
         """Whether point ``i`` may still improve the answer: its bounds within the power budget
@@ -358,7 +373,7 @@ class ExactSampler:
                     heapq.heappop(self._heap)
                     continue
                 b = self.bound(i)
-                if self.single and self._order_key(i, b) > head:      # a tighter bound is known: requeue
+                if self._order_key(i, b) > head:      # a tighter bound is known: requeue (best first)
                     heapq.heapreplace(self._heap, self._order_key(i, b))
                     continue
                 if self.over_power(i):           # its power bound breaks the budget: pruned alone

@@ -16,9 +16,11 @@ by a lower bound, so only a few are solved.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -37,6 +39,7 @@ from .step import (
     layout_of,
     mode_cost_bounds,
     mode_cost_upper,
+    mode_layout,
     stage_costs,
     stage_layers,
 )
@@ -62,7 +65,7 @@ class PlacementOptions:
     mbs: tuple[int, ...] = (1, 2, 4, 8)
     recompute: tuple[str, ...] = SEARCHED_RECOMPUTE
     pp: tuple[int, ...] = ()
-    vp: tuple[int, ...] = (1,)
+    vp: tuple[int, ...] = ()    # empty: every vp Megatron accepts up to MAX_AUTO_VP (:func:`vp_values`)
     zero: int | tuple[int, ...] = SEARCH_ZERO
     attention: str = "flash"
     sp: bool = True
@@ -72,6 +75,9 @@ class PlacementOptions:
     reduce_fp32: bool = False
     ep: tuple[int, ...] = ()    # expert parallel widths (empty: 1 for a dense model, the powers of
                                 # two dividing the experts for a mixture of experts)
+    cp: tuple[int, ...] = ()    # context parallel widths (empty: :func:`cp_values`)
+    etp: tuple[int, ...] = ()   # expert tensor parallel widths (empty: :func:`etp_values`)
+    routing: tuple[str, ...] = ()   # MoE routings to search (empty: the model's own)
 
     @property
     def zero_stages(self) -> tuple[int, ...]:
@@ -92,7 +98,8 @@ class PlacementResult:
     top: tuple[Placement, ...]
     baseline: Placement | None          # even split, one recompute mode: a Megatron-style plan
     layouts_considered: int
-    layouts_feasible: int
+    layouts_feasible: int               # known to fit (an interleaved layout bounded out through
+                                        # its vp = 1 sibling is not examined)
     solve_time_s: float
     infeasible_reason: str = ""
     layouts_solved: int = 0             # layouts whose layer schedules were solved (not pruned)
@@ -162,22 +169,32 @@ class _Options:
     modes: tuple[str, ...]
 
 
-def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n) -> _Options:
+def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict | None = None) -> _Options:
     """Evaluate every (stage, layers, recompute) through :class:`StageCosts` itself (its time and
     memory are linear in the layer count and accept an array of counts), so the DP scores exactly
-    what :func:`phaze.step.evaluate` scores. Interior stages share times and tails."""
+    what :func:`phaze.step.evaluate` scores. Interior stages share times and tails. ``tails``: a
+    cache of the tails over every layer count, shared by the interleaved variants of a layout
+    (a stage's tail does not depend on vp)."""
     pp, L = costs.plan.pp, costs.model.layers
     R = len(modes)
     shape = (pp, L + 1, R)
     t, tl, mem = np.full(shape, np.inf), np.full(shape, np.inf), np.full(shape, np.inf)
     ns = np.asarray(sorted(allowed_n), dtype=float)
     idx = ns.astype(int)
+    layout = mode_layout(costs.plan)
     for k, r in enumerate(modes):
         classes = {0, pp - 1} | ({1} if pp > 2 else set())
         for i in classes:
             t[i, idx, k] = costs.time(i, ns, r).total
-            comm, opt = costs.tail(i, ns, r)
-            tl[i, idx, k] = comm + opt
+            if tails is None:
+                comm, opt = costs.tail(i, ns, r)
+                tl[i, idx, k] = comm + opt
+                continue
+            key = (layout, i, r, id(costs.mode(r)))     # the costs are alive for the whole search
+            if key not in tails:
+                comm, opt = costs.tail(i, np.arange(1, L + 1, dtype=float), r)
+                tails[key] = np.concatenate(([np.inf], comm + opt))       # index: the layer count
+            tl[i, idx, k] = tails[key][idx]
         if pp > 3:          # interior stages 2 .. pp-2 are stage 1's copies
             t[2:pp - 1, idx, k], tl[2:pp - 1, idx, k] = t[1, idx, k], tl[1, idx, k]
         mem[:, idx, k] = costs.memory_table(r, ns)
@@ -217,11 +234,15 @@ def _splits(ok: np.ndarray, L: int) -> bool:
     return bool(reach[L])
 
 
-def _solve_layout(costs: StageCosts, opts: _Options):
-    """Exact optimum of one layout: (objective, counts, recomputes) or None if nothing fits."""
+def _solve_layout(costs: StageCosts, opts: _Options, weights: tuple[float, float] | None = None):
+    """Exact optimum of one layout: (objective, counts, recomputes) or None if nothing fits.
+    ``weights``: (a, v) replacing the layout's critical-stage weight and interleaving in the
+    objective a T_max + sum T / v + tail (a bound over several vp: the smallest a, the largest v)."""
     pp, L = costs.plan.pp, costs.model.layers
     m, v = costs.micro_batches, costs.plan.vp
     a = critical_weight(m, pp, v)
+    if weights is not None:
+        a, v = weights
     ok = opts.fits & np.isfinite(opts.time)
     if not ok.any():
         return None
@@ -280,11 +301,54 @@ def _solve_layout(costs: StageCosts, opts: _Options):
 
 
 # --- layouts -----------------------------------------------------------------------------------------
-def _depths(model: Model, devices: int, tp: int, options: PlacementOptions) -> tuple[int, ...]:
-    """Candidate pipeline depths: the listed ones, or every divisor of devices/tp that is at most
-    the layer count (a deeper pipeline has an empty stage); O(layers), whatever the devices."""
-    n = devices // tp
+def _depths(model: Model, devices: int, tp: int, options: PlacementOptions, cp: int = 1) -> tuple[int, ...]:
+    """Candidate pipeline depths: the listed ones, or every divisor of devices/(tp cp) that is at
+    most the layer count (a deeper pipeline has an empty stage); O(layers), whatever the devices."""
+    n = devices // (tp * cp)
     return options.pp or tuple(d for d in range(1, min(n, model.layers) + 1) if n % d == 0)
+
+
+MAX_AUTO_VP = 8          # assumption: the most chunks per stage searched by default; Megatron's
+                         # and NeMo's published recipes use at most 8 (Llama 3 405B: pp 16, vp 8)
+CP_FROM_SEQ = 16384      # assumption: context parallelism is searched from this sequence length on
+                         # (Llama 3 trains 8K tokens at cp 1 and 128K at cp 16, Dubey et al. 2024)
+CP_MIN_TOKENS = 4096     # ... with at least this many tokens per rank
+
+
+def vp_values(model: Model, pp: int, options: PlacementOptions) -> tuple[int, ...]:
+    """Interleaving searched at depth ``pp``: the listed values, or every vp Megatron accepts for
+    the layer count up to :data:`MAX_AUTO_VP`, uneven splits included (pp > 1 and pp x vp at most
+    the layers + 2, the embedding and the loss taking a chunk each)."""
+    if options.vp:
+        return tuple(sorted(set(options.vp)))
+    return (1,) + tuple(v for v in range(2, MAX_AUTO_VP + 1) if pp > 1 and pp * v <= model.layers + 2)
+
+
+def cp_values(model: Model, options: PlacementOptions) -> tuple[int, ...]:
+    """Context parallelism searched: the listed values, or 1 and, for a sequence of at least
+    :data:`CP_FROM_SEQ` tokens, every power of two leaving each rank :data:`CP_MIN_TOKENS` tokens."""
+    if options.cp:
+        return tuple(sorted(set(options.cp)))
+    if model.seq_len < CP_FROM_SEQ:
+        return (1,)
+    return tuple(2 ** k for k in range(0, 11) if model.seq_len % 2 ** k == 0
+                 and model.seq_len // 2 ** k >= CP_MIN_TOKENS)
+
+
+def etp_values(model: Model, tp: int, options: PlacementOptions) -> tuple[int, ...]:
+    """Expert tensor parallelism searched at width ``tp``: the listed values; else 1 for a dense
+    model and, for a mixture of experts, 1 and tp (Megatron-Core's default etp is tp)."""
+    if options.etp:
+        return tuple(sorted(set(options.etp)))
+    return tuple(sorted({1, tp})) if model.moe else (1,)
+
+
+def routing_values(model: Model, options: PlacementOptions) -> tuple[str, ...]:
+    """MoE routings searched: the listed ones, or the model's own ("": capacity when the model has
+    a capacity factor, else dropless); a dense model has none."""
+    if not model.moe:
+        return ("",)
+    return tuple(dict.fromkeys(options.routing)) if options.routing else ("",)
 
 
 def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions):
@@ -293,24 +357,27 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
     for tp in sorted(set(options.tp)):
         if tp > devices or devices % tp:
             continue
-        for pp in sorted(set(_depths(model, devices, tp, options))):
-            if devices % (tp * pp):
+        for cp in cp_values(model, options):
+            if devices % (tp * cp):
                 continue
-            for zero in zeros:
-                if zero and 0 in zeros and devices // (tp * pp) == 1:
-                    continue      # nothing to shard over: the same plan as zero=0
-                for vp in sorted(set(options.vp)):
-                    for mbs in sorted(set(options.mbs)):
-                        for ep in expert_widths(model, options):
-                            plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, zero=zero, sp=options.sp and tp > 1,
-                                        attention=options.attention, optimizer=options.optimizer,
-                                        reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
-                                        ep=ep)
-                            try:
-                                check_plan(model, devices, global_batch, plan)
-                            except ConfigError:
-                                continue
-                            yield plan
+            for pp in sorted(set(_depths(model, devices, tp, options, cp))):
+                if devices % (tp * pp * cp):
+                    continue
+                for zero in zeros:
+                    if zero and 0 in zeros and devices // (tp * pp * cp) == 1:
+                        continue      # nothing to shard over: the same plan as zero=0
+                    for vp, mbs, ep, etp, routing in itertools.product(
+                            vp_values(model, pp, options), sorted(set(options.mbs)), expert_widths(model, options),
+                            etp_values(model, tp, options), routing_values(model, options)):
+                        plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=options.sp and tp > 1,
+                                    attention=options.attention, optimizer=options.optimizer,
+                                    reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
+                                    ep=ep, etp=etp, routing=routing)
+                        try:
+                            check_plan(model, devices, global_batch, plan)
+                        except ConfigError:
+                            continue
+                        yield plan
 
 
 def expert_widths(model: Model, options: PlacementOptions) -> tuple[int, ...]:
@@ -364,7 +431,7 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
             if (devices // tp) % pp or pp > model.layers:
                 continue
             depth_ok.add((tp, pp))
-            for vp in sorted(set(options.vp)):
+            for vp in vp_values(model, pp, options):
                 if pp * vp <= model.layers + (2 if vp > 1 else 0) and (vp == 1 or pp > 1):
                     structural.append((tp, pp, vp))
     if not depth_ok:
@@ -375,7 +442,7 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
         return "--pp", f"no pipeline depth works: {bad}; allowed (with tp {_listing(tps)}): {_listing(good)}"
     if not structural:
         return "--vp", (f"interleaving needs pp > 1 and pp*vp at most the layers ({model.layers}) + 2; with the "
-                        f"depths {_listing(pp for _, pp in depth_ok)} no vp of {_listing(options.vp)} does; "
+                        f"depths {_listing(pp for _, pp in depth_ok)} no vp of {_listing(options.vp or (1,))} does; "
                         f"allowed: vp = 1, or a vp with pp*vp <= {model.layers + 2}")
     grains = sorted({(devices // (tp * pp)) * mbs for tp, pp, _ in structural for mbs in set(options.mbs)})
     if not any(global_batch % g == 0 for g in grains):
@@ -401,12 +468,13 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
     return "--tp", "no valid layout in the options"
 
 
-def _allowed_n(L: int, pp: int, v: int) -> list[int]:
+@lru_cache(maxsize=65536)
+def _allowed_n(L: int, pp: int, v: int) -> tuple[int, ...]:
     """The layer counts a stage may hold: without interleaving 1 .. L - pp + 1; interleaved, chunks
     of c or c + 1 layers (c = L // (pp v)), so a stage's v chunks hold v c .. v c + v layers (c = 0:
     pp v is the layers + 1 or 2, the embedding and loss chunks hold none)."""
     c = L // (pp * v)
-    return sorted(range(v * c if c else v - 1, v * c + v + 1) if v > 1 else range(1, L - pp + 2))
+    return tuple(sorted(range(v * c if c else v - 1, v * c + v + 1) if v > 1 else range(1, L - pp + 2)))
 
 
 def _fits_somehow(opts: _Options, L: int) -> bool:
@@ -419,19 +487,54 @@ def _bound_costs(costs: StageCosts, modes: tuple[str, ...]) -> StageCosts:
     """``costs`` with every recompute mode's layer costs replaced by lower bounds
     (:func:`phaze.step.mode_cost_bounds`): every stage assignment's step time under them is a
     lower bound of its step time with the optimal layer schedules."""
-    bound = {r: mode_cost_bounds(costs.model, costs.chip, costs.devices, costs.plan, costs.eff, r) for r in modes}
+    key = mode_layout(costs.plan)
+    bound = {r: mode_cost_bounds(costs.model, costs.chip, costs.devices, key, costs.eff, r) for r in modes}
     return replace(costs, _modes=bound)
 
 
-def _quick_bound(costs: StageCosts, modes: tuple[str, ...]) -> float:
+def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float, float] | None = None) -> float:
     """A closed-form lower bound of a layout's step time under bound costs (no DP, no memory):
     the stage times sum to at least every layer at its cheapest mode plus sends and edges, the
-    slowest is at least their mean, and tails are non-negative."""
+    slowest is at least their mean, and tails are non-negative. ``weights``: (a, v) as in
+    :func:`_solve_layout`."""
     pp, L, m, v = costs.plan.pp, costs.model.layers, costs.micro_batches, costs.plan.vp
+    a = critical_weight(m, pp, v)
+    if weights is not None:
+        a, v = weights
     layer = min(costs.mode(r).layer.total for r in modes)
     total = L * layer + pp * costs.send_s + costs.embedding.total + costs.head.total
     edge = layer + costs.send_s + max(costs.embedding.total, costs.head.total)
-    return critical_weight(m, pp, v) * max(total / pp, edge if pp > 1 else total) + total / v
+    return a * max(total / pp, edge if pp > 1 else total) + total / v
+
+
+def _group_weights(info: dict, members) -> tuple[float, float]:
+    """(the smallest critical-stage weight, the largest vp) over a group's layouts."""
+    a = min(critical_weight(info[i][1].micro_batches, info[i][0].pp, info[i][0].vp) for i in members)
+    return a, max(info[i][0].vp for i in members)
+
+
+def _deferred_baseline(base: Plan, costs: StageCosts, sibling: list, modes, base_cands: list, index: int) -> None:
+    """The even-split, one-mode (Megatron-style) candidate of an interleaved layout whose tables
+    are not built: its stage times at the even split are its vp = 1 sibling's lower bounds plus
+    the extra sends, its memory is computed at the even split alone."""
+    sbase, scosts, slb, _, _, sopts = sibling
+    pp, v = base.pp, base.vp
+    even = stage_layers(costs.model.layers, pp, v)
+    rows = np.arange(pp)
+    ns = np.asarray(even, dtype=float)
+    reserve = memory_reserve_bytes(costs.chip, costs.plan.memory_reserve)
+    lb = _bound_costs(costs, modes)         # activation bytes without solving a schedule
+    for k, r in enumerate(modes):
+        mem = lb.memory_table(r, ns)[rows, rows]
+        if not (mem + reserve <= costs.chip.hbm_bytes).all():
+            continue
+        ts = sopts.time[rows, even, k] + (costs.send_s - scosts.send_s)
+        tails = sopts.tail[rows, even, k]
+        if not np.isfinite(ts).all():
+            continue
+        bound = critical_weight(costs.micro_batches, pp, v) * ts.max() + ts.sum() / v + tails.max()
+        base_cands.append((bound, index, replace(base, recompute=r)))
+        return
 
 
 def place(model: Model, chip: Chip, devices: int, global_batch: int,
@@ -451,20 +554,33 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     keep = max(1, top)
     tokens = global_batch * model.seq_len
     exhaustive = options.exhaustive
-    queue: list = []        # (bound, index, stage): 0 quick bound, 1 DP bound (of a group), 2 solve
+    queue: list = []        # (bound, index, stage): 0 quick bound, 1 DP bound (of a group), 2 solve,
+                            # 3 an interleaved variant's closed-form bound (its tables not built)
     info: dict = {}         # index -> (base, costs, bound costs, allowed_n, even, DP bound solution)
     groups: dict = {}       # the layout without its ZeRO stage -> indices of its variants
     base_cands: list = []   # (bound, index, plan) of the even-split, one-mode baselines
+    tail_cache: dict = {}   # stage tails over every layer count, shared by a layout's vp variants
     closest = None
     considered = feasible = 0
+    flat: dict = {}         # a layout without interleaving -> its index (if some split fits)
     for base in layouts(model, devices, global_batch, options):
         considered += 1
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
         L, pp = model.layers, base.pp
         even = stage_layers(L, pp, base.vp)
         allowed_n = _allowed_n(L, pp, base.vp)
+        if base.vp > 1 and not exhaustive and 1 in vp_values(model, pp, options):
+            # interleaved: bounded through its vp = 1 sibling, its tables built only if that bound
+            # can win (the sibling's times are no larger, its memory no larger, its splits a superset)
+            sib = flat.get(replace(base, vp=1))
+            if sib is None:
+                continue        # nothing fits even without interleaving: nothing fits with it
+            _deferred_baseline(base, costs, info[sib], modes, base_cands, considered)
+            info[considered] = [base, costs, None, allowed_n, even, None]
+            groups.setdefault(replace(base, zero=0, vp=1), []).append(considered)
+            continue
         lb_costs = costs if exhaustive else _bound_costs(costs, modes)
-        opts = _options(lb_costs, modes, allowed_n)     # memory does not depend on the bounds
+        opts = _options(lb_costs, modes, allowed_n, tail_cache)     # memory does not depend on the bounds
         # the Megatron-style plan: even split, one recompute mode for every stage
         for k, r in enumerate(modes):
             if opts.fits[np.arange(pp), even, k].all():
@@ -483,15 +599,22 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
             continue
         feasible += 1
         info[considered] = [base, costs, lb_costs, allowed_n, even, opts]
-        groups.setdefault(replace(base, zero=0), []).append(considered)
-    # the ZeRO variants of a layout share their stage times (but for FSDP's, which are larger)
-    # and differ in tails and memory: one DP on the element-wise smallest times and tails, with
-    # what fits in any variant, bounds them all; a group is split only if that bound can win
+        if base.vp == 1:
+            flat[base] = considered
+        groups.setdefault(replace(base, zero=0, vp=1), []).append(considered)
+    # the ZeRO and vp variants of a layout share their layer times and differ in tails, sends,
+    # memory and the pipeline's weights: one DP on the element-wise smallest times and tails of the
+    # built (vp = 1) variants, with what fits in any of them, and the smallest critical weight and
+    # largest vp of all, bounds them all; a group is split only if that bound can win
     for members in groups.values():
-        lead = members[0]
-        quick = 0.0 if exhaustive else min(_quick_bound(info[i][2], modes) for i in members)
-        heapq.heappush(queue, (quick, lead, 0))
-    group_of = {members[0]: members for members in groups.values()}
+        built = [i for i in members if info[i][5] is not None]
+        if not built:
+            continue
+        quick = 0.0 if exhaustive else min(_quick_bound(info[i][2], modes, _group_weights(info, members))
+                                           for i in built)
+        heapq.heappush(queue, (quick, built[0], 0))
+    group_of = {next(i for i in members if info[i][5] is not None): members for members in groups.values()
+                if any(info[i][5] is not None for i in members)}
     heap: list = []         # the `keep` best (tokens/s, index, Placement) solved so far
     solved_n = 0
     if progress:
@@ -514,23 +637,36 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
                 for i in members:
                     heapq.heappush(queue, (0.0, i, 2))
                 continue
-            if len(members) == 1:
-                both = info[idx][5]
+            each = [info[i][5] for i in members if info[i][5] is not None]
+            if len(each) == 1:
+                both = each[0]
             else:
-                each = [info[i][5] for i in members]
                 both = _Options(np.minimum.reduce([o.time for o in each]), np.minimum.reduce([o.tail for o in each]),
                                 np.logical_or.reduce([o.fits for o in each]), each[0].memory, each[0].modes)
-            lb = _solve_layout(lb_costs, both)
+            lb = _solve_layout(lb_costs, both, _group_weights(info, members))
             heapq.heappush(queue, (lb[0], idx, 1 if len(members) > 1 else 2))
             continue
         if stage == 1:      # the group's bound can still win: bound each variant on its own
             for i in group_of[idx]:
+                if info[i][5] is None:          # an interleaved variant: its closed-form bound first
+                    info[i][2] = _bound_costs(info[i][1], modes)
+                    heapq.heappush(queue, (_quick_bound(info[i][2], modes), i, 3))
+                    continue
                 lb = _solve_layout(info[i][2], info[i][5])
                 heapq.heappush(queue, (lb[0], i, 2))
             continue
+        if stage == 3:      # an interleaved variant whose closed-form bound can win: its tables
+            o = _options(lb_costs, modes, allowed_n, tail_cache)
+            if not _fits_somehow(o, model.layers):
+                continue
+            feasible += 1
+            info[idx][5] = o
+            lb = _solve_layout(lb_costs, o)
+            heapq.heappush(queue, (lb[0], idx, 2))
+            continue
         # solve the layout exactly (its layer schedules)
         solved_n += 1
-        opts = _options(costs, modes, allowed_n)
+        opts = _options(costs, modes, allowed_n, tail_cache)
         _, counts, recs = _solve_layout(costs, opts)
         uniform = len(set(recs)) == 1
         plan = replace(base, recompute=recs[0],
@@ -644,7 +780,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
         opts = _options(lb_costs, modes, allowed)
         if not _fits_somehow(opts, L):
             continue
-        up = {r: mode_cost_upper(model, chip, devices, base, eff, r) for r in modes}
+        up = {r: mode_cost_upper(model, chip, devices, mode_layout(base), eff, r) for r in modes}
         ub_costs = replace(costs, _modes=up)
         ub_opts = _options(ub_costs, modes, allowed)
         ub = _solve_layout(ub_costs, ub_opts)

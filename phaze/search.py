@@ -151,6 +151,9 @@ def store_evaluation(put, ev, cfg: SweepConfig) -> None:
     put("schedule_status", max(statuses, key=lambda s: ("OPTIMAL", "FEASIBLE", "HEURISTIC").index(s))
         if statuses else "")
     put("schedule_gap", max((o.schedule_gap for o in ev.outcomes), default=0.0))
+    clocks = [o.clock_hz for o in ev.outcomes if o.feasible]
+    put("clock_hz", min(clocks) if clocks else None)          # the lowest clock a workload ran at
+    put("throttled", [o.workload for o in ev.outcomes if o.throttled])
 
 
 def _jsonable(x):

@@ -403,7 +403,8 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             raise p.error("recompute", f"must be a subset of {', '.join(RECOMPUTE)}, got {rec!r}")
         options = PlacementOptions(
             tp=_int_tuple(p, "tp", d.tp), mbs=_int_tuple(p, "mbs", d.mbs), pp=_int_tuple(p, "pp", d.pp),
-            vp=_int_tuple(p, "vp", d.vp), recompute=rec, zero=p.int("zero", d.zero, minimum=0),
+            vp=_int_tuple(p, "vp", d.vp), cp=_int_tuple(p, "cp", d.cp), ep=_int_tuple(p, "ep", d.ep),
+            etp=_int_tuple(p, "etp", d.etp), recompute=rec, zero=p.int("zero", d.zero, minimum=0),
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
             optimizer=p.choice("optimizer", ("adam", "sgd"), d.optimizer))
         if options.zero > 3:

@@ -192,6 +192,7 @@ def _layers_flops(model: Model, recompute: str) -> float:
     return flops
 
 
+@lru_cache(maxsize=65536)
 def stage_layers(layers: int, pp: int, vp: int = 1) -> tuple[int, ...]:
     """Even contiguous split; the remainder goes to the middle stages, away from the first
     (embedding) and last (logits and loss) stages. Interleaved (``vp`` chunks per stage), the
@@ -231,10 +232,18 @@ class StepResult:
     stage_memory: tuple = ()
     memory_reserve_bytes: float = 0.0   # kept free for the runtime (CUDA context, NCCL, fragmentation)
     headroom_bytes: float = 0.0         # HBM - reserve - the binding stage's need (negative: does not fit)
+    model_flops_per_s_per_device: float = 0.0     # the model's FLOPs (MFU's count) per second and device
+    hardware_flops_per_s_per_device: float = 0.0  # recompute included (HFU's count, Megatron's TFLOP/s)
+    clock_hz: float = 0.0               # the clock the step ran at
+
+    @property
+    def tokens_per_s_per_device(self) -> float:
+        return self.tokens_per_s / self.devices
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["stage_memory"] = [dict(asdict(m), total_bytes=m.total_bytes) for m in self.stage_memory]
+        d["tokens_per_s_per_device"] = self.tokens_per_s_per_device
         return d
 
     def memory_message(self) -> str:
@@ -257,6 +266,8 @@ class StepResult:
                 ("dp, micro-batches", f"{self.dp}, {self.micro_batches}"),
                 ("step time", f"{self.step_time_s:.4g} s"), ("throughput", f"{self.tokens_per_s:,.0f} tokens/s"),
                 ("MFU / HFU", f"{100 * self.mfu:.1f} % / {100 * self.hfu:.1f} %"),
+                ("TFLOP/s per device", f"{self.model_flops_per_s_per_device / 1e12:.1f} model, "
+                                       f"{self.hardware_flops_per_s_per_device / 1e12:.1f} hardware"),
                 ("memory per device", f"{self.memory_per_device_bytes / gib:.1f} GiB of {self.hbm_bytes / gib:.1f}"
                                       f" GiB, reserve {self.memory_reserve_bytes / gib:.1f} GiB, headroom "
                                       f"{self.headroom_bytes / gib:.1f} GiB: "
@@ -373,7 +384,7 @@ class StageCosts:
     def mode(self, r: str) -> ModeCosts:
         """One layer's costs under recompute ``r`` (computed on first use, then kept)."""
         if r not in self._modes:
-            self._modes[r] = mode_costs(self.model, self.chip, self.devices, self.plan, self.eff, r)
+            self._modes[r] = mode_costs(self.model, self.chip, self.devices, mode_layout(self.plan), self.eff, r)
         return self._modes[r]
 
     def params(self, i: int, n: int) -> float:
@@ -657,6 +668,13 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
                       state_bytes_per_param(plan.optimizer, plan.zero, dp * plan.cp, p, grad_bytes), chip, eff)
 
 
+def mode_layout(plan: Plan) -> Plan:
+    """The key of a layer's costs: the layout without its interleaving, which changes the pipeline
+    (its sends, bubble and in-flight activations), not one layer's time (so every vp shares the
+    cached layer costs)."""
+    return replace(plan, vp=1) if plan.vp != 1 else plan
+
+
 def layout_of(plan: Plan) -> Plan:
     """The plan without its recompute and stage choices (the key of :func:`stage_costs`)."""
     return replace(plan, recompute="none", stages=(), stage_recompute=())
@@ -722,7 +740,9 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         model_flops_per_step=float(flops), mfu=float(flops / (step * peak)), hfu=float(hw / (step * peak)),
         memory_per_device_bytes=need, hbm_bytes=float(chip.hbm_bytes), fits=bool(need + reserve <= chip.hbm_bytes),
         binding_stage=worst, breakdown_s={k: float(v) for k, v in breakdown.items()}, stage_memory=tuple(stages),
-        memory_reserve_bytes=reserve, headroom_bytes=float(chip.hbm_bytes - reserve - need))
+        memory_reserve_bytes=reserve, headroom_bytes=float(chip.hbm_bytes - reserve - need),
+        model_flops_per_s_per_device=float(flops / (step * devices)),
+        hardware_flops_per_s_per_device=float(hw / (step * devices)), clock_hz=float(chip.clock_hz))
 
 
 @lru_cache(maxsize=4096)

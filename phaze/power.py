@@ -1,0 +1,140 @@
+"""The power limit a chip obeys: its clock drops until the step's average power fits (DVFS).
+
+A real accelerator never runs above its power limit: its power manager lowers the clock, and the
+supply voltage with it, until the power fits. :func:`within_limit` does the same to a plan:
+
+- the limit is the chip's TDP (``tdp_w`` of a shipped chip) or the one given (a sweep's power
+  budget, a searched ``tdp_w``);
+- at a clock ratio ``s`` of the nominal clock the core voltage is ``max(V_FLOOR, s)`` of the
+  nominal one (linear V-f scaling down to a floor), so the core's switching energy per operation
+  scales with V^2 and its dynamic power with f V^2; HBM and link energies do not change;
+- the step is evaluated again at that clock (:func:`phaze.step.evaluate` on the chip with the
+  lower clock): compute slows, HBM- and link-bound work does not;
+- clocks are taken in bins of :data:`CLOCK_BIN` of the nominal one (a GPU's clock table moves in
+  steps of about 15 MHz, 1 % of an H100's); the highest bin whose power fits is chosen
+  (bisection: power falls with the clock).
+
+The result says the clock the plan ran at, whether it was throttled and the power at the nominal
+clock, so a printout can say so.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from .arch import Chip
+from .area import Energy, step_energy
+from .cost import IDEAL, Efficiency
+from .plan import Plan
+from .step import StepResult, evaluate
+from .workload import Model
+
+# assumption: the core voltage falls linearly with the clock down to 70 % of nominal (a 7-5 nm
+# core runs near 1 V at its top clock and needs about 0.65-0.7 V to keep noise margins: the floor
+# below which only the clock, not the voltage, can fall). No vendor publishes its V-f table.
+V_FLOOR = 0.70
+CLOCK_BIN = 0.01          # clock bins, as a share of the nominal clock (H100: 15 MHz of 1980)
+MIN_CLOCK_RATIO = 0.30    # the lowest clock considered; below it the plan cannot meet the limit
+
+
+def throttled_power_floor() -> float:
+    """A throttled plan's power over its limit is at least this. The plan runs at the highest bin
+    s whose power fits, so the next bin s' = s + CLOCK_BIN is over the limit; and P(s) >=
+    (s / s')^4 P(s'): from s' to s the step time grows at most by s' / s (every duration scales
+    with the clock or not at all), the core's energy per operation falls at most by (s / s')^2
+    (the voltage), the clocked logic's busy cycles at most by s / s', and leakage power at most by
+    s / s'. The smallest ratio is at the lowest bin."""
+    s = MIN_CLOCK_RATIO
+    return (s / (s + CLOCK_BIN)) ** 4
+
+
+def voltage_ratio(clock_ratio: float) -> float:
+    """Core voltage over nominal at ``clock_ratio`` of the nominal clock."""
+    return max(V_FLOOR, min(1.0, clock_ratio))
+
+
+@dataclass(frozen=True)
+class PoweredStep:
+    """A plan run within a power limit: its step at the clock it ran at, and its energy."""
+
+    result: StepResult
+    energy: Energy
+    clock_hz: float
+    nominal_clock_hz: float
+    power_limit_w: float | None
+    nominal_power_w: float          # the average power at the nominal clock
+    fits_limit: bool = True         # false: over the limit even at MIN_CLOCK_RATIO
+    tdp_w: float | None = None      # the chip's published TDP, if any
+
+    @property
+    def throttled(self) -> bool:
+        return self.clock_hz < self.nominal_clock_hz
+
+    @property
+    def energy_per_token_j(self) -> float:
+        """Joules per token over the cluster."""
+        return 1.0 / self.energy.tokens_per_joule if self.energy.tokens_per_joule > 0 else math.inf
+
+    def note(self) -> str:
+        """One line: the clock, the power and the limit."""
+        ghz = self.clock_hz / 1e9
+        lim = f"{self.power_limit_w:.0f} W" if self.power_limit_w else "no limit"
+        if not self.fits_limit:
+            return (f"{self.nominal_power_w:.0f} W at the nominal {self.nominal_clock_hz / 1e9:.2f} GHz; over the "
+                    f"{lim} limit even at {ghz:.2f} GHz ({self.energy.power_w:.0f} W)")
+        if self.throttled:
+            return (f"throttled to {ghz:.2f} GHz ({100 * self.clock_hz / self.nominal_clock_hz:.0f} % of the nominal "
+                    f"{self.nominal_clock_hz / 1e9:.2f} GHz) to fit the {lim} limit: {self.nominal_power_w:.0f} W at "
+                    f"the nominal clock")
+        return f"at the nominal {ghz:.2f} GHz, within the {lim} limit"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["result"] = self.result.to_dict()
+        d["throttled"] = self.throttled
+        d["energy_per_token_j"] = self.energy_per_token_j
+        return d
+
+
+def at_clock(chip: Chip, clock_ratio: float) -> Chip:
+    """``chip`` at ``clock_ratio`` of its clock (every unit rate follows the clock)."""
+    return chip if clock_ratio == 1.0 else replace(chip, clock_hz=chip.clock_hz * clock_ratio)
+
+
+def within_limit(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan,
+                 eff: Efficiency = IDEAL, limit_w: float | None = None, result: StepResult | None = None,
+                 coefficients=None) -> PoweredStep:
+    """``plan`` run at the highest clock bin at which its average power is within the limit
+    (``limit_w``, else the chip's ``tdp_w``; neither: the nominal clock). ``result``: the step at
+    the nominal clock, if already evaluated."""
+    limit = limit_w if limit_w is not None else chip.tdp_w
+    r1 = result if result is not None else evaluate(model, chip, devices, global_batch, plan, eff)
+    e1 = step_energy(model, chip, devices, global_batch, plan, eff, r1, coefficients)
+    if limit is None or not r1.fits or e1.power_w <= limit:
+        return PoweredStep(r1, e1, chip.clock_hz, chip.clock_hz, limit, e1.power_w, tdp_w=chip.tdp_w)
+
+    def run(k: int):
+        s = 1.0 - k * CLOCK_BIN
+        c = at_clock(chip, s)
+        r = evaluate(model, c, devices, global_batch, plan, eff)
+        return r, step_energy(model, c, devices, global_batch, plan, eff, r, coefficients, voltage_ratio(s)), c
+
+    hi = round((1.0 - MIN_CLOCK_RATIO) / CLOCK_BIN)     # the lowest bin
+    r, e, c = run(hi)
+    if e.power_w > limit:
+        return PoweredStep(r, e, c.clock_hz, chip.clock_hz, limit, e1.power_w, fits_limit=False, tdp_w=chip.tdp_w)
+    best = (r, e, c)
+    lo = 0                                              # bin lo is over the limit, bin hi within
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        got = run(mid)
+        if got[1].power_w <= limit:
+            hi, best = mid, got
+        else:
+            lo = mid
+    r, e, c = best
+    return PoweredStep(r, e, c.clock_hz, chip.clock_hz, limit, e1.power_w, tdp_w=chip.tdp_w)
+
+
+__all__ = ["CLOCK_BIN", "MIN_CLOCK_RATIO", "V_FLOOR", "PoweredStep", "at_clock", "throttled_power_floor",
+           "voltage_ratio", "within_limit"]
