@@ -507,6 +507,12 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float
     return a * max(total / pp, edge if pp > 1 else total) + total / v
 
 
+def _variant_key(plan: Plan, zero: bool) -> tuple:
+    """A layout without its interleaving (and without its ZeRO stage unless ``zero``): the
+    fields :func:`layouts` varies, as a tuple (cheaper to build and hash than a Plan)."""
+    return (plan.tp, plan.pp, plan.cp, plan.mbs, plan.ep, plan.etp, plan.routing, plan.zero if zero else None)
+
+
 def _group_weights(info: dict, members) -> tuple[float, float]:
     """(the smallest critical-stage weight, the largest vp) over a group's layouts."""
     a = min(critical_weight(info[i][1].micro_batches, info[i][0].pp, info[i][0].vp) for i in members)
@@ -563,6 +569,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     closest = None
     considered = feasible = 0
     flat: dict = {}         # a layout without interleaving -> its index (if some split fits)
+    late_base: list = []    # interleaved layouts whose Megatron-style candidate is built on demand
     for base in layouts(model, devices, global_batch, options):
         considered += 1
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
@@ -572,12 +579,12 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         if base.vp > 1 and not exhaustive and 1 in vp_values(model, pp, options):
             # interleaved: bounded through its vp = 1 sibling, its tables built only if that bound
             # can win (the sibling's times are no larger, its memory no larger, its splits a superset)
-            sib = flat.get(replace(base, vp=1))
+            sib = flat.get(_variant_key(base, True))
             if sib is None:
                 continue        # nothing fits even without interleaving: nothing fits with it
-            _deferred_baseline(base, costs, info[sib], modes, base_cands, considered)
+            late_base.append((base, costs, sib, considered))
             info[considered] = [base, costs, None, allowed_n, even, None]
-            groups.setdefault(replace(base, zero=0, vp=1), []).append(considered)
+            groups.setdefault(_variant_key(base, False), []).append(considered)
             continue
         lb_costs = costs if exhaustive else _bound_costs(costs, modes)
         opts = _options(lb_costs, modes, allowed_n, tail_cache)     # memory does not depend on the bounds
@@ -600,8 +607,8 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         feasible += 1
         info[considered] = [base, costs, lb_costs, allowed_n, even, opts]
         if base.vp == 1:
-            flat[base] = considered
-        groups.setdefault(replace(base, zero=0, vp=1), []).append(considered)
+            flat[_variant_key(base, True)] = considered
+        groups.setdefault(_variant_key(base, False), []).append(considered)
     # the ZeRO and vp variants of a layout share their layer times and differ in tails, sends,
     # memory and the pipeline's weights: one DP on the element-wise smallest times and tails of the
     # built (vp = 1) variants, with what fits in any of them, and the smallest critical weight and
@@ -646,22 +653,20 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
             lb = _solve_layout(lb_costs, both, _group_weights(info, members))
             heapq.heappush(queue, (lb[0], idx, 1 if len(members) > 1 else 2))
             continue
-        if stage == 1:      # the group's bound can still win: bound each variant on its own
-            for i in group_of[idx]:
-                if info[i][5] is None:          # an interleaved variant: its closed-form bound first
+        if stage == 1:      # the group's bound can still win: bound each variant on its own,
+            for i in group_of[idx]:     # first in closed form (an interleaved one: no tables yet)
+                if info[i][2] is None:
                     info[i][2] = _bound_costs(info[i][1], modes)
-                    heapq.heappush(queue, (_quick_bound(info[i][2], modes), i, 3))
-                    continue
-                lb = _solve_layout(info[i][2], info[i][5])
-                heapq.heappush(queue, (lb[0], i, 2))
+                heapq.heappush(queue, (max(bound, _quick_bound(info[i][2], modes)), i, 3))
             continue
-        if stage == 3:      # an interleaved variant whose closed-form bound can win: its tables
-            o = _options(lb_costs, modes, allowed_n, tail_cache)
-            if not _fits_somehow(o, model.layers):
-                continue
-            feasible += 1
-            info[idx][5] = o
-            lb = _solve_layout(lb_costs, o)
+        if stage == 3:      # a variant whose closed-form bound can win: its tables, its DP bound
+            if info[idx][5] is None:
+                o = _options(lb_costs, modes, allowed_n, tail_cache)
+                if not _fits_somehow(o, model.layers):
+                    continue
+                feasible += 1
+                info[idx][5] = o
+            lb = _solve_layout(lb_costs, info[idx][5])
             heapq.heappush(queue, (lb[0], idx, 2))
             continue
         # solve the layout exactly (its layer schedules)
@@ -686,8 +691,18 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     # to its width; the widest valid tp on a one-level network), an even split and one recompute
     # mode for every stage; the best such plan (the earliest layout among equals)
     node = chip.links[0].devices if chip.links and chip.links[0].devices > 0 else devices
-    widths = sorted({plan.tp for _, _, plan in base_cands})
-    node_tp = max((t for t in widths if t <= node), default=widths[0] if widths else 0)
+    # the widest tp within the node that has a candidate (else the narrowest that has one); the
+    # interleaved layouts' candidates are built for the widths examined only
+    all_tps = sorted({b.tp for b, _, _, _ in late_base} | {plan.tp for _, _, plan in base_cands})
+    order = [t for t in reversed(all_tps) if t <= node] + [t for t in all_tps if t > node]
+    node_tp = 0
+    for t in order:
+        for b, c, sib, k in late_base:
+            if b.tp == t:
+                _deferred_baseline(b, c, info[sib], modes, base_cands, k)
+        if any(plan.tp == t for _, _, plan in base_cands):
+            node_tp = t
+            break
     base_cands = [c for c in base_cands if c[2].tp == node_tp]
     kind = (f"Megatron-style: tp={node_tp} (tensor parallelism over the {node}-chip node), an even split "
             f"and one recompute mode for every stage, the best such plan" if node < devices else
@@ -772,23 +787,50 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
     1F1B step, T_c at least the mean stage time, the tail at most the largest upper-bound tail)."""
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     L = model.layers
-    rows = []
-    for base in layouts(model, devices, global_batch, options):
-        costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
-        allowed = _allowed_n(L, base.pp, base.vp)
-        lb_costs = _bound_costs(costs, modes)
-        opts = _options(lb_costs, modes, allowed)
-        if not _fits_somehow(opts, L):
-            continue
+    rows, late, flat = [], [], {}
+    tail_cache: dict = {}
+
+    def row(base, costs, lb_costs, opts, allowed):
         up = {r: mode_cost_upper(model, chip, devices, mode_layout(base), eff, r) for r in modes}
         ub_costs = replace(costs, _modes=up)
-        ub_opts = _options(ub_costs, modes, allowed)
+        ub_opts = _options(ub_costs, modes, allowed, tail_cache)
         ub = _solve_layout(ub_costs, ub_opts)
         tails = ub_opts.tail[np.isfinite(ub_opts.tail)]
         tail_ub = float(tails.max()) if tails.size else 0.0
         rows.append((base, costs, lb_costs, opts, allowed, tail_ub, ub[0] if ub else math.inf))
+
+    for base in layouts(model, devices, global_batch, options):
+        costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
+        allowed = _allowed_n(L, base.pp, base.vp)
+        lb_costs = _bound_costs(costs, modes)
+        if base.vp > 1 and 1 in vp_values(model, base.pp, options):
+            late.append((base, costs, lb_costs, allowed))      # after the vp = 1 layouts (below)
+            continue
+        opts = _options(lb_costs, modes, allowed, tail_cache)
+        if not _fits_somehow(opts, L):
+            continue
+        if base.vp == 1:
+            flat[_variant_key(base, True)] = (lb_costs, opts)
+        row(base, costs, lb_costs, opts, allowed)
     if not rows:
         return None
+    # an interleaved layout is examined only if its bound through its vp = 1 sibling (whose times,
+    # memory and splits are no smaller) can reach the step in hand: otherwise it is never chosen,
+    # and its own lower bound, above that step, cannot be the smallest
+    ub_now = min(r[-1] for r in rows)
+    for base, costs, lb_costs, allowed in late:
+        sib = flat.get(_variant_key(base, True))
+        if sib is None or _quick_bound(lb_costs, modes) * _SLACK > ub_now:
+            continue
+        weights = (critical_weight(costs.micro_batches, base.pp, base.vp), base.vp)
+        through = _solve_layout(sib[0], sib[1], weights)
+        if through is None or through[0] * _SLACK > ub_now:
+            continue
+        opts = _options(lb_costs, modes, allowed, tail_cache)
+        if not _fits_somehow(opts, L):
+            continue
+        row(base, costs, lb_costs, opts, allowed)
+        ub_now = min(ub_now, rows[-1][-1])
     step_ub = min(r[-1] for r in rows)
     step_lb, share, busy_min = math.inf, 1.0, math.inf
     for base, costs, lb_costs, opts, allowed, tail_ub, _ in rows:

@@ -677,6 +677,8 @@ def mode_layout(plan: Plan) -> Plan:
 
 def layout_of(plan: Plan) -> Plan:
     """The plan without its recompute and stage choices (the key of :func:`stage_costs`)."""
+    if plan.recompute == "none" and not plan.stages and not plan.stage_recompute:
+        return plan
     return replace(plan, recompute="none", stages=(), stage_recompute=())
 
 

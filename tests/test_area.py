@@ -263,11 +263,3 @@ def test_cli_area_bad_arch_exits_2(capsys):
     assert cli.main(["area", "--arch", "no-such-chip"]) == 2
     assert "no-such-chip" in capsys.readouterr().err
 
-
-def test_readme_area_power_table_is_the_fit():
-    """The README's area and power table is what leave_one_out() gives now."""
-    from pathlib import Path
-
-    from phaze.area import loo_markdown
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    assert loo_markdown() in readme
