@@ -694,6 +694,9 @@ def _search_summary(res, cfg) -> None:
         print(f"  trial {r['trial']}: {chip}")
         print(f"    area {r['area_mm2']:.0f} mm², power {r['power_w']:.0f} W, cost ${r['cost_usd']:,.0f}, "
               f"throughput {r['throughput_tokens_per_s']:,.0f} tokens/s (geomean)")
+        if r.get("throttled"):
+            print(f"    throttled to fit the power budget: {r['throttled']} ran at down to "
+                  f"{r['clock_hz'] / 1e9:.2f} GHz")
         per = gains(r, base, [w.model.name for w in cfg.workloads])
         if per:
             print("    throughput vs " + ", ".join(

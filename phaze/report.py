@@ -78,8 +78,9 @@ def trials_frame(study, objectives) -> pd.DataFrame:
             f"duplicate of trial {a['duplicate_of']}" if "duplicate_of" in a else t.state.name.lower())
         row["reason_kinds"] = "; ".join(a.get("reason_kinds", []))
         for k in ("area_mm2", "power_w", "cost_usd", "throughput_tokens_per_s", "schedule_status",
-                  "schedule_gap", "eval_time_s"):
+                  "schedule_gap", "eval_time_s", "clock_hz"):
             row[k] = a.get(k) if evaluated or k in ("area_mm2", "cost_usd") else None
+        row["throttled"] = "; ".join(a.get("throttled") or []) if evaluated else ""
         row["template"] = a.get("template", "")
         _workload_columns(row, a.get("workloads"))
         rows.append(row)
