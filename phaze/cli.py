@@ -352,6 +352,13 @@ def cmd_validate(args) -> int:
 
     def table(st: dict) -> None:
         print(line("all expressed runs", st["overall"]))
+        if st.get("source_mean"):
+            m = st["source_mean"]
+            print(f"  {'per-source mean (' + str(m['sources']) + ' sources)':<34} {m['rows']:>5}  "
+                  f"{_pct(m['mape_pct'])}  {m['bias_pct']:+6.1f}%")
+        if st.get("without_largest_source", {}).get("rows"):
+            w = st["without_largest_source"]
+            print(line(f"without {w['source'][:24]}", w))
         for key in ("groups", "per_dataset", "per_chip", "per_source"):
             for name, sub in st.get(key, {}).items():
                 print(line(f"group {name}" if key == "groups" else name, sub))

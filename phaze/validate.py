@@ -652,6 +652,15 @@ def summarize(preds: list[Prediction]) -> dict:
                       ("per_source", "source")):
         for name in sorted({getattr(p, attr) for p in ok}):
             out[key][name] = error_stats([p.error for p in ok if getattr(p, attr) == name])
+    src = out["per_source"]
+    if src:
+        # each source weighs the same, so one source's many rows cannot carry the headline
+        out["source_mean"] = {"rows": len(ok), "sources": len(src),
+                              "mape_pct": sum(v["mape_pct"] for v in src.values()) / len(src),
+                              "bias_pct": sum(v["bias_pct"] for v in src.values()) / len(src)}
+        largest = max(src, key=lambda k: (src[k]["rows"], k))
+        out["without_largest_source"] = dict(error_stats([p.error for p in ok if p.source != largest]),
+                                             source=largest)
     return out
 
 

@@ -819,3 +819,20 @@ def test_a_value_whose_step_time_is_not_finite_and_positive_is_skipped(value):
     is refused with the reason instead of dividing by zero later."""
     s = v.row_to_case(synthetic(measured_metric="tokens_per_s_per_gpu", measured_value=value))
     assert isinstance(s, v.Skipped) and "positive finite" in s.reason
+
+
+def test_summary_gives_each_source_one_vote_and_drops_the_largest():
+    """The per-source mean weighs every source the same (a source with many rows cannot carry the
+    headline), and the figure without the largest source leaves exactly its rows out."""
+    from phaze.validate import Prediction, summarize
+    preds = [Prediction(f"r{i}", "big", "x", 1.0, 1.1, 0.10, "ok") for i in range(8)]
+    preds += [Prediction("s1", "small", "x", 1.0, 0.7, -0.30, "ok"),
+              Prediction("s2", "small", "x", 1.0, 1.5, 0.50, "ok"),
+              Prediction("s3", "gone", "x", None, None, None, "skipped")]
+    s = summarize(preds)
+    assert s["overall"]["mape_pct"] == pytest.approx(100 * (8 * 0.1 + 0.3 + 0.5) / 10)
+    assert s["source_mean"]["sources"] == 2
+    assert s["source_mean"]["mape_pct"] == pytest.approx((10.0 + 40.0) / 2)
+    assert s["source_mean"]["bias_pct"] == pytest.approx((10.0 + 10.0) / 2)
+    w = s["without_largest_source"]
+    assert w["source"] == "big" and w["rows"] == 2 and w["mape_pct"] == pytest.approx(40.0)
