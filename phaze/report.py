@@ -458,12 +458,16 @@ def _chip_text(r: pd.Series, keys) -> str:
 
 def best_designs_table(best: pd.DataFrame, meta: StudyMeta) -> tuple[list[str], list[list[str]]]:
     """The best-designs table as ``(header, rows)`` of strings (report.md and report.html)."""
-    head = ["trial"] + list(meta.searched or meta.keys) + ["area mm²", "power W", "cost $", "tokens/s (geomean)"] + \
+    head = ["trial"] + list(meta.searched or meta.keys) + ["area mm²", "power W", "clock GHz", "cost $",
+                                                          "tokens/s (geomean)"] + \
         [f"{w} tokens/s" for w in meta.workloads] + [f"{w} plan" for w in meta.workloads]
     rows = []
     for _, r in best.iterrows():
+        clock = r.get("clock_hz")
+        clock = "–" if clock is None or pd.isna(clock) else f"{clock / 1e9:.2f}" + (
+            f" (throttled: {r['throttled']})" if r.get("throttled") else "")
         rows.append([str(r["trial"])] + [_fmt(r.get(f"chip:{k}")) for k in (meta.searched or meta.keys)] +
-                    [_fmt(r["area_mm2"], ".0f"), _fmt(r["power_w"], ".0f"), _fmt(r["cost_usd"], ",.0f"),
+                    [_fmt(r["area_mm2"], ".0f"), _fmt(r["power_w"], ".0f"), clock, _fmt(r["cost_usd"], ",.0f"),
                      _fmt(r["throughput_tokens_per_s"], ",.0f")] +
                     [_fmt(r.get(f"{w}:tokens_per_s"), ",.0f") for w in meta.workloads] +
                     [str(r.get(f"{w}:plan") or "–") for w in meta.workloads])

@@ -1151,7 +1151,9 @@ def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "") -
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
     try:
-        fig.savefig(tmp, dpi=150, format=path.suffix.lstrip(".") or None)
+        ext = path.suffix.lstrip(".") or "png"
+        # no date or software stamp: the same schedule gives a byte-identical file
+        fig.savefig(tmp, dpi=150, format=ext, metadata={"Date": None} if ext == "svg" else {"Software": None})
         os.replace(tmp, path)
     finally:
         plt.close(fig)
