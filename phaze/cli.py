@@ -335,7 +335,7 @@ def cmd_validate(args) -> int:
             "computed with the current cost model, which was changed after that GPU's errors had "
             "been seen; the clean figure (README) uses the model as it was before"))
     if args.plot:
-        _plot(args.plot, preds)
+        _plot(args.plot, loso_preds or preds, held_out=bool(loso_preds))
     summary["overall"] = summary["in_sample"]["overall"]   # totals: expressed / skipped / total
     summary["skipped"] = [{"run_id": p.run_id, "reason": p.reason} for p in preds if p.status == "skipped"]
     summary["runs"] = [v.display_path(p) for p in runs_paths]
@@ -411,7 +411,9 @@ def _write_predictions(path, preds, loso_preds=()) -> None:
             fh.flush()
 
 
-def _plot(path, preds) -> None:
+def _plot(path, preds, held_out: bool = False) -> None:
+    """Predicted against measured step times, labelled with what kind of figure it is: held out
+    (leave-one-source-out) or in-sample."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -430,11 +432,14 @@ def _plot(path, preds) -> None:
                     label="within 10 %")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
            xlabel="measured step time (s)", ylabel="predicted step time (s)",
-           title="phaze vs published training runs")
+           title=("phaze vs published runs, leave-one-source-out\n(each source predicted by parameters "
+                  "fitted without it)" if held_out else
+                  "phaze vs published runs, IN-SAMPLE\n(parameters fitted on these same runs)"))
+    ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=150)
+        fig.savefig(path, dpi=150, metadata={"Software": None})
     except OSError as exc:
         raise ConfigError("--plot", None, f"cannot write {path!r} ({exc.strerror})") from None
     except ValueError as exc:   # an image format matplotlib does not know

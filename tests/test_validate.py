@@ -836,3 +836,25 @@ def test_summary_gives_each_source_one_vote_and_drops_the_largest():
     assert s["source_mean"]["bias_pct"] == pytest.approx((10.0 + 10.0) / 2)
     w = s["without_largest_source"]
     assert w["source"] == "big" and w["rows"] == 2 and w["mape_pct"] == pytest.approx(40.0)
+
+
+@pytest.mark.parametrize("held_out", [True, False])
+def test_validation_plot_says_whether_it_is_held_out(tmp_path, monkeypatch, held_out):
+    """The predicted-against-measured figure names what it shows: leave-one-source-out predictions,
+    or in-sample ones (parameters fitted on the same runs)."""
+    import matplotlib.figure
+
+    from phaze import cli
+    from phaze.validate import Prediction
+    titles = []
+    real = matplotlib.figure.Figure.savefig
+
+    def spy(self, *a, **k):
+        titles.append(self.axes[0].get_title())
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    preds = [Prediction("a", "S", "A100", 1.0, 1.1, 0.1, "ok"), Prediction("b", "S", "H100", 2.0, 1.8, -0.1, "ok")]
+    cli._plot(str(tmp_path / "p.png"), preds, held_out=held_out)
+    assert (tmp_path / "p.png").stat().st_size > 0
+    assert ("leave-one-source-out" in titles[0]) == held_out and ("IN-SAMPLE" in titles[0]) == (not held_out)
