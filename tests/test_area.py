@@ -103,7 +103,7 @@ def test_leave_one_chip_out_area(loo, name):
     r = loo[name]
     assert name not in r["coefficients"]["fitted_on"]
     assert r["coefficients"]["control_mm2_per_unit"] == 0.0
-    assert abs(r["area_error"]) <= 0.45, r
+    assert abs(r["area_error"]) <= 0.42, r
 
 
 def test_leave_one_chip_out_tpuv4_area_is_a_bound(loo):
@@ -116,20 +116,21 @@ def test_leave_one_chip_out_tpuv4_area_is_a_bound(loo):
 
 
 @pytest.mark.parametrize("name", list(REFERENCE))
-def test_leave_one_chip_out_full_load_power_within_25pct(loo, name):
+def test_leave_one_chip_out_full_load_power_within_22pct(loo, name):
     """The held-out chip's full-load power (units busy every cycle) against its TDP (A100 400 W,
     H100 700 W) or TPUv4's measured maximum (192 W): A100 -21 %, H100 +1 %, TPUv4 +18 %."""
     r = loo[name]
     lo, hi = r["published_power_w"]
-    assert abs(r["full_load_power_w"] / hi - 1) <= 0.25, r
+    assert abs(r["full_load_power_w"] / hi - 1) <= 0.22, r
     assert r["leakage_w"] > 0 and r["leakage_share"] >= 0.05, r
 
 
-def test_leave_one_chip_out_tpuv4_training_power_within_15pct(loo):
+def test_leave_one_chip_out_tpuv4_training_power_within_10pct(loo):
     """TPUv4 measured 170 W mean in training (Jouppi et al., ISCA 2023); held out, GPT-3 175B on
-    1024 chips draws 185 W (+9 %) and stays below the full load."""
+    1024 chips draws 185 W (+9 %) and stays below the full load. (The windows in these tests sit
+    just above the measured errors, so that any drift shows.)"""
     r = loo["tpuv4"]
-    assert abs(r["power_w"] / 170.0 - 1) <= 0.15, r
+    assert abs(r["power_w"] / 170.0 - 1) <= 0.10, r
     assert r["power_w"] <= r["full_load_power_w"]
 
 
