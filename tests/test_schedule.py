@@ -1,5 +1,5 @@
-"""CP-SAT operator scheduler (shared/DESIGN.md section 4): optimum against brute force on tiny
-DAGs, an independent checker (and faults it must catch), bounds on every shipped workload,
+"""CP-SAT operator scheduler (README, "Scheduling a layer on the chip's units"): optimum against
+brute force on tiny DAGs, an independent checker (and faults it must catch), bounds on every shipped workload,
 GPUs reduce to the sequential sum, time limits never raise, the disk cache."""
 from __future__ import annotations
 
