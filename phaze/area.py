@@ -454,6 +454,14 @@ def energy_coefficients(chip: Chip) -> dict:
     }
 
 
+def logic_power_w(chip: Chip, coefficients: Coefficients | None = None) -> float:
+    """The clocked logic's switching power while the units are busy (the fitted
+    ``switching_fj_per_transistor_cycle`` times the die's transistors and the clock)."""
+    c = coefficients or DEFAULT
+    return (c.switching_fj_per_transistor_cycle * 1e-15 * node_energy_factor(chip.process_node_nm)
+            * silicon(chip, c).transistors * chip.clock_hz)
+
+
 def _busy_s(result) -> float:
     """Seconds of the step the units compute (not waiting in the bubble or on communication)."""
     b = result.breakdown_s
@@ -483,8 +491,7 @@ def step_energy(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     a = _step_activity(model, chip, devices, global_batch, plan)
     k = energy_coefficients(chip)
     t = result.step_time_s
-    logic = (c.switching_fj_per_transistor_cycle * 1e-15 * node_energy_factor(chip.process_node_nm)
-             * si.transistors * chip.clock_hz * _busy_s(result))
+    logic = logic_power_w(chip, c) * _busy_s(result)
     v2 = voltage_ratio ** 2
     parts = {
         "tensor": a.tensor_flops * k["tensor"] * v2,
@@ -508,10 +515,8 @@ def full_load_power_w(chip: Chip, coefficients: Coefficients | None = None) -> f
     so the fit sets it to the TDP; a training step, which also waits in bubbles and on links,
     draws less (:func:`step_energy`)."""
     c = coefficients or DEFAULT
-    si = silicon(chip, c)
-    logic = (c.switching_fj_per_transistor_cycle * 1e-15 * node_energy_factor(chip.process_node_nm)
-             * si.transistors * chip.clock_hz)
-    return si.leakage_w + logic + chip.implied_peak_flops_per_s * energy_coefficients(chip)["tensor"]
+    return (silicon(chip, c).leakage_w + logic_power_w(chip, c)
+            + chip.implied_peak_flops_per_s * energy_coefficients(chip)["tensor"])
 
 
 # ---- fitting on the reference chips ------------------------------------------------------------

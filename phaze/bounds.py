@@ -35,7 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from .arch import Chip
-from .area import DEFAULT, _sent_bytes, energy_coefficients, node_energy_factor, silicon
+from .area import _sent_bytes, energy_coefficients, logic_power_w, silicon
 from .cost import Efficiency
 from .graph import edge_graph, layer_graph
 from .placement import cp_values, place_bound, place_step_bounds
@@ -324,8 +324,7 @@ def chip_power_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Effi
     """:class:`PowerBounds` of ``chip`` (throughput 0 and power the leakage when some workload
     has no plan that fits)."""
     si = silicon(chip)
-    logic_w = (DEFAULT.switching_fj_per_transistor_cycle * 1e-15 * node_energy_factor(chip.process_node_nm)
-               * si.transistors * chip.clock_hz)
+    logic_w = logic_power_w(chip)
     k = energy_coefficients(chip)
     hi = lo = per = weights = 0.0
     power = si.leakage_w

@@ -18,7 +18,7 @@ from .cost import Efficiency
 from .placement import place
 from .power import within_limit
 from .schedule import schedule_layer
-from .space import CONSTRAINTS, WorkloadSpec
+from .space import CONSTRAINTS, WorkloadSpec, power_budget
 from .system import apply_system
 from .validate import load_default_params, params_for
 
@@ -167,8 +167,8 @@ def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency,
 
 def power_limit(chip: Chip, constraints=()) -> float | None:
     """The power limit a candidate runs within: the tightest power budget, else the chip's TDP."""
-    budgets = [b for k, b in constraints if CONSTRAINTS[k] == ("power", "max")]
-    return min(budgets) if budgets else chip.tdp_w
+    budget = power_budget(constraints)
+    return chip.tdp_w if budget is None else budget
 
 
 def evaluate_chip(chip: Chip, workloads: tuple[WorkloadSpec, ...], efficiency: Efficiency | None = None,

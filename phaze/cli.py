@@ -51,15 +51,21 @@ _seq_len = _int_at_least(1, f"a positive integer up to {MAX_SEQ_LEN:,} tokens", 
 _top = _int_at_least(1, "a positive integer up to 1000", 1000)
 
 
-def _gib(text: str) -> float:
-    """An argparse type: a size in GiB (>= 0), returned in bytes."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 <= value <= 1e6):
-        raise argparse.ArgumentTypeError(f"must be a size in GiB >= 0 (e.g. 4 or 2.5), got {text[:40]!r}")
-    return value * GiB
+def _float_in(ok, allowed: str, scale: float = 1.0):
+    """An argparse type: a finite number for which ``ok(value)`` holds, times ``scale``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and ok(value)):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text[:40]!r}")
+        return value * scale
+    return parse
+
+
+_gib = _float_in(lambda x: 0 <= x <= 1e6, "a size in GiB >= 0 (e.g. 4 or 2.5)", GiB)     # returned in bytes
+_watts = _float_in(lambda x: 0 < x <= 1e5, "a power in watts > 0 (e.g. 500)")
 
 
 def format_result(r: StepResult) -> str:
@@ -246,18 +252,12 @@ def cmd_evaluate(args) -> int:
     result = ps.result
     notes = assumptions(model, chip, args, plan, _plan_keys(args.plan))
     if args.format == "json":
-        print(json.dumps(dict(result.to_dict(), power=_power_dict(ps), assumptions=notes), indent=2))
+        print(json.dumps(dict(result.to_dict(), power=ps.to_dict(), assumptions=notes), indent=2))
     else:
         print(format_result(result))
         print(format_power(ps))
         _print_assumptions(notes)
     return 0
-
-
-def _power_dict(ps: PoweredStep) -> dict:
-    d = ps.to_dict()
-    d.pop("result")
-    return d
 
 
 def _pct(x) -> str:
@@ -572,7 +572,6 @@ def cmd_place(args) -> int:
         b = res.baseline
         bp = powered.get(b.plan) or _within_limit(model, chip, args.devices, args.global_batch, b.plan, eff,
                                                   b.result, args)
-        powered[b.plan] = bp
         res = replace(res, baseline=Placement(b.plan, bp.result))
     if baseline_plan is not None:
         plan = replace(baseline_plan, memory_reserve=args.memory_reserve)
@@ -590,7 +589,7 @@ def cmd_place(args) -> int:
     notes = assumptions(model, chip, args, options=options)
     best_power = powered[res.best.plan]
     if args.format == "json":
-        out = {"best": dict(res.best.result.to_dict(), plan=res.best.plan.label(), power=_power_dict(best_power)),
+        out = {"best": dict(res.best.result.to_dict(), plan=res.best.plan.label(), power=best_power.to_dict()),
                "top": [dict(p.result.to_dict(), plan=p.plan.label()) for p in res.top],
                "baseline": dict(baseline.result.to_dict(), plan=baseline.plan.label()) if baseline else None,
                "baseline_kind": kind, "best_is_baseline": same,
@@ -793,7 +792,7 @@ def cmd_area(args) -> int:
         en = ps.energy
         out["energy"] = dict(en.to_dict(), workload=model.name, devices=args.devices,
                              global_batch=args.global_batch, plan=plan.label(), fits=ps.result.fits)
-        out["power"] = _power_dict(ps)
+        out["power"] = ps.to_dict()
     if args.format == "json":
         print(json.dumps(out, indent=2, default=float))
         return 0
@@ -816,16 +815,6 @@ def cmd_area(args) -> int:
         for k, v in e["breakdown_j"].items():
             print(f"    {k:<14} {v / e['step_time_s']:8.1f} W  {100 * v / e['energy_per_step_j']:5.1f} %")
     return 0
-
-
-def _watts(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 < value <= 1e5):
-        raise argparse.ArgumentTypeError(f"must be a power in watts > 0 (e.g. 500), got {text[:40]!r}")
-    return value
 
 
 def _power_args(p) -> None:

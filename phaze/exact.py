@@ -34,7 +34,7 @@ import numpy as np
 from .area import silicon
 from .bounds import chip_bound, chip_power_bounds, dominance_keys, dominated_by, grid, grid_bounds
 from .power import V_FLOOR, throttled_power_floor
-from .space import CONSTRAINTS, SweepConfig, build_chip, design_key
+from .space import CONSTRAINTS, SweepConfig, build_chip, design_key, power_budget
 from .validate import load_default_params, params_for
 
 BOUND_ATTR = "exact_bound1:"       # study system attribute prefix: level-1 bound of grid point i
@@ -170,13 +170,13 @@ class ExactSampler:
         self._picked: dict[int, int] = {}
         self.on_bound = None         # called with (level-1 bounds computed, designs in budget)
         self._token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        budgets = [b for k, b in cfg.constraints if CONSTRAINTS[k] == ("power", "max")]
-        self.power_budget = min(budgets) if budgets else None
-        self.needs_power = bool(budgets) or any(o in ("power", "throughput_per_w") for o in cfg.objectives)
+        self.power_budget = power_budget(cfg.constraints)
+        budgeted = self.power_budget is not None
+        self.needs_power = budgeted or any(o in ("power", "throughput_per_w") for o in cfg.objectives)
         objs = set(cfg.objectives)
         # the throughput-power segment holds at the nominal clock only: not under a power budget
         self._segment_ok = ({"throughput", "power"} <= objs and objs <= {"throughput", "power", "area", "cost"}
-                            and not budgets)
+                            and not budgeted)
 
     # Optuna's sampler interface (a BaseSampler subclass is built lazily: optuna imports slowly)
     def infer_relative_search_space(self, study, trial):

@@ -519,11 +519,17 @@ def _group_weights(info: dict, members) -> tuple[float, float]:
     return a, max(info[i][0].vp for i in members)
 
 
+def _even_bound(ts: np.ndarray, tails: np.ndarray, m: int, pp: int, v: int) -> float:
+    """The 1F1B step of stage times ``ts`` and tails ``tails`` (the step time of
+    :func:`phaze.step.step_time_of`): a lower bound of the even split's step under bound times."""
+    return critical_weight(m, pp, v) * ts.max() + ts.sum() / v + tails.max()
+
+
 def _deferred_baseline(base: Plan, costs: StageCosts, sibling: list, modes, base_cands: list, index: int) -> None:
     """The even-split, one-mode (Megatron-style) candidate of an interleaved layout whose tables
     are not built: its stage times at the even split are its vp = 1 sibling's lower bounds plus
     the extra sends, its memory is computed at the even split alone."""
-    sbase, scosts, slb, _, _, sopts = sibling
+    scosts, sopts = sibling[1], sibling[5]
     pp, v = base.pp, base.vp
     even = stage_layers(costs.model.layers, pp, v)
     rows = np.arange(pp)
@@ -538,8 +544,7 @@ def _deferred_baseline(base: Plan, costs: StageCosts, sibling: list, modes, base
         tails = sopts.tail[rows, even, k]
         if not np.isfinite(ts).all():
             continue
-        bound = critical_weight(costs.micro_batches, pp, v) * ts.max() + ts.sum() / v + tails.max()
-        base_cands.append((bound, index, replace(base, recompute=r)))
+        base_cands.append((_even_bound(ts, tails, costs.micro_batches, pp, v), index, replace(base, recompute=r)))
         return
 
 
@@ -591,11 +596,9 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         # the Megatron-style plan: even split, one recompute mode for every stage
         for k, r in enumerate(modes):
             if opts.fits[np.arange(pp), even, k].all():
-                plan = replace(base, recompute=r)
                 ts, tails = opts.time[np.arange(pp), even, k], opts.tail[np.arange(pp), even, k]
-                m, v = lb_costs.micro_batches, base.vp
-                base_cands.append((critical_weight(m, pp, v) * ts.max() + ts.sum() / v + tails.max(), considered,
-                                   plan))
+                base_cands.append((_even_bound(ts, tails, lb_costs.micro_batches, pp, base.vp), considered,
+                                   replace(base, recompute=r)))
                 break
         if not _fits_somehow(opts, L):
             for k, r in enumerate(modes):
@@ -613,15 +616,15 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     # memory and the pipeline's weights: one DP on the element-wise smallest times and tails of the
     # built (vp = 1) variants, with what fits in any of them, and the smallest critical weight and
     # largest vp of all, bounds them all; a group is split only if that bound can win
+    group_of: dict = {}     # a group's first built variant -> (its variants, their pipeline weights)
     for members in groups.values():
         built = [i for i in members if info[i][5] is not None]
         if not built:
             continue
-        quick = 0.0 if exhaustive else min(_quick_bound(info[i][2], modes, _group_weights(info, members))
-                                           for i in built)
+        weights = _group_weights(info, members)
+        quick = 0.0 if exhaustive else min(_quick_bound(info[i][2], modes, weights) for i in built)
         heapq.heappush(queue, (quick, built[0], 0))
-    group_of = {next(i for i in members if info[i][5] is not None): members for members in groups.values()
-                if any(info[i][5] is not None for i in members)}
+        group_of[built[0]] = (members, weights)
     heap: list = []         # the `keep` best (tokens/s, index, Placement) solved so far
     solved_n = 0
     if progress:
@@ -639,7 +642,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         base, costs, lb_costs, allowed_n, even, _ = info[idx]
         pp = base.pp
         if stage == 0:
-            members = group_of[idx]
+            members, weights = group_of[idx]
             if exhaustive:
                 for i in members:
                     heapq.heappush(queue, (0.0, i, 2))
@@ -650,11 +653,11 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
             else:
                 both = _Options(np.minimum.reduce([o.time for o in each]), np.minimum.reduce([o.tail for o in each]),
                                 np.logical_or.reduce([o.fits for o in each]), each[0].memory, each[0].modes)
-            lb = _solve_layout(lb_costs, both, _group_weights(info, members))
+            lb = _solve_layout(lb_costs, both, weights)
             heapq.heappush(queue, (lb[0], idx, 1 if len(members) > 1 else 2))
             continue
         if stage == 1:      # the group's bound can still win: bound each variant on its own,
-            for i in group_of[idx]:     # first in closed form (an interleaved one: no tables yet)
+            for i in group_of[idx][0]:     # first in closed form (an interleaved one: no tables yet)
                 if info[i][2] is None:
                     info[i][2] = _bound_costs(info[i][1], modes)
                 heapq.heappush(queue, (max(bound, _quick_bound(info[i][2], modes)), i, 3))

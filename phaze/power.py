@@ -20,7 +20,7 @@ clock, so a printout can say so.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from .arch import Chip
 from .area import Energy, step_energy
@@ -89,8 +89,9 @@ class PoweredStep:
         return f"at the nominal {ghz:.2f} GHz, within the {lim} limit"
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["result"] = self.result.to_dict()
+        """Plain data of the power side (the step result itself: ``result.to_dict()``)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "result"}
+        d["energy"] = self.energy.to_dict()
         d["throttled"] = self.throttled
         d["energy_per_token_j"] = self.energy_per_token_j
         return d

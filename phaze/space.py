@@ -57,6 +57,13 @@ CONSTRAINTS = {  # key -> (metric, sense)
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid", "exact")
 
 
+def power_budget(constraints) -> float | None:
+    """The tightest power budget of ``constraints`` ((key, bound) pairs), or None: a candidate runs
+    within it (:mod:`phaze.power` lowers its clock until it fits)."""
+    budgets = [b for k, b in constraints if CONSTRAINTS[k] == ("power", "max")]
+    return min(budgets) if budgets else None
+
+
 # --- expressions ---------------------------------------------------------------------------------
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
