@@ -13,6 +13,17 @@ from .configio import ConfigError, Fields, read_mapping
 from .workload import PRECISIONS, config_dirs, resolve_config
 
 HBM_GENERATIONS = ("hbm2", "hbm2e", "hbm3")
+# How a chip's work is issued, which sets the per-kernel overheads (phaze.cost.kernel_overhead):
+# - eager: a Python host dispatches every kernel (PyTorch eager); a kernel shorter than the host's
+#   dispatch time (``host_overhead_s``) leaves the device waiting, and each kernel pays its launch
+#   (``kernel_overhead_s``);
+# - cuda-graphs: a captured graph's kernels are replayed without the host (NVIDIA, "Getting
+#   Started with CUDA Graphs", 2019: the host's per-kernel cost goes, the device-side launch
+#   stays), so only ``kernel_overhead_s`` remains;
+# - xla: one compiled program runs on the chip's own sequencer (JAX/XLA on TPU: no per-op host
+#   dispatch and no kernel launches; XLA fuses chains of ops into one computation): neither
+#   overhead applies; a computation's fill and drain are the tile overhead every GEMM pays.
+EXECUTION = ("eager", "cuda-graphs", "xla")
 
 
 @dataclass(frozen=True)
@@ -93,12 +104,16 @@ class Chip:
     link_phys: int = 0             # chip-to-chip link PHYs (0 = first link level / 25 GB/s per link)
     die_units_ratio: float = 1.0   # units built on the die / units enabled (harvested for yield)
     die_memory_ratio: float = 1.0  # shared buffer and HBM PHYs built / enabled
+    execution: str = ""            # how its work is issued (EXECUTION); "" = by kind: gpu eager,
+                                   # accelerator xla (a compiled program, as on TPU)
 
     def __post_init__(self):
         if not self.family:
             object.__setattr__(self, "family", self.name)
         if not self.unit_sharing:
             object.__setattr__(self, "unit_sharing", "sequential" if self.kind == "gpu" else "concurrent")
+        if not self.execution:
+            object.__setattr__(self, "execution", "eager" if self.kind == "gpu" else "xla")
 
     @property
     def implied_peak_flops_per_s(self) -> float:
@@ -187,6 +202,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         area_mm2=f.number("area_mm2", None), tdp_w=f.number("tdp_w", None),
         family=f.str("family", ""),
         unit_sharing=f.choice("unit_sharing", ("sequential", "concurrent"), ""),
+        execution=f.choice("execution", EXECUTION, ""),
         local_sram_bandwidth_bytes_per_cycle=f.number("local_sram_bandwidth_bytes_per_cycle", 0.0,
                                                       inclusive=True),
         hbm_generation=f.choice("hbm_generation", HBM_GENERATIONS, ""),

@@ -6,12 +6,23 @@ import json
 import math
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from .api import as_chip, as_model, as_plan
 from .area import DEFAULT, silicon
 from .configio import ConfigError
 from .cost import IDEAL
-from .placement import MAX_AUTO_VP, Placement, PlacementOptions, cp_values, expert_widths, place, routing_values
+from .framework import FRAMEWORKS, PLAN_KEYS, describe, framework, options_with, plan_with
+from .placement import (
+    MAX_AUTO_VP,
+    Placement,
+    PlacementOptions,
+    cp_values,
+    expert_widths,
+    options_chip,
+    place,
+    routing_values,
+)
 from .plan import RECOMPUTE, ROUTING, SEARCHED_RECOMPUTE
 from .power import PoweredStep, within_limit
 from .step import StepResult, evaluate
@@ -188,7 +199,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + f"; recompute {'/'.join(o.recompute)} per stage; "
                            f"zero {','.join(map(str, o.zero_stages))}; attention {o.attention}; optimizer "
                            f"{o.optimizer}; sp on when tp > 1; dp_overlap on; "
-                           f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients")
+                           f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients"
+                           + ("; tp_async on" if o.tp_async else "") + ("; tp_overlap on" if o.tp_overlap else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
                       for r in routing_values(model, o)]
@@ -196,6 +208,11 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                                 + (','.join(map(str, o.etp)) if o.etp else "1 and tp")
                                 + f"; routing {', '.join(routes)}")
         tp = max(o.tp)
+    out["execution"] = (f"{chip.execution}: " + {
+        "eager": "the host dispatches each kernel (host and launch overhead per kernel)",
+        "cuda-graphs": "kernels replayed from a CUDA graph (launch overhead per kernel, no host dispatch)",
+        "xla": "one compiled program (no per-kernel host or launch overhead)"}[chip.execution]
+        + ("" if getattr(args, "framework", None) else " (the chip's; --framework sets a framework's)"))
     if tp > model.kv_heads:
         out["kv_heads"] = (f"tp={tp} is more than the {model.kv_heads} KV heads: each KV head is replicated on "
                            f"{tp // model.kv_heads} tensor-parallel ranks; each rank computes and stores one "
@@ -234,6 +251,12 @@ def cmd_evaluate(args) -> int:
     model = as_model(args.workload, args.seq_len)
     chip = chip_for(args)
     plan = as_plan(args.plan)
+    preset = None
+    if args.framework:
+        fw = framework(args.framework)
+        plan, changes = plan_with(fw, plan, _plan_keys(args.plan))
+        chip = replace(chip, execution=fw.execution) if chip.execution != fw.execution else chip
+        preset = describe(fw, changes)
     if args.schedule:
         plan = replace(plan, schedule=args.schedule)
     if args.memory_reserve is not None:
@@ -250,7 +273,10 @@ def cmd_evaluate(args) -> int:
                           f"to find one) or --allow-oom to print the result anyway")
     ps = _within_limit(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args), result, args)
     result = ps.result
-    notes = assumptions(model, chip, args, plan, _plan_keys(args.plan))
+    given = _plan_keys(args.plan) | (set(PLAN_KEYS) if preset else set())
+    notes = assumptions(model, chip, args, plan, given)
+    if preset:
+        notes["framework"] = preset
     if args.format == "json":
         print(json.dumps(dict(result.to_dict(), power=ps.to_dict(), assumptions=notes), indent=2))
     else:
@@ -281,9 +307,26 @@ def _groups(texts):
     return out
 
 
+def _held_out(args, items) -> tuple[str, ...]:
+    """The sources ``--hold-out`` names (default: the frozen split of the bundled sets, none for a
+    user's ``--runs``; ``none`` holds nothing out), each checked against the runs."""
+    from . import validate as v
+    text = args.hold_out
+    if text is None:
+        return v.HELD_OUT_SOURCES if not args.runs else ()
+    if text.strip().lower() in ("", "none"):
+        return ()
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    known = sorted({c.source for c in items})
+    for name in names:
+        if name not in known:
+            raise ConfigError("--hold-out", None, f"no run has source_id {name!r}; allowed: none or "
+                                                  f"source ids among {', '.join(known)}")
+    return names
+
+
 def _check_output(flag: str, path: str, image: bool = False) -> None:
     """Refuse an output path that cannot be written before any long computation runs."""
-    from pathlib import Path
     p = Path(path)
     if p.is_dir() or not p.parent.is_dir():
         raise ConfigError(flag, None, f"cannot write {path!r}: "
@@ -307,11 +350,20 @@ def cmd_validate(args) -> int:
     if args.plot:
         _check_output("--plot", args.plot, image=True)
     runs_paths = [args.runs] if args.runs else v.default_runs_paths()
+    params_path = args.params or v.shipped_params_path()
     params = load_params(args.params) if args.params else v.load_default_params()
     items = v.load_items(runs_paths)
+    hold = _held_out(args, items)
+    items, held_items = v.split_held_out(items, hold)
     cases = [c for c in items if isinstance(c, v.Case)]
     preds = v.predict_all(items, params)
     summary = {"in_sample": v.summarize(preds)}
+    held_preds = v.predict_all(held_items, params) if args.score_held_out else []
+    fitted_without = set(v.params_held_out(params_path)) if Path(params_path).exists() else set()
+    summary["held_out"] = {"sources": list(hold), "rows": len(held_items), "scored": bool(held_preds),
+                           "parameters_fitted_without_them": set(hold) <= fitted_without}
+    if held_preds:
+        summary["held_out"].update(v.summarize(held_preds))
     ok = [p for p in preds if p.status == "ok"]
     for name, prefixes in groups.items():
         summary["in_sample"].setdefault("groups", {})[name] = v.error_stats(
@@ -326,7 +378,7 @@ def cmd_validate(args) -> int:
                 [p.error for p in loso_preds if p.source.startswith(prefixes)])
         summary["leave_one_source_out"] = loso
     if args.out:
-        _write_predictions(args.out, preds, loso_preds)
+        _write_predictions(args.out, preds + held_preds, loso_preds)
     if args.unseen:
         train, sep, test = args.unseen.partition(":")
         if not sep:
@@ -373,6 +425,15 @@ def cmd_validate(args) -> int:
         table(summary["leave_one_source_out"])
     print("in-sample (parameters fitted on these same runs; not a measure of accuracy on new runs):")
     table(summary["in_sample"])
+    h = summary["held_out"]
+    if h["sources"] and not h["scored"]:
+        print(f"held out: {h['rows']} rows of {', '.join(h['sources'])} (the frozen split; not fitted on, "
+              f"not scored here; --score-held-out scores them once)")
+    elif h["scored"]:
+        print(("HELD OUT" if h["parameters_fitted_without_them"] else
+               "NOT HELD OUT (the parameters were fitted on these rows)") +
+              f": {', '.join(h['sources'])}, scored with {summary['params']}:")
+        table(h)
     if summary.get("unseen_gpu", {}).get("overall", {}).get("rows"):
         u = summary["unseen_gpu"]
         print(f"unseen GPU, NOT CLEAN (calibrated on {u['train']} only, predicting {u['test']}; the "
@@ -456,7 +517,8 @@ def cmd_calibrate(args) -> int:
     _check_output("--out", args.out)
     runs_paths = [args.runs] if args.runs else v.default_runs_paths()
     items = v.load_items(runs_paths)
-    cases = [c for c in items if isinstance(c, v.Case)]
+    hold = _held_out(args, items)
+    cases = [c for c in v.split_held_out(items, hold)[0] if isinstance(c, v.Case)]
     if not cases:
         raise ConfigError(runs_paths[0], None, "no run could be expressed; nothing to calibrate on")
     with tqdm(total=1 + len(v.fitted_families(cases)), desc="calibrate", unit="fit") as bar:
@@ -467,6 +529,7 @@ def cmd_calibrate(args) -> int:
     try:
         save_params(params, args.out, meta={
             "runs": [v.display_path(p) for p in runs_paths], "rows_used": len(cases),
+            "held_out_sources": list(hold),
             "bounds_and_priors": {k: {"low": lo, "high": hi, "prior": pr} for k, (lo, hi, pr) in BOUNDS.items()},
             "prior_weight": PRIOR_WEIGHT, "in_sample_error": fitted})
     except OSError as exc:
@@ -550,11 +613,20 @@ def cmd_place(args) -> int:
     model = as_model(args.workload, args.seq_len)
     chip = chip_for(args)
     baseline_plan = as_plan(args.baseline, "--baseline") if args.baseline else None
-    options = PlacementOptions(tp=args.tp, mbs=args.mbs, recompute=args.recompute, pp=args.pp or (),
-                               vp=args.vp or (), zero=args.zero, attention=args.attention,
+    options = PlacementOptions(tp=args.tp, mbs=args.mbs, recompute=args.recompute or SEARCHED_RECOMPUTE,
+                               pp=args.pp or (), vp=args.vp or (), zero=args.zero or (0, 1),
+                               attention=args.attention or "flash",
                                memory_reserve=args.memory_reserve, reduce_fp32=args.reduce_fp32,
                                ep=args.ep or (), cp=args.cp or (), etp=args.etp or (),
                                routing=args.routing or ())
+    preset = None
+    if args.framework:
+        fw = framework(args.framework)
+        given = {k for k, v in (("attention", args.attention), ("zero", args.zero),
+                                ("reduce_fp32", args.reduce_fp32)) if v}
+        options, changes = options_with(fw, options, given)
+        chip = options_chip(chip, options)
+        preset = describe(fw, changes)
     eff = efficiency_for(chip, args)
     with _Ticker("phaze place", unit="layout") as ticker:
         res = place(model, chip, args.devices, args.global_batch, options, eff, args.top, progress=ticker.progress)
@@ -587,6 +659,8 @@ def cmd_place(args) -> int:
     baseline, gain = res.baseline, res.gain_over_baseline
     same = baseline is not None and baseline.plan == res.best.plan
     notes = assumptions(model, chip, args, options=options)
+    if preset:
+        notes["framework"] = preset
     best_power = powered[res.best.plan]
     if args.format == "json":
         out = {"best": dict(res.best.result.to_dict(), plan=res.best.plan.label(), power=best_power.to_dict()),
@@ -740,7 +814,6 @@ def cmd_sweep(args) -> int:
 def cmd_report(args) -> int:
     """``phaze report STUDY [STUDY]``: the report of a study rebuilt from its storage; with two,
     both on one front."""
-    from pathlib import Path
 
     from .report import load_study
     from .study_files import compare_studies, write_study_files
@@ -855,6 +928,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--ideal", action="store_true", help="ideal datasheet machine: no efficiency losses")
     ev.add_argument("--schedule", choices=("optimal", "sequential"), default=None,
                     help="layer time from the CP-SAT schedule (default) or the sum of the operators")
+    ev.add_argument("--framework", metavar="NAME",
+                    help="a training framework's defaults (" + ", ".join(FRAMEWORKS) + "): "
+                    "attention kernel, collective overlap, ZeRO, fp32 reduction, execution model; what you "
+                    "set yourself wins")
     _system_args(ev)
     _power_args(ev)
     ev.set_defaults(func=cmd_evaluate)
@@ -868,6 +945,11 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--group", action="append", default=[], metavar="NAME=SRC,SRC",
                     help="also report the rows of these sources together (source_id prefixes)")
     va.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out refits")
+    va.add_argument("--hold-out", default=None, metavar="SRC,SRC",
+                    help="source ids left out of every fit and table (default: the bundled sets' frozen "
+                         "split; 'none' holds nothing out)")
+    va.add_argument("--score-held-out", action="store_true",
+                    help="score the held-out sources (once, at the end of a round of modelling)")
     va.add_argument("--unseen", default="A100:H100", metavar="TRAIN:TEST",
                     help="calibrate on one chip family, predict another (default A100:H100; '' skips)")
     va.set_defaults(func=cmd_validate)
@@ -886,7 +968,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--cp", type=_int_list, default=None,
                     help="context-parallel widths (default 1; from 16K tokens also every power of two leaving "
                          "4K tokens per rank)")
-    pl.add_argument("--recompute", type=_recompute_list, default=SEARCHED_RECOMPUTE,
+    pl.add_argument("--recompute", type=_recompute_list, default=None,
                     help="recompute modes each stage may use (default none,selective,full; op: torchtitan's "
                          "per-op policy)")
     pl.add_argument("--ep", type=_int_list, default=None,
@@ -896,9 +978,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="expert tensor-parallel widths of a mixture of experts (default 1 and tp)")
     pl.add_argument("--routing", type=_routing_list, default=None,
                     help="MoE routings to search: forced, dropless, capacity (default: the model's own)")
-    pl.add_argument("--zero", type=_zero_list, default=(0, 1),
+    pl.add_argument("--zero", type=_zero_list, default=None,
                     help="ZeRO stages to search (default 0,1: none and the distributed optimizer; 0,1,2,3 all)")
-    pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default="flash",
+    pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default=None,
                     help="attention kernel (default flash)")
     pl.add_argument("--reduce-fp32", action="store_true", help="fp32 gradients and reduction (Megatron's "
                     "--accumulate-allreduce-grads-in-fp32)")
@@ -910,6 +992,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--format", choices=("text", "json"), default="text")
     pl.add_argument("--params", help="efficiency parameters (default: shipped calibration)")
     pl.add_argument("--ideal", action="store_true", help="ideal datasheet machine")
+    pl.add_argument("--framework", metavar="NAME",
+                    help="a training framework's defaults (" + ", ".join(FRAMEWORKS) + "): "
+                    "attention kernel, collective overlap, ZeRO, fp32 reduction, execution model; what you "
+                    "set yourself wins")
     _system_args(pl)
     _power_args(pl)
     pl.set_defaults(func=cmd_place)
@@ -917,6 +1003,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca = sub.add_parser("calibrate", help="fit the efficiency parameters on published runs")
     ca.add_argument("--runs", help="CSV of published runs (default: the bundled reference runs)")
     ca.add_argument("--out", required=True, help="parameter file to write (JSON)")
+    ca.add_argument("--hold-out", default=None, metavar="SRC,SRC",
+                    help="source ids not fitted on (default: the bundled sets' frozen split; 'none' fits all)")
     ca.set_defaults(func=cmd_calibrate)
     sc = sub.add_parser("schedule", help="optimal operator schedule of one layer on one chip (CP-SAT)")
     sc.add_argument("--workload", required=True, help="shipped name (gpt3-175b), a YAML, or a HF config.json")

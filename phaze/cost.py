@@ -45,6 +45,17 @@ class Efficiency:
 IDEAL = Efficiency()
 
 
+def kernel_overhead(chip: Chip, eff: Efficiency) -> float:
+    """Fixed cost of one kernel under the chip's execution model (:data:`phaze.arch.EXECUTION`):
+    a launch under ``eager`` and ``cuda-graphs``, none in an XLA-compiled program."""
+    return 0.0 if chip.execution == "xla" else eff.kernel_overhead_s
+
+
+def host_overhead(chip: Chip, eff: Efficiency) -> float:
+    """Host time to issue one kernel: only an ``eager`` host dispatches each kernel."""
+    return eff.host_overhead_s if chip.execution == "eager" else 0.0
+
+
 def _ceil(a: float, b: float) -> int:
     return -(-int(a) // int(b))
 
@@ -137,7 +148,7 @@ def gemm_time(batch: int, M: int, K: int, N: int, chip: Chip, precision: str = "
     best = min(max(cycles / rate, onchip / bw, local) + passes * k0 / rate
                for passes, cycles, onchip, local in per_tile)
     memory = hbm / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
-    return max(best, memory) + eff.kernel_overhead_s
+    return max(best, memory) + kernel_overhead(chip, eff)
 
 
 def vector_time(elements: float, flops: float, nbytes: float, chip: Chip, eff: Efficiency = IDEAL,
@@ -147,7 +158,7 @@ def vector_time(elements: float, flops: float, nbytes: float, chip: Chip, eff: E
     share = (units or chip.vector.count) / chip.vector.count
     compute = (flops / chip.vector_flops_per_s + special / chip.special_per_s) / share
     memory = nbytes / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
-    return max(compute, memory) + eff.kernel_overhead_s
+    return max(compute, memory) + kernel_overhead(chip, eff)
 
 
 def _levels(chip: Chip, n: int, stride: int) -> list[tuple[int, float, float]]:
@@ -218,7 +229,7 @@ def op_time(op: Op, chip: Chip, precision: str, eff: Efficiency = IDEAL, *, tp: 
     The host issues kernels one after another, ``host_overhead_s`` each: a kernel that runs
     shorter than that leaves the device waiting, so an op takes at least the host time."""
     return max(_device_time(op, chip, precision, eff, tp, groups, bytes_per_element, units,
-                            vector_units), eff.host_overhead_s)
+                            vector_units), host_overhead(chip, eff))
 
 
 def _device_time(op: Op, chip: Chip, precision: str, eff: Efficiency, tp: int, groups: dict | None,
@@ -249,7 +260,7 @@ def _device_time(op: Op, chip: Chip, precision: str, eff: Efficiency, tp: int, g
         passes = op.flops / (2.0 * batch * M * K * N)
         t = passes * gemm_time(batch, M, K, N, chip, precision, roof, units, op.work_fraction,
                                bytes_per_element, fused=True, reuse=op.operand_reuse)
-        t = t / eff.attention_fraction + eff.kernel_overhead_s
+        t = t / eff.attention_fraction + kernel_overhead(chip, eff)
         # the softmax runs between the two products of each tile, on the vector and special units
         if vector_units is None and units is not None:
             vector_units = units * chip.vector.count / chip.tensor.count

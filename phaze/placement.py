@@ -78,6 +78,9 @@ class PlacementOptions:
     cp: tuple[int, ...] = ()    # context parallel widths (empty: :func:`cp_values`)
     etp: tuple[int, ...] = ()   # expert tensor parallel widths (empty: :func:`etp_values`)
     routing: tuple[str, ...] = ()   # MoE routings to search (empty: the model's own)
+    tp_async: bool = False      # every plan's tp_async and tp_overlap (a framework's defaults)
+    tp_overlap: bool = False
+    execution: str = ""         # how the chip's work is issued (phaze.arch.EXECUTION; "": the chip's)
 
     @property
     def zero_stages(self) -> tuple[int, ...]:
@@ -372,7 +375,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                         plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=options.sp and tp > 1,
                                     attention=options.attention, optimizer=options.optimizer,
                                     reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
-                                    ep=ep, etp=etp, routing=routing)
+                                    ep=ep, etp=etp, routing=routing, tp_async=options.tp_async,
+                                    tp_overlap=options.tp_overlap)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:
@@ -548,6 +552,13 @@ def _deferred_baseline(base: Plan, costs: StageCosts, sibling: list, modes, base
         return
 
 
+def options_chip(chip: Chip, options: PlacementOptions) -> Chip:
+    """The chip with the options' execution model (a framework's), when they name one."""
+    if options.execution and options.execution != chip.execution:
+        return replace(chip, execution=options.execution)
+    return chip
+
+
 def place(model: Model, chip: Chip, devices: int, global_batch: int,
           options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL,
           top: int = 5, progress=None) -> PlacementResult:
@@ -558,6 +569,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     bound first, until no remaining bound can reach the ``top`` best found (nor the baseline).
     The result is exactly what solving every layout returns (``options.exhaustive`` does that).
     ``progress(done, total)``, if given, is called as layouts are solved or ruled out."""
+    chip = options_chip(chip, options)
     start = time.perf_counter()
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     if not modes:
@@ -742,6 +754,7 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
     schedules' lower bounds (what :func:`place` bounds layouts with before it solves any).
     Layouts are visited in order of their closed-form bound and skipped once that bound reaches
     the best found."""
+    chip = options_chip(chip, options)
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     cands = []
     for base in layouts(model, devices, global_batch, options):
@@ -788,6 +801,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
     give the exact layer's share or less), over ``step_ub``; or, from the step's own form, at
     least m * beta / (w + pp / v + tail / T_c) of the step (w the critical stage's weight in the
     1F1B step, T_c at least the mean stage time, the tail at most the largest upper-bound tail)."""
+    chip = options_chip(chip, options)
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     L = model.layers
     rows, late, flat = [], [], {}

@@ -15,7 +15,7 @@ import numpy as np
 
 from .arch import Chip
 from .configio import ConfigError
-from .cost import IDEAL, Efficiency, collective_time, op_time
+from .cost import IDEAL, Efficiency, collective_time, kernel_overhead, op_time
 from .graph import (
     DROPLESS_LOAD,
     ExpertLayout,
@@ -470,7 +470,7 @@ class StageCosts:
             updated = (params - experts) / group + experts / edp
         opt_s = np.maximum(opt.flops * updated / chip.vector_flops_per_s,
                            opt.bytes * updated / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction))
-        return exposed_s, opt_s + eff.kernel_overhead_s
+        return exposed_s, opt_s + kernel_overhead(chip, eff)
 
     def memory_table(self, r: str, ns: np.ndarray) -> np.ndarray:
         """``memory(i, n, r).total_bytes`` for every stage ``i`` (rows) and layer count in ``ns``

@@ -21,7 +21,10 @@ TOPOLOGIES = ("fat-tree", "oversubscribed")
 class System:
     """``devices_per_node`` devices per node over an intra-node level (``None``: the chip's first
     link level), ``nics_per_node`` NICs of ``nic_bandwidth_bytes_per_s`` each per direction
-    between nodes. ``fat-tree``: full bisection across the cluster; ``oversubscribed``: full
+    between nodes. An accelerator pod's slices are nodes too: ``devices_per_node`` chips of one
+    slice over its chip-to-chip links, the slices joined by a data-centre network quoted per chip
+    (``bandwidth_bits_per_s_per_device`` in the file: one "NIC" per device), so data parallelism
+    over slices is costed on it. ``fat-tree``: full bisection across the cluster; ``oversubscribed``: full
     bandwidth within groups of ``leaf_nodes`` nodes, divided by ``oversubscription`` above."""
 
     name: str
@@ -60,6 +63,10 @@ class System:
         """One line: nodes, NICs and topology."""
         top = ("full-bisection fat tree" if self.topology == "fat-tree" else
                f"full bandwidth within {self.leaf_nodes} nodes, {self.oversubscription:g}:1 oversubscribed above")
+        if self.nics_per_node == self.devices_per_node:
+            return (f"{self.devices_per_node} devices per node (or slice), "
+                    f"{self.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s per device "
+                    f"({self.inter_node_bandwidth_bytes_per_s / 1e9:g} GB/s per direction), {top}")
         return (f"{self.devices_per_node} devices per node, {self.nics_per_node} x "
                 f"{self.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s NICs per node "
                 f"({self.inter_node_bandwidth_bytes_per_s / 1e9:g} GB/s per device and direction), {top}")
@@ -88,9 +95,17 @@ def _system_from_yaml(data: dict, source: str) -> System:
                         intra_node_latency_s=intra.number("latency_s", None, inclusive=True))
         intra.finish()
     inter = f.sub("inter_node")
-    inter_kw = dict(inter_node_name=inter.str("name", "network"), nics_per_node=inter.int("nics_per_node"),
-                    nic_bandwidth_bytes_per_s=inter.number("nic_bandwidth_bits_per_s") / 8.0,
-                    inter_node_latency_s=inter.number("latency_s", inclusive=True))
+    per_device = inter.number("bandwidth_bits_per_s_per_device", None)
+    if per_device is not None:
+        # a data-centre network quoted per chip (slices of an accelerator pod): one "NIC" per device
+        if inter._get("nics_per_node", None) is not None or inter._get("nic_bandwidth_bits_per_s", None) is not None:
+            raise inter.error("bandwidth_bits_per_s_per_device", "give either it or nics_per_node with "
+                              "nic_bandwidth_bits_per_s, not both")
+        nics, nic_bw = per_node, per_device / 8.0
+    else:
+        nics, nic_bw = inter.int("nics_per_node"), inter.number("nic_bandwidth_bits_per_s") / 8.0
+    inter_kw = dict(inter_node_name=inter.str("name", "network"), nics_per_node=nics,
+                    nic_bandwidth_bytes_per_s=nic_bw, inter_node_latency_s=inter.number("latency_s", inclusive=True))
     inter.finish()
     top = f.sub("topology", None)
     top_kw = {}

@@ -16,6 +16,7 @@ def toy_chip(**kw) -> Chip:
         shared_buffer_bytes=1 << 30, shared_buffer_bandwidth_bytes_per_s=1e15,
         hbm_bytes=16 << 30, hbm_bandwidth_bytes_per_s=1e15,
         links=(LinkLevel("fast", 4, 100e9, 1e-6), LinkLevel("slow", 0, 10e9, 1e-5)),
+        execution="eager",   # its tests count the per-kernel overheads by hand
     )
     base.update(kw)
     return Chip(**base)

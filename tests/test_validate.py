@@ -224,9 +224,11 @@ def test_flop_convention_comes_from_its_column_not_the_source_id():
     a = case("R0000")
     b = case("R0000", source_id="S99_other")                 # same row, another source id
     assert a.measured_step_s == b.measured_step_s
-    c = case("R0000", flop_convention="")                      # blank: model FLOPs
+    c = case("R0000", flop_convention="", framework="")       # blank, no framework: model FLOPs
     assert c.measured_step_s == pytest.approx(
         v.convention_flops_per_step(c.model, 512, "model", "full") / (137e12 * 32), rel=1e-12)
+    # blank with Megatron-LM named: its throughput log's own formula (SC'21's)
+    assert case("R0000", flop_convention="").measured_step_s == pytest.approx(a.measured_step_s, rel=1e-12)
     s = v.row_to_case(row("R0000", flop_convention="12*N"))
     assert isinstance(s, v.Skipped) and "flop_convention" in s.reason
 
@@ -313,9 +315,11 @@ def test_interleaving_from_vp_column():
     assert synthetic_case(layers="12", tp="1", pp="2", micro_batch="1", vp="2").plan.vp == 2
 
 
-def test_precision_from_compute_precision_or_the_leading_word():
+def test_precision_from_compute_precision_or_the_precision_column():
     assert synthetic_case(compute_precision="fp8", precision="bf16 + float8 linears").model.precision == "fp8"
-    assert synthetic_case(precision="bf16 + float8 linears").model.precision == "bf16"
+    # the standard precision column naming float8 linears is fp8 (its leading word is the master copy's)
+    assert synthetic_case(precision="bf16 + float8 linears").model.precision == "fp8"
+    assert synthetic_case(precision="bf16 (amp_bf16)").model.precision == "bf16"
     assert case("R1013").model.precision == "fp8"               # torchtitan float8 linears
     assert synthetic_case(precision="fp8 (Transformer Engine)").model.precision == "fp8"
     assert synthetic_case(precision="fp16").model.precision == "fp16"
@@ -341,7 +345,10 @@ def test_remaining_defaults():
     assert synthetic_case(recompute="selective", selective_recompute="attention").plan.recompute == "selective"
     assert synthetic_case(recompute="selective", selective_recompute="op").plan.recompute == "op"
     assert synthetic_case(recompute="full", selective_recompute="op").plan.recompute == "full"
-    assert case("R1036").plan.recompute == "op" and case("R1000").plan.recompute == "selective"
+    assert case("R1036").plan.recompute == "op"
+    # blank on a torchtitan row: the framework preset's policy (torchtitan's per-op default)
+    assert case("R1000").plan.recompute == "op"
+    assert case("R1000", framework="").plan.recompute == "selective"
     assert isinstance(v.row_to_case(synthetic(recompute="selective", selective_recompute="layer")), v.Skipped)
 
 

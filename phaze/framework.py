@@ -1,0 +1,180 @@
+"""Training-framework presets: what a framework sets that a run's standard columns do not say.
+
+A published run names its framework far more often than its attention kernel, its collective
+overlap or its optimizer sharding. Each preset expands to explicit plan settings, each with the
+framework's public default behind it; any explicit setting (a CSV column, a ``--plan`` key, a
+sweep key) overrides it. The execution model (:data:`phaze.arch.EXECUTION`) says how the
+device's work is issued, which sets the per-kernel overheads; a preset's replaces the chip's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, replace
+
+from .arch import EXECUTION
+from .configio import ConfigError
+from .placement import PlacementOptions
+from .plan import Plan
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework's defaults, as plan settings (see :class:`phaze.plan.Plan`)."""
+
+    name: str
+    attention: str              # flash | flash2 | standard
+    tp_async: bool              # backward tensor-parallel collectives under one GEMM
+    tp_overlap: bool            # tensor-parallel collectives hidden behind the layer's GEMMs
+    zero: int                   # ZeRO / FSDP stage of a data-parallel run
+    reduce_fp32: bool           # gradients reduced in fp32
+    dropout: bool               # dropout layers in the model (Megatron's GPT default 0.1)
+    selective: str              # what recompute=selective re-runs: attention (Megatron) | op (torchtitan)
+    execution: str              # eager | cuda-graphs | xla (phaze.arch.EXECUTION)
+    interleave: bool            # a pipelined run interleaves stages unless it says vp
+    source: str
+    vocab_multiple: int = 0     # pads the vocabulary to a multiple of this per tensor-parallel rank
+                                # (Megatron's --make-vocab-size-divisible-by 128); 0: as the model has it
+    flop_convention: str = ""   # how its throughput log counts FLOPs (TFLOP/s per GPU): a convention of
+                                # phaze.validate.CONVENTIONS; "": model FLOPs
+
+    def __post_init__(self):
+        assert self.execution in EXECUTION, self.execution
+
+    def settings(self) -> dict:
+        """The settings the preset makes, by name (for printouts)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("name", "source")}
+
+
+FRAMEWORKS = {f.name: f for f in (
+    Framework("megatron-lm", attention="standard", tp_async=False, tp_overlap=False, zero=0,
+              reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
+              vocab_multiple=128,
+              flop_convention="narayanan96",
+              source="Megatron-LM 2021-22 (v2.x-v3.0) arguments.py defaults: hidden and attention dropout "
+                     "0.1, no distributed optimizer, fp16/bf16 gradient all-reduce, fused scale-mask-softmax "
+                     "(attention scores in HBM: no FlashAttention before 2023), no interleaving unless "
+                     "--num-layers-per-virtual-pipeline-stage; the asynchronous tensor-parallel all-reduce "
+                     "was an option until 2022 (a run that used it says so)"),
+    Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
+              reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
+              vocab_multiple=128,
+              flop_convention="narayanan96",
+              source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
+                     "scale-mask-softmax) under DeepSpeed's engine, whose zero_optimization.stage defaults "
+                     "to 0; DeepSpeed's pipeline engine has no interleaved schedule"),
+    Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
+              reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
+              vocab_multiple=128,
+              source="NVIDIA Megatron-Core (2023-): Transformer Engine fused attention, asynchronous "
+                     "tensor-parallel collectives by default, the distributed optimizer of its "
+                     "pretraining examples, no dropout in its LLM recipes; its pipelined recipes "
+                     "interleave (a run that does not say vp is scored with the best vp it accepts); "
+                     "--tp-comm-overlap is opt-in"),
+    Framework("nemo", attention="flash", tp_async=True, tp_overlap=True, zero=1,
+              reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
+              vocab_multiple=128,
+              source="NVIDIA NeMo 2 LLM performance recipes (24.07-): Megatron-Core with Transformer "
+                     "Engine fused attention, tp_comm_overlap on for tensor-parallel runs, the "
+                     "distributed fused Adam optimizer, no dropout, interleaved pipelines "
+                     "(virtual_pipeline_model_parallel_size in the recipes)"),
+    Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
+              reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
+              source="pytorch/torchtitan defaults: FSDP2 (ZeRO-3) with param bf16 and reduce fp32, "
+                     "SDPA (FlashAttention-2 backend), selective activation checkpointing per op, async "
+                     "TP opt-in, pipeline schedule 1F1B"),
+    Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
+              reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
+              flop_convention="6n_12lqs",
+              source="AI-Hypercomputer/maxtext base.yml: FSDP sharding (ZeRO-3), dropout 0, splash/flash "
+                     "attention kernels; assumption: its FSDP collectives move the bf16 compute copies of "
+                     "the float32 weights (weight_dtype float32; the dtype on the wire is not published); "
+                     "XLA schedules "
+                     "collectives asynchronously beside compute (its latency-hiding scheduler); one "
+                     "compiled program"),
+    Framework("llm-foundry", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
+              reduce_fp32=True, dropout=False, selective="attention", execution="eager", interleave=False,
+              flop_convention="6n_12lqs",
+              source="mosaicml/llm-foundry MPT yamls: FSDP FULL_SHARD (ZeRO-3), mixed_precision DEFAULT "
+                     "(fp32 reduction), attn_impl flash (FlashAttention-2), no dropout"),
+)}
+
+# Spellings of each framework in a free ``framework`` column, tried in this order (a NeMo run
+# names Megatron-Core too, so NeMo is matched first).
+_ALIASES = (
+    ("torchtitan", ("torchtitan",)),
+    ("maxtext", ("maxtext",)),
+    ("llm-foundry", ("llm-foundry", "llmfoundry", "foundry", "composer", "mosaicml")),
+    ("nemo", ("nemo",)),
+    ("megatron-deepspeed", ("megatron-deepspeed", "megatron deepspeed", "deepspeed")),
+    ("megatron-core", ("megatron-core", "megatron core", "mcore")),
+    ("megatron-lm", ("megatron-lm", "megatron lm", "megatron")),
+)
+
+
+def resolve_framework(text: str) -> Framework | None:
+    """The preset a ``framework`` value names, or None when it names none of them. Canonical
+    names and their usual spellings are matched (case-insensitive); Megatron-LM from 2023 on is
+    built on Megatron-Core, so ``Megatron-LM`` with a year of 2023 or later is ``megatron-core``."""
+    t = text.strip().lower()
+    if not t:
+        return None
+    if t in FRAMEWORKS:
+        return FRAMEWORKS[t]
+    for name, spellings in _ALIASES:
+        if any(s in t for s in spellings):
+            if name == "megatron-lm":
+                years = [int(y) for y in re.findall(r"\b(20\d\d)\b", t)]
+                if years and max(years) >= 2023:
+                    name = "megatron-core"
+            return FRAMEWORKS[name]
+    return None
+
+
+def framework(name: str, source: str = "--framework") -> Framework:
+    """The preset named ``name`` (a canonical name or a spelling), or a ConfigError naming ``source``."""
+    f = resolve_framework(name)
+    if f is None:
+        raise ConfigError(source, None, f"unknown framework {name!r}; allowed: {', '.join(FRAMEWORKS)}")
+    return f
+
+
+def padded_vocab(vocab: int, multiple: int) -> int:
+    """``vocab`` rounded up to a multiple of ``multiple`` (Megatron pads its embedding so)."""
+    return -(-vocab // multiple) * multiple
+
+
+PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32")
+
+
+def plan_with(fw: Framework, plan: Plan, given=frozenset()) -> tuple[Plan, dict]:
+    """``plan`` with the preset's settings for every key not in ``given`` (the ones the user set),
+    and what was set. ``recompute=selective`` becomes the framework's selective policy."""
+    changes = {k: getattr(fw, k) for k in PLAN_KEYS if k not in given}
+    if plan.recompute == "selective" and fw.selective == "op":
+        changes["recompute"] = "op"
+    return replace(plan, **changes), dict(changes, execution=fw.execution)
+
+
+def options_with(fw: Framework, options: PlacementOptions, given=frozenset()) -> tuple[PlacementOptions, dict]:
+    """The placement space with the preset's settings for every option not in ``given``, and
+    what was set. A framework that shards with FSDP (zero 3) searches only that stage; the others
+    keep the searched stages. ``selective`` recompute becomes the framework's policy."""
+    changes: dict = {"tp_async": fw.tp_async, "tp_overlap": fw.tp_overlap, "execution": fw.execution}
+    if "attention" not in given:
+        changes["attention"] = fw.attention
+    if "reduce_fp32" not in given:
+        changes["reduce_fp32"] = fw.reduce_fp32
+    if "zero" not in given and fw.zero == 3:
+        changes["zero"] = (3,)
+    if fw.selective == "op" and "selective" in options.recompute:
+        changes["recompute"] = tuple("op" if r == "selective" else r for r in options.recompute)
+    return replace(options, **changes), changes
+
+
+def describe(fw: Framework, changes: dict) -> str:
+    """One line: the preset and what it set."""
+    def fmt(v):
+        return "on" if v is True else "off" if v is False else ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return f"{fw.name}: " + ", ".join(f"{k}={fmt(v)}" for k, v in changes.items()) + f" ({fw.source})"

@@ -1,0 +1,201 @@
+"""Framework presets, execution models, pod slices over a data-centre network, the frozen
+held-out split."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from phaze import validate as v
+from phaze.arch import load_chip
+from phaze.configio import ConfigError
+from phaze.cost import Efficiency, gemm_time, op_time, vector_time
+from phaze.framework import FRAMEWORKS, framework, options_with, plan_with, resolve_framework
+from phaze.graph import Op
+from phaze.placement import PlacementOptions, place
+from phaze.plan import Plan
+from phaze.system import load_system
+from phaze.workload import load_model
+
+from test_validate import ok_cli, one_line_error, phaze_cli, synthetic, synthetic_case, write_csv
+
+EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, host_overhead_s=20e-6)
+
+
+@pytest.mark.parametrize("text, name", [
+    ("nemo", "nemo"), ("NeMo 24.07 (Megatron-Core, Transformer Engine)", "nemo"),
+    ("Megatron-Core MoE (Megatron-MoE-ModelZoo)", "megatron-core"), ("Megatron-LM (2021)", "megatron-lm"),
+    ("Megatron-LM core_r0.9 (2024)", "megatron-core"), ("Megatron-DeepSpeed", "megatron-deepspeed"),
+    ("torchtitan (PyTorch FSDP2/TP/PP/CP)", "torchtitan"), ("MaxText (JAX/XLA)", "maxtext"),
+    ("llm-foundry / Composer (PyTorch FSDP)", "llm-foundry"), ("LLM-Foundry", "llm-foundry")])
+def test_framework_names_and_spellings(text, name):
+    assert resolve_framework(text).name == name
+
+
+def test_unknown_framework_is_none_or_one_clear_error():
+    assert resolve_framework("") is None and resolve_framework("jax-toolbox-x") is None
+    with pytest.raises(ConfigError) as e:
+        framework("paxml-x", "--framework")
+    assert "--framework" in str(e.value) and "megatron-core" in str(e.value)
+
+
+def test_every_preset_has_a_source_and_a_known_execution_model():
+    for fw in FRAMEWORKS.values():
+        assert len(fw.source) > 40 and fw.execution in ("eager", "cuda-graphs", "xla")
+        assert fw.attention in ("flash", "flash2", "standard") and fw.zero in (0, 1, 2, 3)
+
+
+def test_plan_with_fills_only_what_the_user_did_not_set():
+    fw = FRAMEWORKS["torchtitan"]
+    plan, changes = plan_with(fw, Plan(tp=2, recompute="selective", attention="flash"), {"attention"})
+    assert plan.attention == "flash"             # given: kept
+    assert plan.zero == 3 and plan.reduce_fp32 and plan.recompute == "op"
+    assert "attention" not in changes and changes["execution"] == "eager"
+
+
+def test_options_with_fsdp_framework_searches_zero_3_only_unless_given():
+    o, _ = options_with(FRAMEWORKS["llm-foundry"], PlacementOptions())
+    assert o.zero_stages == (3,) and o.attention == "flash2" and o.reduce_fp32
+    o, _ = options_with(FRAMEWORKS["llm-foundry"], PlacementOptions(zero=(0, 1)), {"zero"})
+    assert o.zero_stages == (0, 1)
+    o, _ = options_with(FRAMEWORKS["nemo"], PlacementOptions())
+    assert o.zero_stages == (0, 1) and o.tp_async and o.tp_overlap
+
+
+# ---- execution models: hand derivations of the per-kernel overheads ---------------------------
+
+def test_execution_model_sets_which_overheads_a_kernel_pays():
+    a100 = load_chip("a100-80gb")
+    assert a100.execution == "eager" and load_chip("tpuv4").execution == "xla"
+    graphs, xla = (dataclasses.replace(a100, execution=e) for e in ("cuda-graphs", "xla"))
+    bare = gemm_time(1, 4096, 4096, 4096, a100, "bf16", dataclasses.replace(EFF, kernel_overhead_s=0.0))
+    assert gemm_time(1, 4096, 4096, 4096, a100, "bf16", EFF) == pytest.approx(bare + 5e-6)
+    assert gemm_time(1, 4096, 4096, 4096, graphs, "bf16", EFF) == pytest.approx(bare + 5e-6)
+    assert gemm_time(1, 4096, 4096, 4096, xla, "bf16", EFF) == pytest.approx(bare)
+    # a tiny element-wise op: eager waits for the host (20 us), CUDA graphs pay only the launch
+    op = Op(name="tiny", unit="vector", phase="fwd", elements=1024.0, flops=1024.0, bytes_read=2048.0,
+            bytes_written=2048.0)
+    device = vector_time(1024.0, 1024.0, 4096.0, a100, EFF)
+    assert device < 20e-6
+    assert op_time(op, a100, "bf16", EFF) == pytest.approx(20e-6)
+    assert op_time(op, graphs, "bf16", EFF) == pytest.approx(device)
+    assert op_time(op, xla, "bf16", EFF) == pytest.approx(device - 5e-6)
+
+
+def test_framework_execution_reaches_the_placement():
+    model = load_model("gpt2-xl", 1024)
+    a100 = load_chip("a100-80gb")
+    eager = place(model, a100, 8, 64, PlacementOptions(tp=(1,), mbs=(1,), pp=(1,), zero=0), EFF, top=1)
+    xla = place(model, a100, 8, 64, PlacementOptions(tp=(1,), mbs=(1,), pp=(1,), zero=0, execution="xla"),
+                EFF, top=1)
+    assert xla.best.result.step_time_s < eager.best.result.step_time_s
+
+
+# ---- validation rows: the framework column -----------------------------------------------------
+
+def test_framework_column_expands_and_explicit_columns_win():
+    c = synthetic_case(framework="Megatron-LM (2021)")
+    assert c.plan.attention == "standard" and not c.plan.tp_async and c.model.dropout
+    c = synthetic_case(framework="Megatron-LM (2021)", attention_kernel="flash", dropout="no", tp_async="yes")
+    assert c.plan.attention == "flash" and c.plan.tp_async and not c.model.dropout
+    c = synthetic_case(framework="torchtitan", recompute="selective")
+    assert c.plan.zero == 3 and c.plan.reduce_fp32 and c.plan.recompute == "op" and c.plan.attention == "flash2"
+    assert c.chip.execution == "eager"
+    c = synthetic_case(framework="maxtext")
+    assert c.chip.execution == "xla"
+    c = synthetic_case(framework="maxtext", execution="eager")
+    assert c.chip.execution == "eager"
+    plain = synthetic_case()
+    assert (plain.plan.attention, plain.plan.zero, plain.plan.tp_async, plain.chip.execution) == \
+        ("flash", 0, False, "eager")
+
+
+def test_interleaving_framework_scores_a_pipelined_row_without_vp_with_the_best_vp():
+    # 4 layers, pp 2: Megatron accepts vp 1 and 2 (pp*vp <= layers + 2 = 6) and 3
+    row = dict(tp="1", pp="2", global_batch="16", micro_batch="1")
+    plain = synthetic_case(**row)
+    assert plain.alternatives == () and plain.layout_from == "row"
+    c = synthetic_case(framework="megatron-core", **row)
+    assert c.layout_from == "searched" and {a.vp for a in c.alternatives} == {2, 3}
+    given = synthetic_case(framework="megatron-core", vp="1", **row)
+    assert given.alternatives == ()
+
+
+def test_named_workload_brings_its_vocabulary_and_kv_heads():
+    # a Llama-3-8B row with only the standard shape columns
+    r = synthetic(model="Llama-3-8B", layers="32", hidden="4096", heads="32", ffn_hidden="14336",
+                  gpu_count="8", tp="8", global_batch="8", seq_len="8192")
+    c = v.row_to_case(r)
+    assert (c.model.vocab, c.model.kv_heads, c.model.activation) == (128256, 8, "swiglu")
+    c = v.row_to_case(dict(r, vocab="32000", kv_heads="32"))
+    assert (c.model.vocab, c.model.kv_heads) == (32000, 32)
+    other = v.row_to_case(dict(r, layers="16"))      # another shape: not that workload
+    assert other.model.vocab == v.DEFAULT_VOCAB
+
+
+# ---- pod slices over a data-centre network ------------------------------------------------------
+
+def test_multislice_system_puts_data_parallelism_on_dcn(tmp_path):
+    s = load_system("tpuv4-multislice")
+    chip = load_chip("tpuv4")
+    ici, dcn = s.levels(chip)
+    assert ici.devices == 256 and ici.bandwidth_bytes_per_s == chip.links[0].bandwidth_bytes_per_s
+    assert dcn.name == "dcn" and dcn.bandwidth_bytes_per_s == pytest.approx(25e9 / 8)
+    bad = tmp_path / "s.yaml"
+    bad.write_text("name: x\ndevices_per_node: 4\ninter_node:\n  bandwidth_bits_per_s_per_device: 1.0e+9\n"
+                   "  nics_per_node: 2\n  latency_s: 1.0e-6\n")
+    with pytest.raises(ConfigError) as e:
+        load_system(str(bad))
+    assert "bandwidth_bits_per_s_per_device" in str(e.value)
+
+
+def test_dp_over_dcn_by_hand():
+    """ZeRO-1 without overlap: reduce-scatter of the 16-bit gradients and all-gather of the
+    weights over 512 chips. One 512-chip ICI torus: each moves 511/512 of P*2 bytes over ICI. Two
+    256-chip slices: 255/256 of it over ICI, then half of the 1/256 share over DCN."""
+    from phaze.step import evaluate
+    from phaze.system import apply_system
+    model = load_model("llama2-7b", 2048)
+    chip = load_chip("tpuv4")
+    plan = Plan(zero=1, dp_overlap=False)
+    one = evaluate(model, chip, 512, 512, plan)
+    sliced = evaluate(model, apply_system(chip, load_system("tpuv4-multislice")), 512, 512, plan)
+    data, ici, dcn = 2.0 * model.params, chip.links[0].bandwidth_bytes_per_s, 25e9 / 8
+    per_collective_one = 511 / 512 * data / ici + 511 * 1e-6
+    per_collective_sliced = 255 / 256 * data / ici + 255 * 1e-6 + 0.5 * (data / 256) / dcn + 10e-6
+    delta = sliced.breakdown_s["communication_exposed_s"] - one.breakdown_s["communication_exposed_s"]
+    assert delta == pytest.approx(2 * (per_collective_sliced - per_collective_one), rel=0.02)
+    assert delta > 0.01      # the slow network costs at least 10 ms per step here
+
+
+# ---- the frozen held-out split -------------------------------------------------------------------
+
+def test_held_out_source_is_neither_fitted_nor_scored_by_default(tmp_path):
+    data = json.loads(v.shipped_params_path().read_text())
+    assert set(v.HELD_OUT_SOURCES) <= set(data["held_out_sources"])
+    a = [synthetic(run_id=f"A{i}", source_id="S1_a", measured_value=str(1 + i / 10)) for i in range(2)]
+    b = [synthetic(run_id=f"B{i}", source_id="S2_b", measured_value="2.0") for i in range(2)]
+    runs = write_csv(tmp_path / "runs.csv", a + b)
+    out = ok_cli(phaze_cli(tmp_path, "validate", "--runs", str(runs), "--no-loso", "--unseen", "",
+                           "--hold-out", "S2_b", "--format", "json"))
+    s = json.loads(out.stdout)
+    assert s["held_out"] == {"sources": ["S2_b"], "rows": 2, "scored": False,
+                             "parameters_fitted_without_them": False}
+    assert s["in_sample"]["overall"]["rows"] == 2
+    out = ok_cli(phaze_cli(tmp_path, "validate", "--runs", str(runs), "--no-loso", "--unseen", "",
+                           "--hold-out", "S2_b", "--score-held-out"))
+    assert "NOT HELD OUT (the parameters were fitted on these rows)" in out.stdout
+    line = one_line_error(phaze_cli(tmp_path, "validate", "--runs", str(runs), "--hold-out", "S3_c"),
+                          "--hold-out", "S3_c")
+    assert "S1_a" in line
+
+
+def test_calibrate_records_and_skips_the_held_out_source(tmp_path):
+    a = [synthetic(run_id=f"A{i}", source_id="S1_a", measured_value=str(0.5 + i / 10)) for i in range(2)]
+    b = [synthetic(run_id="B0", source_id="S2_b", measured_value="50.0")]
+    runs = write_csv(tmp_path / "runs.csv", a + b)
+    ok_cli(phaze_cli(tmp_path, "calibrate", "--runs", str(runs), "--out", "p.json", "--hold-out", "S2_b"))
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["held_out_sources"] == ["S2_b"] and data["rows_used"] == 2
+    assert v.params_held_out(tmp_path / "p.json") == ("S2_b",)
