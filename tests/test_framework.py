@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import pytest
+from test_validate import ok_cli, one_line_error, phaze_cli, synthetic, synthetic_case, write_csv
 
 from phaze import validate as v
 from phaze.arch import load_chip
@@ -17,8 +18,6 @@ from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan
 from phaze.system import load_system
 from phaze.workload import load_model
-
-from test_validate import ok_cli, one_line_error, phaze_cli, synthetic, synthetic_case, write_csv
 
 EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, host_overhead_s=20e-6)
 
