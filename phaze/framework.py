@@ -8,7 +8,6 @@ device's work is issued, which sets the per-kernel overheads; a preset's replace
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, replace
 
@@ -41,10 +40,6 @@ class Framework:
     def __post_init__(self):
         assert self.execution in EXECUTION, self.execution
 
-    def settings(self) -> dict:
-        """The settings the preset makes, by name (for printouts)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "source")}
 
 
 FRAMEWORKS = {f.name: f for f in (

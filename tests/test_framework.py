@@ -198,3 +198,14 @@ def test_calibrate_records_and_skips_the_held_out_source(tmp_path):
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["held_out_sources"] == ["S2_b"] and data["rows_used"] == 2
     assert v.params_held_out(tmp_path / "p.json") == ("S2_b",)
+
+
+def test_cli_framework_flag(tmp_path):
+    one_line_error(phaze_cli(tmp_path, "evaluate", "--workload", "gpt2-xl", "--arch", "a100-80gb", "--devices", "8",
+                             "--global-batch", "8", "--framework", "foo"), "--framework", "megatron-core")
+    out = ok_cli(phaze_cli(tmp_path, "evaluate", "--workload", "gpt2-xl", "--arch", "a100-80gb", "--devices", "8",
+                           "--global-batch", "8", "--plan", "attention=flash", "--framework", "torchtitan",
+                           "--format", "json"))
+    data = json.loads(out.stdout)
+    assert "torchtitan" in data["assumptions"]["framework"] and "zero=3" in data["assumptions"]["framework"]
+    assert "attention=" not in data["assumptions"]["framework"]     # the user's attention kept
