@@ -115,6 +115,10 @@ class Chip:
         if not self.execution:
             object.__setattr__(self, "execution", "eager" if self.kind == "gpu" else "xla")
 
+    def with_execution(self, execution: str) -> Chip:
+        """This chip issuing its work as ``execution`` (a framework's or a run's); "" keeps its own."""
+        return replace(self, execution=execution) if execution and execution != self.execution else self
+
     @property
     def implied_peak_flops_per_s(self) -> float:
         """16-bit tensor peak implied by the units: 2 FLOP per MAC per cycle."""

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from .arch import Chip
 from .area import silicon
 from .cost import Efficiency
-from .placement import options_chip, place
+from .placement import place
 from .power import within_limit
 from .schedule import schedule_layer
 from .space import CONSTRAINTS, WorkloadSpec, power_budget
@@ -144,7 +144,7 @@ def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency,
                       power_limit_w: float | None = None) -> WorkloadOutcome:
     """The best plan of ``spec`` on ``chip``, run within ``power_limit_w`` (None: the chip's TDP,
     if it has one). The plan is chosen at the nominal clock, then throttled (:mod:`phaze.power`)."""
-    chip = options_chip(apply_system(chip, spec.system), spec.options)
+    chip = apply_system(chip, spec.system).with_execution(spec.options.execution)
     head = dict(workload=spec.model.name, devices=spec.devices, global_batch=spec.global_batch)
     res = place(spec.model, chip, spec.devices, spec.global_batch, spec.options, eff, top=1)
     if res.best is None:

@@ -19,7 +19,6 @@ from .placement import (
     PlacementOptions,
     cp_values,
     expert_widths,
-    options_chip,
     place,
     routing_values,
 )
@@ -255,7 +254,7 @@ def cmd_evaluate(args) -> int:
     if args.framework:
         fw = framework(args.framework)
         plan, changes = plan_with(fw, plan, _plan_keys(args.plan))
-        chip = replace(chip, execution=fw.execution) if chip.execution != fw.execution else chip
+        chip = chip.with_execution(fw.execution)
         preset = describe(fw, changes)
     if args.schedule:
         plan = replace(plan, schedule=args.schedule)
@@ -625,7 +624,7 @@ def cmd_place(args) -> int:
         given = {k for k, v in (("attention", args.attention), ("zero", args.zero),
                                 ("reduce_fp32", args.reduce_fp32)) if v}
         options, changes = options_with(fw, options, given)
-        chip = options_chip(chip, options)
+        chip = chip.with_execution(options.execution)
         preset = describe(fw, changes)
     eff = efficiency_for(chip, args)
     with _Ticker("phaze place", unit="layout") as ticker:

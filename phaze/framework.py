@@ -127,11 +127,12 @@ def resolve_framework(text: str) -> Framework | None:
     return None
 
 
-def framework(name: str, source: str = "--framework") -> Framework:
-    """The preset named ``name`` (a canonical name or a spelling), or a ConfigError naming ``source``."""
+def framework(name: str, source: str = "--framework", field: str | None = None) -> Framework:
+    """The preset named ``name`` (a canonical name or a spelling), or a ConfigError naming
+    ``source`` (and ``field``, in a file)."""
     f = resolve_framework(name)
     if f is None:
-        raise ConfigError(source, None, f"unknown framework {name!r}; allowed: {', '.join(FRAMEWORKS)}")
+        raise ConfigError(source, field, f"unknown framework {name!r}; allowed: {', '.join(FRAMEWORKS)}")
     return f
 
 

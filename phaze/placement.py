@@ -552,13 +552,6 @@ def _deferred_baseline(base: Plan, costs: StageCosts, sibling: list, modes, base
         return
 
 
-def options_chip(chip: Chip, options: PlacementOptions) -> Chip:
-    """The chip with the options' execution model (a framework's), when they name one."""
-    if options.execution and options.execution != chip.execution:
-        return replace(chip, execution=options.execution)
-    return chip
-
-
 def place(model: Model, chip: Chip, devices: int, global_batch: int,
           options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL,
           top: int = 5, progress=None) -> PlacementResult:
@@ -569,7 +562,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     bound first, until no remaining bound can reach the ``top`` best found (nor the baseline).
     The result is exactly what solving every layout returns (``options.exhaustive`` does that).
     ``progress(done, total)``, if given, is called as layouts are solved or ruled out."""
-    chip = options_chip(chip, options)
+    chip = chip.with_execution(options.execution)
     start = time.perf_counter()
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     if not modes:
@@ -754,7 +747,7 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
     schedules' lower bounds (what :func:`place` bounds layouts with before it solves any).
     Layouts are visited in order of their closed-form bound and skipped once that bound reaches
     the best found."""
-    chip = options_chip(chip, options)
+    chip = chip.with_execution(options.execution)
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     cands = []
     for base in layouts(model, devices, global_batch, options):
@@ -801,7 +794,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
     give the exact layer's share or less), over ``step_ub``; or, from the step's own form, at
     least m * beta / (w + pp / v + tail / T_c) of the step (w the critical stage's weight in the
     1F1B step, T_c at least the mean stage time, the tail at most the largest upper-bound tail)."""
-    chip = options_chip(chip, options)
+    chip = chip.with_execution(options.execution)
     modes = tuple(r for r in RECOMPUTE if r in options.recompute)
     L = model.layers
     rows, late, flat = [], [], {}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, read_mapping
-from .framework import FRAMEWORKS, options_with, resolve_framework
+from .framework import framework, options_with
 from .placement import PlacementOptions
 from .plan import RECOMPUTE
 from .system import System, load_system
@@ -419,11 +419,8 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
         if fw_name:
-            fw = resolve_framework(fw_name)
-            if fw is None:
-                raise p.error("framework", f"unknown framework {fw_name!r}; allowed: {', '.join(FRAMEWORKS)}")
-            given = {k for k in ("attention", "zero", "recompute") if p._get(k, None) is not None}
-            options = options_with(fw, options, given)[0]
+            fw = framework(fw_name, p.source, p.prefix + "framework")
+            options = options_with(fw, options, {k for k in ("attention", "zero", "recompute") if p.has(k)})[0]
         p.finish()
     f.finish()
     return WorkloadSpec(model, devices, batch, weight, options, source, system)

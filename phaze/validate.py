@@ -303,12 +303,9 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                          f"to arch_configs/ (shipped GPU names: {', '.join(sorted(set(GPU_CHIPS.values())))})")
     if chip_name not in chips:
         chips[chip_name] = load_chip(chip_name)
-    chip = chips[chip_name]
-    execution = _choice(row, "execution", EXECUTION, "")
-    if not execution and resolve_framework(_text(row, "framework")):
-        execution = resolve_framework(_text(row, "framework")).execution
-    if execution and execution != chip.execution:   # how the run issued its work, not the chip's default
-        chip = dataclasses.replace(chip, execution=execution)
+    fw = resolve_framework(_text(row, "framework"))
+    # how the run issued its work (its column, else its framework's), not the chip's default
+    chip = chips[chip_name].with_execution(_choice(row, "execution", EXECUTION, fw.execution if fw else ""))
     system_name = _text(row, "system_config")
     if system_name:     # the row's cluster: the chip with that system's links, cached by (chip, system)
         if (chip_name, system_name) not in chips:
@@ -336,7 +333,6 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         first = text.split(" ")[0]
         precision = ("fp8" if re.search(r"\b(fp8|float8)", text) else
                      first if first in ("fp16", "bf16", "fp8") else "bf16")
-    fw = resolve_framework(_text(row, "framework"))
     model = _row_model(row, seq, precision, fw)
     nominal = _num(row, "params_b")
     if nominal and not model.moe and nominal * 1e9 > PARAMS_GUARD * model.params:
