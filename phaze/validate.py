@@ -303,9 +303,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                          f"to arch_configs/ (shipped GPU names: {', '.join(sorted(set(GPU_CHIPS.values())))})")
     if chip_name not in chips:
         chips[chip_name] = load_chip(chip_name)
-    fw = resolve_framework(_text(row, "framework"))
-    # how the run issued its work (its column, else its framework's), not the chip's default
-    chip = chips[chip_name].with_execution(_choice(row, "execution", EXECUTION, fw.execution if fw else ""))
+    chip = chips[chip_name]
     system_name = _text(row, "system_config")
     if system_name:     # the row's cluster: the chip with that system's links, cached by (chip, system)
         if (chip_name, system_name) not in chips:
@@ -315,6 +313,10 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 raise ValueError(f"column 'system_config': {exc.message if exc.source == '--system' else exc}"
                                  ) from None
         chip = chips[chip_name, system_name]
+    fw = resolve_framework(_text(row, "framework"))
+    # how the run issued its work (its column, else its framework's), not the chip's default; after
+    # the cache, which holds each chip and system once whatever the rows' frameworks
+    chip = chip.with_execution(_choice(row, "execution", EXECUTION, fw.execution if fw else ""))
     metric = _text(row, "measured_metric")
     if metric not in METRICS:
         raise ValueError(f"unknown measured_metric {metric!r}; allowed: {', '.join(METRICS)}")

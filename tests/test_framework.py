@@ -209,3 +209,13 @@ def test_cli_framework_flag(tmp_path):
     data = json.loads(out.stdout)
     assert "torchtitan" in data["assumptions"]["framework"] and "zero=3" in data["assumptions"]["framework"]
     assert "attention=" not in data["assumptions"]["framework"]     # the user's attention kept
+
+
+def test_rows_sharing_a_chip_and_system_keep_their_own_execution_model():
+    # the (chip, system) cache is shared by every row of a file: one row's framework must not
+    # leak its execution model into the next row's chip
+    chips: dict = {}
+    first = v.row_to_case(synthetic(framework="maxtext", system_config="dgx-a100-superpod"), chips)
+    second = v.row_to_case(synthetic(framework="torchtitan", system_config="dgx-a100-superpod"), chips)
+    assert (first.chip.execution, second.chip.execution) == ("xla", "eager")
+    assert second.chip.links[-1].name == "infiniband"
