@@ -33,7 +33,8 @@ from .storage import (  # noqa: F401  (re-exported: phaze.search is where users 
 )
 from .study_files import write_study_files
 
-STATES_COUNTED = ("COMPLETE", "RUNNING")   # toward --trials: done, or in flight on some worker
+# toward --trials: done, in flight on some worker, or queued (the template; a dead worker's retry)
+STATES_COUNTED = ("COMPLETE", "RUNNING", "WAITING")
 DUPLICATE_STREAK = 200                     # consecutive repeat proposals that end a search
 
 
@@ -337,19 +338,20 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
     # without heartbeats (the file journal) a dead worker's trial would stay RUNNING for ever:
     # count only what completed there (several workers may then overshoot by a trial or two)
     beating = is_heartbeat_enabled(study._storage)
-    counted = STATES_COUNTED if beating else ("COMPLETE",)
+    counted = STATES_COUNTED if beating else ("COMPLETE", "WAITING")
     objective.counted = counted
     budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
     adopted: set[int] = set()
     exact = isinstance(study.sampler, ExactSampler)
     while count(study, ("COMPLETE",)) < cfg.trials and not stops.note:
-        if exact and study.sampler.peek(study) is None:
+        queued = count(study, ("WAITING",))     # Optuna's ask() runs queued trials first
+        if exact and not queued and study.sampler.peek(study) is None:
             if not count(study, ("RUNNING",)):
                 break               # every design is decided: the certificate says how
             time.sleep(poll_s)      # designs in flight elsewhere: wait for them (they may fail)
             optuna.storages.fail_stale_trials(study)
             continue
-        if count(study, counted) < cfg.trials:
+        if queued or count(study, counted) < cfg.trials:
             study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
         else:
             if beating:
@@ -365,7 +367,22 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
             for cb in callbacks:
                 if hasattr(cb, "update"):
                     cb.update(study)
+    _settle_queued(study, cfg)
     return stops.note
+
+
+def _settle_queued(study, cfg: SweepConfig) -> None:
+    """Prune, as surplus, trials still queued once the study holds its total: a dead worker's
+    retry can be queued after the last sampler trial started (Optuna fails a stale trial and
+    queues its retry in two steps), and no worker would ever run it."""
+    states = _optuna().trial.TrialState
+    if count(study, ("COMPLETE",)) < cfg.trials:
+        return
+    storage = study._storage
+    for t in study.get_trials(deepcopy=False, states=(states.WAITING,)):
+        if storage.set_trial_state_values(t._trial_id, states.RUNNING):   # False: another worker took it
+            storage.set_trial_user_attr(t._trial_id, "surplus", True)
+            storage.set_trial_state_values(t._trial_id, states.PRUNED)
 
 
 def _worker(cfg: SweepConfig, storage: str, name: str, worker: int, grace_period_s: int) -> None:

@@ -179,6 +179,27 @@ def test_search_resumes_to_exactly_n_distinct_trials(tmp_path, monkeypatch):
     assert first_row["template"] == "A100-SXM4-80GB"
 
 
+def test_a_retry_queued_after_the_last_trial_is_settled_as_surplus(tmp_path, monkeypatch):
+    """Optuna fails a dead worker's trial and queues its retry in two steps; when the other
+    workers fill the total in between, the retry would stay WAITING for ever. The worker that
+    finds the total reached prunes it as surplus, so every trial ends saying why."""
+    import optuna
+
+    from phaze.search import open_study
+    monkeypatch.chdir(tmp_path)
+    cfg = load_sweep(write(tmp_path, SMALL))
+    res = search(replace(cfg, trials=3), progress=False)
+    study = open_study(cfg, res.storage, res.study_name, create=False)
+    study.enqueue_trial({"tensor_units": 27, "hbm_gib": 40}, skip_if_exists=False)   # the late retry
+    again = search(replace(cfg, trials=3), progress=False)
+    assert again.complete == 3
+    states = optuna.trial.TrialState
+    trials = open_study(cfg, res.storage, res.study_name, create=False).get_trials(deepcopy=False)
+    assert not [t for t in trials if t.state == states.WAITING]
+    late = trials[-1]
+    assert late.state == states.PRUNED and late.user_attrs.get("surplus")
+
+
 def test_pareto_csv_is_the_non_dominated_feasible_set_of_trials_csv(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_sweep(write(tmp_path, SMALL))
