@@ -6,15 +6,19 @@ Errors are :class:`phaze.ConfigError` naming the function's parameter (``plan``,
 from __future__ import annotations
 
 import functools
+from dataclasses import fields, replace
 from pathlib import Path
 
 from .arch import Chip, load_chip
 from .configio import ConfigError
 from .cost import Efficiency
+from .placement import PlacementOptions
+from .placement import place as _place
 from .plan import Plan, parse_plan
 from .step import StepResult
 from .step import evaluate as _evaluate
 from .system import System, apply_system, as_system
+from .validate import calibrated_efficiency
 from .workload import Model, load_model, with_seq_len
 
 # CLI flags as the library's parameter names
@@ -60,12 +64,6 @@ def as_plan(plan: str | Plan | None, source: str = "--plan") -> Plan:
     return plan if isinstance(plan, Plan) else parse_plan(plan, source)
 
 
-def calibrated_efficiency(chip: Chip) -> Efficiency:
-    """The shipped calibration for the chip's family (pooled ``default`` for other chips)."""
-    from .validate import load_default_params, params_for
-    return params_for(chip, load_default_params())
-
-
 MAX_SIZE = 1 << 24       # devices or sequences per step: past anything built (as the CLI)
 
 
@@ -89,7 +87,6 @@ def evaluate(workload: str | Path | Model, arch: str | Path | Chip, devices: int
     ``system`` (a shipped name such as ``"dgx-a100-superpod"``, a path or a :class:`phaze.System`)
     replaces the chip file's links with that cluster's. Raises :class:`phaze.ConfigError` on bad
     input."""
-    from dataclasses import replace
     devices, global_batch = _check_size("devices", devices), _check_size("global_batch", global_batch)
     chip = with_system(as_chip(arch), system)
     eff = calibrated_efficiency(chip) if efficiency is None else efficiency
@@ -110,10 +107,6 @@ def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, g
     as :mod:`phaze.placement` says), ``recompute`` (modes), ``zero`` (a stage or a list of stages),
     ``attention``, ``optimizer``, ``reduce_fp32``; ``memory_reserve_gib`` replaces the chip's
     modelled memory reserve; ``system`` the cluster, as in :func:`evaluate`."""
-    from dataclasses import fields, replace
-
-    from .placement import PlacementOptions
-    from .placement import place as _place
     devices, global_batch = _check_size("devices", devices), _check_size("global_batch", global_batch)
     opts = options or PlacementOptions()
     known = {f.name for f in fields(PlacementOptions)} - {"memory_reserve"}

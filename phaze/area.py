@@ -21,12 +21,14 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from .arch import Chip
+from .arch import Chip, load_chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, tile_candidates
 from .graph import edge_graph, layer_graph, optimizer_op
-from .plan import Plan
-from .workload import Model
+from .plan import Plan, parse_plan
+from .step import _shard, check_plan, evaluate, layout_of, stage_costs, stage_layers
+from .validate import calibrated_efficiency
+from .workload import Model, load_model
 
 MiB = 2.0 ** 20
 GB = 1e9
@@ -388,7 +390,6 @@ def edge_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool) -> tupl
 @lru_cache(maxsize=16384)
 def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan) -> Activity:
     """Average activity of one device over one step (cluster total / devices)."""
-    from .step import _shard, check_plan, layout_of, stage_costs, stage_layers
     check_plan(model, devices, global_batch, plan)
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), IDEAL)
     pp, tp, m = plan.pp, plan.tp, costs.micro_batches
@@ -484,7 +485,6 @@ def step_energy(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     (:mod:`phaze.power`): the core's switching energies scale with its square and leakage with it
     (first order: P_leak = V I_leak); HBM and the link PHYs have their own supplies."""
     if result is None:
-        from .step import evaluate
         result = evaluate(model, chip, devices, global_batch, plan, eff)
     c = coefficients or DEFAULT
     si = silicon(chip, c)
@@ -537,10 +537,8 @@ POWER_RUN = ("gpt3-175b", 1024, 1536, "tp=8,pp=16,mbs=1,recompute=full")
 
 def _run(name: str):
     """(model, chip, plan, efficiency, result) of the full-load run on a shipped chip."""
-    from .api import as_chip, as_model, as_plan, calibrated_efficiency
-    from .step import evaluate
     workload, devices, batch, plan = POWER_RUN
-    model, chip, plan = as_model(workload), as_chip(name), as_plan(plan)
+    model, chip, plan = load_model(workload), load_chip(name), parse_plan(plan)
     eff = calibrated_efficiency(chip)
     return model, chip, plan, eff, evaluate(model, chip, devices, batch, plan, eff)
 
@@ -558,9 +556,8 @@ def fit_coefficients(names: tuple[str, ...] = ("a100-80gb", "h100-sxm")) -> Coef
     names = tuple(names)
     if len(names) != 2 or not set(names) <= set(REFERENCE):
         raise ConfigError("fit_coefficients", "names", f"two of {', '.join(REFERENCE)}; got {names}")
-    from .api import as_chip
     zero = Coefficients(0.0, 0.0, 0.0, 0.0)
-    chips = [as_chip(n) for n in names]
+    chips = [load_chip(n) for n in names]
     rows, rhs = [], []
     for n, chip in zip(names, chips, strict=True):
         if n in AREA_UPPER_BOUND_ONLY:

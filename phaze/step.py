@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import cost, graph, schedule
 from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, collective_time, kernel_overhead, op_time
@@ -763,13 +764,11 @@ def clear_caches(workload_too: bool = False) -> None:
     costs, step results, schedules, bounds, the cost model's GEMM geometry); with
     ``workload_too`` also the chip-independent operator graphs. Every cache is size-capped
     anyway: a long search's memory stays bounded without calling this."""
-    from . import cost, schedule
     for f in (_layer_sums, layer_time, layer_time_bounds, edge_time, mode_costs, mode_cost_bounds, mode_cost_upper,
               stage_costs, evaluate, cost._gemm_geometry):
         f.cache_clear()
     schedule.clear_memory_cache()
     if workload_too:
-        from . import graph
         for f in (graph.layer_graph, graph.edge_graph, model_flops_per_sample, _layers_flops,
                   _edge_flops, _act_bytes):
             f.cache_clear()

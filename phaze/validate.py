@@ -46,6 +46,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .arch import EXECUTION, Chip, load_chip
+from .calibrate import fit, load_params
 from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 from .framework import Framework, padded_vocab, resolve_framework
@@ -53,7 +54,7 @@ from .placement import PlacementOptions, vp_values
 from .plan import Plan
 from .step import check_plan, evaluate, model_flops_per_sample
 from .system import apply_system, load_system
-from .workload import Model, load_model, with_seq_len
+from .workload import Model, load_model, with_seq_len, workload_dirs
 
 REQUIRED_COLUMNS = (
     "run_id", "source_id", "gpu", "gpu_count", "model", "layers", "hidden", "heads", "ffn_hidden",
@@ -227,7 +228,6 @@ def _norm_name(name: str) -> str:
 @lru_cache(maxsize=1)
 def _shipped_workloads() -> dict[str, str]:
     """Normalised workload name (and file stem) -> shipped workload file stem."""
-    from .workload import workload_dirs
     out: dict[str, str] = {}
     for d in reversed(workload_dirs()):
         if not d.is_dir():
@@ -632,7 +632,6 @@ def case_weights(cases) -> list[float]:
 
 def fit_cases(cases) -> Efficiency:
     """One efficiency set fitted on ``cases`` with :func:`case_weights`."""
-    from .calibrate import fit
     return fit(cases, predict_case, weights=case_weights(cases))[0]
 
 
@@ -662,6 +661,11 @@ def params_for(chip: Chip, params: dict[str, Efficiency] | None) -> Efficiency:
     if not params:
         return IDEAL
     return params.get(chip.family) or params.get("default") or IDEAL
+
+
+def calibrated_efficiency(chip: Chip) -> Efficiency:
+    """The shipped calibration for the chip's family (pooled ``default`` for other chips)."""
+    return params_for(chip, load_default_params())
 
 
 def predict_all(items, params: dict[str, Efficiency] | None) -> list[Prediction]:
@@ -757,6 +761,5 @@ def shipped_params_path() -> Path:
 @lru_cache(maxsize=1)
 def load_default_params() -> dict[str, Efficiency] | None:
     """The calibration shipped with phaze (``phaze calibrate`` on the bundled runs)."""
-    from .calibrate import load_params
     path = shipped_params_path()
     return load_params(path) if path.exists() else None
