@@ -1,5 +1,6 @@
 """The README's and the docs' figures against the code and the tracked results that produce them,
 and their links against the files they point to (each test able to fail when either moves)."""
+import csv
 import re
 import subprocess
 import sys
@@ -123,6 +124,25 @@ def test_quickstart_exact_search_is_what_the_code_proves(tmp_path):
     assert f"**{tokens} tokens/s**" in page
     flat = " ".join(README.split())
     assert f"proves **{tokens} tokens/s** best having evaluated {evaluated} of its {space} designs" in flat
+
+
+def test_quickstart_figures_are_what_the_quick_start_writes(tmp_path):
+    # the first quick-start command, run in a scratch folder: the counts the README quotes come from
+    # its trials.csv, it writes every figure tracked under results/quickstart/, and the README's
+    # picture is byte-identical to the one it writes
+    proc = subprocess.run([sys.executable, "-m", "phaze.cli", "search", str(ROOT / "search" / "quickstart.yaml"),
+                           "--quiet"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = tmp_path / "results" / "quickstart"
+    with open(out / "trials.csv", newline="", encoding="utf-8") as fh:
+        evaluated = [r["evaluated"] for r in csv.DictReader(fh)]
+    flat = " ".join(README.split())
+    assert (f"{evaluated.count('True')} designs evaluated and {evaluated.count('False')} proposals over the "
+            "area budget") in flat
+    tracked = {p.name for p in (ROOT / "results" / "quickstart").glob("*.png")}
+    assert tracked and tracked <= {p.name for p in out.glob("*.png")}
+    assert "](results/quickstart/front.png)" in README
+    assert (out / "front.png").read_bytes() == (ROOT / "results" / "quickstart" / "front.png").read_bytes()
 
 
 # --- the pages themselves -----------------------------------------------------------------------------
