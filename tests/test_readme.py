@@ -213,6 +213,14 @@ def test_internal_links_point_to_existing_files_and_anchors(page):
             assert path.suffix == ".md" and anchor in _anchors(path), (str(page.relative_to(ROOT)), link)
 
 
+def test_design_page_lists_every_module():
+    page = _page("design.md")
+    table = page[page.index("## Modules"):page.index("\n## ", page.index("## Modules") + 1)]
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "phaze").rglob("*.py") if p.name != "__init__.py"}
+    listed = set(re.findall(r"`(phaze/[\w/]+\.py)`", table))
+    assert modules == listed, (sorted(modules - listed), sorted(listed - modules))
+
+
 def test_nothing_points_outside_the_clone():
     # a clone of phaze alone has no ../shared: no page, docstring or config may send a reader there
     files = [ROOT / "README.md", *DOCS.rglob("*.md"), *(ROOT / "phaze").rglob("*.py"), *(ROOT / "search").glob("*"),
