@@ -49,7 +49,7 @@ def test_negative_binomial_yield_by_hand():
 
 
 def test_827mm2_7nm_die_costs_about_420_usd():
-    """DESIGN.md's anchor: an 827 mm^2 7 nm die yields ~35 % and costs ~$420 per good die
+    """The cost anchor of docs/design.md: an 827 mm^2 7 nm die yields ~35 % and costs ~$420 per good die
     ($9346 wafer / (62.29 dies x 0.3541) = $423.7)."""
     usd, dpw, y = good_die_cost(827.0, 7)
     assert y == pytest.approx(0.354, abs=0.002)

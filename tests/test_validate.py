@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -384,16 +385,39 @@ def test_explicit_columns_present_in_the_bundled_copies():
         assert set(v.EXPLICIT_COLUMNS) <= set(header), path
 
 
+REFERENCE = ROOT / "phaze" / "data" / "reference"
+
+
+def _checksums() -> dict[str, dict[str, str]]:
+    with open(REFERENCE / "checksums.csv", newline="", encoding="utf-8") as fh:
+        return {r["file"]: r for r in csv.DictReader(fh)}
+
+
+def test_bundled_data_match_their_recorded_checksums():
+    # runs in any clone: every bundled data file is listed in checksums.csv (recorded with the
+    # reference collection's checksum of the file it was copied from) and has exactly that content,
+    # so an edited, truncated or re-encoded CSV fails here
+    sums = _checksums()
+    assert set(sums) == {p.name for p in REFERENCE.glob("*.csv")} - {"checksums.csv"}
+    for name, row in sums.items():
+        assert hashlib.sha256((REFERENCE / name).read_bytes()).hexdigest() == row["sha256"], name
+        assert re.fullmatch(r"[0-9a-f]{64}", row["reference_sha256"]) and row["differs_from_reference_by"], name
+        assert (row["sha256"] == row["reference_sha256"]) == (row["differs_from_reference_by"] == "nothing"), name
+
+
 def test_bundled_copies_keep_the_published_values():
-    # the project's copies equal ../shared/reference/ except the new columns and the documented
-    # fills of blanks (S13 layout, S20 seq_len, S02 vp): a changed published value fails here
+    # an extra where the reference collection is checked out beside the project (../shared): its
+    # files are the ones checksums.csv was recorded from, and the project's copies equal them except
+    # the new columns and the documented fills of blanks (S13 layout, S20 seq_len, S02 vp)
     shared = ROOT.parent / "shared" / "reference"
     if not (shared / "training_runs.csv").exists():
-        pytest.skip("../shared/reference not present in this checkout")
+        pytest.skip("the reference collection (../shared/reference) is not beside this checkout")
+    for name, row in _checksums().items():
+        assert hashlib.sha256((shared / name).read_bytes()).hexdigest() == row["reference_sha256"], name
     filled = {"S13": {"tp", "pp", "micro_batch", "global_batch", "recompute", "sequence_parallel"},
               "S20": {"seq_len"}, "S02": {"vp"}}
     for name in ("training_runs.csv", "training_runs_2.csv"):
-        ours = {r["run_id"]: r for r in v.read_runs(ROOT / "phaze" / "data" / "reference" / name)}
+        ours = {r["run_id"]: r for r in v.read_runs(REFERENCE / name)}
         theirs = {r["run_id"]: r for r in v.read_runs(shared / name)}
         assert set(ours) == set(theirs)
         for rid, t in theirs.items():
