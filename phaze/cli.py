@@ -1076,9 +1076,32 @@ def _stdout_closed() -> int:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):
         pass
-    print("phaze: error: stdout: closed by the reader before the output was written (broken pipe)",
+    print("phaze: error: stdout: closed by the reader before the end of the output (broken pipe)",
           file=sys.stderr)
     return 2
+
+
+# how long a finished command waits for a pipe's reader to hang up (``| head -1`` does within
+# milliseconds; a reader that reads to the end, ``| grep``, never does and costs this much)
+READER_WAIT_S = 0.2
+
+
+def _reader_left(wait_s: float = READER_WAIT_S) -> bool:
+    """Whether stdout is a pipe whose reader has gone or goes within ``wait_s``: output that
+    fits in the pipe's buffer is written without error even when ``head -1`` then discards all
+    but its first line, so the write alone cannot tell that the output was cut short."""
+    import os
+    import select
+    import stat
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poll = select.poll()
+        poll.register(fd, select.POLLERR)   # a pipe's write end reports POLLERR once no reader is left
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poll.poll(wait_s * 1000))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1086,6 +1109,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
         sys.stdout.flush()
+        if code == 0 and _reader_left():
+            return _stdout_closed()
         return code
     except ConfigError as exc:
         print(f"phaze: error: {exc}", file=sys.stderr)

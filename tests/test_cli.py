@@ -383,6 +383,32 @@ def test_closed_pipe_is_one_line(tmp_path, args):
     assert len(err.splitlines()) == 1 and "broken pipe" in err
 
 
+def _through_pipe(tmp_path, reader: list[str]) -> tuple[int, int, str]:
+    """``phaze evaluate ... | <reader>`` through a real pipe, stdout block-buffered as a user's
+    shell has it: (phaze's status, the reader's, phaze's stderr)."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    phaze_proc = subprocess.Popen([sys.executable, "-m", "phaze.cli", *GOOD], cwd=tmp_path, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader_proc = subprocess.Popen(reader, stdin=phaze_proc.stdout, stdout=subprocess.DEVNULL)
+    phaze_proc.stdout.close()       # only the reader holds the read end now
+    err = phaze_proc.stderr.read()
+    return phaze_proc.wait(timeout=60), reader_proc.wait(timeout=60), err
+
+
+def test_head_1_through_a_real_pipe_exits_2(tmp_path):
+    """README: output cut short by its reader (``phaze evaluate ... | head -1``) exits with status 2,
+    although the whole output fits in the pipe's buffer and is written without error."""
+    rc, head_rc, err = _through_pipe(tmp_path, ["head", "-1"])
+    assert (rc, head_rc) == (2, 0), err
+    assert len(err.splitlines()) == 1 and "broken pipe" in err and "Traceback" not in err, err
+
+
+def test_reader_that_reads_everything_exits_0(tmp_path):
+    rc, cat_rc, err = _through_pipe(tmp_path, ["cat"])
+    assert (rc, cat_rc, err) == (0, 0, "")
+
+
 def test_kv_head_replication_is_stated(tmp_path):
     proc = timed_cli(tmp_path, "evaluate", "--workload", "llama3-70b", "--arch", "h100-sxm", "--devices", "64",
                      "--global-batch", "64", "--plan", "tp=16,pp=4,recompute=full", "--format", "json")
