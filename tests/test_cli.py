@@ -482,3 +482,15 @@ def test_gantt_colours_by_operator_kind(tmp_path):
     assert proc.returncode == 0, proc.stderr
     svg = out.read_text()
     assert "share of the unit pool" in svg and "ffn_up" in svg
+
+
+def test_validate_reads_a_csv_with_a_byte_order_mark(tmp_path):
+    """A spreadsheet's UTF-8 export starts with a BOM; its first column is still run_id."""
+    rows = (ROOT / "phaze" / "data" / "reference" / "training_runs.csv").read_text().splitlines()[:4]
+    path = tmp_path / "runs.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(rows).encode() + b"\n")
+    proc = phaze_cli(tmp_path, "validate", "--runs", str(path), "--no-loso", "--unseen", "", "--hold-out", "none",
+                     "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    overall = json.loads(proc.stdout)["in_sample"]["overall"]
+    assert (overall["expressed"], overall["total"]) == (3, 3)
