@@ -78,10 +78,21 @@ _gib = _float_in(lambda x: 0 <= x <= 1e6, "a size in GiB >= 0 (e.g. 4 or 2.5)", 
 _watts = _float_in(lambda x: 0 < x <= 1e5, "a power in watts > 0 (e.g. 500)")
 
 
-def format_result(r: StepResult) -> str:
+def params_text(model) -> str:
+    """The parameter count as read, so that a user can check a config's reading against the
+    published figure: total, and for a mixture of experts those active per token."""
+    total = f"{model.params / 1e9:,.2f} B ({model.params:,})"
+    if not model.moe:
+        return total
+    return f"{total} total, {model.active_params / 1e9:,.2f} B ({model.active_params:,}) active per token"
+
+
+def format_result(r: StepResult, model=None) -> str:
+    """The text of ``phaze evaluate``; with ``model``, its parameter count too."""
     pct = lambda x: f"{100 * x:5.1f} %"  # noqa: E731
     lines = [
         f"{r.workload} on {r.devices} x {r.chip}, global batch {r.global_batch}",
+        *([f"  parameters         {params_text(model)}"] if model is not None else []),
         f"  plan               {r.plan}, dp={r.dp}, {r.micro_batches} micro-batches per step",
         f"  step time          {r.step_time_s:.3f} s",
         f"  throughput         {r.samples_per_s:,.2f} samples/s   {r.tokens_per_s:,.0f} tokens/s (cluster), "
@@ -162,7 +173,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     defaults (or the space searched), the chip and system, the memory reserve, the efficiency."""
     from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
     out = {}
-    seq = [n for n in model.notes if n.startswith("sequence length")]
+    seq = [n.removeprefix("sequence length").strip() for n in model.notes if n.startswith("sequence length")]
     out["sequence_length"] = seq[0] if seq else f"{model.seq_len} (the workload's; --seq-len sets it)"
     for note in model.notes:
         if note.startswith("sliding-window"):
@@ -246,6 +257,21 @@ def _print_assumptions(items: dict) -> None:
         print(f"    {key.replace('_', ' '):<18} {text}")
 
 
+def fit_hints(plan, devices: int) -> list[str]:
+    """The changes to a plan that does not fit that would shrink its memory: only those it has
+    not made already (no ``zero=1`` to a plan with it, no ZeRO without data parallelism)."""
+    hints = []
+    if plan.recompute != "full" or any(r != "full" for r in plan.stage_recompute):
+        hints.append("recompute=full")
+    if plan.tp * plan.pp * plan.cp < devices:
+        hints.append("a larger tp or pp")
+    if plan.mbs > 1:
+        hints.append("a smaller mbs")
+    if plan.zero < 3 and plan.dp(devices) > 1:
+        hints.append(f"zero={plan.zero + 1}")
+    return hints
+
+
 def cmd_evaluate(args) -> int:
     model = as_model(args.workload, args.seq_len)
     chip = chip_for(args)
@@ -263,13 +289,15 @@ def cmd_evaluate(args) -> int:
     result = evaluate(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args))
     if not result.fits and not args.allow_oom:
         m = result.stage_memory[result.binding_stage]
+        hints = fit_hints(plan, args.devices)
+        try_text = (f"try {', '.join(hints)}, or 'phaze place' to find one" if hints else
+                    "this plan already recomputes, splits and shards all it can: more devices or more HBM")
         what = "does not fit" if args.plan.strip() else (
             f"no plan given, and the default plan ({plan.label()}) does not fit")
         raise ConfigError("--plan", None, f"{what}: needs {m.total_bytes / GiB:.1f} GiB per device "
                           f"on stage {m.stage}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB with "
                           f"{result.memory_reserve_bytes / GiB:.1f} GiB reserved; allowed: plans that fit "
-                          f"(try recompute=full, a larger tp or pp, a smaller mbs, zero=1, or 'phaze place' "
-                          f"to find one) or --allow-oom to print the result anyway")
+                          f"({try_text}) or --allow-oom to print the result anyway")
     ps = _within_limit(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args), result, args)
     result = ps.result
     given = _plan_keys(args.plan) | (set(PLAN_KEYS) if preset else set())
@@ -277,9 +305,10 @@ def cmd_evaluate(args) -> int:
     if preset:
         notes["framework"] = preset
     if args.format == "json":
-        print(json.dumps(dict(result.to_dict(), power=ps.to_dict(), assumptions=notes), indent=2))
+        print(json.dumps(dict(result.to_dict(), params=model.params, active_params=model.active_params,
+                              power=ps.to_dict(), assumptions=notes), indent=2))
     else:
-        print(format_result(result))
+        print(format_result(result, model))
         print(format_power(ps))
         _print_assumptions(notes)
     return 0
@@ -673,7 +702,7 @@ def cmd_place(args) -> int:
         return 0
     print(f"phaze place: {model.name} on {args.devices} x {chip.name}, global batch {args.global_batch}: "
           f"{res.layouts_feasible} of {res.layouts_considered} layouts fit, solved in {res.solve_time_s:.2f} s")
-    print(format_result(res.best.result))
+    print(format_result(res.best.result, model))
     print(format_power(best_power))
     _print_assumptions(notes)
     print(f"  {'rank':<5} {'step (s)':>9} {'tokens/s':>12} {'MFU':>6} {'mem GiB':>8} {'free GiB':>8}  plan")

@@ -444,6 +444,59 @@ def test_hf_config_sequence_length_is_stated(tmp_path):
     assert "sliding-window attention over 4096" in a["attention_window"]
 
 
+@pytest.mark.parametrize("fixture, total", [("llama-2-7b", 6_738_415_616), ("gpt2-xl", 1_557_611_200)])  # checkpoints
+def test_evaluate_prints_the_parameter_count_of_a_hf_config(tmp_path, fixture, total):
+    """The count a user checks a Hugging Face config's reading against (Llama-2-7B: 6.74 B)."""
+    config = ROOT / "tests" / "data" / "hf" / fixture / "config.json"
+    args = ["evaluate", "--workload", str(config), "--arch", "a100-80gb", "--devices", "8", "--global-batch", "8",
+            "--plan", "tp=1", "--allow-oom"]
+    text = timed_cli(tmp_path, *args)
+    assert text.returncode == 0, text.stderr
+    line = text.stdout.splitlines()[1]
+    assert line.split() == ["parameters", f"{total / 1e9:.2f}", "B", f"({total:,})"], line
+    r = json.loads(timed_cli(tmp_path, *args, "--format", "json").stdout)
+    assert r["params"] == r["active_params"] == total
+
+
+def test_evaluate_prints_total_and_active_parameters_of_a_moe(tmp_path):
+    proc = timed_cli(tmp_path, "evaluate", "--workload", "mixtral-8x7b", "--arch", "a100-80gb", "--devices", "8",
+                     "--global-batch", "8", "--plan", "tp=8", "--allow-oom")
+    line = proc.stdout.splitlines()[1]
+    # Mixtral 8x7B: 46.7 B parameters, 12.9 B active per token (arXiv:2401.04088)
+    assert re.fullmatch(r"  parameters +46\.70 B \(46,70[\d,]+\) total, 12\.88 B \(12,8[\d,]+\) active per token",
+                        line), line
+
+
+def test_sequence_length_is_not_said_twice(tmp_path):
+    config = ROOT / "tests" / "data" / "hf" / "llama-2-7b" / "config.json"
+    for extra in ([], ["--seq-len", "8192"]):
+        proc = timed_cli(tmp_path, "evaluate", "--workload", str(config), "--arch", "a100-80gb", "--devices", "8",
+                         "--global-batch", "8", "--plan", "tp=8", *extra)
+        line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("sequence length"))
+        assert line.count("sequence length") == 1, line
+
+
+@pytest.mark.parametrize("plan, offered, not_offered", [
+    ("tp=8,zero=1", ["recompute=full"], ["zero=", "larger tp", "smaller mbs"]),     # dp=1: ZeRO shards nothing
+    ("tp=8,recompute=full,zero=1", [], ["recompute=full", "zero=", "larger tp", "mbs"]),
+    ("tp=2,pp=4,recompute=full,mbs=2", ["a smaller mbs"], ["recompute=full", "zero=", "larger tp"]),
+])
+def test_does_not_fit_hint_offers_only_changes_that_change_something(tmp_path, plan, offered, not_offered):
+    line = one_line_error(timed_cli(tmp_path, "evaluate", *GPT3, "--devices", "8", "--global-batch", "8",
+                                    "--plan", plan), "does not fit", "--allow-oom")
+    hint = line.split("allowed:")[1]
+    for text in offered:
+        assert text in hint, line
+    for text in not_offered:
+        assert text not in hint, line
+
+
+def test_does_not_fit_hint_offers_the_next_zero_stage(tmp_path):
+    line = one_line_error(timed_cli(tmp_path, "evaluate", *GPT3, "--devices", "64", "--global-batch", "64",
+                                    "--plan", "tp=8,zero=1"), "does not fit")
+    assert "zero=2" in line and "zero=1" not in line.split("allowed:")[1], line
+
+
 def test_help_lists_every_plan_key_and_option():
     from phaze.cli import build_parser
     from phaze.plan import PLAN_KEYS
@@ -494,3 +547,22 @@ def test_validate_reads_a_csv_with_a_byte_order_mark(tmp_path):
     assert proc.returncode == 0, proc.stderr
     overall = json.loads(proc.stdout)["in_sample"]["overall"]
     assert (overall["expressed"], overall["total"]) == (3, 3)
+
+
+def test_workload_by_its_published_name_resolves(tmp_path):
+    """``--workload llama3.1-405b``: Llama 3.1 405B by its published name (shipped as llama3-405b)."""
+    args = ["evaluate", "--arch", "h100-sxm", "--devices", "1024", "--global-batch", "1024", "--plan",
+            "tp=8,pp=16,recompute=full", "--allow-oom", "--format", "json"]
+    by_alias = timed_cli(tmp_path, *args, "--workload", "llama3.1-405b")
+    assert by_alias.returncode == 0, by_alias.stderr
+    by_file = json.loads(timed_cli(tmp_path, *args, "--workload", "llama3-405b").stdout)
+    assert json.loads(by_alias.stdout)["workload"] == by_file["workload"] == "Llama-3.1-405B"
+
+
+@pytest.mark.parametrize("flag, typed, meant", [("--arch", "h100", "h100-sxm"),
+                                                ("--workload", "gpt3-17b", "gpt3-175b"),
+                                                ("--system", "dgx-h100", "dgx-h100-superpod")])
+def test_unknown_name_says_did_you_mean(tmp_path, flag, typed, meant):
+    args = {"--workload": "gpt3-175b", "--arch": "a100-80gb", flag: typed}
+    cmd = ["evaluate", "--devices", "8", "--global-batch", "8"] + [x for k, v in args.items() for x in (k, v)]
+    one_line_error(timed_cli(tmp_path, *cmd), flag, f"did you mean '{meant}'")
