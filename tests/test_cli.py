@@ -565,4 +565,5 @@ def test_workload_by_its_published_name_resolves(tmp_path):
 def test_unknown_name_says_did_you_mean(tmp_path, flag, typed, meant):
     args = {"--workload": "gpt3-175b", "--arch": "a100-80gb", flag: typed}
     cmd = ["evaluate", "--devices", "8", "--global-batch", "8"] + [x for k, v in args.items() for x in (k, v)]
-    one_line_error(timed_cli(tmp_path, *cmd), flag, f"did you mean '{meant}'")
+    line = one_line_error(timed_cli(tmp_path, *cmd), flag, "did you mean")
+    assert f"'{meant}'" in line.split("did you mean")[1].split("shipped:")[0], line
