@@ -776,9 +776,62 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+SHOWN_BEST = 5        # single objective: the best designs printed
+SHOWN_FRONT = 12      # several objectives: the whole front up to this many designs, else this many of it
+
+
+def knee(front, objectives, directions) -> int | None:
+    """The knee of a Pareto front, as a position in ``front``: the design nearest (Euclidean) the
+    ideal point once each objective is normalised to the front's own range (0 its worst value on
+    the front, 1 its best), i.e. the one that gives up least on all objectives together. An
+    objective that does not vary on the front counts as met; ties go to the first. None when empty."""
+    import numpy as np  # deferred: the CLI's other commands do not need numpy's import time
+    if not len(front):
+        return None
+    values = front[list(objectives)].to_numpy(dtype=float)
+    values = np.where(np.array(directions) == "maximize", values, -values)     # larger is better
+    low, span = values.min(axis=0), np.ptp(values, axis=0)
+    good = np.divide(values - low, span, out=np.ones_like(values), where=span > 0)
+    return int(np.argmin(np.linalg.norm(1.0 - good, axis=1)))
+
+
+def front_shown(n: int, knee_at: int | None, shown: int = SHOWN_FRONT) -> list[int]:
+    """Positions of a front of ``n`` designs to print: all of them up to ``shown``, else ``shown``
+    spread evenly along it, the knee always among them."""
+    import numpy as np  # deferred: see knee()
+    if n <= shown:
+        return list(range(n))
+    picks = set(np.linspace(0, n - 1, shown).round().astype(int).tolist())
+    if knee_at is not None and knee_at not in picks:
+        picks.remove(min(picks - {0, n - 1}, key=lambda i: abs(i - knee_at)))
+        picks.add(knee_at)
+    return sorted(picks)
+
+
+def _design_lines(r, cfg, keys) -> list[str]:
+    """One design of the summary: its chip, then per workload the cluster's and one chip's
+    tokens/s, MFU and plan (the search's throughput is the clusters' tokens/s)."""
+    lines = [f"    area {r['area_mm2']:.0f} mm², power {r['power_w']:.0f} W, cost ${r['cost_usd']:,.0f}"]
+    for w in cfg.workloads:
+        name = w.model.name
+        tps, mfu, plan = r.get(f"{name}:tokens_per_s"), r.get(f"{name}:mfu"), r.get(f"{name}:plan")
+        if tps is None or not math.isfinite(tps) or tps <= 0:
+            lines.append(f"    {name} on {w.devices} chips: no plan fits")
+            continue
+        lines.append(f"    {name} on {w.devices} chips, batch {w.global_batch}: {tps:,.0f} tokens/s per cluster, "
+                     f"{tps / w.devices:,.0f} tokens/s per chip, MFU {100 * mfu:.1f} %")
+        lines.append(f"      plan {plan}")
+    if len(cfg.workloads) > 1:
+        lines.append(f"    all workloads: {r['throughput_tokens_per_s']:,.0f} tokens/s per cluster (the "
+                     f"weighted geometric mean over the workloads, the throughput searched)")
+    return lines
+
+
 def _search_summary(res, cfg) -> None:
-    """The end of ``phaze search`` / ``sweep``: where the files are and the best designs."""
-    from .report import baselines_frame, best_designs, gains, trials_frame
+    """The end of ``phaze search`` / ``sweep``: where the files are and the best designs, each
+    with per-workload cluster and per-chip tokens/s, MFU and plan; with several objectives the
+    Pareto front (all of it, or how many of it are shown) with its knee marked (see :func:`knee`)."""
+    from .report import baselines_frame, best_designs, gains, pareto_frame, trials_frame
     from .search import open_study
     study = open_study(cfg, res.storage, res.study_name, create=False, heartbeat=False)
     trials = trials_frame(study, cfg.objectives)
@@ -790,7 +843,7 @@ def _search_summary(res, cfg) -> None:
     over = len(done) - evaluated
     print(f"phaze {res.study_name}: {evaluated} designs evaluated"
           + (f" ({over} more proposed over a budget, not evaluated)" if over else "")
-          + f" in {res.elapsed_s:.0f} s (storage {res.storage})")
+          + f" in {res.elapsed_s:.0f} s of search (storage {res.storage})")
     cert = study.user_attrs.get("certificate")
     if cert and cfg.sampler == "exact":
         from .exact import Certificate
@@ -798,21 +851,38 @@ def _search_summary(res, cfg) -> None:
         print("certificate of the exact search (report.md, certificate.csv):")
         for line in c.lines():
             print(f"  {line}")
-    best = best_designs(trials, cfg) if len(trials) else trials
+    knee_at = None
+    if len(cfg.objectives) == 1:
+        best = best_designs(trials, cfg, SHOWN_BEST) if len(trials) else trials
+        feasible = int(done["feasible"].astype(bool).sum()) if len(done) else 0
+        if len(best):
+            print(f"the {len(best)} best of {feasible} feasible designs by {cfg.objectives[0]}:")
+    else:
+        front = pareto_frame(trials, cfg.objectives, cfg.directions) if len(trials) else trials
+        knee_at = knee(front, cfg.objectives, cfg.directions)
+        shown = front_shown(len(front), knee_at)
+        best = front.iloc[shown]
+        knee_at = shown.index(knee_at) if knee_at is not None else None
+        if len(front):
+            print(f"Pareto front over {' and '.join(cfg.objectives)}: "
+                  + (f"all {len(front)} designs" if len(shown) == len(front) else
+                     f"{len(shown)} of {len(front)} designs shown, spread along it")
+                  + f", best {cfg.objectives[0]} first; the knee (nearest the ideal point, each objective "
+                    f"scaled to the front's range) is marked")
     if not len(best):
         print("no feasible design: see the reasons in trials.csv and report.md")
     keys = [d.key for d in cfg.searched]
-    for _, r in best.iterrows():
+    for i, (_, r) in enumerate(best.iterrows()):
         chip = ", ".join(f"{k}={r.get(f'chip:{k}'):g}" for k in keys)
-        print(f"  trial {r['trial']}: {chip}")
-        print(f"    area {r['area_mm2']:.0f} mm², power {r['power_w']:.0f} W, cost ${r['cost_usd']:,.0f}, "
-              f"throughput {r['throughput_tokens_per_s']:,.0f} tokens/s (geomean)")
+        print(f"  trial {r['trial']}{' (knee)' if i == knee_at else ''}: {chip}")
+        for line in _design_lines(r, cfg, keys):
+            print(line)
         if r.get("throttled"):
             print(f"    throttled to fit the power budget: {r['throttled']} ran at down to "
                   f"{r['clock_hz'] / 1e9:.2f} GHz")
         per = gains(r, base, [w.model.name for w in cfg.workloads])
         if per:
-            print("    throughput vs " + ", ".join(
+            print("    tokens/s vs " + ", ".join(
                 f"{name} " + ("(no plan)" if g["overall"] is None else f"{100 * g['overall']:+.1f} %")
                 for name, g in per.items()))
     print(f"wrote {res.out_dir}/trials.csv, pareto.csv, baselines.csv, report.md, report.html and figures")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -567,3 +568,87 @@ def test_unknown_name_says_did_you_mean(tmp_path, flag, typed, meant):
     cmd = ["evaluate", "--devices", "8", "--global-batch", "8"] + [x for k, v in args.items() for x in (k, v)]
     line = one_line_error(timed_cli(tmp_path, *cmd), flag, "did you mean")
     assert f"'{meant}'" in line.split("did you mean")[1].split("shipped:")[0], line
+
+
+# --- phaze search's summary -------------------------------------------------------------------------
+def test_knee_is_the_front_point_nearest_the_ideal_in_normalised_objectives():
+    import pandas as pd
+
+    from phaze.cli import knee
+    front = pd.DataFrame({"throughput": [10.0, 9.0, 2.0], "area": [100.0, 20.0, 10.0]})
+    assert knee(front, ["throughput", "area"], ["maximize", "minimize"]) == 1
+    # the same front read with the wrong direction has another knee: the directions are used
+    assert knee(front, ["throughput", "area"], ["maximize", "maximize"]) == 0
+    # an objective constant on the front is met by every design; the first is taken on a tie
+    assert knee(front.assign(area=5.0), ["throughput", "area"], ["maximize", "minimize"]) == 0
+    assert knee(front.iloc[:0], ["throughput", "area"], ["maximize", "minimize"]) is None
+
+
+@pytest.mark.parametrize("n, knee_at", [(5, 2), (12, 11), (40, 7), (40, 38), (13, 6)])
+def test_front_shown_is_all_or_a_spread_with_the_knee(n, knee_at):
+    from phaze.cli import SHOWN_FRONT, front_shown
+    shown = front_shown(n, knee_at)
+    assert shown == sorted(set(shown)) and knee_at in shown
+    assert shown == list(range(n)) if n <= SHOWN_FRONT else (len(shown) == SHOWN_FRONT and shown[0] == 0
+                                                             and shown[-1] == n - 1)
+
+
+def _tiny_search(tmp_path, **changes) -> tuple[str, Path]:
+    from conftest import SMALL_SWEEP
+    cfg = dict(SMALL_SWEEP, **changes)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    proc = phaze_cli(tmp_path, "search", "tiny.yaml", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, tmp_path / "results" / cfg["name"]
+
+
+def _per_workload_lines(out: str, devices: int) -> list[tuple[float, float]]:
+    found = re.findall(r"MPT-125M on (\d+) chips, batch 16: ([\d,]+) tokens/s per cluster, ([\d,]+) tokens/s per "
+                       r"chip, MFU [\d.]+ %\n +plan tp=\d", out)
+    assert found, out
+    pairs = [(float(c.replace(",", "")), float(p.replace(",", ""))) for d, c, p in found if int(d) == devices]
+    assert len(pairs) == len(found)
+    return pairs
+
+
+def test_search_summary_of_one_objective_labels_cluster_and_chip_throughput(tmp_path):
+    out, folder = _tiny_search(tmp_path, objectives=["throughput"])
+    assert "geomean" not in out and "geometric mean" not in out      # one workload: nothing averaged
+    pairs = _per_workload_lines(out, 8)
+    for cluster, chip in pairs:
+        assert chip == pytest.approx(cluster / 8, abs=1)
+    trials = pd.read_csv(folder / "trials.csv")
+    best = trials[trials["feasible"] == True]["MPT-125M:tokens_per_s"].max()  # noqa: E712
+    assert pairs[0][0] == pytest.approx(best, abs=1)
+    assert re.search(r"the \d+ best of \d+ feasible designs by throughput:", out)
+    assert re.search(r"designs evaluated in \d+ s of search", out)
+
+
+def test_search_summary_of_two_objectives_shows_the_front_and_its_knee(tmp_path):
+    out, folder = _tiny_search(tmp_path, trials=6)
+    front = pd.read_csv(folder / "pareto.csv")
+    assert f"all {len(front)} designs" in out
+    shown = re.findall(r"^  trial (\d+)( \(knee\))?:", out, flags=re.M)
+    assert sorted(int(t) for t, _ in shown) == sorted(front["trial"])
+    assert sum(bool(k) for _, k in shown) == 1
+    _per_workload_lines(out, 8)
+
+
+def test_search_time_counts_the_search_alone(tmp_path, monkeypatch):
+    """Baselines and the report take seconds of their own; 'N designs evaluated in T s' is the search's."""
+    import time
+
+    from conftest import SMALL_SWEEP
+
+    import phaze.search as search_module
+    from phaze.space import load_sweep
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(dict(SMALL_SWEEP, trials=1)))
+    slow = 3.0
+    score, write = search_module.evaluate_baselines, search_module.write_study_files
+    monkeypatch.setattr(search_module, "evaluate_baselines", lambda *a, **k: (time.sleep(slow), score(*a, **k))[1])
+    monkeypatch.setattr(search_module, "write_study_files", lambda *a, **k: (time.sleep(slow), write(*a, **k))[1])
+    start = time.perf_counter()
+    res = search_module.search(load_sweep(tmp_path / "tiny.yaml"), storage=f"sqlite:///{tmp_path}/s.db",
+                               progress=False)
+    assert time.perf_counter() - start > 2 * slow
+    assert res.elapsed_s < slow
