@@ -4,9 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import select
+import stat
 import sys
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from .api import as_chip, as_model, as_plan
 from .area import DEFAULT, silicon
@@ -785,7 +790,6 @@ def knee(front, objectives, directions) -> int | None:
     ideal point once each objective is normalised to the front's own range (0 its worst value on
     the front, 1 its best), i.e. the one that gives up least on all objectives together. An
     objective that does not vary on the front counts as met; ties go to the first. None when empty."""
-    import numpy as np  # deferred: the CLI's other commands do not need numpy's import time
     if not len(front):
         return None
     values = front[list(objectives)].to_numpy(dtype=float)
@@ -798,7 +802,6 @@ def knee(front, objectives, directions) -> int | None:
 def front_shown(n: int, knee_at: int | None, shown: int = SHOWN_FRONT) -> list[int]:
     """Positions of a front of ``n`` designs to print: all of them up to ``shown``, else ``shown``
     spread evenly along it, the knee always among them."""
-    import numpy as np  # deferred: see knee()
     if n <= shown:
         return list(range(n))
     picks = set(np.linspace(0, n - 1, shown).round().astype(int).tolist())
@@ -1169,7 +1172,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _stdout_closed() -> int:
     """The reader of our output went away (``phaze ... | head -1``): one line, status 2, and
     stdout pointed at /dev/null so that the interpreter's final flush cannot fail again."""
-    import os
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -1189,9 +1191,6 @@ def _reader_left(wait_s: float = READER_WAIT_S) -> bool:
     """Whether stdout is a pipe whose reader has gone or goes within ``wait_s``: output that
     fits in the pipe's buffer is written without error even when ``head -1`` then discards all
     but its first line, so the write alone cannot tell that the output was cut short."""
-    import os
-    import select
-    import stat
     try:
         fd = sys.stdout.fileno()
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
