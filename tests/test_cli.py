@@ -652,3 +652,20 @@ def test_search_time_counts_the_search_alone(tmp_path, monkeypatch):
                                progress=False)
     assert time.perf_counter() - start > 2 * slow
     assert res.elapsed_s < slow
+
+
+def test_search_summary_of_two_workloads_gives_each_and_their_weighted_geomean(tmp_path):
+    from conftest import SMALL_SWEEP
+    second = {"workload": "mpt-350m", "devices": 16, "global_batch": 32, "weight": 2,
+              "placement": {"tp": [1], "mbs": [1, 2], "recompute": ["none"], "pp": [1]}}
+    out, _ = _tiny_search(tmp_path, objectives=["throughput"], trials=2,
+                          workloads=SMALL_SWEEP["workloads"] + [second])
+    first = out.split("  trial ")[1]
+    small = re.search(r"MPT-125M on 8 chips, batch 16: ([\d,]+) tokens/s per cluster", first)
+    large = re.search(r"MPT-350M on 16 chips, batch 32: ([\d,]+) tokens/s per cluster, ([\d,]+) tokens/s per chip",
+                      first)
+    both = re.search(r"all workloads: ([\d,]+) tokens/s per cluster \(the weighted geometric mean", first)
+    assert small and large and both, out
+    num = lambda m, i=1: float(m.group(i).replace(",", ""))  # noqa: E731
+    assert num(large, 2) == pytest.approx(num(large) / 16, abs=1)
+    assert num(both) == pytest.approx((num(small) * num(large) ** 2) ** (1 / 3), rel=1e-5)
