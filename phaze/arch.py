@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .configio import ConfigError, Fields, read_mapping
-from .workload import PRECISIONS, config_dirs, resolve_config
+from .configio import ConfigError, Fields, config_dirs, read_mapping, resolve_config
+from .workload import PRECISIONS
 
 HBM_GENERATIONS = ("hbm2", "hbm2e", "hbm3")
 # How a chip's work is issued, which sets the per-kernel overheads (phaze.cost.kernel_overhead):
@@ -225,5 +225,5 @@ def arch_dirs() -> list[Path]:
 
 def load_chip(name_or_path: str | Path) -> Chip:
     """Load a chip by shipped name (``a100-80gb``) or YAML path."""
-    path = resolve_config(str(name_or_path), arch_dirs(), "arch", "--arch")
+    path = resolve_config(str(name_or_path), "arch_configs", "arch", "--arch")
     return _chip_from_yaml(read_mapping(path), str(path))

@@ -4,9 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import select
+import stat
 import sys
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from .api import as_chip, as_model, as_plan
 from .area import DEFAULT, silicon
@@ -78,10 +83,21 @@ _gib = _float_in(lambda x: 0 <= x <= 1e6, "a size in GiB >= 0 (e.g. 4 or 2.5)", 
 _watts = _float_in(lambda x: 0 < x <= 1e5, "a power in watts > 0 (e.g. 500)")
 
 
-def format_result(r: StepResult) -> str:
+def params_text(model) -> str:
+    """The parameter count as read, so that a user can check a config's reading against the
+    published figure: total, and for a mixture of experts those active per token."""
+    total = f"{model.params / 1e9:,.2f} B ({model.params:,})"
+    if not model.moe:
+        return total
+    return f"{total} total, {model.active_params / 1e9:,.2f} B ({model.active_params:,}) active per token"
+
+
+def format_result(r: StepResult, model=None) -> str:
+    """The text of ``phaze evaluate``; with ``model``, its parameter count too."""
     pct = lambda x: f"{100 * x:5.1f} %"  # noqa: E731
     lines = [
         f"{r.workload} on {r.devices} x {r.chip}, global batch {r.global_batch}",
+        *([f"  parameters         {params_text(model)}"] if model is not None else []),
         f"  plan               {r.plan}, dp={r.dp}, {r.micro_batches} micro-batches per step",
         f"  step time          {r.step_time_s:.3f} s",
         f"  throughput         {r.samples_per_s:,.2f} samples/s   {r.tokens_per_s:,.0f} tokens/s (cluster), "
@@ -162,7 +178,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     defaults (or the space searched), the chip and system, the memory reserve, the efficiency."""
     from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
     out = {}
-    seq = [n for n in model.notes if n.startswith("sequence length")]
+    seq = [n.removeprefix("sequence length").strip() for n in model.notes if n.startswith("sequence length")]
     out["sequence_length"] = seq[0] if seq else f"{model.seq_len} (the workload's; --seq-len sets it)"
     for note in model.notes:
         if note.startswith("sliding-window"):
@@ -246,6 +262,21 @@ def _print_assumptions(items: dict) -> None:
         print(f"    {key.replace('_', ' '):<18} {text}")
 
 
+def fit_hints(plan, devices: int) -> list[str]:
+    """The changes to a plan that does not fit that would shrink its memory: only those it has
+    not made already (no ``zero=1`` to a plan with it, no ZeRO without data parallelism)."""
+    hints = []
+    if plan.recompute != "full" or any(r != "full" for r in plan.stage_recompute):
+        hints.append("recompute=full")
+    if plan.tp * plan.pp * plan.cp < devices:
+        hints.append("a larger tp or pp")
+    if plan.mbs > 1:
+        hints.append("a smaller mbs")
+    if plan.zero < 3 and plan.dp(devices) > 1:
+        hints.append(f"zero={plan.zero + 1}")
+    return hints
+
+
 def cmd_evaluate(args) -> int:
     model = as_model(args.workload, args.seq_len)
     chip = chip_for(args)
@@ -263,13 +294,15 @@ def cmd_evaluate(args) -> int:
     result = evaluate(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args))
     if not result.fits and not args.allow_oom:
         m = result.stage_memory[result.binding_stage]
+        hints = fit_hints(plan, args.devices)
+        try_text = (f"try {', '.join(hints)}, or 'phaze place' to find one" if hints else
+                    "this plan already recomputes, splits and shards all it can: more devices or more HBM")
         what = "does not fit" if args.plan.strip() else (
             f"no plan given, and the default plan ({plan.label()}) does not fit")
         raise ConfigError("--plan", None, f"{what}: needs {m.total_bytes / GiB:.1f} GiB per device "
                           f"on stage {m.stage}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB with "
                           f"{result.memory_reserve_bytes / GiB:.1f} GiB reserved; allowed: plans that fit "
-                          f"(try recompute=full, a larger tp or pp, a smaller mbs, zero=1, or 'phaze place' "
-                          f"to find one) or --allow-oom to print the result anyway")
+                          f"({try_text}) or --allow-oom to print the result anyway")
     ps = _within_limit(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args), result, args)
     result = ps.result
     given = _plan_keys(args.plan) | (set(PLAN_KEYS) if preset else set())
@@ -277,9 +310,10 @@ def cmd_evaluate(args) -> int:
     if preset:
         notes["framework"] = preset
     if args.format == "json":
-        print(json.dumps(dict(result.to_dict(), power=ps.to_dict(), assumptions=notes), indent=2))
+        print(json.dumps(dict(result.to_dict(), params=model.params, active_params=model.active_params,
+                              power=ps.to_dict(), assumptions=notes), indent=2))
     else:
-        print(format_result(result))
+        print(format_result(result, model))
         print(format_power(ps))
         _print_assumptions(notes)
     return 0
@@ -673,7 +707,7 @@ def cmd_place(args) -> int:
         return 0
     print(f"phaze place: {model.name} on {args.devices} x {chip.name}, global batch {args.global_batch}: "
           f"{res.layouts_feasible} of {res.layouts_considered} layouts fit, solved in {res.solve_time_s:.2f} s")
-    print(format_result(res.best.result))
+    print(format_result(res.best.result, model))
     print(format_power(best_power))
     _print_assumptions(notes)
     print(f"  {'rank':<5} {'step (s)':>9} {'tokens/s':>12} {'MFU':>6} {'mem GiB':>8} {'free GiB':>8}  plan")
@@ -747,9 +781,60 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+SHOWN_BEST = 5        # single objective: the best designs printed
+SHOWN_FRONT = 12      # several objectives: the whole front up to this many designs, else this many of it
+
+
+def knee(front, objectives, directions) -> int | None:
+    """The knee of a Pareto front, as a position in ``front``: the design nearest (Euclidean) the
+    ideal point once each objective is normalised to the front's own range (0 its worst value on
+    the front, 1 its best), i.e. the one that gives up least on all objectives together. An
+    objective that does not vary on the front counts as met; ties go to the first. None when empty."""
+    if not len(front):
+        return None
+    values = front[list(objectives)].to_numpy(dtype=float)
+    values = np.where(np.array(directions) == "maximize", values, -values)     # larger is better
+    low, span = values.min(axis=0), np.ptp(values, axis=0)
+    good = np.divide(values - low, span, out=np.ones_like(values), where=span > 0)
+    return int(np.argmin(np.linalg.norm(1.0 - good, axis=1)))
+
+
+def front_shown(n: int, knee_at: int | None, shown: int = SHOWN_FRONT) -> list[int]:
+    """Positions of a front of ``n`` designs to print: all of them up to ``shown``, else ``shown``
+    spread evenly along it, the knee always among them."""
+    if n <= shown:
+        return list(range(n))
+    picks = set(np.linspace(0, n - 1, shown).round().astype(int).tolist())
+    if knee_at is not None and knee_at not in picks:
+        picks.remove(min(picks - {0, n - 1}, key=lambda i: abs(i - knee_at)))
+        picks.add(knee_at)
+    return sorted(picks)
+
+
+def _design_lines(r, cfg, keys) -> list[str]:
+    """One design of the summary: its chip, then per workload the cluster's and one chip's
+    tokens/s, MFU and plan (the search's throughput is the clusters' tokens/s)."""
+    lines = [f"    area {r['area_mm2']:.0f} mm², power {r['power_w']:.0f} W, cost ${r['cost_usd']:,.0f}"]
+    for w in cfg.workloads:
+        name = w.model.name
+        tps, mfu, plan = r.get(f"{name}:tokens_per_s"), r.get(f"{name}:mfu"), r.get(f"{name}:plan")
+        if tps is None or not math.isfinite(tps) or tps <= 0:
+            lines.append(f"    {name} on {w.devices} chips: no plan fits")
+            continue
+        lines.append(f"    {name} on {w.devices} chips, batch {w.global_batch}: {tps:,.0f} tokens/s per cluster, "
+                     f"{tps / w.devices:,.0f} tokens/s per chip, MFU {100 * mfu:.1f} %")
+        lines.append(f"      plan {plan}")
+    if len(cfg.workloads) > 1:
+        lines.append(f"    all workloads: {r['throughput_tokens_per_s']:,.0f} tokens/s per cluster (the "
+                     f"weighted geometric mean over the workloads, the throughput searched)")
+    return lines
+
+
 def _search_summary(res, cfg) -> None:
-    """The end of ``phaze search`` / ``sweep``: where the files are and the best designs."""
-    from .report import baselines_frame, best_designs, gains, trials_frame
+    """The end of ``phaze search`` / ``sweep``: where the files are and the best designs, each
+    with per-workload cluster and per-chip tokens/s, MFU and plan; with several objectives the
+    Pareto front (all of it, or how many of it are shown) with its knee marked (see :func:`knee`)."""
+    from .report import baselines_frame, best_designs, gains, pareto_frame, trials_frame
     from .search import open_study
     study = open_study(cfg, res.storage, res.study_name, create=False, heartbeat=False)
     trials = trials_frame(study, cfg.objectives)
@@ -761,7 +846,7 @@ def _search_summary(res, cfg) -> None:
     over = len(done) - evaluated
     print(f"phaze {res.study_name}: {evaluated} designs evaluated"
           + (f" ({over} more proposed over a budget, not evaluated)" if over else "")
-          + f" in {res.elapsed_s:.0f} s (storage {res.storage})")
+          + f" in {res.elapsed_s:.0f} s of search (storage {res.storage})")
     cert = study.user_attrs.get("certificate")
     if cert and cfg.sampler == "exact":
         from .exact import Certificate
@@ -769,21 +854,38 @@ def _search_summary(res, cfg) -> None:
         print("certificate of the exact search (report.md, certificate.csv):")
         for line in c.lines():
             print(f"  {line}")
-    best = best_designs(trials, cfg) if len(trials) else trials
+    knee_at = None
+    if len(cfg.objectives) == 1:
+        best = best_designs(trials, cfg, SHOWN_BEST) if len(trials) else trials
+        feasible = int(done["feasible"].astype(bool).sum()) if len(done) else 0
+        if len(best):
+            print(f"the {len(best)} best of {feasible} feasible designs by {cfg.objectives[0]}:")
+    else:
+        front = pareto_frame(trials, cfg.objectives, cfg.directions) if len(trials) else trials
+        knee_at = knee(front, cfg.objectives, cfg.directions)
+        shown = front_shown(len(front), knee_at)
+        best = front.iloc[shown]
+        knee_at = shown.index(knee_at) if knee_at is not None else None
+        if len(front):
+            print(f"Pareto front over {' and '.join(cfg.objectives)}: "
+                  + (f"all {len(front)} designs" if len(shown) == len(front) else
+                     f"{len(shown)} of {len(front)} designs shown, spread along it")
+                  + f", best {cfg.objectives[0]} first; the knee (nearest the ideal point, each objective "
+                    f"scaled to the front's range) is marked")
     if not len(best):
         print("no feasible design: see the reasons in trials.csv and report.md")
     keys = [d.key for d in cfg.searched]
-    for _, r in best.iterrows():
+    for i, (_, r) in enumerate(best.iterrows()):
         chip = ", ".join(f"{k}={r.get(f'chip:{k}'):g}" for k in keys)
-        print(f"  trial {r['trial']}: {chip}")
-        print(f"    area {r['area_mm2']:.0f} mm², power {r['power_w']:.0f} W, cost ${r['cost_usd']:,.0f}, "
-              f"throughput {r['throughput_tokens_per_s']:,.0f} tokens/s (geomean)")
+        print(f"  trial {r['trial']}{' (knee)' if i == knee_at else ''}: {chip}")
+        for line in _design_lines(r, cfg, keys):
+            print(line)
         if r.get("throttled"):
             print(f"    throttled to fit the power budget: {r['throttled']} ran at down to "
                   f"{r['clock_hz'] / 1e9:.2f} GHz")
         per = gains(r, base, [w.model.name for w in cfg.workloads])
         if per:
-            print("    throughput vs " + ", ".join(
+            print("    tokens/s vs " + ", ".join(
                 f"{name} " + ("(no plan)" if g["overall"] is None else f"{100 * g['overall']:+.1f} %")
                 for name, g in per.items()))
     print(f"wrote {res.out_dir}/trials.csv, pareto.csv, baselines.csv, report.md, report.html and figures")
@@ -1070,15 +1172,34 @@ def build_parser() -> argparse.ArgumentParser:
 def _stdout_closed() -> int:
     """The reader of our output went away (``phaze ... | head -1``): one line, status 2, and
     stdout pointed at /dev/null so that the interpreter's final flush cannot fail again."""
-    import os
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):
         pass
-    print("phaze: error: stdout: closed by the reader before the output was written (broken pipe)",
+    print("phaze: error: stdout: closed by the reader before the end of the output (broken pipe)",
           file=sys.stderr)
     return 2
+
+
+# how long a finished command waits for a pipe's reader to hang up (``| head -1`` does within
+# milliseconds; a reader that reads to the end, ``| grep``, never does and costs this much)
+READER_WAIT_S = 0.2
+
+
+def _reader_left(wait_s: float = READER_WAIT_S) -> bool:
+    """Whether stdout is a pipe whose reader has gone or goes within ``wait_s``: output that
+    fits in the pipe's buffer is written without error even when ``head -1`` then discards all
+    but its first line, so the write alone cannot tell that the output was cut short."""
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poll = select.poll()
+        poll.register(fd, select.POLLERR)   # a pipe's write end reports POLLERR once no reader is left
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poll.poll(wait_s * 1000))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1086,6 +1207,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
         sys.stdout.flush()
+        if code == 0 and _reader_left():
+            return _stdout_closed()
         return code
     except ConfigError as exc:
         print(f"phaze: error: {exc}", file=sys.stderr)

@@ -158,3 +158,54 @@ class Fields:
         if unknown:
             allowed = ", ".join(sorted(self._used))
             raise self.error(str(unknown[0]), f"unknown key; allowed keys here: {allowed}")
+
+
+# --- shipped configs by name ------------------------------------------------------------------
+def config_dirs(folder: str) -> list[Path]:
+    """Where shipped config names are looked up: ``./<folder>``, then the copy installed inside
+    the package (non-editable install), then the repository's."""
+    here = Path(__file__).resolve().parent
+    return [Path.cwd() / folder, here / folder, here.parent / folder]
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the known names that start with ``name`` or are close to it
+    (difflib), else ``""``: a typo or a short form should be one edit away from the right name."""
+    known = sorted(set(known))
+    low = name.strip().lower()
+    near = [k for k in known if low and k.startswith(low)][:3]
+    near += [k for k in difflib.get_close_matches(low, known, n=3, cutoff=0.6) if k not in near]
+    if not near:
+        return ""
+    return " (did you mean " + " or ".join(repr(k) for k in near[:3]) + "?)"
+
+
+def resolve_config(name: str, folder: str, what: str, flag: str,
+                   aliases: dict[str, str] | None = None) -> Path:
+    """The file of a shipped config name (``gpt3-175b``, or a published name in ``aliases``,
+    mapped to the shipped name) or of a path; one clear error, with the nearest names, when it is
+    neither."""
+    if not name.strip():
+        raise ConfigError(flag, None, f"must name a shipped {what} or a .yaml path, got ''")
+    path = Path(name)
+    try:
+        exists = path.exists()
+    except (OSError, ValueError) as exc:     # a name too long for the file system, a NUL byte
+        raise ConfigError(flag, None, f"cannot be read as a path ({getattr(exc, 'strerror', None) or exc}); "
+                                      f"allowed: a shipped {what} name or a .yaml path") from None
+    if path.suffix in (".yaml", ".yml", ".json") or exists:
+        if exists:
+            return path
+        raise ConfigError(name, None, "file not found")
+    dirs = config_dirs(folder)
+    aliases = aliases or {}
+    key = name.strip().lower()
+    for stem in (key, aliases.get(key), aliases.get(key.rpartition("/")[2])):   # also an HF id org/name
+        for d in dirs if stem else ():
+            for suffix in (".yaml", ".yml"):
+                candidate = d / f"{stem}{suffix}"
+                if candidate.exists():
+                    return candidate
+    known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
+    raise ConfigError(flag, None, f"unknown {what} {name!r}{suggest(key, known + list(aliases))}; shipped: "
+                                  f"{', '.join(known)} (or give a path to a .yaml file)")

@@ -15,6 +15,7 @@ import itertools
 import logging
 import math
 import multiprocessing
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,14 +250,17 @@ def check_budgets(cfg: SweepConfig) -> None:
                               f"{what} {edge:,.1f} {unit} against the bound {bound:,.1f} {unit}")
 
 
-def evaluate_baselines(cfg: SweepConfig, study) -> dict:
-    """Each baseline chip scored by the same code on the same workloads; stored on the study."""
+def evaluate_baselines(cfg: SweepConfig, study, progress: bool = False) -> dict:
+    """Each baseline chip scored by the same code on the same workloads; stored on the study.
+    With ``progress``, a bar over the chips not scored yet (their schedules take seconds each)."""
+    from tqdm import tqdm  # deferred with the rest of the search's libraries
+
     from .arch import load_chip
     from .candidate import evaluate_chip
     stored = dict(study.user_attrs.get("baselines", {}))
-    for name in cfg.baselines:
-        if name in stored:
-            continue
+    todo = [name for name in cfg.baselines if name not in stored]
+    for name in tqdm(todo, desc="baselines", unit="chip", disable=not (progress and todo), dynamic_ncols=True,
+                     leave=False):
         chip = load_chip(name)
         ev = evaluate_chip(chip, cfg.workloads, constraints=cfg.constraints, skip_if_over_budget=False)
         attrs: dict = {"chip_name": chip.name, "chip": chip_values(chip)}
@@ -399,7 +403,7 @@ class SearchResult:
     storage: str
     out_dir: Path
     complete: int
-    elapsed_s: float
+    elapsed_s: float                # the search alone: not the baselines, nor the report
     note: str = ""
 
 
@@ -416,8 +420,8 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
     study, created = _create_or_load(cfg, url, name, make_sampler(cfg), grace_period_s=grace_period_s)
     if created:
         study.enqueue_trial(template_choices(cfg), user_attrs={"template": cfg.base.name})
-    start = time.perf_counter()
-    evaluate_baselines(cfg, study)
+    evaluate_baselines(cfg, study, progress)
+    start = time.perf_counter()     # the search alone: not the baselines, nor the report
     exact = isinstance(study.sampler, ExactSampler)
     total = min(cfg.trials, int(study.sampler.space.ok.sum())) if exact else cfg.trials
     bar = _Progress(cfg, study, total, progress)
@@ -430,14 +434,21 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
         else:
             _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
     finally:
+        elapsed_s = time.perf_counter() - start
         bar.update(study)
         bar.close()
         if cfg.sampler == "exact":
             write_certificate(cfg, study, study_dir(url, name) if write else None)
         if write:
+            _writing(study_dir(url, name), progress)
             write_study_files(study, cfg, study_dir(url, name))
-    return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
-                        time.perf_counter() - start, note)
+    return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)), elapsed_s, note)
+
+
+def _writing(out_dir: Path, progress: bool) -> None:
+    """One status line while the report and its figures are written (seconds for a large study)."""
+    if progress:
+        print(f"writing {out_dir}/trials.csv, report.md, report.html and figures ...", file=sys.stderr, flush=True)
 
 
 def write_certificate(cfg: SweepConfig, study, out_dir: Path | None):
@@ -505,8 +516,8 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
         study.set_user_attr("config", {**conf, "sampler": "sweep"})
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)  # a sweep is one process
-    start = time.perf_counter()
-    evaluate_baselines(cfg, study)
+    evaluate_baselines(cfg, study, progress)
+    start = time.perf_counter()     # the sweep alone: not the baselines, nor the report
     grid = cfg.grid()
     keys = list(grid)
     points, skipped = [], {}
@@ -542,11 +553,12 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
             study.tell(trial, values)
             bar.update(1)
     finally:
+        elapsed_s = time.perf_counter() - start
         bar.close()
         if write:
+            _writing(study_dir(url, name), progress)
             write_study_files(study, cfg, study_dir(url, name))
-    return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
-                        time.perf_counter() - start)
+    return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)), elapsed_s)
 
 
 def _static_value(si, key: str) -> float:

@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .arch import Chip, LinkLevel
-from .configio import ConfigError, Fields, read_mapping
-from .workload import config_dirs, resolve_config
+from .configio import ConfigError, Fields, config_dirs, read_mapping, resolve_config
 
 TOPOLOGIES = ("fat-tree", "oversubscribed")
 
@@ -127,7 +126,7 @@ def system_dirs() -> list[Path]:
 
 def load_system(name_or_path: str | Path) -> System:
     """Load a system by shipped name (``dgx-a100-superpod``) or YAML path."""
-    path = resolve_config(str(name_or_path), system_dirs(), "system", "--system")
+    path = resolve_config(str(name_or_path), "system_configs", "system", "--system")
     return _system_from_yaml(read_mapping(path), str(path))
 
 

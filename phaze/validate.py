@@ -546,7 +546,7 @@ def read_runs(path: str | Path) -> list[dict]:
     """Read a runs CSV; a missing column is one clear error."""
     path = Path(path)
     try:
-        with path.open(newline="") as fh:
+        with path.open(newline="", encoding="utf-8-sig") as fh:   # -sig: a spreadsheet's byte-order mark
             reader = csv.DictReader(fh)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .configio import ConfigError, Fields, read_mapping
+from .configio import ConfigError, Fields, config_dirs, read_mapping, resolve_config
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -454,11 +454,29 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     )
 
 
-def config_dirs(folder: str) -> list[Path]:
-    """Where shipped config names are looked up: ``./<folder>``, then the copy installed inside
-    the package (non-editable install), then the repository's."""
-    here = Path(__file__).resolve().parent
-    return [Path.cwd() / folder, here / folder, here.parent / folder]
+# published names (as their makers write them, lower-cased) of shipped workloads whose file is
+# named otherwise; a Hugging Face id (meta-llama/Llama-3.1-405B) is looked up by its last part
+WORKLOAD_ALIASES = {
+    "llama3.1-405b": "llama3-405b",          # Llama 3.1 405B: the only 405B Meta published
+    "llama-3.1-405b": "llama3-405b",
+    "llama-3.1-70b": "llama3.1-70b",
+    "llama-3.1-8b": "llama3.1-8b",
+    "meta-llama-3-70b": "llama3-70b",        # Meta-Llama-3-70B
+    "llama-3-70b": "llama3-70b",
+    "meta-llama-3-8b": "llama3-8b",
+    "llama-3-8b": "llama3-8b",
+    "llama-2-70b": "llama2-70b",             # Llama-2-70b-hf
+    "llama-2-70b-hf": "llama2-70b",
+    "llama-2-7b": "llama2-7b",
+    "llama-2-7b-hf": "llama2-7b",
+    "gpt-3": "gpt3-175b",                    # GPT-3 175B
+    "gpt-3-175b": "gpt3-175b",
+    "mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "mixtral-8x22b-v0.1": "mixtral-8x22b",
+    "bert-large-uncased": "bert-large",
+    "nemotron-4-15b": "nemotron4-15b",
+    "nemotron-4-340b": "nemotron4-340b",
+}
 
 
 def workload_dirs() -> list[Path]:
@@ -466,33 +484,14 @@ def workload_dirs() -> list[Path]:
     return config_dirs("workloads")
 
 
-def resolve_config(name: str, dirs: list[Path], what: str, flag: str) -> Path:
-    """A name (``gpt3-175b``) or a path; one clear error when it is neither."""
-    if not name.strip():
-        raise ConfigError(flag, None, f"must name a shipped {what} or a .yaml path, got ''")
-    path = Path(name)
-    try:
-        exists = path.exists()
-    except (OSError, ValueError) as exc:     # a name too long for the file system, a NUL byte
-        raise ConfigError(flag, None, f"cannot be read as a path ({getattr(exc, 'strerror', None) or exc}); "
-                                      f"allowed: a shipped {what} name or a .yaml path") from None
-    if path.suffix in (".yaml", ".yml", ".json") or exists:
-        if exists:
-            return path
-        raise ConfigError(name, None, "file not found")
-    for d in dirs:
-        for suffix in (".yaml", ".yml"):
-            candidate = d / f"{name.lower()}{suffix}"
-            if candidate.exists():
-                return candidate
-    known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
-    raise ConfigError(flag, None, f"unknown {what} {name!r}; shipped: {', '.join(known)} "
-                                  f"(or give a path to a .yaml file)")
+def workload_path(name_or_path: str | Path) -> Path:
+    """The file of a workload name (shipped, or a published name in :data:`WORKLOAD_ALIASES`) or path."""
+    return resolve_config(str(name_or_path), "workloads", "workload", "--workload", WORKLOAD_ALIASES)
 
 
 def load_model(name_or_path: str | Path, seq_len: int | None = None) -> Model:
     """Load a workload by shipped name, YAML path or Hugging Face ``config.json`` path."""
-    path = resolve_config(str(name_or_path), workload_dirs(), "workload", "--workload")
+    path = workload_path(name_or_path)
     data = read_mapping(path)
     if path.suffix == ".json":
         model = model_from_hf_config(data, str(path), name=path.parent.name or path.stem)
@@ -517,5 +516,5 @@ def with_seq_len(model: Model, seq_len: int) -> Model:
 
 def published_params(name_or_path: str | Path) -> int | None:
     """The published parameter count recorded in a shipped workload file, if any."""
-    path = resolve_config(str(name_or_path), workload_dirs(), "workload", "--workload")
+    path = workload_path(name_or_path)
     return read_mapping(path).get("published_params")

@@ -231,3 +231,20 @@ def test_unknown_arch_lists_shipped_names():
     assert "no-such-chip" in message
     for name in SHIPPED:
         assert name in message
+
+
+@pytest.mark.parametrize("typed, meant", [("h100", "h100-sxm"), ("tpu4", "tpuv4"), ("a100-80", "a100-80gb")])
+def test_unknown_arch_suggests_the_nearest(typed, meant):
+    with pytest.raises(ConfigError) as info:
+        load_chip(typed)
+    assert "did you mean" in str(info.value) and repr(meant) in str(info.value).split("shipped:")[0]
+
+
+def test_name_lookup_lives_in_configio():
+    """Issue 23: arch and system find shipped names through configio, not through workload."""
+    import ast
+    for module in ("arch", "system"):
+        tree = ast.parse((Path(__file__).parents[1] / "phaze" / f"{module}.py").read_text())
+        imported = {(node.module, a.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    for a in node.names}
+        assert ("configio", "resolve_config") in imported and ("workload", "resolve_config") not in imported

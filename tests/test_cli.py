@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -383,6 +384,32 @@ def test_closed_pipe_is_one_line(tmp_path, args):
     assert len(err.splitlines()) == 1 and "broken pipe" in err
 
 
+def _through_pipe(tmp_path, reader: list[str]) -> tuple[int, int, str]:
+    """``phaze evaluate ... | <reader>`` through a real pipe, stdout block-buffered as a user's
+    shell has it: (phaze's status, the reader's, phaze's stderr)."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    phaze_proc = subprocess.Popen([sys.executable, "-m", "phaze.cli", *GOOD], cwd=tmp_path, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader_proc = subprocess.Popen(reader, stdin=phaze_proc.stdout, stdout=subprocess.DEVNULL)
+    phaze_proc.stdout.close()       # only the reader holds the read end now
+    err = phaze_proc.stderr.read()
+    return phaze_proc.wait(timeout=60), reader_proc.wait(timeout=60), err
+
+
+def test_head_1_through_a_real_pipe_exits_2(tmp_path):
+    """README: output cut short by its reader (``phaze evaluate ... | head -1``) exits with status 2,
+    although the whole output fits in the pipe's buffer and is written without error."""
+    rc, head_rc, err = _through_pipe(tmp_path, ["head", "-1"])
+    assert (rc, head_rc) == (2, 0), err
+    assert len(err.splitlines()) == 1 and "broken pipe" in err and "Traceback" not in err, err
+
+
+def test_reader_that_reads_everything_exits_0(tmp_path):
+    rc, cat_rc, err = _through_pipe(tmp_path, ["cat"])
+    assert (rc, cat_rc, err) == (0, 0, "")
+
+
 def test_kv_head_replication_is_stated(tmp_path):
     proc = timed_cli(tmp_path, "evaluate", "--workload", "llama3-70b", "--arch", "h100-sxm", "--devices", "64",
                      "--global-batch", "64", "--plan", "tp=16,pp=4,recompute=full", "--format", "json")
@@ -416,6 +443,59 @@ def test_hf_config_sequence_length_is_stated(tmp_path):
     a = json.loads(proc.stdout)["assumptions"]
     assert "32768 capped at 8192" in a["sequence_length"] and "--seq-len" in a["sequence_length"]
     assert "sliding-window attention over 4096" in a["attention_window"]
+
+
+@pytest.mark.parametrize("fixture, total", [("llama-2-7b", 6_738_415_616), ("gpt2-xl", 1_557_611_200)])  # checkpoints
+def test_evaluate_prints_the_parameter_count_of_a_hf_config(tmp_path, fixture, total):
+    """The count a user checks a Hugging Face config's reading against (Llama-2-7B: 6.74 B)."""
+    config = ROOT / "tests" / "data" / "hf" / fixture / "config.json"
+    args = ["evaluate", "--workload", str(config), "--arch", "a100-80gb", "--devices", "8", "--global-batch", "8",
+            "--plan", "tp=1", "--allow-oom"]
+    text = timed_cli(tmp_path, *args)
+    assert text.returncode == 0, text.stderr
+    line = text.stdout.splitlines()[1]
+    assert line.split() == ["parameters", f"{total / 1e9:.2f}", "B", f"({total:,})"], line
+    r = json.loads(timed_cli(tmp_path, *args, "--format", "json").stdout)
+    assert r["params"] == r["active_params"] == total
+
+
+def test_evaluate_prints_total_and_active_parameters_of_a_moe(tmp_path):
+    proc = timed_cli(tmp_path, "evaluate", "--workload", "mixtral-8x7b", "--arch", "a100-80gb", "--devices", "8",
+                     "--global-batch", "8", "--plan", "tp=8", "--allow-oom")
+    line = proc.stdout.splitlines()[1]
+    # Mixtral 8x7B: 46.7 B parameters, 12.9 B active per token (arXiv:2401.04088)
+    assert re.fullmatch(r"  parameters +46\.70 B \(46,70[\d,]+\) total, 12\.88 B \(12,8[\d,]+\) active per token",
+                        line), line
+
+
+def test_sequence_length_is_not_said_twice(tmp_path):
+    config = ROOT / "tests" / "data" / "hf" / "llama-2-7b" / "config.json"
+    for extra in ([], ["--seq-len", "8192"]):
+        proc = timed_cli(tmp_path, "evaluate", "--workload", str(config), "--arch", "a100-80gb", "--devices", "8",
+                         "--global-batch", "8", "--plan", "tp=8", *extra)
+        line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("sequence length"))
+        assert line.count("sequence length") == 1, line
+
+
+@pytest.mark.parametrize("plan, offered, not_offered", [
+    ("tp=8,zero=1", ["recompute=full"], ["zero=", "larger tp", "smaller mbs"]),     # dp=1: ZeRO shards nothing
+    ("tp=8,recompute=full,zero=1", [], ["recompute=full", "zero=", "larger tp", "mbs"]),
+    ("tp=2,pp=4,recompute=full,mbs=2", ["a smaller mbs"], ["recompute=full", "zero=", "larger tp"]),
+])
+def test_does_not_fit_hint_offers_only_changes_that_change_something(tmp_path, plan, offered, not_offered):
+    line = one_line_error(timed_cli(tmp_path, "evaluate", *GPT3, "--devices", "8", "--global-batch", "8",
+                                    "--plan", plan), "does not fit", "--allow-oom")
+    hint = line.split("allowed:")[1]
+    for text in offered:
+        assert text in hint, line
+    for text in not_offered:
+        assert text not in hint, line
+
+
+def test_does_not_fit_hint_offers_the_next_zero_stage(tmp_path):
+    line = one_line_error(timed_cli(tmp_path, "evaluate", *GPT3, "--devices", "64", "--global-batch", "64",
+                                    "--plan", "tp=8,zero=1"), "does not fit")
+    assert "zero=2" in line and "zero=1" not in line.split("allowed:")[1], line
 
 
 def test_help_lists_every_plan_key_and_option():
@@ -456,3 +536,136 @@ def test_gantt_colours_by_operator_kind(tmp_path):
     assert proc.returncode == 0, proc.stderr
     svg = out.read_text()
     assert "share of the unit pool" in svg and "ffn_up" in svg
+
+
+def test_validate_reads_a_csv_with_a_byte_order_mark(tmp_path):
+    """A spreadsheet's UTF-8 export starts with a BOM; its first column is still run_id."""
+    rows = (ROOT / "phaze" / "data" / "reference" / "training_runs.csv").read_text().splitlines()[:4]
+    path = tmp_path / "runs.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(rows).encode() + b"\n")
+    proc = phaze_cli(tmp_path, "validate", "--runs", str(path), "--no-loso", "--unseen", "", "--hold-out", "none",
+                     "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    overall = json.loads(proc.stdout)["in_sample"]["overall"]
+    assert (overall["expressed"], overall["total"]) == (3, 3)
+
+
+def test_workload_by_its_published_name_resolves(tmp_path):
+    """``--workload llama3.1-405b``: Llama 3.1 405B by its published name (shipped as llama3-405b)."""
+    args = ["evaluate", "--arch", "h100-sxm", "--devices", "1024", "--global-batch", "1024", "--plan",
+            "tp=8,pp=16,recompute=full", "--allow-oom", "--format", "json"]
+    by_alias = timed_cli(tmp_path, *args, "--workload", "llama3.1-405b")
+    assert by_alias.returncode == 0, by_alias.stderr
+    by_file = json.loads(timed_cli(tmp_path, *args, "--workload", "llama3-405b").stdout)
+    assert json.loads(by_alias.stdout)["workload"] == by_file["workload"] == "Llama-3.1-405B"
+
+
+@pytest.mark.parametrize("flag, typed, meant", [("--arch", "h100", "h100-sxm"),
+                                                ("--workload", "gpt3-17b", "gpt3-175b"),
+                                                ("--system", "dgx-h100", "dgx-h100-superpod")])
+def test_unknown_name_says_did_you_mean(tmp_path, flag, typed, meant):
+    args = {"--workload": "gpt3-175b", "--arch": "a100-80gb", flag: typed}
+    cmd = ["evaluate", "--devices", "8", "--global-batch", "8"] + [x for k, v in args.items() for x in (k, v)]
+    line = one_line_error(timed_cli(tmp_path, *cmd), flag, "did you mean")
+    assert f"'{meant}'" in line.split("did you mean")[1].split("shipped:")[0], line
+
+
+# --- phaze search's summary -------------------------------------------------------------------------
+def test_knee_is_the_front_point_nearest_the_ideal_in_normalised_objectives():
+    import pandas as pd
+
+    from phaze.cli import knee
+    front = pd.DataFrame({"throughput": [10.0, 9.0, 2.0], "area": [100.0, 20.0, 10.0]})
+    assert knee(front, ["throughput", "area"], ["maximize", "minimize"]) == 1
+    # the same front read with the wrong direction has another knee: the directions are used
+    assert knee(front, ["throughput", "area"], ["maximize", "maximize"]) == 0
+    # an objective constant on the front is met by every design; the first is taken on a tie
+    assert knee(front.assign(area=5.0), ["throughput", "area"], ["maximize", "minimize"]) == 0
+    assert knee(front.iloc[:0], ["throughput", "area"], ["maximize", "minimize"]) is None
+
+
+@pytest.mark.parametrize("n, knee_at", [(5, 2), (12, 11), (40, 7), (40, 38), (13, 6)])
+def test_front_shown_is_all_or_a_spread_with_the_knee(n, knee_at):
+    from phaze.cli import SHOWN_FRONT, front_shown
+    shown = front_shown(n, knee_at)
+    assert shown == sorted(set(shown)) and knee_at in shown
+    assert shown == list(range(n)) if n <= SHOWN_FRONT else (len(shown) == SHOWN_FRONT and shown[0] == 0
+                                                             and shown[-1] == n - 1)
+
+
+def _tiny_search(tmp_path, **changes) -> tuple[str, Path]:
+    from conftest import SMALL_SWEEP
+    cfg = dict(SMALL_SWEEP, **changes)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    proc = phaze_cli(tmp_path, "search", "tiny.yaml", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, tmp_path / "results" / cfg["name"]
+
+
+def _per_workload_lines(out: str, devices: int) -> list[tuple[float, float]]:
+    found = re.findall(r"MPT-125M on (\d+) chips, batch 16: ([\d,]+) tokens/s per cluster, ([\d,]+) tokens/s per "
+                       r"chip, MFU [\d.]+ %\n +plan tp=\d", out)
+    assert found, out
+    pairs = [(float(c.replace(",", "")), float(p.replace(",", ""))) for d, c, p in found if int(d) == devices]
+    assert len(pairs) == len(found)
+    return pairs
+
+
+def test_search_summary_of_one_objective_labels_cluster_and_chip_throughput(tmp_path):
+    out, folder = _tiny_search(tmp_path, objectives=["throughput"])
+    assert "geomean" not in out and "geometric mean" not in out      # one workload: nothing averaged
+    pairs = _per_workload_lines(out, 8)
+    for cluster, chip in pairs:
+        assert chip == pytest.approx(cluster / 8, abs=1)
+    trials = pd.read_csv(folder / "trials.csv")
+    best = trials[trials["feasible"] == True]["MPT-125M:tokens_per_s"].max()  # noqa: E712
+    assert pairs[0][0] == pytest.approx(best, abs=1)
+    assert re.search(r"the \d+ best of \d+ feasible designs by throughput:", out)
+    assert re.search(r"designs evaluated in \d+ s of search", out)
+
+
+def test_search_summary_of_two_objectives_shows_the_front_and_its_knee(tmp_path):
+    out, folder = _tiny_search(tmp_path, trials=6)
+    front = pd.read_csv(folder / "pareto.csv")
+    assert f"all {len(front)} designs" in out
+    shown = re.findall(r"^  trial (\d+)( \(knee\))?:", out, flags=re.M)
+    assert sorted(int(t) for t, _ in shown) == sorted(front["trial"])
+    assert sum(bool(k) for _, k in shown) == 1
+    _per_workload_lines(out, 8)
+
+
+def test_search_time_counts_the_search_alone(tmp_path, monkeypatch):
+    """Baselines and the report take seconds of their own; 'N designs evaluated in T s' is the search's."""
+    import time
+
+    from conftest import SMALL_SWEEP
+
+    import phaze.search as search_module
+    from phaze.space import load_sweep
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(dict(SMALL_SWEEP, trials=1)))
+    slow = 3.0
+    score, write = search_module.evaluate_baselines, search_module.write_study_files
+    monkeypatch.setattr(search_module, "evaluate_baselines", lambda *a, **k: (time.sleep(slow), score(*a, **k))[1])
+    monkeypatch.setattr(search_module, "write_study_files", lambda *a, **k: (time.sleep(slow), write(*a, **k))[1])
+    start = time.perf_counter()
+    res = search_module.search(load_sweep(tmp_path / "tiny.yaml"), storage=f"sqlite:///{tmp_path}/s.db",
+                               progress=False)
+    assert time.perf_counter() - start > 2 * slow
+    assert res.elapsed_s < slow
+
+
+def test_search_summary_of_two_workloads_gives_each_and_their_weighted_geomean(tmp_path):
+    from conftest import SMALL_SWEEP
+    second = {"workload": "mpt-350m", "devices": 16, "global_batch": 32, "weight": 2,
+              "placement": {"tp": [1], "mbs": [1, 2], "recompute": ["none"], "pp": [1]}}
+    out, _ = _tiny_search(tmp_path, objectives=["throughput"], trials=2,
+                          workloads=SMALL_SWEEP["workloads"] + [second])
+    first = out.split("  trial ")[1]
+    small = re.search(r"MPT-125M on 8 chips, batch 16: ([\d,]+) tokens/s per cluster", first)
+    large = re.search(r"MPT-350M on 16 chips, batch 32: ([\d,]+) tokens/s per cluster, ([\d,]+) tokens/s per chip",
+                      first)
+    both = re.search(r"all workloads: ([\d,]+) tokens/s per cluster \(the weighted geometric mean", first)
+    assert small and large and both, out
+    num = lambda m, i=1: float(m.group(i).replace(",", ""))  # noqa: E731
+    assert num(large, 2) == pytest.approx(num(large) / 16, abs=1)
+    assert num(both) == pytest.approx((num(small) * num(large) ** 2) ** (1 / 3), rel=1e-5)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from phaze.configio import ConfigError
-from phaze.workload import Model, load_model, model_from_hf_config, published_params
+from phaze.workload import WORKLOAD_ALIASES, Model, load_model, model_from_hf_config, published_params
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ROOT / "workloads"
@@ -417,3 +417,22 @@ def test_nemotron4_split_matches_the_reports(name, embedding, non_embedding):
     assert abs(m.layers * m.layer_params + m.norm_params - non_embedding) <= 0.1e9
     assert abs(m.embedding_params + m.vocab * m.hidden - embedding) <= 0.1e9   # untied input + output
     assert (m.activation, m.bias, m.tied_embeddings, m.kv_heads, m.vocab) == ("relu", False, False, 8, 256000)
+
+
+@pytest.mark.parametrize("name", ["llama3.1-405b", "Llama-3.1-405B", "meta-llama/Llama-3.1-405B"])
+def test_published_name_resolves(name, tmp_path, monkeypatch):
+    """Llama 3.1 405B by its published name (the shipped file is llama3-405b) and its HF id."""
+    monkeypatch.chdir(tmp_path)
+    assert load_model(name) == load_model("llama3-405b")
+
+
+def test_every_alias_names_a_shipped_workload():
+    for alias, stem in WORKLOAD_ALIASES.items():
+        assert alias == alias.lower() and load_model(alias) == load_model(stem), alias
+
+
+def test_unknown_workload_suggests_the_nearest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_model("llama3.1-450b")
+    assert "did you mean 'llama3.1-405b'" in str(err.value)
