@@ -11,6 +11,7 @@ import html
 import math
 import os
 import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,7 @@ OBJECTIVE_AXIS = {
 }
 CONSTRAINT_METRIC = {"area_mm2": "area_mm2", "min_area_mm2": "area_mm2", "power_w": "power_w",
                      "cost_usd": "cost_usd"}
+IMPORTANCE_AXIS = "importance for reaching the best 10 % (PED-ANOVA; all parameters sum to 1)"
 UNIT = {"area_mm2": "mm²", "power_w": "W", "cost_usd": "$"}
 
 
@@ -226,11 +228,13 @@ def fig_history(trials, baselines, meta: StudyMeta):
     return fig
 
 
-def fig_importance(imp: dict, meta: StudyMeta):
+def fig_importance(imp: dict, meta: StudyMeta, caption: str = ""):
+    """Each parameter's importance per objective, captioned with the sample it comes from."""
     Figure = _mpl()
     n = len(imp)
     k = max(len(v) for v in imp.values())
-    fig = Figure(figsize=(8, (0.45 * k + 1.3) * n))
+    foot = 0.3 * len(textwrap.wrap(caption, 110))
+    fig = Figure(figsize=(8, (0.45 * k + 1.3) * n + foot))
     axes = fig.subplots(n, 1, squeeze=False)[:, 0]
     for ax, (o, vals) in zip(axes, imp.items(), strict=False):
         names = list(vals)[::-1]
@@ -238,11 +242,14 @@ def fig_importance(imp: dict, meta: StudyMeta):
         for y, x in enumerate(names):
             ax.annotate(f"{vals[x]:.2f}", (vals[x], y), xytext=(3, 0), textcoords="offset points", va="center",
                         fontsize=FONT - 1)
-        ax.set_xlim(0, max(vals.values()) * 1.15 + 1e-9)
-        ax.set_xlabel("importance for reaching the best 10 % (PED-ANOVA; sums to 1)")
+        ax.set_xlim(0, max(vals.values(), default=0.0) * 1.15 + 1e-9)
+        ax.set_xlabel(IMPORTANCE_AXIS)
         ax.set_title(f"what decides {o} (over the feasible designs)")
         ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    if caption:
+        fig.text(0.01, 0.01, "\n".join(textwrap.wrap(caption, 110)), fontsize=FONT - 2, color="#444444",
+                 va="bottom", ha="left")
+    fig.tight_layout(rect=(0, foot / fig.get_figheight(), 1, 1))
     return fig
 
 
@@ -378,8 +385,9 @@ def write_figures(study, meta: StudyMeta, trials, baselines, out_dir: Path, cfg=
         drawn["history"] = _save(fig_history(trials, baselines, meta), out_dir, "history")
     imp, why = importances(study, meta)
     if imp:
-        drawn["importance"] = _save(fig_importance(imp, meta), out_dir, "importance")
+        drawn["importance"] = _save(fig_importance(imp, meta, why), out_dir, "importance")
         drawn["importance"]["data"] = imp
+        notes["importance_caption"] = why
     else:
         notes["importance"] = why
     if len(best):
@@ -519,7 +527,7 @@ def _plotly_importance(imp: dict):
         names = list(vals)[::-1]
         fig.add_trace(go.Bar(x=[vals[n] for n in names], y=names, orientation="h", marker_color=DESIGN,
                              showlegend=False, hovertemplate="%{y}: %{x:.3f}<extra></extra>"), i, 1)
-        fig.update_xaxes(title_text="importance for reaching the best 10 % (PED-ANOVA; sums to 1)", row=i, col=1)
+        fig.update_xaxes(title_text=IMPORTANCE_AXIS, row=i, col=1)
     fig.update_layout(height=140 + 40 * sum(len(v) for v in imp.values()), margin=dict(l=60, r=20, t=40, b=50))
     return fig
 
@@ -659,7 +667,8 @@ def write_html(study, meta: StudyMeta, trials, baselines, out_dir: Path, drawn: 
             b.append(div if o == meta.objectives[0] else div.replace('data-plot="history"', f'data-plot="history-{o}"'))
     b.append("<h2>Parameter importances</h2>")
     if "importance" in drawn:
-        b.append(_plotly_div(_plotly_importance(drawn["importance"]["data"]), "importance"))
+        b += [_plotly_div(_plotly_importance(drawn["importance"]["data"]), "importance"),
+              f'<p class="note" id="importance-caption">{html.escape(notes.get("importance_caption", ""))}</p>']
     else:
         b.append(f'<p class="note">{html.escape(notes.get("importance", ""))}</p>')
     if len(best):

@@ -302,3 +302,45 @@ def test_quickstart_report_in_headless_chromium(tmp_path):
     assert img.shape[0] >= 1000 and img.shape[1] >= 1000
     assert img.std() > 20 and len(np.unique(img)) > 50 and (img < 128).mean() > 0.01
     assert html.escape("quickstart") in page.read_text()
+
+
+# --- parameter importances -----------------------------------------------------------------------------
+IMPORTANCE_SCRIPT = """
+import optuna, sys
+from optuna.distributions import IntDistribution
+from phaze.report import StudyMeta, importances
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+study = optuna.create_study(direction="maximize")
+d = IntDistribution(0, 3)
+for x in range(4):
+    for y in range(4):
+        for z in range(2):   # z changes nothing: every pair differing in z alone has the same value
+            study.add_trial(optuna.trial.create_trial(params=dict(x=x, y=y, z=z), distributions=dict(x=d, y=d, z=d),
+                                                      value=float(x + y), user_attrs=dict(feasible=True)))
+meta = StudyMeta("t", ("throughput",), ("maximize",), (), (), (), (), "", (), (), 0, "tpe", 0)
+imp, caption = importances(study, meta)
+print(list(imp["throughput"]), caption)
+"""
+
+
+def test_importance_drops_a_parameter_without_effect_and_orders_ties_by_name(tmp_path):
+    """x and y matter equally (ties, listed by name in every process, whatever its hash seed); z,
+    whose values give identical throughput, is left out and named in the caption; 32 designs."""
+    import os
+    seen = set()
+    for seed in range(6):
+        r = subprocess.run([sys.executable, "-c", IMPORTANCE_SCRIPT], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONHASHSEED=str(seed), PYTHONPATH=str(ROOT)))
+        assert r.returncode == 0, r.stderr
+        seen.add(r.stdout.strip())
+    assert len(seen) == 1, seen
+    out = seen.pop()
+    assert out.startswith("['x', 'y'] ") and "From 32 feasible designs" in out and "left out): z." in out
+    assert "small sample" not in out
+
+
+def test_importance_caption_warns_of_a_small_sample():
+    from phaze.report import importance_caption
+    assert "small sample" in importance_caption(12, [])
+    text = importance_caption(40, ["hbm_gib"])
+    assert "small sample" not in text and "hbm_gib" in text
