@@ -268,40 +268,85 @@ def test_optuna_dashboard_serves_the_study(tiny):
     assert status.startswith("200") and b"trials" in body
 
 
-# --- the browser -------------------------------------------------------------------------------------
-def test_quickstart_report_in_headless_chromium(tmp_path):
-    """The quick start's report.html in a real browser: no console error, no network request, the
-    best-designs table and every plot in the DOM, and a screenshot that is not blank."""
-    if find_chromium() is None:
-        pytest.skip("chromium not found (Debian: apt-get install chromium; .ci/run installs it)")
-    pytest.importorskip("websocket", reason="websocket-client is in the test extra")
-    r = run_cli(tmp_path, "search", str(ROOT / "search" / "quickstart.yaml"), "--quiet")
-    assert r.returncode == 0, r.stderr
-    out = tmp_path / "results" / "quickstart"
-    page = out / "report.html"
-    v = visit(page)
-    assert v.console_errors == []
-    assert v.network_requests(page.resolve().as_uri()) == []
-    assert v.dom["title"] == "phaze search: quickstart"
-    drawn = {f["name"]: f for f in v.dom["figures"]}
-    expected = {p.stem for p in out.glob("*.png")}
-    assert expected >= set(FIGURES) | {"importance", "infeasible", "gantt-bert-large"}
-    assert set(drawn) == expected
-    for name, f in drawn.items():
-        assert (f["plotly"] and f["points"] > 0) or f["svg"], name
-        assert f["height"] > 150, name
-    trials = pd.read_csv(out / "trials.csv").set_index("trial")
-    assert len(v.dom["bestRows"]) == 5
-    top = trials[trials["feasible"]]["throughput"].max()
-    assert v.dom["bestRows"][0][v.dom["bestHead"].index("tokens/s (geomean)")] == f"{top:,.0f}"
-    assert "over TPUv4" in v.dom["answer"]
-    from io import BytesIO
+# --- figures ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def frames(tiny):
+    from phaze.report import baselines_frame, load_study, study_meta, trials_frame
+    study, _ = load_study(tiny[1])
+    meta = study_meta(study)
+    return study, meta, trials_frame(study, meta.objectives), baselines_frame(study, meta.objectives)
 
-    from PIL import Image
-    img = np.asarray(Image.open(BytesIO(v.screenshot_png)).convert("L"), dtype=float)
-    assert img.shape[0] >= 1000 and img.shape[1] >= 1000
-    assert img.std() > 20 and len(np.unique(img)) > 50 and (img < 128).mean() > 0.01
-    assert html.escape("quickstart") in page.read_text()
+
+def test_budget_outside_the_data_is_drawn_and_labelled_above_the_frame(frames):
+    from phaze.plots import _plotly_front, fig_front
+    from phaze.report import best_designs
+    study, meta, trials, baselines = frames
+    meta = replace(meta, constraints=(("area_mm2", 9000.0),))     # far right of every design and baseline
+    fig = fig_front(trials, baselines, meta, best_designs(trials, meta))
+    ax = fig.axes[0]
+    assert ax.get_xlim()[1] > 9000
+    assert any(list(line.get_xdata()) == [9000.0, 9000.0] for line in ax.lines)
+    label = next(t for t in ax.texts if t.get_text().startswith("budget 9,000"))
+    assert label.xyann[1] > 0 and label.xy[1] == 1.0                    # above the frame, not among the markers
+    pfig = _plotly_front(trials, baselines, meta, best_designs(trials, meta))
+    assert pfig.layout.xaxis.range[1] > 9000
+    assert any(a.text.startswith("budget 9,000") for a in pfig.layout.annotations)
+
+
+def test_infeasible_counts_have_integer_ticks_in_png_and_html():
+    from phaze.plots import _plotly_infeasible, fig_infeasible
+    from phaze.report import StudyMeta
+    meta = StudyMeta("t", ("throughput",), ("maximize",), (), (), (), (), "", (), (), 0, "tpe", 0)
+    fig = fig_infeasible({"area budget": 3, "no plan fits": 1}, meta)
+    fig.canvas.draw()
+    ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= 3.45]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert _plotly_infeasible({"a": 3, "b": 1}).layout.xaxis.dtick == 1
+
+
+def test_html_history_shows_infeasible_designs_and_breakdown_names_cluster_and_batch(frames):
+    from phaze.plots import _plotly_breakdown, _plotly_history, fig_breakdown
+    study, meta, trials, baselines = frames
+    tr = trials.copy()
+    done = tr.index[(tr["state"] == "COMPLETE") & tr["evaluated"].astype(bool)]
+    tr.loc[done[0], "feasible"] = False
+    names = [t.name for t in _plotly_history([("t", tr, "#000")], baselines, ("throughput", "maximize")).data]
+    assert "infeasible (evaluated)" in names
+    row = trials[trials["feasible"].astype(bool)].iloc[0]
+    assert "on 8 chips, global batch 16" in fig_breakdown(row, baselines, meta).axes[0].get_title()
+    assert "on 8 chips, global batch 16" in _plotly_breakdown(row, baselines, meta).layout.annotations[0].text
+
+
+def test_plans_figure_shows_every_line_and_says_when_the_plan_never_changes(frames):
+    from phaze.plots import _plotly_plans, fig_plans
+    from phaze.report import plan_front
+    study, meta, trials, baselines = frames
+    front = plan_front(trials, meta)
+    w = meta.workloads[0]
+    front = front.assign(**{f"{w}:plan": "tp=1,pp=1,mbs=2,recompute=none"})
+    pfig = _plotly_plans(front, meta)
+    tp, pp = (next(t for t in pfig.data if t.legendgroup == k) for k in ("tp", "pp"))
+    assert list(tp.y) != list(pp.y) and tp.line.dash != pp.line.dash       # equal widths, both visible
+    assert list(pfig.layout.yaxis.ticktext) == ["1", "2"]                  # powers of two only: no stray 9
+    said = [a.text for a in pfig.layout.annotations if "the same on all" in a.text]
+    if len(front) > 1:
+        assert said and "tp=1,pp=1,mbs=2" in said[0]
+        assert any("the same on all" in t.get_text() for t in fig_plans(front, meta).axes[0].texts)
+
+
+def test_report_twice_from_one_study_is_byte_identical(tiny, tmp_path):
+    """Every file, CSVs and figures, in two processes with different hash seeds."""
+    import os
+    root, out = tiny
+    for seed in ("1", "2"):
+        r = subprocess.run([sys.executable, "-m", "phaze.cli", "report", str(out), "--out", str(tmp_path / seed)],
+                           capture_output=True, text=True, timeout=600, cwd=root,
+                           env=dict(os.environ, PYTHONHASHSEED=seed))
+        assert r.returncode == 0, r.stderr
+    files = sorted(p.name for p in (tmp_path / "1").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "2").iterdir()) and len(files) > 15
+    for name in files:
+        assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes(), name
 
 
 # --- parameter importances -----------------------------------------------------------------------------
@@ -344,3 +389,40 @@ def test_importance_caption_warns_of_a_small_sample():
     assert "small sample" in importance_caption(12, [])
     text = importance_caption(40, ["hbm_gib"])
     assert "small sample" not in text and "hbm_gib" in text
+
+
+# --- the browser -------------------------------------------------------------------------------------
+def test_quickstart_report_in_headless_chromium(tmp_path):
+    """The quick start's report.html in a real browser: no console error, no network request, the
+    best-designs table and every plot in the DOM, and a screenshot that is not blank."""
+    if find_chromium() is None:
+        pytest.skip("chromium not found (Debian: apt-get install chromium; .ci/run installs it)")
+    pytest.importorskip("websocket", reason="websocket-client is in the test extra")
+    r = run_cli(tmp_path, "search", str(ROOT / "search" / "quickstart.yaml"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "results" / "quickstart"
+    page = out / "report.html"
+    v = visit(page)
+    assert v.console_errors == []
+    assert v.network_requests(page.resolve().as_uri()) == []
+    assert v.dom["title"] == "phaze search: quickstart"
+    drawn = {f["name"]: f for f in v.dom["figures"]}
+    expected = {p.stem for p in out.glob("*.png")}
+    assert expected >= set(FIGURES) | {"importance", "infeasible", "gantt-bert-large"}
+    assert set(drawn) == expected
+    for name, f in drawn.items():
+        assert (f["plotly"] and f["points"] > 0) or f["svg"], name
+        assert f["height"] > 150, name
+    trials = pd.read_csv(out / "trials.csv").set_index("trial")
+    assert len(v.dom["bestRows"]) == 5
+    top = trials[trials["feasible"]]["throughput"].max()
+    assert v.dom["bestRows"][0][v.dom["bestHead"].index("tokens/s (geomean)")] == f"{top:,.0f}"
+    assert "over TPUv4" in v.dom["answer"]
+    from io import BytesIO
+
+    from PIL import Image
+    img = np.asarray(Image.open(BytesIO(v.screenshot_png)).convert("L"), dtype=float)
+    assert img.shape[0] >= 1000 and img.shape[1] >= 1000
+    assert img.std() > 20 and len(np.unique(img)) > 50 and (img < 128).mean() > 0.01
+    assert html.escape("quickstart") in page.read_text()
+
