@@ -317,6 +317,13 @@ def test_html_history_shows_infeasible_designs_and_breakdown_names_cluster_and_b
     assert "on 8 chips, global batch 16" in _plotly_breakdown(row, baselines, meta).layout.annotations[0].text
 
 
+def test_budget_reasons_use_si_symbols(frames):
+    """One spelling per unit across tables, hovers and figures: mm² and W, never mm2 or w."""
+    study, meta, trials, baselines = frames
+    reasons = [r for r in list(trials["reason"]) + list(baselines["reason"]) if "budget" in str(r)]
+    assert reasons and all(" mm² " in r + " " and "mm2" not in r for r in reasons if r.startswith("area"))
+
+
 def test_plans_figure_shows_every_line_and_says_when_the_plan_never_changes(frames):
     from phaze.plots import _plotly_plans, fig_plans
     from phaze.report import plan_front
