@@ -430,11 +430,8 @@ def write_figures(study, meta: StudyMeta, trials, baselines, out_dir: Path, cfg=
         for w, plan, _chip, fwd, bwd in scheds:
             name = f"gantt-{_slug(w)}"
             title = f"{w}: one layer on trial {row['trial']} (template {meta.base}), plan {plan}"
-            paths = {}
-            for ext in ("png", "svg"):
-                path = out_dir / f"{name}.{ext}"
-                write_gantt(path, [("forward", fwd), ("backward", bwd)], title)
-                paths[ext] = path
+            paths = {ext: out_dir / f"{name}.{ext}" for ext in ("png", "svg")}
+            write_gantt(list(paths.values()), [("forward", fwd), ("backward", bwd)], title)
             drawn[name] = dict(paths, workload=w)
         front = plan_front(trials, meta)
         if len(front):

@@ -1121,9 +1121,10 @@ def _runs(lanes) -> list[tuple[int, int]]:
 
 def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "",
                 unit_counts: dict | None = None) -> None:
-    """Draw ``panels`` ((label, schedule), ...) as Gantt charts, one panel each: a row per unit
-    group (tensor units, vector units, links; named with the chip's unit count, ``unit_counts``
-    or :func:`pool_sizes`) with a faint line per scheduling slot, a bar per op over the slots it
+    """Draw ``panels`` ((label, schedule), ...) into ``path`` (or each of several paths: one
+    drawing for the PNG and the SVG) as Gantt charts, one panel each: a row per unit group
+    (tensor units, vector units, links; named with the chip's unit count, ``unit_counts`` or
+    :func:`pool_sizes`) with a faint line per scheduling slot, a bar per op over the slots it
     holds (its height is its share of the pool), one colour per operator kind in both phases and
     one per collective (:func:`bar_kind`, legend), labelled with its name and share (``qkv 8/8``),
     or its name alone or shortened (``flash_att…``), wherever the text fits in the drawn bar
@@ -1182,17 +1183,18 @@ def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "",
             fig.suptitle(title, fontsize=11)
         fig.tight_layout(rect=(0, 0.04 + 0.012 * ((len(kinds) + 7) // 8), 1, 1))
         _fit_labels(fig, labels)
-        # written beside and renamed: several workers ending one study write the same report files,
-        # and one of them may be reading this figure while another draws it
-        path = Path(path)
-        tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
-        try:
-            ext = path.suffix.lstrip(".") or "png"
-            # no date or software stamp: the same schedule gives a byte-identical file
-            fig.savefig(tmp, dpi=150, format=ext, metadata={"Date": None} if ext == "svg" else {"Software": None})
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        for target in [path] if isinstance(path, (str, os.PathLike)) else path:
+            # written beside and renamed: several workers ending one study write the same report files,
+            # and one of them may be reading this figure while another draws it
+            target = Path(target)
+            tmp = target.with_name(f".{target.stem}.tmp{os.getpid()}{target.suffix}")
+            try:
+                ext = target.suffix.lstrip(".") or "png"
+                # no date or software stamp: the same schedule gives a byte-identical file
+                fig.savefig(tmp, dpi=150, format=ext, metadata={"Date": None} if ext == "svg" else {"Software": None})
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
 
 
 def _fit_labels(fig, labels) -> None:
