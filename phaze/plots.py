@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import html
 import math
+import multiprocessing
 import os
 import re
 import textwrap
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,7 @@ from .report import (
     sampler_phrase,
     storage_hint,
 )
+from .schedule import write_gantt
 
 DPI = 150
 FONT = 11
@@ -404,44 +407,72 @@ def fig_infeasible(kinds: dict, meta: StudyMeta):
     return fig
 
 
-def write_figures(study, meta: StudyMeta, trials, baselines, out_dir: Path, cfg=None):
+def _draw(name: str, what: str, args: tuple, out_dir: Path) -> dict[str, Path]:
+    """Draw one figure (``what``: a key of :data:`DRAW`, or ``gantt``) as ``name``.png and .svg."""
+    _mpl()   # the same settings in every process, whichever figures it drew before
+    if what == "gantt":
+        paths = {ext: out_dir / f"{name}.{ext}" for ext in ("png", "svg")}
+        write_gantt(list(paths.values()), *args)
+        return paths
+    return _save(DRAW[what](*args), out_dir, name)
+
+
+def _draw_all(jobs: list, out_dir: Path, workers: int | None) -> dict[str, dict]:
+    """Draw ``jobs`` ((name, what, args), ...): in forked processes, one per core up to
+    ``workers`` (default: every core), since a figure's drawing is pure Python that one core
+    runs at a time; in this process with one worker or where fork is unavailable. Each figure
+    depends on its inputs alone, so the files are the same either way."""
+    workers = min(len(jobs), workers or os.cpu_count() or 1)
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return {name: _draw(name, what, args, out_dir) for name, what, args in jobs}
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {name: pool.submit(_draw, name, what, args, out_dir) for name, what, args in jobs}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def write_figures(study, meta: StudyMeta, trials, baselines, out_dir: Path, cfg=None, workers: int | None = None):
     """Draw every figure of the report into ``out_dir`` as PNG and SVG: ``({name: {"png", "svg",
-    "schedules"?}}, {name: note})``, a note where a figure cannot be drawn."""
-    from .schedule import write_gantt
+    ...}}, {name: note})``, a note where a figure cannot be drawn. What needs the study (the
+    importances, the layer schedules) is computed here; the figures are drawn in parallel
+    (:func:`_draw_all`, ``workers`` processes at most)."""
     out_dir = Path(out_dir)
-    drawn: dict = {}
+    jobs: list = []
+    extra: dict = {}
     notes: dict = {"gantt_notes": []}
     best = best_designs(trials, meta)
     if len(_evaluated(trials)) or len(baselines):
-        drawn["front"] = _save(fig_front(trials, baselines, meta, best), out_dir, "front")
-        drawn["history"] = _save(fig_history(trials, baselines, meta), out_dir, "history")
+        jobs += [("front", "front", (trials, baselines, meta, best)), ("history", "history", (trials, baselines, meta))]
     imp, why = importances(study, meta)
     if imp:
-        drawn["importance"] = _save(fig_importance(imp, meta, why), out_dir, "importance")
-        drawn["importance"]["data"] = imp
+        jobs.append(("importance", "importance", (imp, meta, why)))
+        extra["importance"] = {"data": imp}
         notes["importance_caption"] = why
     else:
         notes["importance"] = why
     if len(best):
         row = best.iloc[0]
-        drawn["breakdown"] = _save(fig_breakdown(row, baselines, meta), out_dir, "breakdown")
-        scheds, gnotes = layer_schedules(study, meta, row, cfg)
-        notes["gantt_notes"] = gnotes
+        jobs.append(("breakdown", "breakdown", (row, baselines, meta)))
+        scheds, notes["gantt_notes"] = layer_schedules(study, meta, row, cfg)
         for w, plan, _chip, fwd, bwd in scheds:
             name = f"gantt-{_slug(w)}"
             title = f"{w}: one layer on trial {row['trial']} (template {meta.base}), plan {plan}"
-            paths = {ext: out_dir / f"{name}.{ext}" for ext in ("png", "svg")}
-            write_gantt(list(paths.values()), [("forward", fwd), ("backward", bwd)], title)
-            drawn[name] = dict(paths, workload=w)
+            jobs.append((name, "gantt", ([("forward", fwd), ("backward", bwd)], title)))
+            extra[name] = {"workload": w}
         front = plan_front(trials, meta)
         if len(front):
-            drawn["plans"] = _save(fig_plans(front, meta), out_dir, "plans")
+            jobs.append(("plans", "plans", (front, meta)))
     kinds = infeasible_counts(trials, study)
     if kinds:
-        drawn["infeasible"] = _save(fig_infeasible(kinds, meta), out_dir, "infeasible")
+        jobs.append(("infeasible", "infeasible", (kinds, meta)))
     else:
         notes["infeasible"] = "No infeasible design."
+    files = _draw_all(jobs, out_dir, workers)
+    drawn = {name: dict(files[name], **extra.get(name, {})) for name, _, _ in jobs}
     return drawn, notes
+
+
+DRAW = {"front": fig_front, "history": fig_history, "importance": fig_importance, "breakdown": fig_breakdown,
+        "plans": fig_plans, "infeasible": fig_infeasible}
 
 
 # --- the HTML report --------------------------------------------------------------------------------

@@ -1080,6 +1080,11 @@ def op_kind(name: str) -> str:
     return name
 
 
+# every setting the drawing reads, so that it does not depend on what the process drew before
+GANTT_RC = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10,
+            "svg.hashsalt": "phaze", "svg.fonttype": "none"}
+
+
 def bar_kind(name: str, unit: str) -> str:
     """The colour key of a Gantt bar: the operator kind (:func:`op_kind`) for compute, but a
     collective keeps its own name (``qkv.input_all_gather``, ``qkv.dgrad.all_reduce``), so a
@@ -1141,7 +1146,7 @@ def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "",
             if bar_kind(e.name, e.unit) not in kinds:
                 kinds.append(bar_kind(e.name, e.unit))
     colour = {k: colours[i % len(colours)] for i, k in enumerate(kinds)}
-    with matplotlib.rc_context({"svg.hashsalt": "phaze", "svg.fonttype": "none"}):
+    with matplotlib.rc_context(GANTT_RC):
         fig = Figure(figsize=(13, 2.6 * len(panels) + 1.4))
         FigureCanvasAgg(fig)   # text extents, to fit the labels
         axes = fig.subplots(len(panels), 1, squeeze=False)

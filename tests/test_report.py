@@ -341,6 +341,19 @@ def test_plans_figure_shows_every_line_and_says_when_the_plan_never_changes(fram
         assert any("the same on all" in t.get_text() for t in fig_plans(front, meta).axes[0].texts)
 
 
+def test_figures_drawn_in_parallel_are_the_files_drawn_in_one_process(frames, tmp_path):
+    from phaze.plots import write_figures
+    study, meta, trials, baselines = frames
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    one, _ = write_figures(study, meta, trials, baselines, tmp_path / "one", workers=1)
+    many, _ = write_figures(study, meta, trials, baselines, tmp_path / "many", workers=3)
+    assert list(one) == list(many) and {"front", "gantt-mpt-125m", "plans"} <= set(one)
+    for name, d in one.items():
+        for ext in ("png", "svg"):
+            assert d[ext].read_bytes() == many[name][ext].read_bytes(), (name, ext)
+
+
 def test_report_twice_from_one_study_is_byte_identical(tiny, tmp_path):
     """Every file, CSVs and figures, in two processes with different hash seeds."""
     import os
