@@ -1173,8 +1173,7 @@ def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "",
                     y0, y1 = base + 0.05 + 0.9 * lo / cap, base + 0.05 + 0.9 * (hi + 1) / cap
                     share = f"{e.name} {len(lanes)}/{cap}" if cap > 1 else e.name
                     t = ax.text(x + w / 2, (y0 + y1) / 2, share, ha="center", va="center", fontsize=7, clip_on=True)
-                    short = [e.name[:k] + "…" for k in range(len(e.name) - 1, 2, -1)]
-                    labels.append((ax, t, list(dict.fromkeys((share, e.name, *short))), (x, y0, x + w, y1)))
+                    labels.append((ax, t, (share, e.name), (x, y0, x + w, y1)))
             ax.set_ylim(0, len(_ROWS))
             ax.set_yticks([len(_ROWS) - 1 - r + 0.5 for r in range(len(_ROWS))])
             ax.set_yticklabels([f"{r[0]} ({c})" if c > 1 else r[0] for r, c in zip(_ROWS, caps, strict=False)])
@@ -1202,18 +1201,31 @@ def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "",
                 tmp.unlink(missing_ok=True)
 
 
+def _text_fits(t, text: str, renderer, room_w: float, room_h: float) -> tuple[bool, float]:
+    """Set ``text`` on ``t``: (whether it fits in ``room_w`` x ``room_h`` pixels, its width)."""
+    t.set_text(text)
+    box = t.get_window_extent(renderer)
+    return box.width <= room_w and box.height <= room_h, box.width
+
+
 def _fit_labels(fig, labels) -> None:
-    """Keep each bar's first label candidate that fits inside the bar as drawn; drop the rest."""
+    """Keep each bar's first label that fits inside the bar as drawn: its name and share, its
+    name, or its name shortened to the width (estimated from the name's, then checked); drop
+    the label where none fits."""
     renderer = fig.canvas.get_renderer()
-    for ax, t, candidates, (x0, y0, x1, y1) in labels:
+    for ax, t, (share, name), (x0, y0, x1, y1) in labels:
         (px0, py0), (px1, py1) = ax.transData.transform([(x0, y0), (x1, y1)])
-        if abs(px1 - px0) < 12 or abs(py1 - py0) < 7:   # no room for even a short label
+        room = (abs(px1 - px0) - 2, abs(py1 - py0))
+        if room[0] < 10 or room[1] < 7:      # no room for even a short label
             t.remove()
             continue
-        for c in candidates:
-            t.set_text(c)
-            box = t.get_window_extent(renderer)
-            if box.width <= abs(px1 - px0) - 2 and box.height <= abs(py1 - py0):
+        if _text_fits(t, share, renderer, *room)[0]:
+            continue
+        ok, width = _text_fits(t, name, renderer, *room)
+        if ok:
+            continue
+        for k in range(min(len(name) - 1, int(len(name) * room[0] / width)), 2, -1):
+            if _text_fits(t, name[:k] + "…", renderer, *room)[0]:
                 break
         else:
             t.remove()
