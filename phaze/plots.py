@@ -14,6 +14,7 @@ import os
 import re
 import textwrap
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -417,17 +418,27 @@ def _draw(name: str, what: str, args: tuple, out_dir: Path) -> dict[str, Path]:
     return _save(DRAW[what](*args), out_dir, name)
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _draw_all(jobs: list, out_dir: Path, workers: int | None) -> dict[str, dict]:
     """Draw ``jobs`` ((name, what, args), ...): in forked processes, one per core up to
     ``workers`` (default: every core), since a figure's drawing is pure Python that one core
-    runs at a time; in this process with one worker or where fork is unavailable. Each figure
+    runs at a time; in this process with one worker, in a daemon process (it may not start
+    children), where fork is unavailable, or when the processes cannot start. Each figure
     depends on its inputs alone, so the files are the same either way."""
-    workers = min(len(jobs), workers or os.cpu_count() or 1)
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return {name: _draw(name, what, args, out_dir) for name, what, args in jobs}
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {name: pool.submit(_draw, name, what, args, out_dir) for name, what, args in jobs}
-        return {name: f.result() for name, f in futures.items()}
+    workers = min(len(jobs), workers or _cores())
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and \
+            not multiprocessing.current_process().daemon:
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                futures = {name: pool.submit(_draw, name, what, args, out_dir) for name, what, args in jobs}
+                return {name: f.result() for name, f in futures.items()}
+        except (OSError, BrokenProcessPool):    # no process to spare: draw them here
+            pass
+    return {name: _draw(name, what, args, out_dir) for name, what, args in jobs}
 
 
 def write_figures(study, meta: StudyMeta, trials, baselines, out_dir: Path, cfg=None, workers: int | None = None):
