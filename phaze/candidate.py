@@ -23,6 +23,7 @@ from .system import apply_system
 from .validate import load_default_params, params_for
 
 STATUS_RANK = {"OPTIMAL": 0, "FEASIBLE": 1, "HEURISTIC": 2}
+BUDGET_UNIT = {"mm2": "mm²", "w": "W", "usd": "$"}   # a budget key's suffix as its SI symbol in reasons
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class ChipEvaluation:
         """Why the design is infeasible, one phrase per broken budget or workload."""
         out = []
         for key, metric, sense, v, bound in self.broken(constraints):
-            unit = key.rsplit("_", 1)[-1]
+            unit = BUDGET_UNIT[key.rsplit("_", 1)[-1]]
             out.append(f"{metric} {v:,.1f} {unit} {'over' if sense == 'max' else 'under'} "
                        f"the {'budget' if sense == 'max' else 'minimum'} {bound:,.1f} {unit}")
         return out + [f"{o.workload}: {o.reason}" for o in self.outcomes if not o.feasible]

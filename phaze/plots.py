@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import html
 import math
+import multiprocessing
 import os
 import re
+import textwrap
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +42,7 @@ from .report import (
     sampler_phrase,
     storage_hint,
 )
+from .schedule import write_gantt
 
 DPI = 150
 FONT = 11
@@ -56,6 +61,7 @@ OBJECTIVE_AXIS = {
 }
 CONSTRAINT_METRIC = {"area_mm2": "area_mm2", "min_area_mm2": "area_mm2", "power_w": "power_w",
                      "cost_usd": "cost_usd"}
+IMPORTANCE_AXIS = "importance for reaching the best 10 % (PED-ANOVA; all parameters sum to 1)"
 UNIT = {"area_mm2": "mm²", "power_w": "W", "cost_usd": "$"}
 
 
@@ -107,6 +113,15 @@ def _objective_axis(o: str, values) -> tuple[float, str]:
     return f, f"{what} ({p}{unit})" if unit else what
 
 
+def _budgets(meta: StudyMeta, metric: str) -> list[float]:
+    """The study's bounds on ``metric`` (area, power or cost), so that an axis reaches them."""
+    return [bound for key, bound in meta.constraints if CONSTRAINT_METRIC.get(key) == metric]
+
+
+def _budget_text(key: str, bound: float, metric: str) -> str:
+    return f"{'min ' if key.startswith('min') else 'budget '}{bound:,.0f} {UNIT[metric]}"
+
+
 # --- matplotlib figures -----------------------------------------------------------------------------
 def _xlim(xs) -> tuple[float, float]:
     xs = [x for x in xs if x is not None and math.isfinite(x)] or [0.0, 1.0]
@@ -152,7 +167,7 @@ def fig_front(trials, baselines, meta: StudyMeta, best: pd.DataFrame):
                 [b0[metric]], [b0["throughput_tokens_per_s"] / f], marker="*", s=260, color=BEST, edgecolor="black",
                 lw=0.8, zorder=5)
         lo, hi = _xlim(list(done[metric]) + [b[metric] for _, b in baselines.iterrows()
-                                             if b["throughput_tokens_per_s"]])
+                                             if b["throughput_tokens_per_s"]] + _budgets(meta, metric))
         ax.set_xlim(lo, hi)
         for _, b in baselines.iterrows():
             m, c = styles[b["baseline"]]
@@ -163,12 +178,12 @@ def fig_front(trials, baselines, meta: StudyMeta, best: pd.DataFrame):
             handles[f"{b['chip_name']} (baseline)"] = h
             _label(ax, b["chip_name"], b[metric], b["throughput_tokens_per_s"] / f, c, lo, hi)
         for key, bound in meta.constraints:
-            if CONSTRAINT_METRIC.get(key) == metric and lo < bound < hi:
+            if CONSTRAINT_METRIC.get(key) == metric:
+                # above the frame: the plot area holds the baselines' markers and labels
                 handles["budget"] = ax.axvline(bound, color="#c44e52", ls="--", lw=1.2)
-                ax.annotate(f"{'min ' if key.startswith('min') else 'budget '}{bound:,.0f} {UNIT[metric]}",
-                            (bound, 0.0), xycoords=("data", "axes fraction"), xytext=(-3, 4), rotation=90,
-                            textcoords="offset points", fontsize=FONT - 2, color="#c44e52", ha="right",
-                            va="bottom")
+                ax.annotate(_budget_text(key, bound, metric), (bound, 1.0), xycoords=("data", "axes fraction"),
+                            xytext=(0, 3), textcoords="offset points", fontsize=FONT - 2, color="#c44e52",
+                            ha="center", va="bottom", annotation_clip=False)
         ax.set_xlabel(METRICS[metric][0])
         ax.grid(alpha=0.3)
         ax.set_ylim(0, max([y / f for y in ys if y and math.isfinite(y)] or [1.0]) * 1.1)
@@ -226,11 +241,13 @@ def fig_history(trials, baselines, meta: StudyMeta):
     return fig
 
 
-def fig_importance(imp: dict, meta: StudyMeta):
+def fig_importance(imp: dict, meta: StudyMeta, caption: str = ""):
+    """Each parameter's importance per objective, captioned with the sample it comes from."""
     Figure = _mpl()
     n = len(imp)
     k = max(len(v) for v in imp.values())
-    fig = Figure(figsize=(8, (0.45 * k + 1.3) * n))
+    foot = 0.3 * len(textwrap.wrap(caption, 110))
+    fig = Figure(figsize=(8, (0.45 * k + 1.3) * n + foot))
     axes = fig.subplots(n, 1, squeeze=False)[:, 0]
     for ax, (o, vals) in zip(axes, imp.items(), strict=False):
         names = list(vals)[::-1]
@@ -238,12 +255,21 @@ def fig_importance(imp: dict, meta: StudyMeta):
         for y, x in enumerate(names):
             ax.annotate(f"{vals[x]:.2f}", (vals[x], y), xytext=(3, 0), textcoords="offset points", va="center",
                         fontsize=FONT - 1)
-        ax.set_xlim(0, max(vals.values()) * 1.15 + 1e-9)
-        ax.set_xlabel("importance for reaching the best 10 % (PED-ANOVA; sums to 1)")
+        ax.set_xlim(0, max(vals.values(), default=0.0) * 1.15 + 1e-9)
+        ax.set_xlabel(IMPORTANCE_AXIS)
         ax.set_title(f"what decides {o} (over the feasible designs)")
         ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    if caption:
+        fig.text(0.01, 0.01, "\n".join(textwrap.wrap(caption, 110)), fontsize=FONT - 2, color="#444444",
+                 va="bottom", ha="left")
+    fig.tight_layout(rect=(0, foot / fig.get_figheight(), 1, 1))
     return fig
+
+
+def _workload_title(meta: StudyMeta, w: str) -> str:
+    """``BERT-Large on 64 chips, global batch 512``: the workload with its cluster and batch."""
+    desc = dict(zip(meta.workloads, meta.descriptions, strict=False)).get(w, w)
+    return desc.split(" (weight")[0] if len(meta.workloads) == 1 else desc
 
 
 def _time_unit(values) -> tuple[float, str]:
@@ -289,7 +315,7 @@ def fig_breakdown(row, baselines, meta: StudyMeta):
         finite = [s * f for s in steps if s is not None and math.isfinite(s)]
         ax.set_xlim(0, (max(finite) if finite else 1.0) * 1.38)
         ax.set_xlabel(f"time per training step ({unit})")
-        ax.set_title(f"{w}: where the step time goes, and memory per device")
+        ax.set_title(f"{_workload_title(meta, w)}: where the step time goes, and memory per device")
         ax.grid(axis="x", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=5, frameon=False, fontsize=FONT - 1)
@@ -305,6 +331,20 @@ def _plan_parts(plan) -> dict:
     return out
 
 
+# (plan key, legend, marker, colour, offset factor on the log axis, dash): equal widths stay visible
+PLAN_LINES = (("tp", "tensor-parallel width", "o", "#4c72b0", 0.94, "-"),
+              ("pp", "pipeline stages", "s", "#dd8452", 1.0, "--"),
+              ("mbs", "micro-batch (sequences)", "^", "#55a868", 1.06, ":"))
+
+
+def _same_plan(front: pd.DataFrame, w: str) -> str:
+    """A sentence when workload ``w`` has one plan on every design of the front, else ''."""
+    plans = {str(r.get(f"{w}:plan")) for _, r in front.iterrows()}
+    if len(front) > 1 and len(plans) == 1:
+        return f"The plan is the same on all {len(front)} designs of the front:\n{plans.pop()}"
+    return ""
+
+
 def fig_plans(front: pd.DataFrame, meta: StudyMeta):
     """Per workload, the tensor- and pipeline-parallel widths and the micro-batch of the plan
     chosen on each design along the front, against the design's die area; the recompute mode
@@ -318,13 +358,15 @@ def fig_plans(front: pd.DataFrame, meta: StudyMeta):
     for ax, w in zip(axes, meta.workloads, strict=False):
         parts = [_plan_parts(r.get(f"{w}:plan")) for _, r in front.iterrows()]
         top = 1
-        for key, marker, colour, dy in (("tp", "o", "#4c72b0", 0.97), ("pp", "s", "#dd8452", 1.0),
-                                        ("mbs", "^", "#55a868", 1.03)):
+        for key, label, marker, colour, dy, dash in PLAN_LINES:
             ys = [int(pp.get(key) or 1) for pp in parts]
             top = max(top, *ys)
             ax.plot(x, [y * dy for y in ys], marker=marker, color=colour, lw=1.4, ms=7, drawstyle="steps-post",
-                    label={"tp": "tensor-parallel width", "pp": "pipeline stages",
-                           "mbs": "micro-batch (sequences)"}[key])
+                    ls=dash, label=label)
+        same = _same_plan(front, w)
+        if same:
+            ax.text(0.5, 0.5, same, transform=ax.transAxes, ha="center", va="center", fontsize=FONT - 1,
+                    color="#444444", bbox=dict(facecolor="white", edgecolor="#bbbbbb", alpha=0.9))
         last = None
         for i, pp in enumerate(parts):
             extra = f"recompute {pp.get('recompute', '')}"
@@ -358,6 +400,7 @@ def fig_infeasible(kinds: dict, meta: StudyMeta):
     for y, k in enumerate(names):
         ax.annotate(str(kinds[k]), (kinds[k], y), xytext=(3, 0), textcoords="offset points", va="center")
     ax.set_xlim(0, max(kinds.values()) * 1.15)
+    ax.xaxis.get_major_locator().set_params(integer=True)    # counts: no tick at 2.5
     ax.set_xlabel("designs (count; a design breaking two budgets counts under both)")
     ax.set_title(f"{meta.name}: infeasible designs by reason")
     ax.grid(axis="x", alpha=0.3)
@@ -365,46 +408,82 @@ def fig_infeasible(kinds: dict, meta: StudyMeta):
     return fig
 
 
-def write_figures(study, meta: StudyMeta, trials, baselines, out_dir: Path, cfg=None):
+def _draw(name: str, what: str, args: tuple, out_dir: Path) -> dict[str, Path]:
+    """Draw one figure (``what``: a key of :data:`DRAW`, or ``gantt``) as ``name``.png and .svg."""
+    _mpl()   # the same settings in every process, whichever figures it drew before
+    if what == "gantt":
+        paths = {ext: out_dir / f"{name}.{ext}" for ext in ("png", "svg")}
+        write_gantt(list(paths.values()), *args)
+        return paths
+    return _save(DRAW[what](*args), out_dir, name)
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _draw_all(jobs: list, out_dir: Path, workers: int | None) -> dict[str, dict]:
+    """Draw ``jobs`` ((name, what, args), ...): in forked processes, one per core up to
+    ``workers`` (default: every core), since a figure's drawing is pure Python that one core
+    runs at a time; in this process with one worker, in a daemon process (it may not start
+    children), where fork is unavailable, or when the processes cannot start. Each figure
+    depends on its inputs alone, so the files are the same either way."""
+    workers = min(len(jobs), workers or _cores())
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and \
+            not multiprocessing.current_process().daemon:
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                futures = {name: pool.submit(_draw, name, what, args, out_dir) for name, what, args in jobs}
+                return {name: f.result() for name, f in futures.items()}
+        except (OSError, BrokenProcessPool):    # no process to spare: draw them here
+            pass
+    return {name: _draw(name, what, args, out_dir) for name, what, args in jobs}
+
+
+def write_figures(study, meta: StudyMeta, trials, baselines, out_dir: Path, cfg=None, workers: int | None = None):
     """Draw every figure of the report into ``out_dir`` as PNG and SVG: ``({name: {"png", "svg",
-    "schedules"?}}, {name: note})``, a note where a figure cannot be drawn."""
-    from .schedule import write_gantt
+    ...}}, {name: note})``, a note where a figure cannot be drawn. What needs the study (the
+    importances, the layer schedules) is computed here; the figures are drawn in parallel
+    (:func:`_draw_all`, ``workers`` processes at most)."""
     out_dir = Path(out_dir)
-    drawn: dict = {}
+    jobs: list = []
+    extra: dict = {}
     notes: dict = {"gantt_notes": []}
     best = best_designs(trials, meta)
     if len(_evaluated(trials)) or len(baselines):
-        drawn["front"] = _save(fig_front(trials, baselines, meta, best), out_dir, "front")
-        drawn["history"] = _save(fig_history(trials, baselines, meta), out_dir, "history")
+        jobs += [("front", "front", (trials, baselines, meta, best)), ("history", "history", (trials, baselines, meta))]
     imp, why = importances(study, meta)
     if imp:
-        drawn["importance"] = _save(fig_importance(imp, meta), out_dir, "importance")
-        drawn["importance"]["data"] = imp
+        jobs.append(("importance", "importance", (imp, meta, why)))
+        extra["importance"] = {"data": imp}
+        notes["importance_caption"] = why
     else:
         notes["importance"] = why
     if len(best):
         row = best.iloc[0]
-        drawn["breakdown"] = _save(fig_breakdown(row, baselines, meta), out_dir, "breakdown")
-        scheds, gnotes = layer_schedules(study, meta, row, cfg)
-        notes["gantt_notes"] = gnotes
+        jobs.append(("breakdown", "breakdown", (row, baselines, meta)))
+        scheds, notes["gantt_notes"] = layer_schedules(study, meta, row, cfg)
         for w, plan, _chip, fwd, bwd in scheds:
             name = f"gantt-{_slug(w)}"
             title = f"{w}: one layer on trial {row['trial']} (template {meta.base}), plan {plan}"
-            paths = {}
-            for ext in ("png", "svg"):
-                path = out_dir / f"{name}.{ext}"
-                write_gantt(path, [("forward", fwd), ("backward", bwd)], title)
-                paths[ext] = path
-            drawn[name] = dict(paths, workload=w)
+            jobs.append((name, "gantt", ([("forward", fwd), ("backward", bwd)], title)))
+            extra[name] = {"workload": w}
         front = plan_front(trials, meta)
         if len(front):
-            drawn["plans"] = _save(fig_plans(front, meta), out_dir, "plans")
+            jobs.append(("plans", "plans", (front, meta)))
     kinds = infeasible_counts(trials, study)
     if kinds:
-        drawn["infeasible"] = _save(fig_infeasible(kinds, meta), out_dir, "infeasible")
+        jobs.append(("infeasible", "infeasible", (kinds, meta)))
     else:
         notes["infeasible"] = "No infeasible design."
+    files = _draw_all(jobs, out_dir, workers)
+    drawn = {name: dict(files[name], **extra.get(name, {})) for name, _, _ in jobs}
     return drawn, notes
+
+
+DRAW = {"front": fig_front, "history": fig_history, "importance": fig_importance, "breakdown": fig_breakdown,
+        "plans": fig_plans, "infeasible": fig_infeasible}
 
 
 # --- the HTML report --------------------------------------------------------------------------------
@@ -456,7 +535,7 @@ def _plotly_front(trials, baselines, meta, best, studies=None):
                                      name=f"best design (trial {b0['trial']})", legendgroup="best", showlegend=first,
                                      hovertext=[_hover(b0, meta)], hoverinfo="text"), 1, col)
         xs = [x for _, tr, _, _ in groups for x in _evaluated(tr)[metric]] + \
-             [x[metric] for _, x in baselines.iterrows() if x["throughput_tokens_per_s"]]
+             [x[metric] for _, x in baselines.iterrows() if x["throughput_tokens_per_s"]] + _budgets(meta, metric)
         lo, hi = _xlim(xs)
         fig.update_xaxes(range=[lo, hi], row=1, col=col)
         for _, b in baselines.iterrows():
@@ -475,8 +554,10 @@ def _plotly_front(trials, baselines, meta, best, studies=None):
                                      showlegend=first, hovertext=[text], hoverinfo="text"), 1, col)
         for key, bound in meta.constraints:
             if CONSTRAINT_METRIC.get(key) == metric:
-                fig.add_vline(x=bound, line=dict(color="#c44e52", dash="dash"), row=1, col=col,
-                              annotation_text=f"budget {bound:,.0f} {UNIT[metric]}", annotation_position="top left")
+                fig.add_vline(x=bound, line=dict(color="#c44e52", dash="dash"), row=1, col=col)
+                fig.add_annotation(x=bound, y=1.0, yref="paper", yanchor="bottom", showarrow=False,
+                                   text=_budget_text(key, bound, metric), font=dict(color="#c44e52", size=11),
+                                   xref=f"x{'' if col == 1 else col}")
         fig.update_xaxes(title_text=METRICS[metric][0], row=1, col=col)
     fig.update_yaxes(title_text="throughput (tokens/s, weighted geo. mean)", row=1, col=1, rangemode="tozero")
     fig.update_layout(height=520, margin=dict(l=60, r=20, t=30, b=60), legend=dict(orientation="h", y=-0.2))
@@ -490,6 +571,11 @@ def _plotly_history(groups, baselines, objectives_directions):
     for label, tr, colour in groups:
         done = _evaluated(tr).sort_values("trial")
         ok = done[done["feasible"].astype(bool)]
+        bad = done[~done["feasible"].astype(bool)]
+        if len(groups) == 1 and len(bad):
+            fig.add_trace(go.Scatter(x=bad["trial"], y=bad[o], mode="markers", marker=dict(symbol="x",
+                                     color=INFEASIBLE, size=7), name="infeasible (evaluated)",
+                                     hovertemplate="trial %{x} (infeasible)<br>%{y:,.4g}<extra></extra>"))
         fig.add_trace(go.Scatter(x=ok["trial"], y=ok[o], mode="markers", marker=dict(color=colour, size=6,
                                  opacity=0.6), name=f"{label}: feasible design",
                                  hovertemplate="trial %{x}<br>%{y:,.4g}<extra></extra>"))
@@ -519,7 +605,7 @@ def _plotly_importance(imp: dict):
         names = list(vals)[::-1]
         fig.add_trace(go.Bar(x=[vals[n] for n in names], y=names, orientation="h", marker_color=DESIGN,
                              showlegend=False, hovertemplate="%{y}: %{x:.3f}<extra></extra>"), i, 1)
-        fig.update_xaxes(title_text="importance for reaching the best 10 % (PED-ANOVA; sums to 1)", row=i, col=1)
+        fig.update_xaxes(title_text=IMPORTANCE_AXIS, row=i, col=1)
     fig.update_layout(height=140 + 40 * sum(len(v) for v in imp.values()), margin=dict(l=60, r=20, t=40, b=50))
     return fig
 
@@ -528,7 +614,8 @@ def _plotly_breakdown(row, baselines, meta):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
     n = len(meta.workloads)
-    fig = make_subplots(rows=n, cols=1, subplot_titles=[f"{w}: where the step time goes" for w in meta.workloads])
+    fig = make_subplots(rows=n, cols=1, subplot_titles=[f"{_workload_title(meta, w)}: where the step time goes"
+                                                        for w in meta.workloads])
     for i, w in enumerate(meta.workloads, 1):
         chips = _breakdown_rows(row, baselines, w)
         names = [c[0] for c in chips]
@@ -554,17 +641,31 @@ def _plotly_plans(front, meta):
     n = len(meta.workloads)
     fig = make_subplots(rows=n, cols=1, subplot_titles=[f"{w}: the best plan along the front" for w in meta.workloads])
     ticks = [f"t{r['trial']}, {r['area_mm2']:.0f} mm²" for _, r in front.iterrows()]
+    symbol = {"o": "circle", "s": "square", "^": "triangle-up"}
     for i, w in enumerate(meta.workloads, 1):
         parts = [_plan_parts(r.get(f"{w}:plan")) for _, r in front.iterrows()]
         plans = [str(r.get(f"{w}:plan")) for _, r in front.iterrows()]
-        for key, label, colour in (("tp", "tensor-parallel width", "#4c72b0"), ("pp", "pipeline stages", "#dd8452"),
-                                   ("mbs", "micro-batch (sequences)", "#55a868")):
-            fig.add_trace(go.Scatter(x=ticks, y=[int(p.get(key) or 1) for p in parts], mode="lines+markers",
-                                     name=label, line=dict(color=colour), legendgroup=key, showlegend=i == 1,
-                                     customdata=plans, hovertemplate="%{x}<br>" + label
-                                     + " %{y}<br>%{customdata}<extra></extra>"), i, 1)
-        fig.update_yaxes(type="log", title_text="width or size (count, log scale)", row=i, col=1)
+        top = 1
+        for key, label, marker, colour, dy, dash in PLAN_LINES:
+            ys = [int(p.get(key) or 1) for p in parts]
+            top = max(top, *ys)
+            fig.add_trace(go.Scatter(x=ticks, y=[y * dy for y in ys], mode="lines+markers", name=label,
+                                     line=dict(color=colour, dash={"-": "solid", "--": "dash", ":": "dot"}[dash]),
+                                     marker=dict(symbol=symbol[marker], size=8), legendgroup=key, showlegend=i == 1,
+                                     customdata=[[y, p] for y, p in zip(ys, plans, strict=True)],
+                                     hovertemplate="%{x}<br>" + label
+                                     + " %{customdata[0]}<br>%{customdata[1]}<extra></extra>"), i, 1)
+        k = int(math.log2(top)) + 1
+        # powers of two only: plotly's own log ticks add minor labels (a stray 9)
+        fig.update_yaxes(type="log", title_text="width or size (count, log₂)", row=i, col=1,
+                         tickvals=[2 ** j for j in range(k)], ticktext=[str(2 ** j) for j in range(k)],
+                         range=[math.log10(0.7), math.log10(top * 4)])
         fig.update_xaxes(title_text="design on the front (trial, die area), smallest first", row=i, col=1)
+        same = _same_plan(front, w)
+        if same:
+            fig.add_annotation(text=same.replace("\n", "<br>"), xref=f"x{'' if i == 1 else i} domain",
+                               yref=f"y{'' if i == 1 else i} domain", x=0.5, y=0.5, showarrow=False,
+                               bgcolor="white", bordercolor="#bbbbbb")
     fig.update_layout(height=140 + 320 * n, margin=dict(l=60, r=20, t=40, b=50), legend=dict(orientation="h", y=-0.1))
     return fig
 
@@ -574,6 +675,7 @@ def _plotly_infeasible(kinds: dict):
     names = list(kinds)[::-1]
     fig = go.Figure(go.Bar(x=[kinds[k] for k in names], y=names, orientation="h", marker_color=INFEASIBLE,
                            hovertemplate="%{y}: %{x}<extra></extra>"))
+    fig.update_xaxes(tick0=0, dtick=max(1, math.ceil(max(kinds.values()) / 8)), tickformat="d")   # counts
     fig.update_layout(height=120 + 40 * len(kinds), xaxis_title="designs (count)",
                       margin=dict(l=60, r=20, t=20, b=50))
     return fig
@@ -659,7 +761,8 @@ def write_html(study, meta: StudyMeta, trials, baselines, out_dir: Path, drawn: 
             b.append(div if o == meta.objectives[0] else div.replace('data-plot="history"', f'data-plot="history-{o}"'))
     b.append("<h2>Parameter importances</h2>")
     if "importance" in drawn:
-        b.append(_plotly_div(_plotly_importance(drawn["importance"]["data"]), "importance"))
+        b += [_plotly_div(_plotly_importance(drawn["importance"]["data"]), "importance"),
+              f'<p class="note" id="importance-caption">{html.escape(notes.get("importance_caption", ""))}</p>']
     else:
         b.append(f'<p class="note">{html.escape(notes.get("importance", ""))}</p>')
     if len(best):

@@ -166,6 +166,8 @@ METRICS = {  # trials.csv column -> (label with unit, better)
     "cost_usd": ("chip cost ($, die and HBM)", "minimize"),
 }
 MIN_TRIALS_FOR_IMPORTANCE = 5
+IMPORTANCE_FLOOR = 0.01      # below this a parameter's importance is noise, not an effect
+SMALL_SAMPLE = 30            # fewer feasible designs than this: the importance ranking is only a hint
 
 
 # --- what the report needs to know about the study -------------------------------------------------
@@ -345,10 +347,25 @@ def infeasible_counts(trials: pd.DataFrame, study=None) -> dict[str, int]:
     return dict(sorted(kinds.items(), key=lambda x: (-x[1], x[0])))
 
 
+def _no_effect(done, i: int, param: str) -> bool:
+    """True when every pair of trials differing in ``param`` alone has the same value of objective
+    ``i`` (and there are two such pairs at least): the parameter demonstrably changes nothing."""
+    groups: dict = {}
+    for t in done:
+        rest = tuple(sorted((k, repr(v)) for k, v in t.params.items() if k != param))
+        groups.setdefault(rest, {}).setdefault(repr(t.params.get(param)), t.values[i])
+    pairs = [g for g in groups.values() if len(g) > 1]
+    return len(pairs) >= 2 and all(max(g.values()) - min(g.values()) <= 1e-9 * max(abs(v) for v in g.values())
+                               for g in pairs)
+
+
 def importances(study, meta: StudyMeta) -> tuple[dict[str, dict[str, float]], str]:
     """Per objective, each searched parameter's importance over the feasible trials (PED-ANOVA:
     how much each parameter decides reaching the best tenth of the designs; normalised to sum to
-    1), and a note when there are too few trials or parameters to tell."""
+    1), largest first, ties by name (so the order does not depend on the process), without the
+    parameters that have no effect (below :data:`IMPORTANCE_FLOOR`, or equal values for every pair
+    of designs differing in it alone). The text is the figure's caption (the sample size, what was
+    dropped, a caveat under :data:`SMALL_SAMPLE` designs), or why there is no figure."""
     optuna = _optuna()
     done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
             if t.user_attrs.get("feasible") and t.values]
@@ -356,18 +373,33 @@ def importances(study, meta: StudyMeta) -> tuple[dict[str, dict[str, float]], st
     if len(done) < MIN_TRIALS_FOR_IMPORTANCE or not varying:
         return {}, (f"too few trials to rank the parameters: {len(done)} feasible designs "
                     f"(at least {MIN_TRIALS_FOR_IMPORTANCE}, differing in some parameter, are needed)")
-    out = {}
+    out, dropped = {}, set()
     try:
         for i, (o, d) in enumerate(zip(meta.objectives, meta.directions, strict=False)):
             sub = optuna.create_study(direction=d)
             sub.add_trials([optuna.trial.create_trial(params=t.params, distributions=t.distributions,
                                                       value=t.values[i]) for t in done])
             imp = optuna.importance.get_param_importances(
-                sub, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
-            out[o] = {param_label(k): float(v) for k, v in imp.items()}
+                sub, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), params=sorted(varying))
+            keep = {k: float(v) for k, v in imp.items() if v >= IMPORTANCE_FLOOR and not _no_effect(done, i, k)}
+            dropped |= set(imp) - set(keep)
+            out[o] = {param_label(k): v for k, v in sorted(keep.items(), key=lambda kv: (-round(kv[1], 9), kv[0]))}
     except (RuntimeError, ValueError, ZeroDivisionError) as exc:   # e.g. objective constant over the trials
         return {}, f"parameter importances could not be computed ({exc})"
-    return out, ""
+    if not any(out.values()):
+        return {}, f"no parameter has a measurable effect over the {len(done)} feasible designs"
+    return out, importance_caption(len(done), sorted(param_label(k) for k in dropped))
+
+
+def importance_caption(n: int, dropped) -> str:
+    """The importance figure's caption: the sample, the parameters left out, a small-sample caveat."""
+    text = f"From {n} feasible designs."
+    if dropped:
+        text += f" No measurable effect (left out): {', '.join(dropped)}."
+    if n < SMALL_SAMPLE:
+        text += (f" A small sample (under {SMALL_SAMPLE} designs): the ranking is a hint, not a measurement; "
+                 "run more trials to confirm it.")
+    return text
 
 
 def param_label(param: str) -> str:
@@ -592,6 +624,8 @@ def markdown(study, cfg: SweepConfig | StudyMeta | None, trials: pd.DataFrame, b
     lines += figure("front", "throughput against area, power and cost")
     lines += ["## Best so far", ""] + figure("history", "best so far against trial number")
     lines += ["## Parameter importances", ""] + figure("importance", "parameter importances")
+    if "importance" in figures and notes.get("importance_caption"):
+        lines += [f"_{notes['importance_caption']}_", ""]
     if len(best):
         r = best.iloc[0]
         lines += [f"## Where the step time goes (trial {r['trial']})", ""]

@@ -1080,81 +1080,152 @@ def op_kind(name: str) -> str:
     return name
 
 
-def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "") -> None:
-    """Draw ``panels`` ((label, schedule), ...) as Gantt charts, one panel each: a row per unit
-    group (tensor units, vector units, links) with a faint line per unit, a bar per op over the
-    units it holds (its height is its share of the pool), one colour per operator kind in both
-    phases (legend), labelled with its name and share (``qkv 8/8``) where the label fits."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+# every setting the drawing reads, so that it does not depend on what the process drew before
+GANTT_RC = {"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10,
+            "svg.hashsalt": "phaze", "svg.fonttype": "none"}
 
-    colours = plt.get_cmap("tab20").colors
+
+def bar_kind(name: str, unit: str) -> str:
+    """The colour key of a Gantt bar: the operator kind (:func:`op_kind`) for compute, but a
+    collective keeps its own name (``qkv.input_all_gather``, ``qkv.dgrad.all_reduce``), so a
+    backward link bar does not take the colour of the GEMM it serves; a collective's backward
+    (``ln1.all_gather.bwd``) and recompute share the forward collective's colour."""
+    if unit != "link":
+        return op_kind(name)
+    return name.removeprefix("recompute.").removesuffix(".bwd")
+
+
+def pool_sizes(sched: Schedule, unit_counts: dict | None = None) -> dict[str, int]:
+    """Units per Gantt row: ``unit_counts`` where given (the chip's tensor and vector units),
+    else read from the schedule: the vector pool is scheduled in slots (:func:`vector_slots`),
+    and an op holding ``k`` slots for ``v`` vector units says how many slots make a unit."""
+    out = {}
+    for _, res, _ in _ROWS:
+        cap = int(sched.capacities.get(res, 1))
+        if unit_counts and res in unit_counts:
+            out[res] = int(unit_counts[res])
+        elif res == "vector" and res in sched.capacities:
+            per = {dict(e.demand).get(res, 0) / e.vector_units for e in sched.ops
+                   if e.vector_units and dict(e.demand).get(res)}
+            out[res] = round(cap / min(per)) if per else cap
+        else:
+            out[res] = cap
+    return out
+
+
+def _runs(lanes) -> list[tuple[int, int]]:
+    """Contiguous runs ``(first, last)`` of lane indices."""
+    runs: list[tuple[int, int]] = []
+    for u in sorted(lanes):
+        if runs and u == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], u)
+        else:
+            runs.append((u, u))
+    return runs
+
+
+def write_gantt(path, panels: Sequence[tuple[str, Schedule]], title: str = "",
+                unit_counts: dict | None = None) -> None:
+    """Draw ``panels`` ((label, schedule), ...) into ``path`` (or each of several paths: one
+    drawing for the PNG and the SVG) as Gantt charts, one panel each: a row per unit group
+    (tensor units, vector units, links; named with the chip's unit count, ``unit_counts`` or
+    :func:`pool_sizes`) with a faint line per scheduling slot, a bar per op over the slots it
+    holds (its height is its share of the pool), one colour per operator kind in both phases and
+    one per collective (:func:`bar_kind`, legend), labelled with its name and share (``qkv 8/8``),
+    or its name alone or shortened (``flash_att…``), wherever the text fits in the drawn bar
+    (measured after the layout)."""
+    import matplotlib  # deferred, like every figure: the CLI starts fast without it
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+
+    colours = matplotlib.colormaps["tab20"].colors
     kinds: list[str] = []
     for _, sched in panels:
         for e in sorted(sched.ops, key=lambda e: (e.start_s, e.name)):
-            if op_kind(e.name) not in kinds:
-                kinds.append(op_kind(e.name))
+            if bar_kind(e.name, e.unit) not in kinds:
+                kinds.append(bar_kind(e.name, e.unit))
     colour = {k: colours[i % len(colours)] for i, k in enumerate(kinds)}
-    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 2.6 * len(panels) + 1.4), squeeze=False)
-    for ax, (label, sched) in zip(axes[:, 0], panels, strict=False):
-        scale, unit = (1e3, "ms") if sched.makespan_s >= 1e-3 else (1e6, "us")
-        ax.set_xlim(0, max(sched.makespan_s * scale, 1e-9))
-        fig.canvas.draw()   # so that bar widths in pixels are known
-        px_per_x = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
-        caps = []
-        for row, ((_row_name, _, _), (cap, items)) in enumerate(zip(_ROWS, _lanes(sched), strict=False)):
-            base = len(_ROWS) - 1 - row
-            caps.append(cap)
-            if 1 < cap <= 32:
-                for u in range(1, cap):
-                    ax.axhline(base + 0.05 + 0.9 * u / cap, color="0.85", linewidth=0.3, zorder=0)
-            for e, lanes in items:
-                runs, start = [], None
-                for u in sorted(lanes) + [None]:
-                    if start is None:
-                        start = prev = u
-                    elif u is not None and u == prev + 1:
-                        prev = u
-                    else:
-                        runs.append((start, prev))
-                        start = prev = u
-                x, w = e.start_s * scale, e.duration_s * scale
-                for lo, hi in runs:
-                    if lo is None:
-                        continue
-                    y0, h = base + 0.05 + 0.9 * lo / cap, 0.9 * (hi - lo + 1) / cap
-                    ax.add_patch(plt.Rectangle((x, y0), w, h, facecolor=colour[op_kind(e.name)],
-                                               edgecolor="black", linewidth=0.4))
-                lo, hi = max((r for r in runs if r[0] is not None), key=lambda r: r[1] - r[0])
-                h_px = 0.9 * (hi - lo + 1) / cap * (ax.transData.transform((0, 1))[1]
-                                                    - ax.transData.transform((0, 0))[1])
-                text = f"{e.name} {len(lanes)}/{cap}" if cap > 1 else e.name
-                if w * px_per_x > 6.0 * len(text) + 4 and h_px > 9:
-                    ax.text(x + w / 2, base + 0.05 + 0.9 * (lo + hi + 1) / (2 * cap), text, ha="center",
-                            va="center", fontsize=7, clip_on=True)
-        ax.set_ylim(0, len(_ROWS))
-        ax.set_yticks([len(_ROWS) - 1 - r + 0.5 for r in range(len(_ROWS))])
-        ax.set_yticklabels([f"{r[0]} ({c})" if c > 1 else r[0] for r, c in zip(_ROWS, caps, strict=False)])
-        ax.set_xlabel(f"time ({unit})")
-        ax.set_title(f"{label}: {sched.makespan_s * scale:.4g} {unit}, {sched.status}"
-                     f" (sequential {sched.sequential_sum_s * scale:.4g} {unit})", fontsize=10)
-    fig.legend(handles=[Patch(facecolor=colour[k], edgecolor="black", linewidth=0.4, label=k) for k in kinds],
-               loc="lower center", ncol=min(len(kinds), 8), fontsize=7, frameon=False,
-               title="operator (forward and backward; bar height = share of the unit pool)", title_fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.04 + 0.012 * ((len(kinds) + 7) // 8), 1, 1))
-    # written beside and renamed: several workers ending one study write the same report files,
-    # and one of them may be reading this figure while another draws it
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
-    try:
-        ext = path.suffix.lstrip(".") or "png"
-        # no date or software stamp: the same schedule gives a byte-identical file
-        fig.savefig(tmp, dpi=150, format=ext, metadata={"Date": None} if ext == "svg" else {"Software": None})
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        tmp.unlink(missing_ok=True)
+    with matplotlib.rc_context(GANTT_RC):
+        fig = Figure(figsize=(13, 2.6 * len(panels) + 1.4))
+        FigureCanvasAgg(fig)   # text extents, to fit the labels
+        axes = fig.subplots(len(panels), 1, squeeze=False)
+        labels = []       # (axes, text, candidate strings, bar box in data coordinates)
+        for ax, (label, sched) in zip(axes[:, 0], panels, strict=False):
+            scale, unit = (1e3, "ms") if sched.makespan_s >= 1e-3 else (1e6, "µs")
+            ax.set_xlim(0, max(sched.makespan_s * scale, 1e-9))
+            sizes = pool_sizes(sched, unit_counts)
+            caps = []
+            for row, ((_row_name, res, _), (cap, items)) in enumerate(zip(_ROWS, _lanes(sched), strict=False)):
+                base = len(_ROWS) - 1 - row
+                caps.append(sizes[res] if res in sched.capacities else 1)
+                if 1 < cap <= 32:
+                    for u in range(1, cap):
+                        ax.axhline(base + 0.05 + 0.9 * u / cap, color="0.85", linewidth=0.3, zorder=0)
+                for e, lanes in items:
+                    runs = _runs(lanes)
+                    x, w = e.start_s * scale, e.duration_s * scale
+                    for lo, hi in runs:
+                        ax.add_patch(Rectangle((x, base + 0.05 + 0.9 * lo / cap), w, 0.9 * (hi - lo + 1) / cap,
+                                               facecolor=colour[bar_kind(e.name, e.unit)], edgecolor="black",
+                                               linewidth=0.4))
+                    lo, hi = max(runs, key=lambda r: (r[1] - r[0], -r[0]))
+                    y0, y1 = base + 0.05 + 0.9 * lo / cap, base + 0.05 + 0.9 * (hi + 1) / cap
+                    share = f"{e.name} {len(lanes)}/{cap}" if cap > 1 else e.name
+                    t = ax.text(x + w / 2, (y0 + y1) / 2, share, ha="center", va="center", fontsize=7, clip_on=True)
+                    labels.append((ax, t, (share, e.name), (x, y0, x + w, y1)))
+            ax.set_ylim(0, len(_ROWS))
+            ax.set_yticks([len(_ROWS) - 1 - r + 0.5 for r in range(len(_ROWS))])
+            ax.set_yticklabels([f"{r[0]} ({c})" if c > 1 else r[0] for r, c in zip(_ROWS, caps, strict=False)])
+            ax.set_xlabel(f"time ({unit})")
+            ax.set_title(f"{label}: {sched.makespan_s * scale:.4g} {unit}, {sched.status}"
+                         f" (sequential {sched.sequential_sum_s * scale:.4g} {unit})", fontsize=10)
+        fig.legend(handles=[Patch(facecolor=colour[k], edgecolor="black", linewidth=0.4, label=k) for k in kinds],
+                   loc="lower center", ncol=min(len(kinds), 8), fontsize=7, frameon=False,
+                   title="operator (forward and backward; bar height = share of the unit pool)", title_fontsize=7)
+        if title:
+            fig.suptitle(title, fontsize=11)
+        fig.tight_layout(rect=(0, 0.04 + 0.012 * ((len(kinds) + 7) // 8), 1, 1))
+        _fit_labels(fig, labels)
+        for target in [path] if isinstance(path, (str, os.PathLike)) else path:
+            # written beside and renamed: several workers ending one study write the same report files,
+            # and one of them may be reading this figure while another draws it
+            target = Path(target)
+            tmp = target.with_name(f".{target.stem}.tmp{os.getpid()}{target.suffix}")
+            try:
+                ext = target.suffix.lstrip(".") or "png"
+                # no date or software stamp: the same schedule gives a byte-identical file
+                fig.savefig(tmp, dpi=150, format=ext, metadata={"Date": None} if ext == "svg" else {"Software": None})
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+
+def _text_fits(t, text: str, renderer, room_w: float, room_h: float) -> tuple[bool, float]:
+    """Set ``text`` on ``t``: (whether it fits in ``room_w`` x ``room_h`` pixels, its width)."""
+    t.set_text(text)
+    box = t.get_window_extent(renderer)
+    return box.width <= room_w and box.height <= room_h, box.width
+
+
+def _fit_labels(fig, labels) -> None:
+    """Keep each bar's first label that fits inside the bar as drawn: its name and share, its
+    name, or its name shortened to the width (estimated from the name's, then checked); drop
+    the label where none fits."""
+    renderer = fig.canvas.get_renderer()
+    for ax, t, (share, name), (x0, y0, x1, y1) in labels:
+        (px0, py0), (px1, py1) = ax.transData.transform([(x0, y0), (x1, y1)])
+        room = (abs(px1 - px0) - 2, abs(py1 - py0))
+        if room[0] < 10 or room[1] < 7:      # no room for even a short label
+            t.remove()
+            continue
+        if _text_fits(t, share, renderer, *room)[0]:
+            continue
+        ok, width = _text_fits(t, name, renderer, *room)
+        if ok:
+            continue
+        for k in range(min(len(name) - 1, int(len(name) * room[0] / width)), 2, -1):
+            if _text_fits(t, name[:k] + "…", renderer, *room)[0]:
+                break
+        else:
+            t.remove()

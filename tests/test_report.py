@@ -268,6 +268,149 @@ def test_optuna_dashboard_serves_the_study(tiny):
     assert status.startswith("200") and b"trials" in body
 
 
+# --- figures ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def frames(tiny):
+    from phaze.report import baselines_frame, load_study, study_meta, trials_frame
+    study, _ = load_study(tiny[1])
+    meta = study_meta(study)
+    return study, meta, trials_frame(study, meta.objectives), baselines_frame(study, meta.objectives)
+
+
+def test_budget_outside_the_data_is_drawn_and_labelled_above_the_frame(frames):
+    from phaze.plots import _plotly_front, fig_front
+    from phaze.report import best_designs
+    study, meta, trials, baselines = frames
+    meta = replace(meta, constraints=(("area_mm2", 9000.0),))     # far right of every design and baseline
+    fig = fig_front(trials, baselines, meta, best_designs(trials, meta))
+    ax = fig.axes[0]
+    assert ax.get_xlim()[1] > 9000
+    assert any(list(line.get_xdata()) == [9000.0, 9000.0] for line in ax.lines)
+    label = next(t for t in ax.texts if t.get_text().startswith("budget 9,000"))
+    assert label.xyann[1] > 0 and label.xy[1] == 1.0                    # above the frame, not among the markers
+    pfig = _plotly_front(trials, baselines, meta, best_designs(trials, meta))
+    assert pfig.layout.xaxis.range[1] > 9000
+    assert any(a.text.startswith("budget 9,000") for a in pfig.layout.annotations)
+
+
+def test_infeasible_counts_have_integer_ticks_in_png_and_html():
+    from phaze.plots import _plotly_infeasible, fig_infeasible
+    from phaze.report import StudyMeta
+    meta = StudyMeta("t", ("throughput",), ("maximize",), (), (), (), (), "", (), (), 0, "tpe", 0)
+    fig = fig_infeasible({"area budget": 3, "no plan fits": 1}, meta)
+    fig.canvas.draw()
+    ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= 3.45]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert _plotly_infeasible({"a": 3, "b": 1}).layout.xaxis.dtick == 1
+
+
+def test_html_history_shows_infeasible_designs_and_breakdown_names_cluster_and_batch(frames):
+    from phaze.plots import _plotly_breakdown, _plotly_history, fig_breakdown
+    study, meta, trials, baselines = frames
+    tr = trials.copy()
+    done = tr.index[(tr["state"] == "COMPLETE") & tr["evaluated"].astype(bool)]
+    tr.loc[done[0], "feasible"] = False
+    names = [t.name for t in _plotly_history([("t", tr, "#000")], baselines, ("throughput", "maximize")).data]
+    assert "infeasible (evaluated)" in names
+    row = trials[trials["feasible"].astype(bool)].iloc[0]
+    assert "on 8 chips, global batch 16" in fig_breakdown(row, baselines, meta).axes[0].get_title()
+    assert "on 8 chips, global batch 16" in _plotly_breakdown(row, baselines, meta).layout.annotations[0].text
+
+
+def test_budget_reasons_use_si_symbols(frames):
+    """One spelling per unit across tables, hovers and figures: mm² and W, never mm2 or w."""
+    study, meta, trials, baselines = frames
+    reasons = [r for r in list(trials["reason"]) + list(baselines["reason"]) if "budget" in str(r)]
+    assert reasons and all(" mm² " in r + " " and "mm2" not in r for r in reasons if r.startswith("area"))
+
+
+def test_plans_figure_shows_every_line_and_says_when_the_plan_never_changes(frames):
+    from phaze.plots import _plotly_plans, fig_plans
+    from phaze.report import plan_front
+    study, meta, trials, baselines = frames
+    front = plan_front(trials, meta)
+    w = meta.workloads[0]
+    front = front.assign(**{f"{w}:plan": "tp=1,pp=1,mbs=2,recompute=none"})
+    pfig = _plotly_plans(front, meta)
+    tp, pp = (next(t for t in pfig.data if t.legendgroup == k) for k in ("tp", "pp"))
+    assert list(tp.y) != list(pp.y) and tp.line.dash != pp.line.dash       # equal widths, both visible
+    assert list(pfig.layout.yaxis.ticktext) == ["1", "2"]                  # powers of two only: no stray 9
+    said = [a.text for a in pfig.layout.annotations if "the same on all" in a.text]
+    if len(front) > 1:
+        assert said and "tp=1,pp=1,mbs=2" in said[0]
+        assert any("the same on all" in t.get_text() for t in fig_plans(front, meta).axes[0].texts)
+
+
+def test_figures_drawn_in_parallel_are_the_files_drawn_in_one_process(frames, tmp_path):
+    from phaze.plots import write_figures
+    study, meta, trials, baselines = frames
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    one, _ = write_figures(study, meta, trials, baselines, tmp_path / "one", workers=1)
+    many, _ = write_figures(study, meta, trials, baselines, tmp_path / "many", workers=3)
+    assert list(one) == list(many) and {"front", "gantt-mpt-125m", "plans"} <= set(one)
+    for name, d in one.items():
+        for ext in ("png", "svg"):
+            assert d[ext].read_bytes() == many[name][ext].read_bytes(), (name, ext)
+
+
+def test_report_twice_from_one_study_is_byte_identical(tiny, tmp_path):
+    """Every file, CSVs and figures, in two processes with different hash seeds."""
+    import os
+    root, out = tiny
+    for seed in ("1", "2"):
+        r = subprocess.run([sys.executable, "-m", "phaze.cli", "report", str(out), "--out", str(tmp_path / seed)],
+                           capture_output=True, text=True, timeout=600, cwd=root,
+                           env=dict(os.environ, PYTHONHASHSEED=seed))
+        assert r.returncode == 0, r.stderr
+    files = sorted(p.name for p in (tmp_path / "1").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "2").iterdir()) and len(files) > 15
+    for name in files:
+        assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes(), name
+
+
+# --- parameter importances -----------------------------------------------------------------------------
+IMPORTANCE_SCRIPT = """
+import optuna, sys
+from optuna.distributions import IntDistribution
+from phaze.report import StudyMeta, importances
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+study = optuna.create_study(direction="maximize")
+d = IntDistribution(0, 3)
+for x in range(4):
+    for y in range(4):
+        for z in range(2):   # z changes nothing: every pair differing in z alone has the same value
+            study.add_trial(optuna.trial.create_trial(params=dict(x=x, y=y, z=z), distributions=dict(x=d, y=d, z=d),
+                                                      value=float(x + y), user_attrs=dict(feasible=True)))
+meta = StudyMeta("t", ("throughput",), ("maximize",), (), (), (), (), "", (), (), 0, "tpe", 0)
+imp, caption = importances(study, meta)
+print(list(imp["throughput"]), caption)
+"""
+
+
+def test_importance_drops_a_parameter_without_effect_and_orders_ties_by_name(tmp_path):
+    """x and y matter equally (ties, listed by name in every process, whatever its hash seed); z,
+    whose values give identical throughput, is left out and named in the caption; 32 designs."""
+    import os
+    seen = set()
+    for seed in range(6):
+        r = subprocess.run([sys.executable, "-c", IMPORTANCE_SCRIPT], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONHASHSEED=str(seed), PYTHONPATH=str(ROOT)))
+        assert r.returncode == 0, r.stderr
+        seen.add(r.stdout.strip())
+    assert len(seen) == 1, seen
+    out = seen.pop()
+    assert out.startswith("['x', 'y'] ") and "From 32 feasible designs" in out and "left out): z." in out
+    assert "small sample" not in out
+
+
+def test_importance_caption_warns_of_a_small_sample():
+    from phaze.report import importance_caption
+    assert "small sample" in importance_caption(12, [])
+    text = importance_caption(40, ["hbm_gib"])
+    assert "small sample" not in text and "hbm_gib" in text
+
+
 # --- the browser -------------------------------------------------------------------------------------
 def test_quickstart_report_in_headless_chromium(tmp_path):
     """The quick start's report.html in a real browser: no console error, no network request, the
@@ -302,3 +445,4 @@ def test_quickstart_report_in_headless_chromium(tmp_path):
     assert img.shape[0] >= 1000 and img.shape[1] >= 1000
     assert img.std() > 20 and len(np.unique(img)) > 50 and (img < 128).mean() > 0.01
     assert html.escape("quickstart") in page.read_text()
+

@@ -506,3 +506,26 @@ def test_cli_schedule_bad_input_is_one_line_exit_2(argv, needle, capsys):
     err = capsys.readouterr()
     assert code == 2 and err.out == ""
     assert len(err.err.strip().splitlines()) == 1 and needle in err.err and "Traceback" not in err.err
+
+
+def test_gantt_pool_label_is_the_chips_unit_count_and_links_have_their_own_colour(tmp_path):
+    """TPUv4 has 2 vector units, scheduled as 8 slots: the row says 2. A backward collective does
+    not take the colour of the GEMM it serves. The same schedule gives a byte-identical SVG."""
+    import subprocess
+    import sys
+
+    from phaze.arch import load_chip
+    from phaze.schedule import bar_kind, op_kind
+    chip = load_chip("tpuv4")
+    out = [tmp_path / "a.svg", tmp_path / "b.svg"]
+    for path in out:
+        r = subprocess.run([sys.executable, "-m", "phaze.cli", "schedule", "--workload", "gpt3-175b", "--arch",
+                            "tpuv4", "--tp", "8", "--gantt", str(path)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    svg = out[0].read_text()
+    assert f"vector units ({chip.vector.count})" in svg and f"tensor units ({chip.tensor.count})" in svg
+    assert chip.vector.count != chip.tensor.count and f"vector units ({chip.tensor.count})" not in svg
+    assert out[0].read_bytes() == out[1].read_bytes()
+    assert bar_kind("qkv.input_all_gather", "link") != bar_kind("qkv", "tensor") == op_kind("qkv.dgrad")
+    assert bar_kind("ln1.all_gather.bwd", "link") == bar_kind("recompute.ln1.all_gather", "link") == "ln1.all_gather"
+    assert "qkv.input_all_gather" in svg        # in the legend
