@@ -463,6 +463,29 @@ def test_disk_cache_is_reused_and_corrupt_files_recomputed(tmp_path, monkeypatch
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.parametrize("corrupt", ["wrong type", "changed number, old checksum", "no checksum"])
+def test_a_tampered_cache_entry_is_ignored_resolved_and_rewritten(tmp_path, monkeypatch, corrupt):
+    """A cached makespan of the wrong type must not give a traceback, and a wrong number must not
+    silently change results: the entry is checked (schema and checksum), solved again, rewritten."""
+    monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path))
+    c, m, bwd, kw, first = _tpu_bwd()
+    (path,) = tmp_path.glob("*.json")
+    rec = json.loads(path.read_text())
+    if corrupt == "wrong type":
+        rec["schedule"]["makespan_s"] = "fast"
+        rec["sha256"] = S._checksum(rec["schedule"])       # even with a checksum that matches
+    elif corrupt == "changed number, old checksum":
+        rec["schedule"]["makespan_s"] *= 0.5
+    else:
+        del rec["sha256"]
+    path.write_text(json.dumps(rec))
+    S.clear_memory_cache()
+    again = schedule_ops(bwd, c, m.precision, EFF, **kw)
+    assert not again.cached and again.makespan_s == first.makespan_s and again.ops == first.ops
+    fixed = json.loads(path.read_text())
+    assert fixed["schedule"]["makespan_s"] == first.makespan_s and fixed["sha256"] == S._checksum(fixed["schedule"])
+
+
 def test_cache_key_separates_chips_and_shapes(tmp_path, monkeypatch):
     monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path))
     c = chip("tpuv4")
