@@ -791,11 +791,17 @@ def _search_summary(res, cfg) -> None:
 
 def cmd_search(args) -> int:
     """``phaze search CONFIG``: the Optuna study over the config's chip space."""
-    from .search import search
+    from .search import SearchInterrupted, search
     from .space import load_sweep, override
     cfg = override(load_sweep(args.config), trials=args.trials, sampler=args.sampler, seed=args.seed)
-    res = search(cfg, storage=args.storage, study_name=args.study, jobs=args.jobs, progress=not args.quiet,
-                 grace_period_s=args.grace_period)
+    try:
+        res = search(cfg, storage=args.storage, study_name=args.study, jobs=args.jobs, progress=not args.quiet,
+                     grace_period_s=args.grace_period)
+    except SearchInterrupted as stop:     # Ctrl-C: the best designs so far, and how to go on
+        _search_summary(stop.result, cfg)
+        print(f"phaze: search interrupted with {stop.result.complete} of {cfg.trials} trials complete "
+              f"(the trial in hand is marked failed); the same command resumes the study", file=sys.stderr)
+        return 130
     _search_summary(res, cfg)
     return 0
 

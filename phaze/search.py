@@ -15,6 +15,9 @@ import itertools
 import logging
 import math
 import multiprocessing
+import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,7 @@ from .study_files import write_study_files
 
 # toward --trials: done, in flight on some worker, or queued (the template; a dead worker's retry)
 STATES_COUNTED = ("COMPLETE", "RUNNING", "WAITING")
+INTERRUPT_WAIT_S = 1.2                     # after Ctrl-C, how long --jobs workers get to fail their trials
 DUPLICATE_STREAK = 200                     # consecutive repeat proposals that end a search
 
 
@@ -78,13 +82,32 @@ class _Objective:
 
     def __post_init__(self):
         self.seen: dict[tuple, int] = {}
+        self.done: set[int] = set()          # trials of ``seen`` known COMPLETE (they stay so)
+        self.in_hand: int | None = None      # the trial id this process is evaluating
 
     def refresh(self, study, current: int | None = None) -> None:
-        """Designs already evaluated, or in evaluation on another worker."""
+        """Designs already evaluated, or in evaluation on another worker, read afresh: a trial
+        that was RUNNING and then failed (its worker died) no longer holds its design, so that
+        the retry Optuna queues for it is evaluated rather than pruned as its duplicate."""
         states = _optuna().trial.TrialState
+        seen: dict[tuple, int] = {}
         for t in study.get_trials(deepcopy=False, states=(states.COMPLETE, states.RUNNING)):
             if t.number != current and (t.state == states.COMPLETE or len(t.params) == len(self.cfg.searched)):
-                self.seen.setdefault(_key(t.params), t.number)
+                seen.setdefault(_key(t.params), t.number)
+                if t.state == states.COMPLETE:
+                    self.done.add(t.number)
+        self.seen = seen
+
+    def fail_in_hand(self, study) -> None:
+        """Mark the trial this process was evaluating FAIL if Optuna did not (an interruption
+        outside the trial function)."""
+        states = _optuna().trial.TrialState
+        if self.in_hand is not None:
+            try:
+                if study._storage.get_trial(self.in_hand).state == states.RUNNING:
+                    study._storage.set_trial_state_values(self.in_hand, states.FAIL)
+            except Exception:   # best effort on the way out: heartbeats catch the rest
+                pass
 
     counted: tuple = STATES_COUNTED
 
@@ -100,6 +123,7 @@ class _Objective:
     def __call__(self, trial):
         optuna = _optuna()
         cfg = self.cfg
+        self.in_hand = trial._trial_id
         if self.surplus(trial):
             trial.set_user_attr("surplus", True)
             trial.study.stop()
@@ -110,7 +134,7 @@ class _Objective:
             trial.study.stop()
             raise optuna.TrialPruned("every design of the space is decided")
         key = _key(choices)
-        if key not in self.seen:
+        if self.seen.get(key) not in self.done:    # new here, or held by a trial that may have failed
             self.refresh(trial.study, trial.number)
         if key in self.seen:
             trial.set_user_attr("duplicate_of", self.seen[key])
@@ -343,30 +367,34 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
     budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
     adopted: set[int] = set()
     exact = isinstance(study.sampler, ExactSampler)
-    while count(study, ("COMPLETE",)) < cfg.trials and not stops.note:
-        queued = count(study, ("WAITING",))     # Optuna's ask() runs queued trials first
-        if exact and not queued and study.sampler.peek(study) is None:
-            if not count(study, ("RUNNING",)):
-                break               # every design is decided: the certificate says how
-            time.sleep(poll_s)      # designs in flight elsewhere: wait for them (they may fail)
-            optuna.storages.fail_stale_trials(study)
-            continue
-        if queued or count(study, counted) < cfg.trials:
-            study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
-        else:
-            if beating:
-                # a worker killed before its trial's first heartbeat leaves a RUNNING trial that
-                # Optuna never calls stale: give each one heartbeat, once, so that it goes stale
-                # after the grace period unless its worker is alive and keeps beating
-                for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
-                    if t._trial_id not in adopted:
-                        adopted.add(t._trial_id)
-                        study._storage.record_heartbeat(t._trial_id)
-            time.sleep(poll_s)
-            optuna.storages.fail_stale_trials(study)
-            for cb in callbacks:
-                if hasattr(cb, "update"):
-                    cb.update(study)
+    try:
+        while count(study, ("COMPLETE",)) < cfg.trials and not stops.note:
+            queued = count(study, ("WAITING",))     # Optuna's ask() runs queued trials first
+            if exact and not queued and study.sampler.peek(study) is None:
+                if not count(study, ("RUNNING",)):
+                    break               # every design is decided: the certificate says how
+                time.sleep(poll_s)      # designs in flight elsewhere: wait for them (they may fail)
+                optuna.storages.fail_stale_trials(study)
+                continue
+            if queued or count(study, counted) < cfg.trials:
+                study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
+            else:
+                if beating:
+                    # a worker killed before its trial's first heartbeat leaves a RUNNING trial that
+                    # Optuna never calls stale: give each one heartbeat, once, so that it goes stale
+                    # after the grace period unless its worker is alive and keeps beating
+                    for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+                        if t._trial_id not in adopted:
+                            adopted.add(t._trial_id)
+                            study._storage.record_heartbeat(t._trial_id)
+                time.sleep(poll_s)
+                optuna.storages.fail_stale_trials(study)
+                for cb in callbacks:
+                    if hasattr(cb, "update"):
+                        cb.update(study)
+    except KeyboardInterrupt:
+        objective.fail_in_hand(study)
+        raise
     _settle_queued(study, cfg)
     return stops.note
 
@@ -386,11 +414,18 @@ def _settle_queued(study, cfg: SweepConfig) -> None:
 
 
 def _worker(cfg: SweepConfig, storage: str, name: str, worker: int, grace_period_s: int) -> None:
-    study = open_study(cfg, storage, name, sampler=make_sampler(cfg, worker), grace_period_s=grace_period_s)
+    """One ``--jobs`` worker: its own session (the parent forwards Ctrl-C), SIGINT ignored until
+    it is ready to fail its trial in hand cleanly."""
     try:
-        drive(study, cfg)
-    except KeyboardInterrupt:   # Ctrl-C: Optuna has failed the trial in hand; end quietly
+        os.setsid()
+    except OSError:
         pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        study = open_study(cfg, storage, name, sampler=make_sampler(cfg, worker), grace_period_s=grace_period_s)
+        drive(study, cfg)
+    except KeyboardInterrupt:   # Ctrl-C: the trial in hand is failed; end quietly
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)
@@ -423,21 +458,35 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
     bar = _Progress(cfg, study, total, progress)
     if exact:
         study.sampler.on_bound = bar.bounded
-    note = ""
+    note, interrupted = "", False
     try:
         if jobs <= 1:
             note = drive(study, cfg, callbacks=[bar])
         else:
             _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         bar.update(study)
         bar.close()
         if cfg.sampler == "exact":
             write_certificate(cfg, study, study_dir(url, name) if write else None)
-        if write:
-            write_study_files(study, cfg, study_dir(url, name))
-    return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
-                        time.perf_counter() - start, note)
+        if write:       # after Ctrl-C, the tables and report.md at once; figures with the next run
+            write_study_files(study, cfg, study_dir(url, name), figures=not interrupted)
+    res = SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)),
+                       time.perf_counter() - start, note)
+    if interrupted:
+        raise SearchInterrupted(res)
+    return res
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`search`: the trial in hand is failed, the study's tables are written,
+    and ``result`` is the study so far; the same call resumes it."""
+
+    def __init__(self, result: SearchResult):
+        super().__init__()
+        self.result = result
 
 
 def write_certificate(cfg: SweepConfig, study, out_dir: Path | None):
@@ -463,20 +512,31 @@ def write_certificate(cfg: SweepConfig, study, out_dir: Path | None):
 
 
 def _run_workers(cfg, url, name, jobs, bar, study, grace_period_s) -> None:
-    """``jobs`` worker processes on the study; the bar follows the storage. On Ctrl-C (which the
-    workers receive too) each fails its trial in hand and ends; stragglers are terminated."""
+    """``jobs`` worker processes on the study; the bar follows the storage. The workers run in
+    sessions of their own, so that a Ctrl-C reaches them once, through this process: each fails
+    its trial in hand and ends; stragglers are terminated (their trials go stale)."""
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(cfg, url, name, w, grace_period_s), daemon=True)
              for w in range(jobs)]
-    for p in procs:
-        p.start()
+    main = threading.current_thread() is threading.main_thread()    # signals belong to the main thread
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None   # inherited until a worker is set up
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     try:
         while any(p.is_alive() for p in procs):
-            time.sleep(1.0)
+            time.sleep(0.2)
             bar.update(study)
     except KeyboardInterrupt:
         for p in procs:
-            p.join(timeout=15)
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGINT)
+        end = time.monotonic() + INTERRUPT_WAIT_S
+        for p in procs:
+            p.join(timeout=max(0.0, end - time.monotonic()))
             if p.is_alive():
                 p.terminate()
         raise

@@ -4,6 +4,7 @@ report, which reads them back.
 """
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
@@ -15,10 +16,29 @@ from .space import SweepConfig
 def _optuna():
     import warnings
 
-    import optuna
+    import optuna  # deferred: optuna imports slowly
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    for handler in logging.getLogger("optuna").handlers:
+        if _quiet_interrupt not in handler.filters:
+            handler.addFilter(_quiet_interrupt)
     return optuna
+
+
+_INTERRUPTED: set[str] = set()      # trials whose failure was a Ctrl-C
+
+
+def _quiet_interrupt(record: logging.LogRecord) -> bool:
+    """Drop Optuna's "Trial N failed ... KeyboardInterrupt()" (with its traceback) and the "Trial N
+    failed with value None" after it: Ctrl-C is no fault of the trial, and phaze says itself that
+    the search was interrupted."""
+    text = record.getMessage()
+    m = re.match(r"Trial (\d+) failed with ", text)
+    exc = record.exc_info[1] if record.exc_info else None
+    if m and (isinstance(exc, KeyboardInterrupt) or "KeyboardInterrupt" in text):
+        _INTERRUPTED.add(m.group(1))
+        return False
+    return not (m and text.startswith(f"Trial {m.group(1)} failed with value") and m.group(1) in _INTERRUPTED)
 
 
 def default_storage(cfg: SweepConfig, study: str | None = None, root: str | Path = "results") -> str:
