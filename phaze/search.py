@@ -11,6 +11,7 @@ was already evaluated is never evaluated again (a repeat proposal is pruned as a
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -84,6 +85,7 @@ class _Objective:
         self.seen: dict[tuple, int] = {}
         self.done: set[int] = set()          # trials of ``seen`` known COMPLETE (they stay so)
         self.in_hand: int | None = None      # the trial id this process is evaluating
+        self.shared = None                   # a --jobs worker's copy of it, for its parent
 
     def refresh(self, study, current: int | None = None) -> None:
         """Designs already evaluated, or in evaluation on another worker, read afresh: a trial
@@ -101,13 +103,7 @@ class _Objective:
     def fail_in_hand(self, study) -> None:
         """Mark the trial this process was evaluating FAIL if Optuna did not (an interruption
         outside the trial function)."""
-        states = _optuna().trial.TrialState
-        if self.in_hand is not None:
-            try:
-                if study._storage.get_trial(self.in_hand).state == states.RUNNING:
-                    study._storage.set_trial_state_values(self.in_hand, states.FAIL)
-            except Exception:   # best effort on the way out: heartbeats catch the rest
-                pass
+        _fail_if_running(study, self.in_hand)
 
     counted: tuple = STATES_COUNTED
 
@@ -124,6 +120,8 @@ class _Objective:
         optuna = _optuna()
         cfg = self.cfg
         self.in_hand = trial._trial_id
+        if self.shared is not None:          # the --jobs parent fails it if this worker must be ended
+            self.shared.value = trial._trial_id
         if self.surplus(trial):
             trial.set_user_attr("surplus", True)
             trial.study.stop()
@@ -347,7 +345,7 @@ class _Stops:
             study.stop()
 
 
-def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
+def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=None) -> str:
     """Run trials until the study holds ``cfg.trials`` complete ones; returns why it stopped early
     ("" when it reached the total). Trials in flight count toward the total (``MaxTrialsCallback``
     over COMPLETE and RUNNING: many workers never overshoot); when they are all that is missing,
@@ -358,6 +356,7 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
     states = optuna.trial.TrialState
     stops = _Stops(cfg)
     objective = _Objective(cfg)
+    objective.shared = in_hand
     objective.refresh(study)
     # without heartbeats (the file journal) a dead worker's trial would stay RUNNING for ever:
     # count only what completed there (several workers may then overshoot by a trial or two)
@@ -399,6 +398,18 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
     return stops.note
 
 
+def _fail_if_running(study, trial_id: int | None) -> None:
+    """Mark a trial FAIL if it is still RUNNING (its process was interrupted or ended)."""
+    states = _optuna().trial.TrialState
+    if trial_id is None or trial_id < 0:
+        return
+    try:
+        if study._storage.get_trial(trial_id).state == states.RUNNING:
+            study._storage.set_trial_state_values(trial_id, states.FAIL)
+    except Exception:   # best effort on the way out: heartbeats catch the rest
+        pass
+
+
 def _settle_queued(study, cfg: SweepConfig) -> None:
     """Prune, as surplus, trials still queued once the study holds its total: a dead worker's
     retry can be queued after the last sampler trial started (Optuna fails a stale trial and
@@ -413,17 +424,66 @@ def _settle_queued(study, cfg: SweepConfig) -> None:
             storage.set_trial_state_values(t._trial_id, states.PRUNED)
 
 
-def _worker(cfg: SweepConfig, storage: str, name: str, worker: int, grace_period_s: int) -> None:
+_HERE = str(Path(__file__).resolve().parent)
+
+
+def _unsafe(frame) -> bool:
+    """Whether a KeyboardInterrupt raised in ``frame`` could be lost or disguised: outside
+    phaze's own code (a finalizer or weak-reference callback of a library prints "Exception
+    ignored in ..." and carries on; a library's cleanup half done), in a ``__del__``, or inside
+    an import (an extension module's import turns it into ImportError)."""
+    if frame is None or frame.f_code.co_name == "__del__" or not frame.f_code.co_filename.startswith(_HERE):
+        return True
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_interrupt(signum, frame) -> None:
+    """SIGINT (and the retry alarm): KeyboardInterrupt where it is safe, else again in 10 ms."""
+    if signum == signal.SIGALRM and not _PENDING:
+        return
+    if _unsafe(frame):
+        _PENDING.append(True)
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        return
+    _PENDING.clear()
+    raise KeyboardInterrupt
+
+
+_PENDING: list[bool] = []
+
+
+@contextlib.contextmanager
+def interruptible():
+    """Ctrl-C as a KeyboardInterrupt raised only where it can be handled (see :func:`_unsafe`);
+    a no-op outside the main thread, where signals are not delivered."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, _on_interrupt), signal.signal(signal.SIGALRM, _on_interrupt)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _PENDING.clear()
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGALRM, before[1])
+
+
+def _worker(cfg: SweepConfig, storage: str, name: str, worker: int, grace_period_s: int, in_hand=None) -> None:
     """One ``--jobs`` worker: its own session (the parent forwards Ctrl-C), SIGINT ignored until
     it is ready to fail its trial in hand cleanly."""
     try:
         os.setsid()
     except OSError:
         pass
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        study = open_study(cfg, storage, name, sampler=make_sampler(cfg, worker), grace_period_s=grace_period_s)
-        drive(study, cfg)
+        with interruptible():
+            study = open_study(cfg, storage, name, sampler=make_sampler(cfg, worker), grace_period_s=grace_period_s)
+            drive(study, cfg, in_hand=in_hand)
     except KeyboardInterrupt:   # Ctrl-C: the trial in hand is failed; end quietly
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -460,10 +520,11 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
         study.sampler.on_bound = bar.bounded
     note, interrupted = "", False
     try:
-        if jobs <= 1:
-            note = drive(study, cfg, callbacks=[bar])
-        else:
-            _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
+        with interruptible():
+            if jobs <= 1:
+                note = drive(study, cfg, callbacks=[bar])
+            else:
+                _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -516,7 +577,8 @@ def _run_workers(cfg, url, name, jobs, bar, study, grace_period_s) -> None:
     sessions of their own, so that a Ctrl-C reaches them once, through this process: each fails
     its trial in hand and ends; stragglers are terminated (their trials go stale)."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(cfg, url, name, w, grace_period_s), daemon=True)
+    in_hand = [ctx.Value("q", -1, lock=False) for _ in range(jobs)]     # each worker's trial id
+    procs = [ctx.Process(target=_worker, args=(cfg, url, name, w, grace_period_s, in_hand[w]), daemon=True)
              for w in range(jobs)]
     main = threading.current_thread() is threading.main_thread()    # signals belong to the main thread
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None   # inherited until a worker is set up
@@ -537,8 +599,11 @@ def _run_workers(cfg, url, name, jobs, bar, study, grace_period_s) -> None:
         end = time.monotonic() + INTERRUPT_WAIT_S
         for p in procs:
             p.join(timeout=max(0.0, end - time.monotonic()))
+        for p, trial_id in zip(procs, in_hand, strict=True):
             if p.is_alive():
                 p.terminate()
+                p.join()
+                _fail_if_running(study, trial_id.value)
         raise
     finally:
         for p in procs:
