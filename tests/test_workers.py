@@ -129,6 +129,35 @@ def test_kill_9_and_resume_on_sqlite(tmp_path):
     _same_report(tmp_path, ["results/workers"], tmp_path / "results" / "workers")
 
 
+def test_a_killed_workers_trial_is_evaluated_by_the_next_worker(tmp_path):
+    """kill -9 in the middle of a trial: after the grace period Optuna fails it and queues a copy;
+    the worker that runs the copy evaluates the design (it used to prune it as a duplicate of the
+    dead trial, whose design stayed in its set of seen designs)."""
+    config = _config(tmp_path, trials=8)
+    first = _worker(tmp_path, config)
+    url = f"sqlite:///{tmp_path / 'results' / 'workers' / 'study.db'}"
+    _wait_complete(url, "workers", 3, [first])
+    end, victim = time.monotonic() + 60, None
+    while victim is None and time.monotonic() < end:          # a trial with its design chosen
+        running = [t for t in _trials(url, "workers") if t.state.name == "RUNNING" and len(t.params) == 3]
+        if running:
+            first.send_signal(signal.SIGKILL)
+            victim = running[0]
+        time.sleep(0.02)
+    first.wait(timeout=30)
+    victim = next(t for t in _trials(url, "workers") if t.number == victim.number)
+    assert victim.state.name == "RUNNING"                    # killed with its trial in hand
+    again = _worker(tmp_path, config)                        # the same command resumes
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    _check_study(url, "workers", 8)
+    trials = _trials(url, "workers")
+    assert next(t for t in trials if t.number == victim.number).state.name == "FAIL"
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert len(retry) == 1 and retry[0].params == victim.params
+    assert retry[0].state.name == "COMPLETE" and retry[0].user_attrs["evaluated"], retry[0].user_attrs
+
+
 def test_template_is_enqueued_once_when_workers_start_together(tmp_path, pg_url):
     config = _config(tmp_path, trials=4)
     args = ["--storage", pg_url, "--study", "together"]
