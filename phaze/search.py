@@ -18,6 +18,7 @@ import math
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ class _Objective:
         self.done: set[int] = set()          # trials of ``seen`` known COMPLETE (they stay so)
         self.in_hand: int | None = None      # the trial id this process is evaluating
         self.shared = None                   # a --jobs worker's copy of it, for its parent
+        self.tag_owner = False               # storage without heartbeats: name the process
 
     def refresh(self, study, current: int | None = None) -> None:
         """Designs already evaluated, or in evaluation on another worker, read afresh: a trial
@@ -122,6 +124,8 @@ class _Objective:
         self.in_hand = trial._trial_id
         if self.shared is not None:          # the --jobs parent fails it if this worker must be ended
             self.shared.value = trial._trial_id
+        if self.tag_owner:
+            trial.storage.set_trial_system_attr(trial._trial_id, OWNER, _owner())
         if self.surplus(trial):
             trial.set_user_attr("surplus", True)
             trial.study.stop()
@@ -350,7 +354,8 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=No
     ("" when it reached the total). Trials in flight count toward the total (``MaxTrialsCallback``
     over COMPLETE and RUNNING: many workers never overshoot); when they are all that is missing,
     the worker waits for them: they complete, fail (and the sampler fills the gap) or go stale
-    (their worker died: failed after the grace period and retried once)."""
+    (their worker died: failed after the grace period and retried once; on the file journal,
+    failed once their process on this host is gone)."""
     optuna = _optuna()
     from optuna.storages._heartbeat import is_heartbeat_enabled
     states = optuna.trial.TrialState
@@ -358,11 +363,11 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=No
     objective = _Objective(cfg)
     objective.shared = in_hand
     objective.refresh(study)
-    # without heartbeats (the file journal) a dead worker's trial would stay RUNNING for ever:
-    # count only what completed there (several workers may then overshoot by a trial or two)
+    # without heartbeats (the file journal) each trial names its worker's host and process, and a
+    # RUNNING trial whose process on this host is gone is failed (see _fail_orphans)
     beating = is_heartbeat_enabled(study._storage)
-    counted = STATES_COUNTED if beating else ("COMPLETE", "WAITING")
-    objective.counted = counted
+    counted = STATES_COUNTED
+    objective.tag_owner = not beating
     budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
     adopted: set[int] = set()
     exact = isinstance(study.sampler, ExactSampler)
@@ -374,6 +379,8 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=No
                     break               # every design is decided: the certificate says how
                 time.sleep(poll_s)      # designs in flight elsewhere: wait for them (they may fail)
                 optuna.storages.fail_stale_trials(study)
+                if not beating:
+                    _fail_orphans(study)
                 continue
             if queued or count(study, counted) < cfg.trials:
                 study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
@@ -386,6 +393,8 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=No
                         if t._trial_id not in adopted:
                             adopted.add(t._trial_id)
                             study._storage.record_heartbeat(t._trial_id)
+                else:
+                    _fail_orphans(study)
                 time.sleep(poll_s)
                 optuna.storages.fail_stale_trials(study)
                 for cb in callbacks:
@@ -398,16 +407,50 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=No
     return stops.note
 
 
-def _fail_if_running(study, trial_id: int | None) -> None:
-    """Mark a trial FAIL if it is still RUNNING (its process was interrupted or ended)."""
+OWNER = "phaze:owner"       # a trial's system attribute on storage without heartbeats: host and pid
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _fail_orphans(study) -> None:
+    """Fail the RUNNING trials of processes of this host that are gone (storage without
+    heartbeats, the file journal: a killed worker's trial would otherwise stay RUNNING for ever
+    and, counted toward ``--trials``, keep the study from completing). Trials of other hosts
+    cannot be checked: they wait for their worker."""
+    states = _optuna().trial.TrialState
+    host = socket.gethostname()
+    for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+        where, _, pid = str(t.system_attrs.get(OWNER, "")).rpartition(":")
+        if where != host or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            if _fail_if_running(study, t._trial_id) and "failed_trial" not in t.system_attrs:
+                # retried once, as Optuna's RetryHeartbeatStaleTrialCallback does on a database
+                attrs = {k: v for k, v in t.system_attrs.items() if k != OWNER}
+                study.add_trial(_optuna().trial.create_trial(
+                    state=states.WAITING, params=t.params, distributions=t.distributions,
+                    user_attrs=t.user_attrs,
+                    system_attrs={**attrs, "failed_trial": t.number, "retry_history": [t.number]}))
+        except OSError:         # alive, another user's
+            pass
+
+
+def _fail_if_running(study, trial_id: int | None) -> bool:
+    """Mark a trial FAIL if it is still RUNNING (its process was interrupted or ended); whether
+    this call did it."""
     states = _optuna().trial.TrialState
     if trial_id is None or trial_id < 0:
-        return
+        return False
     try:
         if study._storage.get_trial(trial_id).state == states.RUNNING:
-            study._storage.set_trial_state_values(trial_id, states.FAIL)
-    except Exception:   # best effort on the way out: heartbeats catch the rest
+            return bool(study._storage.set_trial_state_values(trial_id, states.FAIL) is not False)
+    except Exception:   # another worker did it, or best effort on the way out (heartbeats catch the rest)
         pass
+    return False
 
 
 def _settle_queued(study, cfg: SweepConfig) -> None:

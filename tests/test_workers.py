@@ -60,8 +60,9 @@ def _worker(tmp_path: Path, config: Path, *extra: str) -> subprocess.Popen:
 
 
 def _trials(storage: str, name: str):
-    from phaze.search import postgres_driver_url
-    return optuna.load_study(study_name=name, storage=postgres_driver_url(storage)).get_trials(deepcopy=False)
+    from phaze.search import make_storage, postgres_driver_url
+    st = make_storage(storage, heartbeat=False) if storage.startswith("journal:///") else postgres_driver_url(storage)
+    return optuna.load_study(study_name=name, storage=st).get_trials(deepcopy=False)
 
 
 def _wait_complete(storage: str, name: str, n: int, procs, timeout: float = 120) -> None:
@@ -129,13 +130,19 @@ def test_kill_9_and_resume_on_sqlite(tmp_path):
     _same_report(tmp_path, ["results/workers"], tmp_path / "results" / "workers")
 
 
-def test_a_killed_workers_trial_is_evaluated_by_the_next_worker(tmp_path):
-    """kill -9 in the middle of a trial: after the grace period Optuna fails it and queues a copy;
-    the worker that runs the copy evaluates the design (it used to prune it as a duplicate of the
+@pytest.mark.parametrize("journal", [False, True])
+def test_a_killed_workers_trial_is_evaluated_by_the_next_worker(tmp_path, journal):
+    """kill -9 in the middle of a trial: after the grace period Optuna fails it and queues a copy
+    (on the file journal, without heartbeats, phaze does once the trial's process is gone); the
+    worker that runs the copy evaluates the design (it used to prune it as a duplicate of the
     dead trial, whose design stayed in its set of seen designs)."""
     config = _config(tmp_path, trials=8)
-    first = _worker(tmp_path, config)
     url = f"sqlite:///{tmp_path / 'results' / 'workers' / 'study.db'}"
+    args = []
+    if journal:
+        url = f"journal:///{tmp_path / 'journal' / 'study.log'}"
+        args = ["--storage", url]
+    first = _worker(tmp_path, config, *args)
     _wait_complete(url, "workers", 3, [first])
     end, victim = time.monotonic() + 60, None
     while victim is None and time.monotonic() < end:          # a trial with its design chosen
@@ -147,7 +154,7 @@ def test_a_killed_workers_trial_is_evaluated_by_the_next_worker(tmp_path):
     first.wait(timeout=30)
     victim = next(t for t in _trials(url, "workers") if t.number == victim.number)
     assert victim.state.name == "RUNNING"                    # killed with its trial in hand
-    again = _worker(tmp_path, config)                        # the same command resumes
+    again = _worker(tmp_path, config, *args)                 # the same command resumes
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     _check_study(url, "workers", 8)
@@ -156,6 +163,27 @@ def test_a_killed_workers_trial_is_evaluated_by_the_next_worker(tmp_path):
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
     assert len(retry) == 1 and retry[0].params == victim.params
     assert retry[0].state.name == "COMPLETE" and retry[0].user_attrs["evaluated"], retry[0].user_attrs
+
+
+@pytest.mark.parametrize("storage", ["default", "journal", "existing"])
+def test_three_processes_started_at_once_all_run_and_make_exactly_n(tmp_path, storage):
+    """The same search started three times at once, on a new SQLite study, a new file journal
+    (no heartbeats: three workers overshot --trials there) or an existing study: every process
+    ends with rc 0 and nothing on stderr, and the study holds exactly --trials complete trials."""
+    config = _config(tmp_path, trials=6)
+    url = f"sqlite:///{tmp_path / 'results' / 'workers' / 'study.db'}"
+    args: list[str] = []
+    if storage == "journal":
+        url = f"journal:///{tmp_path / 'journal' / 'study.log'}"
+        args = ["--storage", url]
+    if storage == "existing":
+        first = _worker(tmp_path, config, "--trials", "2")
+        assert first.wait(timeout=300) == 0
+    procs = [_worker(tmp_path, config, *args) for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and err == "", err
+    _check_study(url, "workers", 6)
 
 
 def test_template_is_enqueued_once_when_workers_start_together(tmp_path, pg_url):
