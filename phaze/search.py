@@ -33,7 +33,9 @@ from .storage import (  # noqa: F401  (re-exported: phaze.search is where users 
     _optuna,
     default_storage,
     make_storage,
+    mask_password,
     postgres_driver_url,
+    storage_errors,
     study_dir,
 )
 from .study_files import write_study_files
@@ -203,7 +205,7 @@ def open_study(cfg: SweepConfig, storage: str, name: str, create: bool = True, s
             return optuna.load_study(study_name=name, storage=make_storage(storage, heartbeat, grace_period_s),
                                      sampler=sampler)
         except KeyError:
-            raise ConfigError("--study", None, f"no study {name!r} in {storage}") from None
+            raise ConfigError("--study", None, f"no study {name!r} in {mask_password(storage)}") from None
     return _create_or_load(cfg, storage, name, sampler, heartbeat, grace_period_s)[0]
 
 
@@ -233,7 +235,7 @@ def _create_or_load(cfg: SweepConfig, storage: str, name: str, sampler=None, hea
                                        "process_node_nm": cfg.process_node_nm,
                                        "link_latency_s": cfg.link_latency_s})
     elif attrs["fingerprint"] != cfg.fingerprint():
-        raise ConfigError("--study", None, f"study {name!r} in {storage} was made by a different space, "
+        raise ConfigError("--study", None, f"study {name!r} in {mask_password(storage)} was made by a different space, "
                           f"workloads, budgets or objectives; allowed: the same config, or a new --study name")
     if [d.name.lower() for d in study.directions] != cfg.directions:
         raise ConfigError("--study", None, f"study {name!r} has objectives of other directions")
@@ -550,6 +552,12 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
     enqueued once however many workers start together."""
     name = study_name or cfg.name
     url = storage or cfg.storage or default_storage(cfg, name)
+    with storage_errors(url):
+        return _search(cfg, url, name, jobs, progress, write, grace_period_s)
+
+
+def _search(cfg: SweepConfig, url: str, name: str, jobs: int, progress: bool, write: bool,
+            grace_period_s: int) -> SearchResult:
     check_budgets(cfg)
     study, created = _create_or_load(cfg, url, name, make_sampler(cfg), grace_period_s=grace_period_s)
     if created:
@@ -660,12 +668,17 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
           limit: int | None = None, progress: bool = True, write: bool = True) -> SearchResult:
     """Every point of the grid, largest area first; points over the area or cost budget are
     counted on the study (``sweep_skipped``) rather than evaluated. Resumes like :func:`search`."""
-    from tqdm import tqdm
+    name = study_name or f"{cfg.name}-sweep"
+    url = storage or cfg.storage or default_storage(cfg, name)
+    with storage_errors(url):
+        return _sweep(cfg, url, name, limit, progress, write)
+
+
+def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: bool, write: bool) -> SearchResult:
+    from tqdm import tqdm  # deferred: the search's bar only
 
     from .area import silicon
     optuna = _optuna()
-    name = study_name or f"{cfg.name}-sweep"
-    url = storage or cfg.storage or default_storage(cfg, name)
     check_budgets(cfg)
     study = open_study(cfg, url, name, sampler=optuna.samplers.RandomSampler(seed=cfg.seed), heartbeat=False)
     conf = dict(study.user_attrs.get("config") or {})

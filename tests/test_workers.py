@@ -301,3 +301,36 @@ def test_exact_search_with_postgresql_workers_proves_the_same_answer(tmp_path, p
     assert c_pg.best_value == pytest.approx(c_one.best_value, rel=1e-12)
     done = [t for t in pg.get_trials() if t.state.name == "COMPLETE"]
     assert len({tuple(sorted(t.params.items())) for t in done}) == len(done)
+
+
+@pytest.mark.parametrize("case,words", [
+    ("read-only", "readonly"),
+    ("not a journal", "not an Optuna journal"),
+    ("journal on /dev/null", "not a regular file"),
+    ("memory", "in-memory"),
+    ("long name", "too long"),
+    ("password with @", "%40"),
+])
+def test_storage_faults_are_one_line_and_exit_2(tmp_path, case, words):
+    """Storage that cannot hold the study: one line naming --storage, rc 2, no traceback, and no
+    part of a password. A read-only study is opened through SQLite's read-only mode (tests may
+    run as root, where a chmod would not stop the writes)."""
+    config = _config(tmp_path)
+    long_name = "a" * 300
+    storage = {
+        "read-only": f"sqlite:///file:{tmp_path / 'ro.db'}?mode=ro&uri=true",
+        "not a journal": f"journal:///{tmp_path / 'notes.txt'}",
+        "journal on /dev/null": "journal:////dev/null",
+        "memory": "sqlite:///:memory:",
+        "long name": f"sqlite:///{tmp_path / long_name}.db",
+        "password with @": "postgresql://u:pa@ss@127.0.0.1:1/db",
+    }[case]
+    if case == "read-only":      # an existing study: phaze must write to resume it
+        optuna.create_study(study_name="workers", storage=f"sqlite:///{tmp_path / 'ro.db'}")
+    (tmp_path / "notes.txt").write_text("not a journal\n")
+    r = subprocess.run([sys.executable, "-m", "phaze.cli", "search", str(config), "--quiet", "--storage", storage],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "--storage" in r.stderr and words in r.stderr
+    assert "pa@" not in r.stderr and "ss@" not in r.stderr
