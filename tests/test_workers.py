@@ -165,10 +165,10 @@ def test_a_killed_workers_trial_is_evaluated_by_the_next_worker(tmp_path, journa
     assert retry[0].state.name == "COMPLETE" and retry[0].user_attrs["evaluated"], retry[0].user_attrs
 
 
-@pytest.mark.parametrize("storage", ["default", "journal", "existing"])
-def test_three_processes_started_at_once_all_run_and_make_exactly_n(tmp_path, storage):
+@pytest.mark.parametrize("storage", ["default", "journal", "existing", "postgresql"])
+def test_three_processes_started_at_once_all_run_and_make_exactly_n(tmp_path, storage, request):
     """The same search started three times at once, on a new SQLite study, a new file journal
-    (no heartbeats: three workers overshot --trials there) or an existing study: every process
+    (no heartbeats: three workers overshot --trials there), PostgreSQL or an existing study: every process
     ends with rc 0 and nothing on stderr, and the study holds exactly --trials complete trials."""
     config = _config(tmp_path, trials=6)
     url = f"sqlite:///{tmp_path / 'results' / 'workers' / 'study.db'}"
@@ -176,6 +176,9 @@ def test_three_processes_started_at_once_all_run_and_make_exactly_n(tmp_path, st
     if storage == "journal":
         url = f"journal:///{tmp_path / 'journal' / 'study.log'}"
         args = ["--storage", url]
+    if storage == "postgresql":
+        url = request.getfixturevalue("pg_url")
+        args = ["--storage", url, "--study", "workers"]
     if storage == "existing":
         first = _worker(tmp_path, config, "--trials", "2")
         assert first.wait(timeout=300) == 0
