@@ -839,11 +839,16 @@ def cmd_report(args) -> int:
     out = Path(args.out) if args.out else opened[0][1]
     if args.out and out.exists() and not out.is_dir():
         raise ConfigError("--out", None, f"cannot write into {args.out!r}: not a folder")
-    if len(opened) == 1:
-        files = write_study_files(opened[0][0], None, out)
-        print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
-        return 0
-    files = compare_studies([s for s, _ in opened], out)
+    try:
+        if len(opened) == 1:
+            files = write_study_files(opened[0][0], None, out)
+        else:
+            files = compare_studies([s for s, _ in opened], out)
+    except OSError as exc:      # a read-only folder, a path through a file, a full disk
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out) else ""
+        raise ConfigError("--out" if args.out else str(out), None,
+                          f"cannot write into {str(out)!r}{where}: {exc.strerror or exc}; allowed: a folder "
+                          f"this user can write") from None
     print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
     return 0
 
