@@ -72,6 +72,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -822,6 +823,21 @@ def _precedence_energy(m, seg, deps, succ, D, dem, capacities, starts, ends, boo
                     m.add(cap * (starts[i] - ends[u]) >= sum(between))
 
 
+_ACTIVE: set = set()                 # CP-SAT solvers running now, which a Ctrl-C may stop
+_STOPPED = threading.Event()         # set when stop_solves() ended a solve in progress
+
+
+def stop_solves() -> None:
+    """End every CP-SAT solve in progress at once (Ctrl-C: a solve may run for its whole time
+    limit, and Python handles the signal only once it returns); the stopped solve raises
+    KeyboardInterrupt instead of returning (or caching) an interrupted schedule. Thread-safe."""
+    active = list(_ACTIVE)
+    if active:
+        _STOPPED.set()
+    for solver in active:
+        solver.stop_search()
+
+
 def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hint_start, time_left,
            num_workers):
     """CP-SAT on the ops ``seg`` in ticks. Returns (status, {op: mode}, {op: start}, proven
@@ -892,7 +908,14 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, h
         if isinstance(v, str):      # an enum value by name
             v = getattr(type(getattr(solver.parameters, k)), v)
         setattr(solver.parameters, k, v)
-    st = solver.solve(m)
+    _ACTIVE.add(solver)
+    try:
+        st = solver.solve(m)
+    finally:
+        _ACTIVE.discard(solver)
+    if _STOPPED.is_set():       # Ctrl-C ended the solve: its result is not the solver's answer
+        _STOPPED.clear()
+        raise KeyboardInterrupt
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return (solver.status_name(st), None, None, None)
     modes = {i: 0 if bools[i] is None else next(a for a, b in enumerate(bools[i]) if solver.boolean_value(b))

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import schedule as _schedule
 from .configio import ConfigError
 from .exact import ExactSampler, certificate, make_exact_sampler
 from .norepeat import make_norepeat
@@ -509,13 +510,44 @@ def interruptible():
         yield
         return
     before = signal.signal(signal.SIGINT, _on_interrupt), signal.signal(signal.SIGALRM, _on_interrupt)
-    try:
-        yield
-    finally:
+    # Python runs handlers only between bytecodes, not during a CP-SAT solve (up to its time
+    # limit): the wake-up fd tells a thread of each signal at once, and it stops the solve
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    wakeup = signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
+    watcher = threading.Thread(target=_watch, args=(ours,), daemon=True, name="phaze-ctrl-c")
+    watcher.start()
+
+    def restore() -> bool:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        pending = bool(_PENDING)
         _PENDING.clear()
+        signal.set_wakeup_fd(wakeup)
         signal.signal(signal.SIGINT, before[0])
         signal.signal(signal.SIGALRM, before[1])
+        theirs.close()
+        watcher.join(timeout=1)
+        ours.close()
+        _schedule._STOPPED.clear()
+        return pending
+
+    try:
+        yield
+    except BaseException:
+        restore()
+        raise
+    if restore():       # a Ctrl-C deferred to the end of the block is not lost
+        raise KeyboardInterrupt
+
+
+def _watch(sock) -> None:
+    """Stop the CP-SAT solves in progress at each SIGINT (see :func:`interruptible`)."""
+    try:
+        while data := sock.recv(64):
+            if signal.SIGINT in data:
+                _schedule.stop_solves()
+    except OSError:
+        pass
 
 
 def _worker(cfg: SweepConfig, storage: str, name: str, worker: int, grace_period_s: int, in_hand=None) -> None:

@@ -529,3 +529,28 @@ def test_cli_schedule_bad_input_is_one_line_exit_2(argv, needle, capsys):
     err = capsys.readouterr()
     assert code == 2 and err.out == ""
     assert len(err.err.strip().splitlines()) == 1 and needle in err.err and "Traceback" not in err.err
+
+
+def test_ctrl_c_stops_a_long_cp_sat_solve_at_once():
+    """Python handles SIGINT only between bytecodes, so a CP-SAT solve used to run to its time limit
+    (here 20 s) before Ctrl-C took effect: under phaze.search.interruptible the solve is stopped
+    and raises KeyboardInterrupt within a second, and nothing is cached."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from phaze.search import interruptible
+    rng = random.Random(0)
+    tasks = []
+    for i in range(80):          # no proof of optimality within 20 s
+        modes = tuple(Mode(rng.uniform(1, 10) / k, (("a", k), ("b", rng.randint(1, 3)))) for k in (1, 2, 4))
+        tasks.append(Task(f"t{i}", modes, tuple(f"t{j}" for j in rng.sample(range(i), min(i, rng.randint(0, 2))))))
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        with interruptible():
+            solve(tasks, {"a": 4, "b": 4}, time_limit_s=20)
+    assert time.monotonic() - start < 3
+    assert not S._STOPPED.is_set() and not S._ACTIVE
