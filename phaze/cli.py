@@ -30,6 +30,7 @@ from .placement import (
 from .plan import RECOMPUTE, ROUTING, SEARCHED_RECOMPUTE
 from .power import PoweredStep, within_limit
 from .step import StepResult, evaluate
+from .storage import mask_password
 
 GiB = 2.0 ** 30
 
@@ -830,7 +831,7 @@ def _design_lines(r, cfg, keys) -> list[str]:
     return lines
 
 
-def _search_summary(res, cfg) -> None:
+def _search_summary(res, cfg, figures: bool = True) -> None:
     """The end of ``phaze search`` / ``sweep``: where the files are and the best designs, each
     with per-workload cluster and per-chip tokens/s, MFU and plan; with several objectives the
     Pareto front (all of it, or how many of it are shown) with its knee marked (see :func:`knee`)."""
@@ -846,7 +847,7 @@ def _search_summary(res, cfg) -> None:
     over = len(done) - evaluated
     print(f"phaze {res.study_name}: {evaluated} designs evaluated"
           + (f" ({over} more proposed over a budget, not evaluated)" if over else "")
-          + f" in {res.elapsed_s:.0f} s of search (storage {res.storage})")
+          + f" in {res.elapsed_s:.0f} s of search (storage {mask_password(res.storage)})")
     cert = study.user_attrs.get("certificate")
     if cert and cfg.sampler == "exact":
         from .exact import Certificate
@@ -888,16 +889,23 @@ def _search_summary(res, cfg) -> None:
             print("    tokens/s vs " + ", ".join(
                 f"{name} " + ("(no plan)" if g["overall"] is None else f"{100 * g['overall']:+.1f} %")
                 for name, g in per.items()))
-    print(f"wrote {res.out_dir}/trials.csv, pareto.csv, baselines.csv, report.md, report.html and figures")
+    print(f"wrote {res.out_dir}/trials.csv, pareto.csv, baselines.csv, report.md"
+          + (", report.html and figures" if figures else " (report.html and figures with the next run)"))
 
 
 def cmd_search(args) -> int:
     """``phaze search CONFIG``: the Optuna study over the config's chip space."""
-    from .search import search
+    from .search import SearchInterrupted, search
     from .space import load_sweep, override
     cfg = override(load_sweep(args.config), trials=args.trials, sampler=args.sampler, seed=args.seed)
-    res = search(cfg, storage=args.storage, study_name=args.study, jobs=args.jobs, progress=not args.quiet,
-                 grace_period_s=args.grace_period)
+    try:
+        res = search(cfg, storage=args.storage, study_name=args.study, jobs=args.jobs, progress=not args.quiet,
+                     grace_period_s=args.grace_period)
+    except SearchInterrupted as stop:     # Ctrl-C: the best designs so far, and how to go on
+        _search_summary(stop.result, cfg, figures=False)
+        print(f"phaze: search interrupted with {stop.result.complete} of {cfg.trials} trials complete "
+              f"(the trial in hand is marked failed); the same command resumes the study", file=sys.stderr)
+        return 130
     _search_summary(res, cfg)
     return 0
 
@@ -935,11 +943,16 @@ def cmd_report(args) -> int:
     out = Path(args.out) if args.out else opened[0][1]
     if args.out and out.exists() and not out.is_dir():
         raise ConfigError("--out", None, f"cannot write into {args.out!r}: not a folder")
-    if len(opened) == 1:
-        files = write_study_files(opened[0][0], None, out)
-        print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
-        return 0
-    files = compare_studies([s for s, _ in opened], out)
+    try:
+        if len(opened) == 1:
+            files = write_study_files(opened[0][0], None, out)
+        else:
+            files = compare_studies([s for s, _ in opened], out)
+    except OSError as exc:      # a read-only folder, a path through a file, a full disk
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out) else ""
+        raise ConfigError("--out" if args.out else str(out), None,
+                          f"cannot write into {str(out)!r}{where}: {exc.strerror or exc}; allowed: a folder "
+                          f"this user can write") from None
     print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
     return 0
 

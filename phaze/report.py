@@ -250,14 +250,84 @@ def _sqlite_studies(db: Path, what: str) -> list[str]:
     if head != b"SQLite format 3\x00":
         raise ConfigError(what, None, f"not a study: {db.name} is not an SQLite file "
                                       f"(expected the study.db that phaze search writes)")
+    journal = db.with_name(db.name + "-journal")
+    # a hot rollback journal (its writer died mid-transaction) needs a writable connection,
+    # through which SQLite rolls it back; read-only, SQLite refuses to read the file at all
+    uri = f"file:{db}" + ("" if journal.exists() else "?mode=ro")
     try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        con = sqlite3.connect(uri, uri=True)
         try:
             return [r[0] for r in con.execute("SELECT study_name FROM studies ORDER BY study_id")]
         finally:
             con.close()
-    except sqlite3.Error:
+    except sqlite3.Error as exc:
+        if journal.exists():
+            raise ConfigError(what, None, f"{db.name} has an unfinished transaction ({journal.name}: its writer "
+                                          f"died mid-write) that SQLite cannot roll back ({exc}); allowed: a "
+                                          f"folder this user can write, so that the rollback can run") from None
         raise ConfigError(what, None, f"not a study: {db.name} holds no Optuna study tables") from None
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _list_of(check):
+    return lambda v: isinstance(v, list) and all(check(x) for x in v)
+
+
+def _dict_of(check):
+    return lambda v: isinstance(v, dict) and all(isinstance(k, str) and check(x) for k, x in v.items())
+
+
+_is_str = lambda v: isinstance(v, str)              # noqa: E731
+_num_or_none = lambda v: v is None or _is_num(v)    # noqa: E731
+# what phaze search and sweep write into a study's attributes: (check, what it should be)
+CONFIG_SCHEMA = {
+    "name": (_is_str, "a string"),
+    "objectives": (_list_of(_is_str), "a list of objective names"),
+    "constraints": (_dict_of(_is_num), "a mapping of budget names to numbers"),
+    "workloads": (_list_of(_is_str), "a list of workload labels"),
+    "weights": (_list_of(_is_num), "a list of numbers"),
+    "space": (_dict_of(lambda v: isinstance(v, str) or _list_of(_is_num)(v)), "a mapping of parameters to "
+              "lists of numbers or expressions"),
+    "base": (_is_str, "a chip name"),
+    "sampler": (_is_str, "a sampler name"),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "workload_sources": (_list_of(lambda v: v is None or isinstance(v, str)), "a list of file names"),
+    "process_node_nm": (_num_or_none, "a number"),
+    "link_latency_s": (_num_or_none, "a number"),
+}
+STUDY_SCHEMA = {
+    "config": (lambda v: isinstance(v, dict), "a mapping"),
+    "fingerprint": (_is_str, "a string"),
+    "baselines": (_dict_of(lambda b: isinstance(b, dict) and isinstance(b.get("objectives", {}), dict)
+                           and isinstance(b.get("chip", {}), dict)), "a mapping of chip names to evaluations"),
+    "sweep_skipped": (_dict_of(lambda v: isinstance(v, int)), "a mapping of budget names to counts"),
+    "certificate": (lambda v: isinstance(v, dict), "a mapping"),
+}
+
+
+def check_study_attrs(study, what: str) -> None:
+    """One clear line for a study attribute of another type than phaze writes (hand-edited or
+    damaged), before any table or figure trips over it."""
+    attrs = study.user_attrs
+    for key, (ok, want) in STUDY_SCHEMA.items():
+        if key in attrs and not ok(attrs[key]):
+            raise ConfigError(what, f"study attribute {key}", f"{type(attrs[key]).__name__} {_short(attrs[key])}; "
+                              f"allowed: {want}, as phaze search writes it")
+    config = attrs.get("config") or {}
+    for key, (ok, want) in CONFIG_SCHEMA.items():
+        if key in config and not ok(config[key]):
+            raise ConfigError(what, f"study attribute config.{key}", f"{type(config[key]).__name__} "
+                              f"{_short(config[key])}; allowed: {want}, as phaze search writes it")
+    if len(config.get("weights") or []) not in (0, len(config.get("workloads") or [])):
+        raise ConfigError(what, "study attribute config.weights", "one weight per workload is allowed")
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def load_study(path: str | Path | None = None, storage: str | None = None, name: str | None = None):
@@ -306,6 +376,7 @@ def load_study(path: str | Path | None = None, storage: str | None = None, name:
     if "config" not in study.user_attrs:
         raise ConfigError(what, None, f"study {name!r} was not written by phaze search or sweep "
                                       f"(it has no 'config' attribute)")
+    check_study_attrs(study, what)
     out = (db.parent if path is not None or url.startswith("sqlite:///") else study_dir(url, name))
     return study, out
 

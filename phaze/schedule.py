@@ -61,7 +61,9 @@ gives them alone.
 
 Results are cached per key (every task's name, deps and modes, the capacities) in memory and on
 disk: one small JSON file per key under ``$PHAZE_CACHE_DIR`` (default ``~/.cache/phaze/schedules``;
-``off`` disables it), written atomically; a corrupt file is ignored and recomputed.
+``off`` disables it), written atomically. Each entry carries a checksum of its schedule and is
+checked against a schema before it is trusted: a corrupt or hand-edited entry is ignored, solved
+again and rewritten.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -317,6 +320,44 @@ def _reusable(s: Schedule, time_limit_s: float) -> bool:
     return s.status == "OPTIMAL" or s.time_limit_s >= time_limit_s
 
 
+def _checksum(schedule: dict) -> str:
+    """SHA-256 of a schedule record's canonical JSON: a changed number no longer matches."""
+    return hashlib.sha256(json.dumps(schedule, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _number(x, low: float = 0.0) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= low
+
+
+_NUMBERS = ("makespan_s", "lower_bound_s", "gap", "solve_time_s", "sequential_sum_s", "critical_path_s",
+            "work_bound_s", "tick_s", "time_limit_s")
+
+
+def _schema_ok(d) -> bool:
+    """Whether a cached schedule record has every field, each of the type and range it must have
+    (finite non-negative times, known status, ops with names, units, modes and demands)."""
+    if not isinstance(d, dict) or not all(_number(d.get(k)) for k in _NUMBERS):
+        return False
+    if d.get("status") not in STATUSES or not isinstance(d.get("note", ""), str):
+        return False
+    if not isinstance(d.get("utilisation"), dict) or not isinstance(d.get("capacities"), dict):
+        return False
+    if not all(_number(v) for v in (*d["utilisation"].values(), *d["capacities"].values())):
+        return False
+    ops = d.get("ops")
+    if not isinstance(ops, list):
+        return False
+    for e in ops:
+        if not (isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("unit"), str)
+                and isinstance(e.get("mode"), int) and isinstance(e.get("tensor_units"), int)
+                and all(_number(e.get(k)) for k in ("vector_units", "start_s", "duration_s"))
+                and isinstance(e.get("demand"), list)
+                and all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], int)
+                        for x in e["demand"])):
+            return False
+    return True
+
+
 def _cache_get(key: str, time_limit_s: float) -> Schedule | None:
     s = _memory.get(key)
     if s is not None and _reusable(s, time_limit_s):
@@ -330,6 +371,8 @@ def _cache_get(key: str, time_limit_s: float) -> Schedule | None:
         rec = json.loads(path.read_text())
         if rec.get("key") != key or rec.get("formulation") != FORMULATION or rec.get("code") != CODE_VERSION:
             return None
+        if not _schema_ok(rec.get("schedule")) or rec.get("sha256") != _checksum(rec["schedule"]):
+            return None  # hand-edited or damaged: solve again (and overwrite)
         s = Schedule.from_dict(rec["schedule"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None      # missing or corrupt: recompute (and overwrite)
@@ -351,7 +394,9 @@ def _cache_put(key: str, s: Schedule) -> None:
     d = cache_dir()
     if d is None:
         return
-    rec = {"key": key, "formulation": FORMULATION, "code": CODE_VERSION, "schedule": s.to_dict()}
+    schedule = s.to_dict()
+    rec = {"key": key, "formulation": FORMULATION, "code": CODE_VERSION, "schedule": schedule,
+           "sha256": _checksum(schedule)}
     try:
         d.mkdir(parents=True, exist_ok=True)
         if _writes[0] % _DISK_PRUNE_EVERY == 0:
@@ -778,6 +823,21 @@ def _precedence_energy(m, seg, deps, succ, D, dem, capacities, starts, ends, boo
                     m.add(cap * (starts[i] - ends[u]) >= sum(between))
 
 
+_ACTIVE: set = set()                 # CP-SAT solvers running now, which a Ctrl-C may stop
+_STOPPED = threading.Event()         # set when stop_solves() ended a solve in progress
+
+
+def stop_solves() -> None:
+    """End every CP-SAT solve in progress at once (Ctrl-C: a solve may run for its whole time
+    limit, and Python handles the signal only once it returns); the stopped solve raises
+    KeyboardInterrupt instead of returning (or caching) an interrupted schedule. Thread-safe."""
+    active = list(_ACTIVE)
+    if active:
+        _STOPPED.set()
+    for solver in active:
+        solver.stop_search()
+
+
 def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hint_start, time_left,
            num_workers):
     """CP-SAT on the ops ``seg`` in ticks. Returns (status, {op: mode}, {op: start}, proven
@@ -843,11 +903,19 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, h
     solver.parameters.max_time_in_seconds = max(1e-3, time_left)
     solver.parameters.num_workers = max(1, int(num_workers))
     solver.parameters.random_seed = 0
+    solver.parameters.catch_sigint_signal = False    # Ctrl-C stays Python's KeyboardInterrupt
     for k, v in SOLVER_PARAMETERS.items():
         if isinstance(v, str):      # an enum value by name
             v = getattr(type(getattr(solver.parameters, k)), v)
         setattr(solver.parameters, k, v)
-    st = solver.solve(m)
+    _ACTIVE.add(solver)
+    try:
+        st = solver.solve(m)
+    finally:
+        _ACTIVE.discard(solver)
+    if _STOPPED.is_set():       # Ctrl-C ended the solve: its result is not the solver's answer
+        _STOPPED.clear()
+        raise KeyboardInterrupt
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return (solver.status_name(st), None, None, None)
     modes = {i: 0 if bools[i] is None else next(a for a, b in enumerate(bools[i]) if solver.boolean_value(b))

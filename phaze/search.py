@@ -11,15 +11,21 @@ was already evaluated is never evaluated again (a repeat proposal is pruned as a
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
 import multiprocessing
+import os
+import signal
+import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import schedule as _schedule
 from .configio import ConfigError
 from .exact import ExactSampler, certificate, make_exact_sampler
 from .norepeat import make_norepeat
@@ -29,13 +35,16 @@ from .storage import (  # noqa: F401  (re-exported: phaze.search is where users 
     _optuna,
     default_storage,
     make_storage,
+    mask_password,
     postgres_driver_url,
+    storage_errors,
     study_dir,
 )
 from .study_files import write_study_files
 
 # toward --trials: done, in flight on some worker, or queued (the template; a dead worker's retry)
 STATES_COUNTED = ("COMPLETE", "RUNNING", "WAITING")
+INTERRUPT_WAIT_S = 1.2                     # after Ctrl-C, how long --jobs workers get to fail their trials
 DUPLICATE_STREAK = 200                     # consecutive repeat proposals that end a search
 
 
@@ -79,13 +88,28 @@ class _Objective:
 
     def __post_init__(self):
         self.seen: dict[tuple, int] = {}
+        self.done: set[int] = set()          # trials of ``seen`` known COMPLETE (they stay so)
+        self.in_hand: int | None = None      # the trial id this process is evaluating
+        self.shared = None                   # a --jobs worker's copy of it, for its parent
+        self.tag_owner = False               # storage without heartbeats: name the process
 
     def refresh(self, study, current: int | None = None) -> None:
-        """Designs already evaluated, or in evaluation on another worker."""
+        """Designs already evaluated, or in evaluation on another worker, read afresh: a trial
+        that was RUNNING and then failed (its worker died) no longer holds its design, so that
+        the retry Optuna queues for it is evaluated rather than pruned as its duplicate."""
         states = _optuna().trial.TrialState
+        seen: dict[tuple, int] = {}
         for t in study.get_trials(deepcopy=False, states=(states.COMPLETE, states.RUNNING)):
             if t.number != current and (t.state == states.COMPLETE or len(t.params) == len(self.cfg.searched)):
-                self.seen.setdefault(_key(t.params), t.number)
+                seen.setdefault(_key(t.params), t.number)
+                if t.state == states.COMPLETE:
+                    self.done.add(t.number)
+        self.seen = seen
+
+    def fail_in_hand(self, study) -> None:
+        """Mark the trial this process was evaluating FAIL if Optuna did not (an interruption
+        outside the trial function)."""
+        _fail_if_running(study, self.in_hand)
 
     counted: tuple = STATES_COUNTED
 
@@ -101,6 +125,11 @@ class _Objective:
     def __call__(self, trial):
         optuna = _optuna()
         cfg = self.cfg
+        self.in_hand = trial._trial_id
+        if self.shared is not None:          # the --jobs parent fails it if this worker must be ended
+            self.shared.value = trial._trial_id
+        if self.tag_owner:
+            trial.storage.set_trial_system_attr(trial._trial_id, OWNER, _owner())
         if self.surplus(trial):
             trial.set_user_attr("surplus", True)
             trial.study.stop()
@@ -111,7 +140,7 @@ class _Objective:
             trial.study.stop()
             raise optuna.TrialPruned("every design of the space is decided")
         key = _key(choices)
-        if key not in self.seen:
+        if self.seen.get(key) not in self.done:    # new here, or held by a trial that may have failed
             self.refresh(trial.study, trial.number)
         if key in self.seen:
             trial.set_user_attr("duplicate_of", self.seen[key])
@@ -178,7 +207,7 @@ def open_study(cfg: SweepConfig, storage: str, name: str, create: bool = True, s
             return optuna.load_study(study_name=name, storage=make_storage(storage, heartbeat, grace_period_s),
                                      sampler=sampler)
         except KeyError:
-            raise ConfigError("--study", None, f"no study {name!r} in {storage}") from None
+            raise ConfigError("--study", None, f"no study {name!r} in {mask_password(storage)}") from None
     return _create_or_load(cfg, storage, name, sampler, heartbeat, grace_period_s)[0]
 
 
@@ -208,7 +237,7 @@ def _create_or_load(cfg: SweepConfig, storage: str, name: str, sampler=None, hea
                                        "process_node_nm": cfg.process_node_nm,
                                        "link_latency_s": cfg.link_latency_s})
     elif attrs["fingerprint"] != cfg.fingerprint():
-        raise ConfigError("--study", None, f"study {name!r} in {storage} was made by a different space, "
+        raise ConfigError("--study", None, f"study {name!r} in {mask_password(storage)} was made by a different space, "
                           f"workloads, budgets or objectives; allowed: the same config, or a new --study name")
     if [d.name.lower() for d in study.directions] != cfg.directions:
         raise ConfigError("--study", None, f"study {name!r} has objectives of other directions")
@@ -327,52 +356,108 @@ class _Stops:
             study.stop()
 
 
-def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0) -> str:
+def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=None) -> str:
     """Run trials until the study holds ``cfg.trials`` complete ones; returns why it stopped early
     ("" when it reached the total). Trials in flight count toward the total (``MaxTrialsCallback``
     over COMPLETE and RUNNING: many workers never overshoot); when they are all that is missing,
     the worker waits for them: they complete, fail (and the sampler fills the gap) or go stale
-    (their worker died: failed after the grace period and retried once)."""
+    (their worker died: failed after the grace period and retried once; on the file journal,
+    failed once their process on this host is gone)."""
     optuna = _optuna()
     from optuna.storages._heartbeat import is_heartbeat_enabled
     states = optuna.trial.TrialState
     stops = _Stops(cfg)
     objective = _Objective(cfg)
+    objective.shared = in_hand
     objective.refresh(study)
-    # without heartbeats (the file journal) a dead worker's trial would stay RUNNING for ever:
-    # count only what completed there (several workers may then overshoot by a trial or two)
+    # without heartbeats (the file journal) each trial names its worker's host and process, and a
+    # RUNNING trial whose process on this host is gone is failed (see _fail_orphans)
     beating = is_heartbeat_enabled(study._storage)
-    counted = STATES_COUNTED if beating else ("COMPLETE", "WAITING")
-    objective.counted = counted
+    counted = STATES_COUNTED
+    objective.tag_owner = not beating
     budget = optuna.study.MaxTrialsCallback(cfg.trials, states=tuple(getattr(states, x) for x in counted))
     adopted: set[int] = set()
     exact = isinstance(study.sampler, ExactSampler)
-    while count(study, ("COMPLETE",)) < cfg.trials and not stops.note:
-        queued = count(study, ("WAITING",))     # Optuna's ask() runs queued trials first
-        if exact and not queued and study.sampler.peek(study) is None:
-            if not count(study, ("RUNNING",)):
-                break               # every design is decided: the certificate says how
-            time.sleep(poll_s)      # designs in flight elsewhere: wait for them (they may fail)
-            optuna.storages.fail_stale_trials(study)
-            continue
-        if queued or count(study, counted) < cfg.trials:
-            study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
-        else:
-            if beating:
-                # a worker killed before its trial's first heartbeat leaves a RUNNING trial that
-                # Optuna never calls stale: give each one heartbeat, once, so that it goes stale
-                # after the grace period unless its worker is alive and keeps beating
-                for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
-                    if t._trial_id not in adopted:
-                        adopted.add(t._trial_id)
-                        study._storage.record_heartbeat(t._trial_id)
-            time.sleep(poll_s)
-            optuna.storages.fail_stale_trials(study)
-            for cb in callbacks:
-                if hasattr(cb, "update"):
-                    cb.update(study)
+    try:
+        while count(study, ("COMPLETE",)) < cfg.trials and not stops.note:
+            queued = count(study, ("WAITING",))     # Optuna's ask() runs queued trials first
+            if exact and not queued and study.sampler.peek(study) is None:
+                if not count(study, ("RUNNING",)):
+                    break               # every design is decided: the certificate says how
+                time.sleep(poll_s)      # designs in flight elsewhere: wait for them (they may fail)
+                optuna.storages.fail_stale_trials(study)
+                if not beating:
+                    _fail_orphans(study)
+                continue
+            if queued or count(study, counted) < cfg.trials:
+                study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
+            else:
+                if beating:
+                    # a worker killed before its trial's first heartbeat leaves a RUNNING trial that
+                    # Optuna never calls stale: give each one heartbeat, once, so that it goes stale
+                    # after the grace period unless its worker is alive and keeps beating
+                    for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+                        if t._trial_id not in adopted:
+                            adopted.add(t._trial_id)
+                            study._storage.record_heartbeat(t._trial_id)
+                else:
+                    _fail_orphans(study)
+                time.sleep(poll_s)
+                optuna.storages.fail_stale_trials(study)
+                for cb in callbacks:
+                    if hasattr(cb, "update"):
+                        cb.update(study)
+    except KeyboardInterrupt:
+        objective.fail_in_hand(study)
+        raise
     _settle_queued(study, cfg)
     return stops.note
+
+
+OWNER = "phaze:owner"       # a trial's system attribute on storage without heartbeats: host and pid
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _fail_orphans(study) -> None:
+    """Fail the RUNNING trials of processes of this host that are gone (storage without
+    heartbeats, the file journal: a killed worker's trial would otherwise stay RUNNING for ever
+    and, counted toward ``--trials``, keep the study from completing). Trials of other hosts
+    cannot be checked: they wait for their worker."""
+    states = _optuna().trial.TrialState
+    host = socket.gethostname()
+    for t in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+        where, _, pid = str(t.system_attrs.get(OWNER, "")).rpartition(":")
+        if where != host or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            if _fail_if_running(study, t._trial_id) and "failed_trial" not in t.system_attrs:
+                # retried once, as Optuna's RetryHeartbeatStaleTrialCallback does on a database
+                attrs = {k: v for k, v in t.system_attrs.items() if k != OWNER}
+                study.add_trial(_optuna().trial.create_trial(
+                    state=states.WAITING, params=t.params, distributions=t.distributions,
+                    user_attrs=t.user_attrs,
+                    system_attrs={**attrs, "failed_trial": t.number, "retry_history": [t.number]}))
+        except OSError:         # alive, another user's
+            pass
+
+
+def _fail_if_running(study, trial_id: int | None) -> bool:
+    """Mark a trial FAIL if it is still RUNNING (its process was interrupted or ended); whether
+    this call did it."""
+    states = _optuna().trial.TrialState
+    if trial_id is None or trial_id < 0:
+        return False
+    try:
+        if study._storage.get_trial(trial_id).state == states.RUNNING:
+            return bool(study._storage.set_trial_state_values(trial_id, states.FAIL) is not False)
+    except Exception:   # another worker did it, or best effort on the way out (heartbeats catch the rest)
+        pass
+    return False
 
 
 def _settle_queued(study, cfg: SweepConfig) -> None:
@@ -389,12 +474,99 @@ def _settle_queued(study, cfg: SweepConfig) -> None:
             storage.set_trial_state_values(t._trial_id, states.PRUNED)
 
 
-def _worker(cfg: SweepConfig, storage: str, name: str, worker: int, grace_period_s: int) -> None:
-    study = open_study(cfg, storage, name, sampler=make_sampler(cfg, worker), grace_period_s=grace_period_s)
+_HERE = str(Path(__file__).resolve().parent)
+
+
+def _unsafe(frame) -> bool:
+    """Whether a KeyboardInterrupt raised in ``frame`` could be lost or disguised: outside
+    phaze's own code (a finalizer or weak-reference callback of a library prints "Exception
+    ignored in ..." and carries on; a library's cleanup half done), in a ``__del__``, or inside
+    an import (an extension module's import turns it into ImportError)."""
+    if frame is None or frame.f_code.co_name == "__del__" or not frame.f_code.co_filename.startswith(_HERE):
+        return True
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_interrupt(signum, frame) -> None:
+    """SIGINT (and the retry alarm): KeyboardInterrupt where it is safe, else again in 10 ms."""
+    if signum == signal.SIGALRM and not _PENDING:
+        return
+    if _unsafe(frame):
+        _PENDING.append(True)
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        return
+    _PENDING.clear()
+    raise KeyboardInterrupt
+
+
+_PENDING: list[bool] = []
+
+
+@contextlib.contextmanager
+def interruptible():
+    """Ctrl-C as a KeyboardInterrupt raised only where it can be handled (see :func:`_unsafe`);
+    a no-op outside the main thread, where signals are not delivered."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, _on_interrupt), signal.signal(signal.SIGALRM, _on_interrupt)
+    # Python runs handlers only between bytecodes, not during a CP-SAT solve (up to its time
+    # limit): the wake-up fd tells a thread of each signal at once, and it stops the solve
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    wakeup = signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
+    watcher = threading.Thread(target=_watch, args=(ours,), daemon=True, name="phaze-ctrl-c")
+    watcher.start()
+
+    def restore() -> bool:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        pending = bool(_PENDING)
+        _PENDING.clear()
+        signal.set_wakeup_fd(wakeup)
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGALRM, before[1])
+        theirs.close()
+        watcher.join(timeout=1)
+        ours.close()
+        _schedule._STOPPED.clear()
+        return pending
+
     try:
-        drive(study, cfg)
-    except KeyboardInterrupt:   # Ctrl-C: Optuna has failed the trial in hand; end quietly
+        yield
+    except BaseException:
+        restore()
+        raise
+    if restore():       # a Ctrl-C deferred to the end of the block is not lost
+        raise KeyboardInterrupt
+
+
+def _watch(sock) -> None:
+    """Stop the CP-SAT solves in progress at each SIGINT (see :func:`interruptible`)."""
+    try:
+        while data := sock.recv(64):
+            if signal.SIGINT in data:
+                _schedule.stop_solves()
+    except OSError:
         pass
+
+
+def _worker(cfg: SweepConfig, storage: str, name: str, worker: int, grace_period_s: int, in_hand=None) -> None:
+    """One ``--jobs`` worker: its own session (the parent forwards Ctrl-C), SIGINT ignored until
+    it is ready to fail its trial in hand cleanly."""
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    try:
+        with interruptible():
+            study = open_study(cfg, storage, name, sampler=make_sampler(cfg, worker), grace_period_s=grace_period_s)
+            drive(study, cfg, in_hand=in_hand)
+    except KeyboardInterrupt:   # Ctrl-C: the trial in hand is failed; end quietly
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)
@@ -416,6 +588,12 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
     enqueued once however many workers start together."""
     name = study_name or cfg.name
     url = storage or cfg.storage or default_storage(cfg, name)
+    with storage_errors(url):
+        return _search(cfg, url, name, jobs, progress, write, grace_period_s)
+
+
+def _search(cfg: SweepConfig, url: str, name: str, jobs: int, progress: bool, write: bool,
+            grace_period_s: int) -> SearchResult:
     check_budgets(cfg)
     study, created = _create_or_load(cfg, url, name, make_sampler(cfg), grace_period_s=grace_period_s)
     if created:
@@ -427,28 +605,44 @@ def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None 
     bar = _Progress(cfg, study, total, progress)
     if exact:
         study.sampler.on_bound = bar.bounded
-    note = ""
+    note, interrupted = "", False
     try:
-        if jobs <= 1:
-            note = drive(study, cfg, callbacks=[bar])
-        else:
-            _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
+        with interruptible():
+            if jobs <= 1:
+                note = drive(study, cfg, callbacks=[bar])
+            else:
+                _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         elapsed_s = time.perf_counter() - start
         bar.update(study)
         bar.close()
         if cfg.sampler == "exact":
             write_certificate(cfg, study, study_dir(url, name) if write else None)
-        if write:
-            _writing(study_dir(url, name), progress)
-            write_study_files(study, cfg, study_dir(url, name))
-    return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)), elapsed_s, note)
+        if write:       # after Ctrl-C, the tables and report.md at once; figures with the next run
+            _writing(study_dir(url, name), progress, figures=not interrupted)
+            write_study_files(study, cfg, study_dir(url, name), figures=not interrupted)
+    res = SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)), elapsed_s, note)
+    if interrupted:
+        raise SearchInterrupted(res)
+    return res
 
 
-def _writing(out_dir: Path, progress: bool) -> None:
+def _writing(out_dir: Path, progress: bool, figures: bool = True) -> None:
     """One status line while the report and its figures are written (seconds for a large study)."""
     if progress:
-        print(f"writing {out_dir}/trials.csv, report.md, report.html and figures ...", file=sys.stderr, flush=True)
+        what = "report.md, report.html and figures" if figures else "report.md (figures with the next run)"
+        print(f"writing {out_dir}/trials.csv, {what} ...", file=sys.stderr, flush=True)
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`search`: the trial in hand is failed, the study's tables are written,
+    and ``result`` is the study so far; the same call resumes it."""
+
+    def __init__(self, result: SearchResult):
+        super().__init__()
+        self.result = result
 
 
 def write_certificate(cfg: SweepConfig, study, out_dir: Path | None):
@@ -474,22 +668,37 @@ def write_certificate(cfg: SweepConfig, study, out_dir: Path | None):
 
 
 def _run_workers(cfg, url, name, jobs, bar, study, grace_period_s) -> None:
-    """``jobs`` worker processes on the study; the bar follows the storage. On Ctrl-C (which the
-    workers receive too) each fails its trial in hand and ends; stragglers are terminated."""
+    """``jobs`` worker processes on the study; the bar follows the storage. The workers run in
+    sessions of their own, so that a Ctrl-C reaches them once, through this process: each fails
+    its trial in hand and ends; stragglers are terminated (their trials go stale)."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(cfg, url, name, w, grace_period_s), daemon=True)
+    in_hand = [ctx.Value("q", -1, lock=False) for _ in range(jobs)]     # each worker's trial id
+    procs = [ctx.Process(target=_worker, args=(cfg, url, name, w, grace_period_s, in_hand[w]), daemon=True)
              for w in range(jobs)]
-    for p in procs:
-        p.start()
+    main = threading.current_thread() is threading.main_thread()    # signals belong to the main thread
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None   # inherited until a worker is set up
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     try:
         while any(p.is_alive() for p in procs):
-            time.sleep(1.0)
+            time.sleep(0.2)
             bar.update(study)
     except KeyboardInterrupt:
         for p in procs:
-            p.join(timeout=15)
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGINT)
+        end = time.monotonic() + INTERRUPT_WAIT_S
+        for p in procs:
+            p.join(timeout=max(0.0, end - time.monotonic()))
+        for p, trial_id in zip(procs, in_hand, strict=True):
             if p.is_alive():
                 p.terminate()
+                p.join()
+                _fail_if_running(study, trial_id.value)
         raise
     finally:
         for p in procs:
@@ -503,12 +712,17 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
           limit: int | None = None, progress: bool = True, write: bool = True) -> SearchResult:
     """Every point of the grid, largest area first; points over the area or cost budget are
     counted on the study (``sweep_skipped``) rather than evaluated. Resumes like :func:`search`."""
-    from tqdm import tqdm
+    name = study_name or f"{cfg.name}-sweep"
+    url = storage or cfg.storage or default_storage(cfg, name)
+    with storage_errors(url):
+        return _sweep(cfg, url, name, limit, progress, write)
+
+
+def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: bool, write: bool) -> SearchResult:
+    from tqdm import tqdm  # deferred: the search's bar only
 
     from .area import silicon
     optuna = _optuna()
-    name = study_name or f"{cfg.name}-sweep"
-    url = storage or cfg.storage or default_storage(cfg, name)
     check_budgets(cfg)
     study = open_study(cfg, url, name, sampler=optuna.samplers.RandomSampler(seed=cfg.seed), heartbeat=False)
     conf = dict(study.user_attrs.get("config") or {})

@@ -446,3 +446,71 @@ def test_quickstart_report_in_headless_chromium(tmp_path):
     assert img.std() > 20 and len(np.unique(img)) > 50 and (img < 128).mean() > 0.01
     assert html.escape("quickstart") in page.read_text()
 
+
+# --- report errors: one line, exit status 2 ----------------------------------------------------------
+def test_an_unwritable_out_is_one_line_and_exit_2(tmp_path, tiny):
+    """A folder the report cannot write into: a file, a path through a file, a folder without
+    write permission (as root, which ignores permissions, a path under /proc)."""
+    import os
+    (tmp_path / "afile").write_text("x\n")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    unwritable = "/proc/phaze-report-out" if os.geteuid() == 0 else str(locked / "out")
+    for out, words in ((str(tmp_path / "afile"), "not a folder"), (str(tmp_path / "afile" / "sub"), "Not a directory"),
+                       (unwritable, "cannot write into")):
+        r = run_cli(tmp_path, "report", str(tiny[1]), "--out", out)
+        assert r.returncode == 2 and r.stdout == "", (out, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "--out" in r.stderr and words in r.stderr, r.stderr
+
+
+def _copy_study(tiny, tmp_path: Path) -> Path:
+    import shutil
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    shutil.copy(tiny[1] / "study.db", folder / "study.db")
+    return folder
+
+
+@pytest.mark.parametrize("key,value", [("config.objectives", 5), ("config.constraints", [1]), ("config.seed", "x"),
+                                       ("config.weights", "abc"), ("baselines", "x"), ("sweep_skipped", [1])])
+def test_hand_edited_study_attributes_are_one_line_and_exit_2(tmp_path, tiny, key, value):
+    import json
+    folder = _copy_study(tiny, tmp_path)
+    con = sqlite3.connect(folder / "study.db")
+    top, _, sub = key.partition(".")
+    row = con.execute("SELECT value_json FROM study_user_attributes WHERE key=?", (top,)).fetchone()
+    if sub:
+        edited = dict(json.loads(row[0]), **{sub: value})
+        con.execute("UPDATE study_user_attributes SET value_json=? WHERE key=?", (json.dumps(edited), top))
+    else:
+        con.execute("DELETE FROM study_user_attributes WHERE key=?", (top,))
+        con.execute("INSERT INTO study_user_attributes (study_id, key, value_json) VALUES (1, ?, ?)",
+                    (top, json.dumps(value)))
+    con.commit()
+    con.close()
+    r = run_cli(tmp_path, "report", str(folder), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"study attribute {key}" in r.stderr and "allowed:" in r.stderr
+
+
+def test_a_study_with_a_hot_rollback_journal_is_rolled_back_and_reported(tmp_path, tiny):
+    """Its writer died mid-transaction, leaving study.db-journal: SQLite rolls it back (it needs a
+    writable connection; read-only, the study was called 'not a study'), and the report is the
+    one of the study before the transaction."""
+    folder = _copy_study(tiny, tmp_path)
+    writer = ("import os, sqlite3, sys\n"
+              "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+              "con.execute('PRAGMA cache_size=1')\n"          # spill pages: the journal reaches the disk
+              "con.execute('BEGIN')\n"
+              "for i in range(50):\n"
+              "    con.execute('UPDATE trial_user_attributes SET value_json = value_json')\n"
+              "    con.execute('INSERT INTO study_user_attributes (study_id, key, value_json) VALUES (1, ?, ?)',\n"
+              "                (f'junk{i}', '\"' + 'x' * 5000 + '\"'))\n"
+              "os._exit(0)\n")                                 # dies mid-transaction
+    subprocess.run([sys.executable, "-c", writer, str(folder / "study.db")], check=True, timeout=60)
+    assert (folder / "study.db-journal").stat().st_size > 0
+    r = run_cli(tmp_path, "report", str(folder), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "trials.csv").read_text() == (tiny[1] / "trials.csv").read_text()

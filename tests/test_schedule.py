@@ -463,6 +463,29 @@ def test_disk_cache_is_reused_and_corrupt_files_recomputed(tmp_path, monkeypatch
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.parametrize("corrupt", ["wrong type", "changed number, old checksum", "no checksum"])
+def test_a_tampered_cache_entry_is_ignored_resolved_and_rewritten(tmp_path, monkeypatch, corrupt):
+    """A cached makespan of the wrong type must not give a traceback, and a wrong number must not
+    silently change results: the entry is checked (schema and checksum), solved again, rewritten."""
+    monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path))
+    c, m, bwd, kw, first = _tpu_bwd()
+    (path,) = tmp_path.glob("*.json")
+    rec = json.loads(path.read_text())
+    if corrupt == "wrong type":
+        rec["schedule"]["makespan_s"] = "fast"
+        rec["sha256"] = S._checksum(rec["schedule"])       # even with a checksum that matches
+    elif corrupt == "changed number, old checksum":
+        rec["schedule"]["makespan_s"] *= 0.5
+    else:
+        rec.pop("sha256", None)
+    path.write_text(json.dumps(rec))
+    S.clear_memory_cache()
+    again = schedule_ops(bwd, c, m.precision, EFF, **kw)
+    assert not again.cached and again.makespan_s == first.makespan_s and again.ops == first.ops
+    fixed = json.loads(path.read_text())
+    assert fixed["schedule"]["makespan_s"] == first.makespan_s and fixed["sha256"] == S._checksum(fixed["schedule"])
+
+
 def test_cache_key_separates_chips_and_shapes(tmp_path, monkeypatch):
     monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path))
     c = chip("tpuv4")
@@ -529,3 +552,28 @@ def test_gantt_pool_label_is_the_chips_unit_count_and_links_have_their_own_colou
     assert bar_kind("qkv.input_all_gather", "link") != bar_kind("qkv", "tensor") == op_kind("qkv.dgrad")
     assert bar_kind("ln1.all_gather.bwd", "link") == bar_kind("recompute.ln1.all_gather", "link") == "ln1.all_gather"
     assert "qkv.input_all_gather" in svg        # in the legend
+
+
+def test_ctrl_c_stops_a_long_cp_sat_solve_at_once():
+    """Python handles SIGINT only between bytecodes, so a CP-SAT solve used to run to its time limit
+    (here 20 s) before Ctrl-C took effect: under phaze.search.interruptible the solve is stopped
+    and raises KeyboardInterrupt within a second, and nothing is cached."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from phaze.search import interruptible
+    rng = random.Random(0)
+    tasks = []
+    for i in range(80):          # no proof of optimality within 20 s
+        modes = tuple(Mode(rng.uniform(1, 10) / k, (("a", k), ("b", rng.randint(1, 3)))) for k in (1, 2, 4))
+        tasks.append(Task(f"t{i}", modes, tuple(f"t{j}" for j in rng.sample(range(i), min(i, rng.randint(0, 2))))))
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        with interruptible():
+            solve(tasks, {"a": 4, "b": 4}, time_limit_s=20)
+    assert time.monotonic() - start < 3
+    assert not S._STOPPED.is_set() and not S._ACTIVE

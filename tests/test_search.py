@@ -359,3 +359,57 @@ def test_report_names_the_real_storage_and_how_designs_were_chosen(tmp_path):
                                    if (tmp_path).is_relative_to(Path.cwd()) else "sqlite:///many.db",)
     phrase = sampler_phrase(study_meta(study))
     assert "phaze sweep" in phrase and "random" not in phrase.lower()
+
+
+# --- interruptions ---------------------------------------------------------------------------------
+# a TPU-like template: every design needs CP-SAT solves, after which OR-Tools used to leave Ctrl-C
+# to the default handler (death by the signal: the trial left RUNNING, a partial report)
+INTERRUPTED = {
+    "name": "intr", "base": "tpuv4",
+    "workloads": [{"workload": "bert-large", "devices": 8, "global_batch": 64,
+                   "placement": {"tp": [1, 2], "pp": [1], "recompute": ["none"]}}],
+    "space": {"tensor_units": [4, 8, 16, 32, 64], "tensor_rows": [64, 128], "tensor_cols": "tensor_rows",
+              "vector_units": [1, 2, 4]},
+    "objectives": ["throughput"], "sampler": "tpe", "trials": 10, "seed": 1, "baselines": [],
+}
+
+
+def _states(url: str, name: str) -> list[str]:
+    import optuna
+    return [t.state.name for t in optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)]
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_ctrl_c_prints_the_best_so_far_exits_130_and_the_same_command_resumes(tmp_path, jobs):
+    import os
+    import signal
+    import time
+    config = write(tmp_path, INTERRUPTED)
+    env = dict(os.environ, PHAZE_CACHE_DIR=str(tmp_path / "cache"))      # solves, not cache hits
+    argv = [sys.executable, "-m", "phaze.cli", "search", str(config), "--quiet", "--jobs", str(jobs)]
+    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"sqlite:///{tmp_path / 'results' / 'intr' / 'study.db'}"
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        try:
+            if _states(url, "intr").count("COMPLETE") >= 2:
+                break
+        except Exception:            # the study is not there yet
+            pass
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, err = p.communicate(timeout=60)
+    waited = time.monotonic() - sent
+    assert p.returncode == 130, err
+    assert waited < 5, waited            # 0.3 s (one process), 0.8 s (--jobs 3) on an idle machine
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "interrupted" in err and "the same command resumes" in err
+    assert "designs evaluated" in out and "  trial " in out                   # the best designs so far
+    states = _states(url, "intr")
+    assert "RUNNING" not in states and states.count("COMPLETE") >= 2
+    assert (tmp_path / "results" / "intr" / "trials.csv").exists()
+    again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert _states(url, "intr").count("COMPLETE") == INTERRUPTED["trials"]

@@ -60,8 +60,9 @@ def _worker(tmp_path: Path, config: Path, *extra: str) -> subprocess.Popen:
 
 
 def _trials(storage: str, name: str):
-    from phaze.search import postgres_driver_url
-    return optuna.load_study(study_name=name, storage=postgres_driver_url(storage)).get_trials(deepcopy=False)
+    from phaze.search import make_storage, postgres_driver_url
+    st = make_storage(storage, heartbeat=False) if storage.startswith("journal:///") else postgres_driver_url(storage)
+    return optuna.load_study(study_name=name, storage=st).get_trials(deepcopy=False)
 
 
 def _wait_complete(storage: str, name: str, n: int, procs, timeout: float = 120) -> None:
@@ -127,6 +128,65 @@ def test_kill_9_and_resume_on_sqlite(tmp_path):
     assert again.returncode == 0, err
     _check_study(url, "workers", 8)
     _same_report(tmp_path, ["results/workers"], tmp_path / "results" / "workers")
+
+
+@pytest.mark.parametrize("journal", [False, True])
+def test_a_killed_workers_trial_is_evaluated_by_the_next_worker(tmp_path, journal):
+    """kill -9 in the middle of a trial: after the grace period Optuna fails it and queues a copy
+    (on the file journal, without heartbeats, phaze does once the trial's process is gone); the
+    worker that runs the copy evaluates the design (it used to prune it as a duplicate of the
+    dead trial, whose design stayed in its set of seen designs)."""
+    config = _config(tmp_path, trials=8)
+    url = f"sqlite:///{tmp_path / 'results' / 'workers' / 'study.db'}"
+    args = []
+    if journal:
+        url = f"journal:///{tmp_path / 'journal' / 'study.log'}"
+        args = ["--storage", url]
+    first = _worker(tmp_path, config, *args)
+    _wait_complete(url, "workers", 3, [first])
+    end, victim = time.monotonic() + 60, None
+    while victim is None and time.monotonic() < end:          # a trial with its design chosen
+        running = [t for t in _trials(url, "workers") if t.state.name == "RUNNING" and len(t.params) == 3]
+        if running:
+            first.send_signal(signal.SIGKILL)
+            victim = running[0]
+        time.sleep(0.02)
+    first.wait(timeout=30)
+    victim = next(t for t in _trials(url, "workers") if t.number == victim.number)
+    assert victim.state.name == "RUNNING"                    # killed with its trial in hand
+    again = _worker(tmp_path, config, *args)                 # the same command resumes
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    _check_study(url, "workers", 8)
+    trials = _trials(url, "workers")
+    assert next(t for t in trials if t.number == victim.number).state.name == "FAIL"
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert len(retry) == 1 and retry[0].params == victim.params
+    assert retry[0].state.name == "COMPLETE" and retry[0].user_attrs["evaluated"], retry[0].user_attrs
+
+
+@pytest.mark.parametrize("storage", ["default", "journal", "existing", "postgresql"])
+def test_three_processes_started_at_once_all_run_and_make_exactly_n(tmp_path, storage, request):
+    """The same search started three times at once, on a new SQLite study, a new file journal
+    (no heartbeats: three workers overshot --trials there), PostgreSQL or an existing study: every process
+    ends with rc 0 and nothing on stderr, and the study holds exactly --trials complete trials."""
+    config = _config(tmp_path, trials=6)
+    url = f"sqlite:///{tmp_path / 'results' / 'workers' / 'study.db'}"
+    args: list[str] = []
+    if storage == "journal":
+        url = f"journal:///{tmp_path / 'journal' / 'study.log'}"
+        args = ["--storage", url]
+    if storage == "postgresql":
+        url = request.getfixturevalue("pg_url")
+        args = ["--storage", url, "--study", "workers"]
+    if storage == "existing":
+        first = _worker(tmp_path, config, "--trials", "2")
+        assert first.wait(timeout=300) == 0
+    procs = [_worker(tmp_path, config, *args) for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and err == "", err
+    _check_study(url, "workers", 6)
 
 
 def test_template_is_enqueued_once_when_workers_start_together(tmp_path, pg_url):
@@ -244,3 +304,36 @@ def test_exact_search_with_postgresql_workers_proves_the_same_answer(tmp_path, p
     assert c_pg.best_value == pytest.approx(c_one.best_value, rel=1e-12)
     done = [t for t in pg.get_trials() if t.state.name == "COMPLETE"]
     assert len({tuple(sorted(t.params.items())) for t in done}) == len(done)
+
+
+@pytest.mark.parametrize("case,words", [
+    ("read-only", "readonly"),
+    ("not a journal", "not an Optuna journal"),
+    ("journal on /dev/null", "not a regular file"),
+    ("memory", "in-memory"),
+    ("long name", "too long"),
+    ("password with @", "%40"),
+])
+def test_storage_faults_are_one_line_and_exit_2(tmp_path, case, words):
+    """Storage that cannot hold the study: one line naming --storage, rc 2, no traceback, and no
+    part of a password. A read-only study is opened through SQLite's read-only mode (tests may
+    run as root, where a chmod would not stop the writes)."""
+    config = _config(tmp_path)
+    long_name = "a" * 300
+    storage = {
+        "read-only": f"sqlite:///file:{tmp_path / 'ro.db'}?mode=ro&uri=true",
+        "not a journal": f"journal:///{tmp_path / 'notes.txt'}",
+        "journal on /dev/null": "journal:////dev/null",
+        "memory": "sqlite:///:memory:",
+        "long name": f"sqlite:///{tmp_path / long_name}.db",
+        "password with @": "postgresql://u:pa@ss@127.0.0.1:1/db",
+    }[case]
+    if case == "read-only":      # an existing study: phaze must write to resume it
+        optuna.create_study(study_name="workers", storage=f"sqlite:///{tmp_path / 'ro.db'}")
+    (tmp_path / "notes.txt").write_text("not a journal\n")
+    r = subprocess.run([sys.executable, "-m", "phaze.cli", "search", str(config), "--quiet", "--storage", storage],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "--storage" in r.stderr and words in r.stderr
+    assert "pa@" not in r.stderr and "ss@" not in r.stderr
