@@ -348,7 +348,10 @@ def _expression_value(d: Dimension, env: dict, source: str) -> float:
     """The value of expression dimension ``d`` given the values of what it reads, checked as a
     value of its key; else one :class:`ConfigError` naming the field and the values."""
     try:
-        return check_value(d.key, evaluate(d.expression, env))
+        v = evaluate(d.expression, env)
+        if PARAMETERS[d.key][2] and abs(v - round(v)) <= 1e-9 * abs(v):     # 0.1 * 10 counts as 1
+            v = float(round(v))
+        return check_value(d.key, v)
     except ValueError as exc:      # ExpressionError included
         at = ", ".join(f"{k} = {env[k]:g}" for k in sorted(_names(_parse(d.expression))))
         raise ConfigError(source, f"space.{d.key}", f"{quote(d.expression)}{' at ' + at if at else ''}: {exc}") from None
@@ -668,4 +671,8 @@ def override(cfg: SweepConfig, **changes) -> SweepConfig:
     changes = {k: v for k, v in changes.items() if v is not None}
     if "sampler" in changes and changes["sampler"] not in SAMPLERS:
         raise ConfigError("--sampler", None, f"must be one of {', '.join(SAMPLERS)}, got {changes['sampler']!r}")
+    if changes.get("seed", 0) > MAX_SEED:
+        raise ConfigError("--seed", None, f"must be an integer from 0 to {MAX_SEED:,}, got {changes['seed']}")
+    if changes.get("trials", 1) > MAX_TRIALS:
+        raise ConfigError("--trials", None, f"must be a positive integer up to {MAX_TRIALS:,}, got {changes['trials']}")
     return replace(cfg, **changes)
