@@ -132,11 +132,12 @@ class _Timeout(Exception):
     pass
 
 
-def run_case(argv: list[str], limit_s: float = 10.0) -> tuple[str, int | None, str, float]:
+def run_case(argv: list[str], limit_s: float = 10.0,
+             out: io.StringIO | None = None) -> tuple[str, int | None, str, float]:
     """(verdict, exit status, stderr, seconds): verdict 'ok' (status 0), 'error' (one line, status 2)
-    or what went wrong."""
+    or what went wrong. ``out`` receives stdout."""
     from phaze.cli import main
-    out, err = io.StringIO(), io.StringIO()
+    out, err = out if out is not None else io.StringIO(), io.StringIO()
 
     def alarm(*_):
         raise _Timeout()
