@@ -5,6 +5,9 @@ the space of chip parameters, budgets and objectives. Each parameter is a fixed 
 range with a step, a powers-of-two range (``log2``), or an arithmetic expression of the others
 (``"max(1, tensor_rows * tensor_cols / 64)"``). Values in the config carry their unit in the key
 (``shared_buffer_mib``); :func:`build_chip` converts them to the SI fields of :class:`Chip`.
+Every value a design can take, an expression's included, is checked when the config is read: a
+whole number where the key counts something, a finite number in :data:`RANGES` elsewhere, so the
+cost model never sees zero, a fraction of a unit, infinity or 1e308.
 """
 from __future__ import annotations
 
@@ -354,7 +357,8 @@ def _expression_value(d: Dimension, env: dict, source: str) -> float:
         return check_value(d.key, v)
     except ValueError as exc:      # ExpressionError included
         at = ", ".join(f"{k} = {env[k]:g}" for k in sorted(_names(_parse(d.expression))))
-        raise ConfigError(source, f"space.{d.key}", f"{quote(d.expression)}{' at ' + at if at else ''}: {exc}") from None
+        at = f" at {at}" if at else ""
+        raise ConfigError(source, f"space.{d.key}", f"{quote(d.expression)}{at}: {exc}") from None
 
 
 def _check_expressions(dims: dict[str, Dimension], order: tuple[str, ...], source: str) -> None:
