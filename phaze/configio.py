@@ -8,6 +8,9 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
+import reprlib
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,46 @@ from typing import Any
 import yaml
 
 _MISSING = object()
+MAX_FILE_BYTES = 16 * 2 ** 20      # a config file larger than this is not a config (16 MiB)
+MAX_YAML_NODES = 100_000           # YAML nodes after alias expansion (a billion-laughs file has 10^9)
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring, _QUOTE.maxother, _QUOTE.maxlong, _QUOTE.maxlevel = 80, 80, 40, 3
+
+
+def quote(value: Any) -> str:
+    """``repr(value)`` cut to a line: what an error message may quote of user input, whatever its
+    size (a huge string, a deeply nested or alias-expanded YAML value)."""
+    return _QUOTE.repr(value)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses recursive aliases and documents whose aliases expand to
+    more than :data:`MAX_YAML_NODES` nodes: the expansion happens in every consumer of the data."""
+
+    def compose_document(self):
+        self._sizes: dict[int, int] = {}
+        return super().compose_document()
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            node = self.anchors.get(event.anchor)
+            if node is not None and id(node) not in self._sizes:
+                raise yaml.composer.ComposerError(None, None, f"recursive alias *{event.anchor}",
+                                                  event.start_mark)
+        node = super().compose_node(parent, index)
+        if id(node) not in self._sizes:
+            if isinstance(node, yaml.SequenceNode):
+                size = 1 + sum(self._sizes.get(id(c), 1) for c in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                size = 1 + sum(self._sizes.get(id(k), 1) + self._sizes.get(id(v), 1) for k, v in node.value)
+            else:
+                size = 1
+            if size > MAX_YAML_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"aliases expand to more than {MAX_YAML_NODES:,} values", node.start_mark)
+            self._sizes[id(node)] = size
+        return node
 
 
 class ConfigError(ValueError):
@@ -23,14 +66,26 @@ class ConfigError(ValueError):
     def __init__(self, source: str, field: str | None, message: str):
         self.source, self.field, self.message = str(source), field, message
         where = f"{self.source}: field '{field}'" if field else self.source
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{where}: {message if len(message) <= 2000 else message[:2000] + '...'}")
 
 
 def read_mapping(path: str | Path) -> dict:
     """Load a YAML or JSON file whose top level must be a mapping."""
     path = Path(path)
     try:
-        text = path.read_text()
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(info.st_mode):     # /dev/zero, a FIFO, a socket: reading never ends
+            raise ConfigError(path, None, "not a regular file; allowed: a YAML or JSON file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ConfigError(path, None, f"{info.st_size:,} bytes; allowed: a YAML or JSON file of at "
+                                          f"most {MAX_FILE_BYTES:,} bytes")
+        with open(path, "rb") as fh:
+            text = fh.read(MAX_FILE_BYTES + 1).decode()
+        if len(text) > MAX_FILE_BYTES:
+            raise ConfigError(path, None, f"over {MAX_FILE_BYTES:,} bytes; allowed: a YAML or JSON file "
+                                          f"of at most {MAX_FILE_BYTES:,} bytes")
     except FileNotFoundError:
         raise ConfigError(path, None, "file not found") from None
     except IsADirectoryError:
@@ -41,12 +96,13 @@ def read_mapping(path: str | Path) -> dict:
     except OSError as exc:
         raise ConfigError(path, None, f"cannot read file ({exc.strerror or exc})") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else (
             f" at line {exc.lineno}" if hasattr(exc, "lineno") else "")
         reason = getattr(exc, "problem", None) or getattr(exc, "msg", None) or "syntax error"
+        reason = reason if len(reason) <= 200 else reason[:200] + "..."
         raise ConfigError(path, None, f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}"
                                       f"{line}: {reason}") from None
     except (RecursionError, ValueError) as exc:     # absurd nesting, numbers past the int limit
@@ -83,15 +139,17 @@ class Fields:
             return default
         return self.data[key]
 
-    def int(self, key: str, default: Any = _MISSING, minimum: int = 1) -> Any:
+    def int(self, key: str, default: Any = _MISSING, minimum: int = 1, maximum: int | None = None) -> Any:
         value = self._get(key, default)
         if value is default and default is not _MISSING:
             return value
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+                or (maximum is not None and value > maximum)):
             allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-            raise self.error(key, f"must be {allowed}, got {value!r}")
+            allowed += f" up to {maximum:,}" if maximum is not None else ""
+            raise self.error(key, f"must be {allowed}, got {quote(value)}")
         return value
 
     def number(self, key: str, default: Any = _MISSING, minimum: float = 0.0,
@@ -111,7 +169,7 @@ class Fields:
         if not ok:
             lo = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
             hi = f" and <= {maximum:g}" if maximum is not None else ""
-            raise self.error(key, f"must be a number {lo}{hi}, got {value!r}")
+            raise self.error(key, f"must be a number {lo}{hi}, got {quote(value)}")
         return float(value)
 
     def choice(self, key: str, choices: Iterable[str], default: Any = _MISSING) -> Any:
@@ -122,13 +180,13 @@ class Fields:
         if isinstance(value, str):
             value = value.strip().lower()
         if value not in choices:
-            raise self.error(key, f"must be one of {', '.join(choices)}, got {value!r}")
+            raise self.error(key, f"must be one of {', '.join(choices)}, got {quote(value)}")
         return value
 
     def bool(self, key: str, default: Any = _MISSING) -> Any:
         value = self._get(key, default)
         if not isinstance(value, bool):
-            raise self.error(key, f"must be true or false, got {value!r}")
+            raise self.error(key, f"must be true or false, got {quote(value)}")
         return value
 
     def str(self, key: str, default: Any = _MISSING) -> Any:
@@ -136,7 +194,7 @@ class Fields:
         if value is default and default is not _MISSING:
             return value
         if not isinstance(value, str) or not value.strip():
-            raise self.error(key, f"must be a non-empty string, got {value!r}")
+            raise self.error(key, f"must be a non-empty string, got {quote(value)}")
         return value.strip()
 
     def sub(self, key: str, default: Any = _MISSING) -> Fields | None:

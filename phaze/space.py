@@ -5,20 +5,25 @@ the space of chip parameters, budgets and objectives. Each parameter is a fixed 
 range with a step, a powers-of-two range (``log2``), or an arithmetic expression of the others
 (``"max(1, tensor_rows * tensor_cols / 64)"``). Values in the config carry their unit in the key
 (``shared_buffer_mib``); :func:`build_chip` converts them to the SI fields of :class:`Chip`.
+Every value a design can take, an expression's included, is checked when the config is read: a
+whole number where the key counts something, a finite number in :data:`RANGES` elsewhere, so the
+cost model never sees zero, a fraction of a unit, infinity or 1e308.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import itertools
 import json
 import math
 import operator
+import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .arch import Chip, load_chip
-from .configio import ConfigError, Fields, read_mapping
+from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, options_with
 from .placement import PlacementOptions
 from .plan import RECOMPUTE
@@ -41,6 +46,23 @@ PARAMETERS = {
     "link_bandwidth_gb_per_s": ("chip-to-chip bandwidth per direction, GB/s", 1e9, False),
     "clock_ghz": ("clock, GHz", 1e9, False),
 }
+# key -> (lowest, highest) value a design may take, config units: a thousand times past any chip
+# built on either side, so that the cost model only sees finite, representable quantities
+RANGES = {
+    "tensor_units": (1, 2 ** 16), "tensor_rows": (1, 2 ** 14), "tensor_cols": (1, 2 ** 14),
+    "vector_units": (1, 2 ** 16), "vector_lanes": (1, 2 ** 20),
+    "local_sram_kib": (1e-3, 2.0 ** 24), "shared_buffer_mib": (1e-3, 2.0 ** 20), "hbm_gib": (1e-3, 2.0 ** 20),
+    "hbm_bandwidth_gb_per_s": (1e-3, 1e7), "link_bandwidth_gb_per_s": (1e-3, 1e7), "clock_ghz": (1e-3, 100.0),
+}
+MAX_VALUES = 10_000          # values of one parameter (a range's step is refused beyond)
+MAX_DEVICES = 1 << 24        # chips of a workload's cluster (as ``--devices``)
+MAX_BATCH = 1 << 24          # sequences per step (as ``--global-batch``)
+MAX_SEQ_LEN = 1 << 22        # tokens per sequence (as ``--seq-len``)
+MAX_SEED = 2 ** 32 - 1       # NumPy's (and so Optuna's samplers') largest seed
+MAX_TRIALS = 10 ** 7         # complete trials of a study
+MAX_DEGREE = 1 << 20         # a placement's tp, pp, mbs, ... candidates
+MAX_GRID = 2_000_000         # points of a space that is enumerated (grid, exact, ``phaze sweep``)
+MAX_CHECKED = 10_000         # points on which a config's expressions are tried when it is read
 
 OBJECTIVES = {  # name -> (direction, label)
     "throughput": ("maximize", "throughput (weighted geometric mean of tokens/s per workload)"),
@@ -66,9 +88,62 @@ def power_budget(constraints) -> float | None:
 
 
 # --- expressions ---------------------------------------------------------------------------------
+# Expressions are evaluated in floating point with every step checked, so that their cost is
+# bounded by their size (no big integers: ``9 ** 9 ** 9`` fails at once) and no value but a finite
+# real number comes out.
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
+           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Pow: math.pow}
 _FUNCS = {"min": min, "max": max, "ceil": math.ceil, "floor": math.floor, "log2": math.log2}
+_ARITY = {"min": (1, 16), "max": (1, 16), "ceil": (1, 1), "floor": (1, 1), "log2": (1, 1)}
+GRAMMAR = "numbers, parameter names, + - * / // **, min, max, ceil, floor, log2"
+MAX_EXPRESSION_CHARS = 500
+MAX_EXPRESSION_NODES = 100
+MAX_EXPRESSION_DEPTH = 20
+MAX_EXPONENT = 64            # |b| in a ** b
+
+
+class ExpressionError(ValueError):
+    """An expression that is not in the grammar, too large, or fails on the values given."""
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(text: str) -> ast.Expression:
+    """``text`` parsed and checked against the grammar and the size limits."""
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ExpressionError(f"{len(text):,} characters; allowed: at most {MAX_EXPRESSION_CHARS}")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, RecursionError, MemoryError, ValueError) as exc:
+        raise ExpressionError(f"{getattr(exc, 'msg', None) or type(exc).__name__}; allowed: {GRAMMAR}") from None
+    stack, nodes = [(tree.body, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_EXPRESSION_NODES or depth > MAX_EXPRESSION_DEPTH:
+            raise ExpressionError(f"too large; allowed: at most {MAX_EXPRESSION_NODES} terms nested "
+                                  f"at most {MAX_EXPRESSION_DEPTH} deep")
+        if isinstance(node, ast.Constant):
+            ok = (isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+                  and math.isfinite(node.value) and abs(node.value) < 1e300)
+            if not ok:
+                raise ExpressionError(f"constant {quote(node.value)}; allowed: finite numbers")
+        elif isinstance(node, ast.Name):
+            if node.id in _FUNCS:
+                raise ExpressionError(f"{node.id} must be called")
+        elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            stack += [(node.left, depth + 1), (node.right, depth + 1)]
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            stack.append((node.operand, depth + 1))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
+              and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args)):
+            lo, hi = _ARITY[node.func.id]
+            if not lo <= len(node.args) <= hi:
+                raise ExpressionError(f"{node.func.id} takes {lo if lo == hi else f'{lo} to {hi}'} "
+                                      f"argument{'s' if hi > 1 else ''}, got {len(node.args)}")
+            stack += [(a, depth + 1) for a in node.args]
+        else:
+            raise ExpressionError(f"{type(node).__name__} is not allowed; allowed: {GRAMMAR}")
+    return tree
 
 
 def _names(node: ast.AST) -> set[str]:
@@ -76,19 +151,46 @@ def _names(node: ast.AST) -> set[str]:
 
 
 def _eval(node: ast.AST, env: dict) -> float:
+    """The value of a checked expression (:func:`_parse`) with the names of ``env``: a finite
+    float, else :class:`ExpressionError` saying which step failed."""
     if isinstance(node, ast.Expression):
         return _eval(node.body, env)
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-        return node.value
+    if isinstance(node, ast.Constant):
+        return float(node.value)
     if isinstance(node, ast.Name):
-        return env[node.id]
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        return _BINOPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_eval(node.operand, env)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
-        return _FUNCS[node.func.id](*(_eval(a, env) for a in node.args))
-    raise ValueError("only numbers, parameter names, + - * / // **, min, max, ceil, floor, log2")
+        return float(env[node.id])
+    if isinstance(node, ast.UnaryOp):
+        v = _eval(node.operand, env)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left, env), _eval(node.right, env)
+        op = type(node.op)
+        if op is ast.Pow and abs(b) > MAX_EXPONENT:
+            raise ExpressionError(f"exponent {b:g} in {a:g} ** {b:g}; allowed: at most {MAX_EXPONENT} in size")
+        if op is ast.Pow and a < 0 and not b.is_integer():
+            raise ExpressionError(f"({a:g}) ** {b:g} is not a real number")
+        if op in (ast.Div, ast.FloorDiv) and b == 0:
+            raise ExpressionError(f"division by zero ({a:g} / 0)")
+        if op is ast.Pow and a == 0 and b < 0:
+            raise ExpressionError(f"division by zero (0 ** {b:g})")
+        try:
+            r = _BINOPS[op](a, b)
+        except (OverflowError, ValueError, ZeroDivisionError):
+            r = math.inf
+    else:   # a call (the only other node _parse lets through)
+        args = [_eval(a, env) for a in node.args]
+        name = node.func.id
+        if name == "log2" and args[0] <= 0:
+            raise ExpressionError(f"log2({args[0]:g}) of a number <= 0")
+        r = float(_FUNCS[name](*args))
+    if not math.isfinite(r):
+        raise ExpressionError("a result out of range (over 1e308)")
+    return r
+
+
+def evaluate(text: str, env: dict) -> float:
+    """The value of expression ``text`` with the names in ``env`` (:class:`ExpressionError`)."""
+    return _eval(_parse(text), env)
 
 
 # --- dimensions ----------------------------------------------------------------------------------
@@ -166,29 +268,45 @@ def _even_step(c: tuple) -> float | None:
     return steps.pop() if len(steps) == 1 and next(iter(steps)) > 0 else None
 
 
+def allowed(key: str) -> str:
+    """What parameter ``key`` may be, in words."""
+    lo, hi = RANGES[key]
+    return (f"a whole number from {lo:,} to {hi:,}" if PARAMETERS[key][2]
+            else f"a number from {lo:g} to {hi:g}")
+
+
+def check_value(key: str, v) -> float:
+    """``v`` as parameter ``key``'s value: a finite number in :data:`RANGES`, whole where the key
+    counts something; else :class:`ValueError` saying what is allowed."""
+    lo, hi = RANGES[key]
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+          and (not PARAMETERS[key][2] or float(v).is_integer()))
+    if not ok:
+        raise ValueError(f"must be {allowed(key)}, got {quote(v)}")
+    return float(v)
+
+
 def _dimension(key: str, raw, source: str) -> Dimension:
     where = f"space.{key}"
     integer = PARAMETERS[key][2]
 
     def num(v, what=""):
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-        if not ok:
-            raise ConfigError(source, where + what, f"must be a positive number, got {v!r}")
-        if integer and not float(v).is_integer():
-            raise ConfigError(source, where + what, f"must be a whole number, got {v!r}")
-        return float(v)
+        try:
+            return check_value(key, v)
+        except ValueError as exc:
+            raise ConfigError(source, where + what, str(exc)) from None
 
     if isinstance(raw, str):
         try:
-            tree = ast.parse(raw, mode="eval")
-            _eval(tree, dict.fromkeys(_names(tree), 1.0))
-        except (SyntaxError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
-            raise ConfigError(source, where, f"not a valid expression {raw!r}: {exc}; allowed: numbers, "
-                              f"parameter names, + - * / // **, min, max, ceil, floor, log2") from None
+            _parse(raw)
+        except ExpressionError as exc:
+            raise ConfigError(source, where, f"not a valid expression {quote(raw)}: {exc}") from None
         return Dimension(key, expression=raw)
     if isinstance(raw, list):
         if not raw:
             raise ConfigError(source, where, "empty list; give at least one value")
+        if len(raw) > MAX_VALUES:
+            raise ConfigError(source, where, f"{len(raw):,} values; allowed: at most {MAX_VALUES:,}")
         values = sorted({num(v, f"[{i}]") for i, v in enumerate(raw)})
         exps = [math.log2(v) for v in values]
         powers = len(values) > 2 and all(e.is_integer() for e in exps) and _even_step(tuple(exps)) == 1
@@ -199,6 +317,8 @@ def _dimension(key: str, raw, source: str) -> Dimension:
         log2 = f.bool("log2", False)
         step = f.number("step", None)
         f.finish()
+        num(lo, ".low")
+        num(hi, ".high")
         if hi < lo:
             raise ConfigError(source, where, f"reversed range: low {lo:g} > high {hi:g}")
         if log2:
@@ -210,18 +330,70 @@ def _dimension(key: str, raw, source: str) -> Dimension:
             return Dimension(key, tuple(float(2 ** e) for e in range(e0, e1 + 1)), log2=True)
         if step is None:
             raise ConfigError(source, where, "a range needs 'step' (or 'log2: true' for powers of two)")
-        n = int(math.floor((hi - lo) / step + 1e-9)) + 1
-        values = tuple(round(lo + i * step, 9) for i in range(n))
+        if integer and not step.is_integer():
+            raise ConfigError(source, where + ".step", f"must be a whole number (the parameter counts "
+                              f"something), got {step:g}")
+        count = (hi - lo) / step + 1
+        if count > MAX_VALUES:
+            raise ConfigError(source, where + ".step", f"{step:g} makes {count:,.0f} values from {lo:g} to "
+                              f"{hi:g}; allowed: at most {MAX_VALUES:,} values (a larger step, or log2: true)")
+        values = tuple(round(lo + i * step, 9) for i in range(int(math.floor(count - 1 + 1e-9)) + 1))
+        if len(set(values)) < len(values):
+            raise ConfigError(source, where + ".step", f"{step:g} is below the resolution of 1e-9; "
+                              f"allowed: a step whose values differ")
         for v in values:
             num(v)
         return Dimension(key, values)
     return Dimension(key, (num(raw),))
 
 
+def _expression_value(d: Dimension, env: dict, source: str) -> float:
+    """The value of expression dimension ``d`` given the values of what it reads, checked as a
+    value of its key; else one :class:`ConfigError` naming the field and the values."""
+    try:
+        v = evaluate(d.expression, env)
+        if PARAMETERS[d.key][2] and abs(v - round(v)) <= 1e-9 * abs(v):     # 0.1 * 10 counts as 1
+            v = float(round(v))
+        return check_value(d.key, v)
+    except ValueError as exc:      # ExpressionError included
+        at = ", ".join(f"{k} = {env[k]:g}" for k in sorted(_names(_parse(d.expression))))
+        at = f" at {at}" if at else ""
+        raise ConfigError(source, f"space.{d.key}", f"{quote(d.expression)}{at}: {exc}") from None
+
+
+def _check_expressions(dims: dict[str, Dimension], order: tuple[str, ...], source: str) -> None:
+    """Evaluate every expression on every point of the space it depends on (a sample of
+    :data:`MAX_CHECKED` points and the corners where there are more), so that a value that
+    fails (a division by zero, a fraction of a count, a value out of range) is refused when the
+    config is read rather than in the middle of a search."""
+    for key in order:
+        if not dims[key].expression:
+            continue
+        needed, todo = set(), [key]
+        while todo:
+            k = todo.pop()
+            if k not in needed:
+                needed.add(k)
+                todo += _names(_parse(dims[k].expression)) if dims[k].expression else []
+        roots = [k for k in order if k in needed and not dims[k].expression]
+        chain = [k for k in order if k in needed and dims[k].expression]
+        axes = [dims[k].values for k in roots]
+        if math.prod(len(a) for a in axes) <= MAX_CHECKED:
+            points = itertools.product(*axes)
+        else:
+            rng = random.Random(0)
+            points = itertools.chain(itertools.product(*((a[0], a[-1]) for a in axes)),
+                                     (tuple(rng.choice(a) for a in axes) for _ in range(MAX_CHECKED)))
+        for point in points:
+            env = dict(zip(roots, point, strict=True))
+            for k in chain:
+                env[k] = _expression_value(dims[k], env, source)
+
+
 def _order(dims: dict[str, Dimension], source: str) -> tuple[str, ...]:
     """Parameters in an order where every expression comes after what it reads."""
     done: list[str] = [k for k, d in dims.items() if not d.expression]
-    pending = {k: _names(ast.parse(d.expression, mode="eval")) for k, d in dims.items() if d.expression}
+    pending = {k: _names(_parse(d.expression)) for k, d in dims.items() if d.expression}
     for k, names in pending.items():
         unknown = names - set(dims)
         if unknown:
@@ -283,7 +455,12 @@ class SweepConfig:
         return tuple(d for d in self.dimensions if not d.expression and not d.fixed)
 
     def grid(self) -> dict[str, list]:
-        """Every sampler-visible parameter's choices (for the grid sampler and ``phaze sweep``)."""
+        """Every sampler-visible parameter's choices (for the grid and exact samplers and ``phaze
+        sweep``, which enumerate every point: a space past :data:`MAX_GRID` points is refused)."""
+        if self.grid_size() > MAX_GRID:
+            raise ConfigError(self.source, "space", f"{self.grid_size():,} designs to enumerate; allowed: at most "
+                              f"{MAX_GRID:,} for the grid and exact samplers and phaze sweep (fewer values, "
+                              f"or sampler tpe, nsga2 or random, which search a space of any size)")
         return {d.param: list(d.choices) for d in self.searched}
 
     def grid_size(self) -> int:
@@ -294,7 +471,7 @@ class SweepConfig:
         env: dict[str, float] = {}
         for d in self.dimensions:
             if d.expression:
-                env[d.key] = float(_eval(ast.parse(d.expression, mode="eval"), env))
+                env[d.key] = _expression_value(d, env, self.source)
             elif d.fixed:
                 env[d.key] = d.values[0]
             else:
@@ -373,8 +550,10 @@ def _int_tuple(f: Fields, key: str, default: tuple) -> tuple:
     if raw is None:
         return default
     raw = raw if isinstance(raw, list) else [raw]
-    if not raw or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in raw):
-        raise f.error(key, f"must be a positive integer or a list of them, got {raw!r}")
+    if not raw or len(raw) > 64 or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_DEGREE
+                                       for x in raw):
+        raise f.error(key, f"must be a positive integer up to {MAX_DEGREE:,} or a list of at most 64 of them, "
+                           f"got {quote(raw)}")
     return tuple(raw)
 
 
@@ -395,11 +574,11 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
     f = Fields(item, source, f"workloads[{i}].") if isinstance(item, dict) else None
     if f is None:
         raise ConfigError(source, f"workloads[{i}]", "must be a mapping with workload, devices, global_batch")
-    seq = f.int("seq_len", None)
+    seq = f.int("seq_len", None, maximum=MAX_SEQ_LEN)
     source = f.str("workload")
     model = load_model(source, seq)
-    devices, batch = f.int("devices"), f.int("global_batch")
-    weight = f.number("weight", 1.0)
+    devices, batch = f.int("devices", maximum=MAX_DEVICES), f.int("global_batch", maximum=MAX_BATCH)
+    weight = f.number("weight", 1.0, maximum=1e6)
     system = _system(f, system)
     d = PlacementOptions()
     p = f.sub("placement", None)
@@ -407,8 +586,8 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
     if p is not None:
         rec = p._get("recompute", None)
         rec = d.recompute if rec is None else tuple(rec if isinstance(rec, list) else [rec])
-        if not rec or any(r not in RECOMPUTE for r in rec):
-            raise p.error("recompute", f"must be a subset of {', '.join(RECOMPUTE)}, got {rec!r}")
+        if not rec or any(not isinstance(r, str) or r not in RECOMPUTE for r in rec):
+            raise p.error("recompute", f"must be a subset of {', '.join(RECOMPUTE)}, got {quote(rec)}")
         options = PlacementOptions(
             tp=_int_tuple(p, "tp", d.tp), mbs=_int_tuple(p, "mbs", d.mbs), pp=_int_tuple(p, "pp", d.pp),
             vp=_int_tuple(p, "vp", d.vp), cp=_int_tuple(p, "cp", d.cp), ep=_int_tuple(p, "ep", d.ep),
@@ -433,7 +612,7 @@ def load_sweep(path: str | Path) -> SweepConfig:
     f = Fields(read_mapping(path), source)
     name = f.str("name", path.stem)
     if not all(c.isalnum() or c in "-_." for c in name):
-        raise f.error("name", f"letters, digits, '-', '_' and '.' only (it names results/<name>), got {name!r}")
+        raise f.error("name", f"letters, digits, '-', '_' and '.' only (it names results/<name>), got {quote(name)}")
     base = load_chip(f.str("base", "tpuv4"))
     system = _system(f, None)
     workloads = tuple(_workload(w, source, i, system) for i, w in enumerate(f.list("workloads")))
@@ -449,6 +628,7 @@ def load_sweep(path: str | Path) -> SweepConfig:
             raise space.error(str(key), f"unknown parameter; allowed: {', '.join(PARAMETERS)}")
         dims[key] = _dimension(key, space._get(key, None), source)
     order = _order(dims, source)
+    _check_expressions(dims, order, source)
     fixed = [w.system.name for w in workloads if w.system and w.system.intra_node_bandwidth_bytes_per_s]
     if "link_bandwidth_gb_per_s" in dims and fixed:
         raise ConfigError(source, "space.link_bandwidth_gb_per_s", f"has no effect: system {fixed[0]!r} fixes the "
@@ -462,28 +642,29 @@ def load_sweep(path: str | Path) -> SweepConfig:
         for key in c.data:
             if key not in CONSTRAINTS:
                 raise c.error(str(key), f"unknown constraint; allowed: {', '.join(CONSTRAINTS)}")
-            cons.append((key, c.number(key)))
+            cons.append((key, c.number(key, maximum=1e12)))
     objectives = f._get("objectives", ["throughput"])
     objectives = objectives if isinstance(objectives, list) else [objectives]
     for o in objectives:
-        if o not in OBJECTIVES:
-            raise f.error("objectives", f"unknown objective {o!r}; allowed: {', '.join(OBJECTIVES)}")
+        if not isinstance(o, str) or o not in OBJECTIVES:
+            raise f.error("objectives", f"unknown objective {quote(o)}; allowed: {', '.join(OBJECTIVES)}")
     if len(set(objectives)) != len(objectives) or not objectives:
         raise f.error("objectives", "list each objective once, at least one")
     sampler = f.choice("sampler", SAMPLERS, "tpe")
     baselines = f._get("baselines", [])
     if not isinstance(baselines, list) or not all(isinstance(b, str) for b in baselines):
-        raise f.error("baselines", f"must be a list of chip names or YAML paths, got {baselines!r}")
+        raise f.error("baselines", f"must be a list of chip names or YAML paths, got {quote(baselines)}")
     for b in baselines:
         load_chip(b)
     options = f.sub("sampler_options", None)
     cfg = SweepConfig(
         name=name, source=source, base=base, workloads=workloads,
         dimensions=tuple(dims[k] for k in order), constraints=tuple(cons),
-        objectives=tuple(objectives), sampler=sampler, trials=f.int("trials", 100),
-        seed=f.int("seed", 0, minimum=0), storage=f.str("storage", ""), baselines=tuple(baselines),
-        process_node_nm=f.number("process_node_nm", base.process_node_nm),
-        link_latency_s=f.number("link_latency_s", base.links[0].latency_s, inclusive=True),
+        objectives=tuple(objectives), sampler=sampler, trials=f.int("trials", 100, maximum=MAX_TRIALS),
+        seed=f.int("seed", 0, minimum=0, maximum=MAX_SEED), storage=f.str("storage", ""), baselines=tuple(baselines),
+        process_node_nm=f.number("process_node_nm", base.process_node_nm, minimum=1.0, inclusive=True,
+                                 maximum=1000.0),
+        link_latency_s=f.number("link_latency_s", base.links[0].latency_s, inclusive=True, maximum=1.0),
         sampler_options=dict(options.data) if options is not None else {})
     f.finish()
     return cfg
@@ -494,4 +675,8 @@ def override(cfg: SweepConfig, **changes) -> SweepConfig:
     changes = {k: v for k, v in changes.items() if v is not None}
     if "sampler" in changes and changes["sampler"] not in SAMPLERS:
         raise ConfigError("--sampler", None, f"must be one of {', '.join(SAMPLERS)}, got {changes['sampler']!r}")
+    if changes.get("seed", 0) > MAX_SEED:
+        raise ConfigError("--seed", None, f"must be an integer from 0 to {MAX_SEED:,}, got {changes['seed']}")
+    if changes.get("trials", 1) > MAX_TRIALS:
+        raise ConfigError("--trials", None, f"must be a positive integer up to {MAX_TRIALS:,}, got {changes['trials']}")
     return replace(cfg, **changes)

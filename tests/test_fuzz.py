@@ -132,11 +132,12 @@ class _Timeout(Exception):
     pass
 
 
-def run_case(argv: list[str], limit_s: float = 10.0) -> tuple[str, int | None, str, float]:
+def run_case(argv: list[str], limit_s: float = 10.0,
+             out: io.StringIO | None = None) -> tuple[str, int | None, str, float]:
     """(verdict, exit status, stderr, seconds): verdict 'ok' (status 0), 'error' (one line, status 2)
-    or what went wrong."""
+    or what went wrong. ``out`` receives stdout."""
     from phaze.cli import main
-    out, err = io.StringIO(), io.StringIO()
+    out, err = out if out is not None else io.StringIO(), io.StringIO()
 
     def alarm(*_):
         raise _Timeout()
@@ -207,3 +208,130 @@ def test_fuzz_catches_a_bad_ending():
         cli.cmd_area = real
     assert parser_default is cli.build_parser
     assert verdict.startswith("traceback") or verdict.startswith("status")
+
+
+# --- sweep configs, storage URLs, report folders, interruptions, the schedule cache (issue 22) --------
+TINY_SWEEP = {
+    "name": "tiny", "base": "a100-80gb",
+    "workloads": [{"workload": "mpt-125m", "devices": 8, "global_batch": 16,
+                   "placement": {"tp": [1], "mbs": [1, 2], "recompute": ["none"], "pp": [1]}}],
+    "space": {"tensor_units": [27, 54, 108], "tensor_rows": [16, 32], "tensor_cols": "tensor_rows",
+              "hbm_gib": {"low": 40, "high": 80, "step": 40}, "clock_ghz": 1.41,
+              "local_sram_kib": "max(1, tensor_rows * tensor_cols / 64)"},
+    "constraints": {"area_mm2": 2000}, "objectives": ["throughput", "area"],
+    "sampler": "random", "trials": 2, "seed": 3,
+}
+BAD_VALUES = [0, -1, 0.5, 1e-300, 1e308, -1e308, float("inf"), float("nan"), 10 ** 30, 2 ** 64, 4294967296, True,
+              None, "", "x", [], {}, [[1]], {"a": 1}, [["throughput"]], "/dev/zero", "/", ".", "a" * 300,
+              "9 ** 9 ** 9", "2 ** 10000", "64 / (tensor_rows - 16)", "(-tensor_rows) ** 0.5", "ceil(1e400)",
+              " + ".join(["1"] * 50_000), "tensor_rows / 3", "log2(tensor_rows - 16)", "-" * 100 + "1",
+              "__import__('os')", "tensor_rows.real", "lambda: 1", "tensor_rows if 1 else 2", "max()",
+              "tensor_rows ** 60", "1e308 * 10", "0 ** -1", "tensor_rows // 0.0", "min(*[1])",
+              {"low": 1, "high": 2, "step": 1e-9}, {"low": 1, "high": 1e308, "log2": True},
+              {"low": 0, "high": 8, "step": 1}, {"low": 1, "high": 8}, {"low": 8, "high": 1, "step": 1},
+              {"low": 1, "high": 1.00000001, "step": 1e-10}, {"population_size": 1}, {"n_startup_trials": -1},
+              {"bogus": 1}, {"population_size": "x"}, {"seed": 1}, "nsga2", "grid", "exact", "gp", "tpe"]
+SAMPLER_OPTIONS = [{"population_size": 1}, {"population_size": 2.5}, {"population_size": 10 ** 9},
+                   {"n_startup_trials": -1}, {"n_startup_trials": "x"}, {"mutation_prob": 2}, {"bogus": 1},
+                   {"crossover": "x"}, {"seed": 5}, {"n_ei_candidates": 0}, {"multivariate": "yes"}, {}]
+
+
+def _paths(node, prefix=()):
+    """Every (path, value) of a nested config, containers included."""
+    yield prefix, node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        yield from _paths(v, (*prefix, k))
+
+
+def laughs(levels: int = 9) -> str:
+    """A billion-laughs YAML fragment (600 bytes that expand to 9**levels strings)."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + f"\nname: *a{levels - 1}\n"
+
+
+def mutated_sweep(root: Path, rng: random.Random) -> Path:
+    """The tiny sweep config with one to three mutations: a value replaced, a key dropped or
+    added, the sampler and its options changed, or the text itself damaged."""
+    import copy
+
+    import yaml
+    cfg = copy.deepcopy(TINY_SWEEP)
+    text = None
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        kind = rng.choice(["value", "value", "value", "drop", "add", "sampler", "text"])
+        paths = [p for p, _ in _paths(cfg) if p]
+        path = rng.choice(paths)
+        parent = cfg
+        for k in path[:-1]:
+            parent = parent[k]
+        if kind == "value":
+            parent[path[-1]] = copy.deepcopy(rng.choice(BAD_VALUES))
+        elif kind == "drop" and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif kind == "add" and isinstance(parent, dict):
+            parent[rng.choice(["bogus", "space", "tensor_unit", "log2", "step", "system", "weight"])] = \
+                copy.deepcopy(rng.choice(BAD_VALUES))
+        elif kind == "sampler":
+            cfg["sampler"] = rng.choice(["nsga2", "tpe", "random", "grid", "exact", "gp"])
+            cfg["sampler_options"] = dict(rng.choice(SAMPLER_OPTIONS))
+        elif kind == "text":
+            text = rng.choice(["laughs", "recursive", "truncate", "byte", "tab"])
+    out = yaml.safe_dump(cfg, width=10 ** 9, allow_unicode=True)
+    if text == "laughs":
+        out = laughs() + "\n".join(line for line in out.splitlines() if not line.startswith("name:")) + "\n"
+    elif text == "recursive":
+        out = out.replace("objectives:", "objectives: &r [*r]\nx:", 1)
+    elif text == "truncate":
+        out = out[:rng.randrange(len(out))]
+    elif text == "byte":
+        i = rng.randrange(len(out))
+        out = out[:i] + rng.choice(["\x00", "\t", ":", "{", "&", "*", "!!python/object:os.system", "\ufeff"]) + out[i:]
+    elif text == "tab":
+        out = out.replace("  ", "\t", 1)
+    path = root / f"sweep-{rng.randrange(10 ** 9)}.yaml"
+    path.write_text(out)
+    return path
+
+
+def check_sweep(path: Path) -> str:
+    """What a search does with a config before its first trial, in-process and fast: read it,
+    make its sampler, check its budgets, build every corner of its space. 'ok', 'error' (a
+    ConfigError) or the exception that escaped."""
+    from phaze.configio import ConfigError
+    from phaze.search import check_budgets, make_sampler
+    from phaze.space import build_chip, load_sweep
+    try:
+        cfg = load_sweep(path)
+        make_sampler(cfg)
+        check_budgets(cfg)
+        for corner in ({d.param: d.choices[0] for d in cfg.searched}, {d.param: d.choices[-1] for d in cfg.searched}):
+            build_chip(cfg.base, cfg.values(corner), cfg.process_node_nm, cfg.link_latency_s)
+    except ConfigError:
+        return "error"
+    except Exception as exc:   # noqa: BLE001 - any escape is what the fuzz test looks for
+        return f"traceback: {type(exc).__name__}: {str(exc)[:200]}"
+    return "ok"
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_fuzz_sweep_configs(seed, tmp_path):
+    """Mutated sweep configs are read, sampled and built without an escaping exception (the
+    bench runs each through ``phaze search``)."""
+    rng = random.Random(seed)
+    failures = []
+    for _ in range(40):
+        path = mutated_sweep(tmp_path, rng)
+        signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(_Timeout()))
+        signal.setitimer(signal.ITIMER_REAL, 10.0)
+        try:
+            verdict = check_sweep(path)
+        except _Timeout:
+            verdict = "hang (over 10 s)"
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        if verdict not in ("ok", "error"):
+            failures.append((path.read_text()[:300], verdict))
+    assert not failures, "\n".join(f"{v}\n{t}" for t, v in failures)
