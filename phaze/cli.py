@@ -13,11 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .api import as_chip, as_model, as_plan
+from . import validate as val
+from .api import as_chip, as_model, as_plan, calibrated_efficiency
 from .area import DEFAULT, silicon
+from .calibrate import BOUNDS, PRIOR_WEIGHT, load_params, save_params
 from .configio import ConfigError
 from .cost import IDEAL
+from .exact import Certificate
 from .framework import FRAMEWORKS, PLAN_KEYS, describe, framework, options_with, plan_with
+from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
 from .placement import (
     MAX_AUTO_VP,
     Placement,
@@ -29,8 +33,15 @@ from .placement import (
 )
 from .plan import RECOMPUTE, ROUTING, SEARCHED_RECOMPUTE
 from .power import PoweredStep, within_limit
+from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
+from .schedule import schedule_layer, sharing, write_gantt
+from .search import SearchInterrupted, open_study, search, sweep
+from .space import load_sweep, override
 from .step import StepResult, evaluate
 from .storage import mask_password
+from .study_files import compare_studies, write_study_files
+from .system import apply_system, as_system, system_note, with_nics
+from .validate import params_for
 
 GiB = 2.0 ** 30
 
@@ -142,9 +153,6 @@ def _within_limit(model, chip, devices, batch, plan, eff, result, args) -> Power
 def efficiency_for(chip, args):
     """Calibrated efficiency for the chip's family (shipped, or ``--params``); ``--ideal`` for
     the datasheet machine."""
-    from .api import calibrated_efficiency
-    from .calibrate import load_params
-    from .validate import params_for
     if getattr(args, "ideal", False):
         return IDEAL
     if getattr(args, "params", None):
@@ -154,7 +162,6 @@ def efficiency_for(chip, args):
 
 def system_for(args):
     """The cluster of ``--system`` (with ``--nics-per-node``), or None: the chip file's links."""
-    from .system import as_system, with_nics
     system = as_system(getattr(args, "system", None))
     nics = getattr(args, "nics_per_node", None)
     if nics is not None:
@@ -166,7 +173,6 @@ def system_for(args):
 
 def chip_for(args):
     """``--arch`` in the cluster of ``--system`` (the chip file's links without one)."""
-    from .system import apply_system
     return apply_system(as_chip(args.arch), system_for(args))
 
 
@@ -177,7 +183,6 @@ def _plan_keys(text: str) -> set[str]:
 def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), options=None) -> dict:
     """What the answer assumed that the user did not say: the workload's reading, the plan's
     defaults (or the space searched), the chip and system, the memory reserve, the efficiency."""
-    from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
     out = {}
     seq = [n.removeprefix("sequence length").strip() for n in model.notes if n.startswith("sequence length")]
     out["sequence_length"] = seq[0] if seq else f"{model.seq_len} (the workload's; --seq-len sets it)"
@@ -233,7 +238,6 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         out["kv_heads"] = (f"tp={tp} is more than the {model.kv_heads} KV heads: each KV head is replicated on "
                            f"{tp // model.kv_heads} tensor-parallel ranks; each rank computes and stores one "
                            f"whole KV head and holds its K/V weights")
-    from .system import system_note
     out["chip"] = (f"{chip.name}: {chip.hbm_bytes / GiB:.1f} GiB HBM at {chip.hbm_bandwidth_bytes_per_s / 1e12:.2f} "
                    f"TB/s, {chip.peak_flops(model.precision) / 1e12:.0f} TFLOP/s {model.precision} peak")
     out["system"] = system_note(system_for(args), chip, args.devices)
@@ -344,10 +348,9 @@ def _groups(texts):
 def _held_out(args, items) -> tuple[str, ...]:
     """The sources ``--hold-out`` names (default: the frozen split of the bundled sets, none for a
     user's ``--runs``; ``none`` holds nothing out), each checked against the runs."""
-    from . import validate as v
     text = args.hold_out
     if text is None:
-        return v.HELD_OUT_SOURCES if not args.runs else ()
+        return val.HELD_OUT_SOURCES if not args.runs else ()
     if text.strip().lower() in ("", "none"):
         return ()
     names = tuple(x.strip() for x in text.split(",") if x.strip())
@@ -376,39 +379,37 @@ def _check_output(flag: str, path: str, image: bool = False) -> None:
 def cmd_validate(args) -> int:
     from tqdm import tqdm
 
-    from . import validate as v
-    from .calibrate import load_params
     groups = _groups(args.group)
     if args.out:
         _check_output("--out", args.out)
     if args.plot:
         _check_output("--plot", args.plot, image=True)
-    runs_paths = [args.runs] if args.runs else v.default_runs_paths()
-    params_path = args.params or v.shipped_params_path()
-    params = load_params(args.params) if args.params else v.load_default_params()
-    items = v.load_items(runs_paths)
+    runs_paths = [args.runs] if args.runs else val.default_runs_paths()
+    params_path = args.params or val.shipped_params_path()
+    params = load_params(args.params) if args.params else val.load_default_params()
+    items = val.load_items(runs_paths)
     hold = _held_out(args, items)
-    items, held_items = v.split_held_out(items, hold)
-    cases = [c for c in items if isinstance(c, v.Case)]
-    preds = v.predict_all(items, params)
-    summary = {"in_sample": v.summarize(preds)}
-    held_preds = v.predict_all(held_items, params) if args.score_held_out else []
-    fitted_without = set(v.params_held_out(params_path)) if Path(params_path).exists() else set()
+    items, held_items = val.split_held_out(items, hold)
+    cases = [c for c in items if isinstance(c, val.Case)]
+    preds = val.predict_all(items, params)
+    summary = {"in_sample": val.summarize(preds)}
+    held_preds = val.predict_all(held_items, params) if args.score_held_out else []
+    fitted_without = set(val.params_held_out(params_path)) if Path(params_path).exists() else set()
     summary["held_out"] = {"sources": list(hold), "rows": len(held_items), "scored": bool(held_preds),
                            "parameters_fitted_without_them": set(hold) <= fitted_without}
     if held_preds:
-        summary["held_out"].update(v.summarize(held_preds))
+        summary["held_out"].update(val.summarize(held_preds))
     ok = [p for p in preds if p.status == "ok"]
     for name, prefixes in groups.items():
-        summary["in_sample"].setdefault("groups", {})[name] = v.error_stats(
+        summary["in_sample"].setdefault("groups", {})[name] = val.error_stats(
             [p.error for p in ok if p.source.startswith(prefixes)])
     loso_preds = []
     if not args.no_loso and cases:
-        with tqdm(total=v.loso_fits(cases), desc="leave-one-source-out", unit="fit") as bar:
-            loso, loso_preds = v.leave_one_source_out(
+        with tqdm(total=val.loso_fits(cases), desc="leave-one-source-out", unit="fit") as bar:
+            loso, loso_preds = val.leave_one_source_out(
                 cases, progress=lambda what: (bar.set_postfix_str(what, refresh=False), bar.update(1)))
         for name, prefixes in groups.items():
-            loso.setdefault("groups", {})[name] = v.error_stats(
+            loso.setdefault("groups", {})[name] = val.error_stats(
                 [p.error for p in loso_preds if p.source.startswith(prefixes)])
         summary["leave_one_source_out"] = loso
     if args.out:
@@ -417,15 +418,15 @@ def cmd_validate(args) -> int:
         train, sep, test = args.unseen.partition(":")
         if not sep:
             raise ConfigError("--unseen", None, f"expected TRAIN:TEST chip families, got {args.unseen!r}")
-        summary["unseen_gpu"] = dict(v.unseen_gpu(cases, train, test), clean=False, note=(
+        summary["unseen_gpu"] = dict(val.unseen_gpu(cases, train, test), clean=False, note=(
             "computed with the current cost model, which was changed after that GPU's errors had "
             "been seen; the clean figure (README) uses the model as it was before"))
     if args.plot:
         _plot(args.plot, loso_preds or preds, held_out=bool(loso_preds))
     summary["overall"] = summary["in_sample"]["overall"]   # totals: expressed / skipped / total
     summary["skipped"] = [{"run_id": p.run_id, "reason": p.reason} for p in preds if p.status == "skipped"]
-    summary["runs"] = [v.display_path(p) for p in runs_paths]
-    summary["params"] = v.display_path(args.params or v.shipped_params_path())
+    summary["runs"] = [val.display_path(p) for p in runs_paths]
+    summary["params"] = val.display_path(args.params or val.shipped_params_path())
     if args.format == "json":
         print(json.dumps(summary, indent=2))
         return 0
@@ -546,23 +547,21 @@ def _plot(path, preds, held_out: bool = False) -> None:
 def cmd_calibrate(args) -> int:
     from tqdm import tqdm
 
-    from . import validate as v
-    from .calibrate import BOUNDS, PRIOR_WEIGHT, save_params
     _check_output("--out", args.out)
-    runs_paths = [args.runs] if args.runs else v.default_runs_paths()
-    items = v.load_items(runs_paths)
+    runs_paths = [args.runs] if args.runs else val.default_runs_paths()
+    items = val.load_items(runs_paths)
     hold = _held_out(args, items)
-    cases = [c for c in v.split_held_out(items, hold)[0] if isinstance(c, v.Case)]
+    cases = [c for c in val.split_held_out(items, hold)[0] if isinstance(c, val.Case)]
     if not cases:
         raise ConfigError(runs_paths[0], None, "no run could be expressed; nothing to calibrate on")
-    with tqdm(total=1 + len(v.fitted_families(cases)), desc="calibrate", unit="fit") as bar:
-        params = v.calibrate_cases(cases, progress=lambda _: bar.update(1))
-    fitted = {fam: v.summarize(v.predict_all([c for c in cases if fam in ("default", c.chip.family)],
+    with tqdm(total=1 + len(val.fitted_families(cases)), desc="calibrate", unit="fit") as bar:
+        params = val.calibrate_cases(cases, progress=lambda _: bar.update(1))
+    fitted = {fam: val.summarize(val.predict_all([c for c in cases if fam in ("default", c.chip.family)],
                                              {fam: e, "default": e}))["overall"]
               for fam, e in params.items()}
     try:
         save_params(params, args.out, meta={
-            "runs": [v.display_path(p) for p in runs_paths], "rows_used": len(cases),
+            "runs": [val.display_path(p) for p in runs_paths], "rows_used": len(cases),
             "held_out_sources": list(hold),
             "bounds_and_priors": {k: {"low": lo, "high": hi, "prior": pr} for k, (lo, hi, pr) in BOUNDS.items()},
             "prior_weight": PRIOR_WEIGHT, "in_sample_error": fitted})
@@ -729,7 +728,6 @@ def cmd_place(args) -> int:
 
 def cmd_schedule(args) -> int:
     """``phaze schedule``: the CP-SAT schedule of one layer (forward, backward) on one chip."""
-    from .schedule import schedule_layer, sharing, write_gantt
     model = as_model(args.workload, args.seq_len)
     chip = chip_for(args)
     if args.gantt:
@@ -835,8 +833,6 @@ def _search_summary(res, cfg, figures: bool = True) -> None:
     """The end of ``phaze search`` / ``sweep``: where the files are and the best designs, each
     with per-workload cluster and per-chip tokens/s, MFU and plan; with several objectives the
     Pareto front (all of it, or how many of it are shown) with its knee marked (see :func:`knee`)."""
-    from .report import baselines_frame, best_designs, gains, pareto_frame, trials_frame
-    from .search import open_study
     study = open_study(cfg, res.storage, res.study_name, create=False, heartbeat=False)
     trials = trials_frame(study, cfg.objectives)
     base = baselines_frame(study, cfg.objectives)
@@ -850,7 +846,6 @@ def _search_summary(res, cfg, figures: bool = True) -> None:
           + f" in {res.elapsed_s:.0f} s of search (storage {mask_password(res.storage)})")
     cert = study.user_attrs.get("certificate")
     if cert and cfg.sampler == "exact":
-        from .exact import Certificate
         c = Certificate(**{k: (tuple(v) if k == "objectives" else v) for k, v in cert.items()})
         print("certificate of the exact search (report.md, certificate.csv):")
         for line in c.lines():
@@ -895,8 +890,6 @@ def _search_summary(res, cfg, figures: bool = True) -> None:
 
 def cmd_search(args) -> int:
     """``phaze search CONFIG``: the Optuna study over the config's chip space."""
-    from .search import SearchInterrupted, search
-    from .space import load_sweep, override
     cfg = override(load_sweep(args.config), trials=args.trials, sampler=args.sampler, seed=args.seed)
     try:
         res = search(cfg, storage=args.storage, study_name=args.study, jobs=args.jobs, progress=not args.quiet,
@@ -912,8 +905,6 @@ def cmd_search(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``phaze sweep CONFIG``: every design of the space, largest area first."""
-    from .search import sweep
-    from .space import load_sweep
     cfg = load_sweep(args.config)
     res = sweep(cfg, storage=args.storage, study_name=args.study, limit=args.limit, progress=not args.quiet)
     _search_summary(res, cfg)
@@ -924,8 +915,6 @@ def cmd_report(args) -> int:
     """``phaze report STUDY [STUDY]``: the report of a study rebuilt from its storage; with two,
     both on one front."""
 
-    from .report import load_study
-    from .study_files import compare_studies, write_study_files
     paths = list(args.study_dirs)
     names = list(args.study or [])
     if not paths and not args.storage:
@@ -983,10 +972,10 @@ def cmd_area(args) -> int:
     if args.format == "json":
         print(json.dumps(out, indent=2, default=float))
         return 0
-    print(f"{chip.name} ({chip.process_node_nm:g} nm): die {si.area_mm2:.1f} mm^2"
-          + (f" (published {chip.area_mm2:g} mm^2)" if chip.area_mm2 else ""))
+    print(f"{chip.name} ({chip.process_node_nm:g} nm): die {si.area_mm2:.1f} mm²"
+          + (f" (published {chip.area_mm2:g} mm²)" if chip.area_mm2 else ""))
     for k, v in si.area_breakdown_mm2.items():
-        print(f"    {k:<14} {v:8.1f} mm^2  {100 * v / si.area_mm2:5.1f} %")
+        print(f"    {k:<14} {v:8.1f} mm²  {100 * v / si.area_mm2:5.1f} %")
     print(f"  cost {si.cost_usd:,.0f} USD: " + ", ".join(f"{k} {v:,.0f}" for k, v in si.cost_breakdown_usd.items())
           + f"; {si.dies_per_wafer:.1f} dies per 300 mm wafer, yield {100 * si.die_yield:.1f} %, "
           f"{si.hbm_stacks} HBM stacks")

@@ -19,9 +19,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .arch import arch_dirs, load_chip
 from .configio import ConfigError
-from .space import SweepConfig
+from .exact import Certificate
+from .plan import parse_plan
+from .schedule import schedule_layer
+from .space import SweepConfig, build_chip
 from .storage import _optuna, make_storage, study_dir
+from .validate import calibrated_efficiency
+from .workload import load_model, with_seq_len, workload_dirs
 
 BREAKDOWN = ("compute_s", "memory_bound_s", "communication_exposed_s", "pipeline_bubble_s", "optimizer_s")
 
@@ -493,13 +499,11 @@ def _find_by_name(name: str, hints, dirs, load):
 
 def _find_chip(meta: StudyMeta, study):
     """The template chip by its name: a baseline of that name, else a shipped chip."""
-    from .arch import arch_dirs, load_chip
     return _find_by_name(meta.base, list(study.user_attrs.get("baselines") or {}), arch_dirs(), load_chip)
 
 
 def _find_model(name: str, sources: dict | None = None):
     """A workload by its model name: the source the study recorded for it, else a shipped one."""
-    from .workload import load_model, workload_dirs
     hints = [sources[name]] if sources and name in sources else []
     return _find_by_name(name, hints, workload_dirs(), load_model)
 
@@ -508,11 +512,6 @@ def layer_schedules(study, meta: StudyMeta, row: pd.Series, cfg: SweepConfig | N
     """For a design (a row of trials.csv) and each workload, the forward and backward schedules of
     one layer under the plan chosen for it, on the chip rebuilt from the trial's ``chip``
     attribute: ``([(workload, plan label, chip name, forward, backward)], [notes])``."""
-    from .api import calibrated_efficiency
-    from .plan import parse_plan
-    from .schedule import schedule_layer
-    from .space import build_chip
-    from .workload import with_seq_len
     trial = study.trials[int(row["trial"])] if int(row["trial"]) < len(study.trials) else None
     if trial is None or trial.number != int(row["trial"]):
         trial = next(t for t in study.get_trials(deepcopy=False) if t.number == int(row["trial"]))
@@ -672,7 +671,6 @@ def markdown(study, cfg: SweepConfig | StudyMeta | None, trials: pd.DataFrame, b
     lines.append("")
     cert = study.user_attrs.get("certificate")
     if cert:
-        from .exact import Certificate
         c = Certificate(**{k: (tuple(v) if k == "objectives" else v) for k, v in cert.items()})
         lines += ["## Certificate of the exact search", ""]
         lines += [f"- {x}" for x in c.lines()] + [""]

@@ -84,6 +84,7 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, op_time
 from .graph import Op, collective_groups, layer_graph
+from .plan import ATTENTION, RECOMPUTE
 
 DEFAULT_SHARES = (1.0, 0.5, 0.25, 0.125)   # shares of a unit pool an op may run on
 TICK_RESOLUTION_EXP = 20                    # fastest-mode sum of a phase spans [2**20, 2**21) ticks
@@ -1033,7 +1034,6 @@ def schedule_ops(ops: Sequence[Op], chip: Chip, precision: str, eff: Efficiency 
 
 def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompute: str) -> None:
     """Raise :class:`ConfigError` (naming the CLI flag) for a layer that cannot be built."""
-    from .plan import ATTENTION, RECOMPUTE
     if mbs < 1:
         raise ConfigError("--mbs", None, f"must be a positive integer, got {mbs}")
     if tp < 1:

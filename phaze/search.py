@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import schedule as _schedule
+from .arch import load_chip
+from .area import silicon
+from .candidate import evaluate_chip
 from .configio import ConfigError
 from .exact import ExactSampler, certificate, make_exact_sampler
 from .norepeat import make_norepeat
@@ -152,7 +155,6 @@ class _Objective:
 
 def record(trial, cfg: SweepConfig, choices: dict) -> list[float]:
     """Evaluate the design of ``choices`` and record it on ``trial``; return the objective values."""
-    from .candidate import evaluate_chip
     start = time.perf_counter()
     values = cfg.values(choices)
     chip = build_chip(cfg.base, values, cfg.process_node_nm, cfg.link_latency_s)
@@ -259,7 +261,6 @@ def template_choices(cfg: SweepConfig) -> dict:
 def check_budgets(cfg: SweepConfig) -> None:
     """Refuse budgets that no point can meet. Area and cost grow with every parameter, so the
     smallest corner bounds them from below and the largest from above."""
-    from .area import silicon
     if not cfg.constraints:
         return
     lo = {d.param: d.choices[0] for d in cfg.searched}
@@ -284,8 +285,6 @@ def evaluate_baselines(cfg: SweepConfig, study, progress: bool = False) -> dict:
     With ``progress``, a bar over the chips not scored yet (their schedules take seconds each)."""
     from tqdm import tqdm  # deferred with the rest of the search's libraries
 
-    from .arch import load_chip
-    from .candidate import evaluate_chip
     stored = dict(study.user_attrs.get("baselines", {}))
     todo = [name for name in cfg.baselines if name not in stored]
     for name in tqdm(todo, desc="baselines", unit="chip", disable=not (progress and todo), dynamic_ncols=True,
@@ -721,7 +720,6 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
 def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: bool, write: bool) -> SearchResult:
     from tqdm import tqdm  # deferred: the search's bar only
 
-    from .area import silicon
     optuna = _optuna()
     check_budgets(cfg)
     study = open_study(cfg, url, name, sampler=optuna.samplers.RandomSampler(seed=cfg.seed), heartbeat=False)

@@ -28,6 +28,7 @@ from .framework import framework, options_with
 from .placement import PlacementOptions
 from .plan import RECOMPUTE
 from .system import System, load_system
+from .validate import load_default_params
 from .workload import Model, load_model
 
 KiB, MiB, GiB = 2.0 ** 10, 2.0 ** 20, 2.0 ** 30
@@ -482,7 +483,6 @@ class SweepConfig:
         """What a study's trials depend on: the space, workloads, constraints, objectives, template
         chip and the calibrated efficiency parameters that score it. A study is only resumed by a
         config with the same fingerprint (a recalibrated phaze starts a new study)."""
-        from .validate import load_default_params
         params = load_default_params() or {}
         desc = {"base": repr(self.base),
                 "workloads": [repr(w) + (f" in {w.system!r}" if w.system else "") for w in self.workloads],
