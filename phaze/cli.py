@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
 import select
 import stat
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from . import validate as val
 from .api import as_chip, as_model, as_plan, calibrated_efficiency
@@ -369,7 +372,7 @@ def _check_output(flag: str, path: str, image: bool = False) -> None:
         raise ConfigError(flag, None, f"cannot write {path!r}: "
                           f"{'is a directory' if p.is_dir() else 'its folder does not exist'}")
     if image:
-        from matplotlib.backend_bases import FigureCanvasBase
+        from matplotlib.backend_bases import FigureCanvasBase  # deferred: matplotlib imports slowly
         formats = FigureCanvasBase.get_supported_filetypes()
         if p.suffix and p.suffix[1:].lower() not in formats:
             raise ConfigError(flag, None, f"unknown image format {p.suffix!r}; allowed: "
@@ -377,7 +380,6 @@ def _check_output(flag: str, path: str, image: bool = False) -> None:
 
 
 def cmd_validate(args) -> int:
-    from tqdm import tqdm
 
     groups = _groups(args.group)
     if args.out:
@@ -488,7 +490,6 @@ def cmd_validate(args) -> int:
 
 
 def _write_predictions(path, preds, loso_preds=()) -> None:
-    import csv
     loso = {p.run_id: p for p in loso_preds}
     try:
         fh = open(path, "w", newline="")
@@ -510,7 +511,7 @@ def _write_predictions(path, preds, loso_preds=()) -> None:
 def _plot(path, preds, held_out: bool = False) -> None:
     """Predicted against measured step times, labelled with what kind of figure it is: held out
     (leave-one-source-out) or in-sample."""
-    import matplotlib
+    import matplotlib  # deferred: matplotlib imports slowly and only --plot draws
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ok = [p for p in preds if p.status == "ok"]
@@ -545,7 +546,6 @@ def _plot(path, preds, held_out: bool = False) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from tqdm import tqdm
 
     _check_output("--out", args.out)
     runs_paths = [args.runs] if args.runs else val.default_runs_paths()
@@ -613,9 +613,7 @@ class _Ticker:
     the elapsed time, and the count when ``update`` is called; for calls that give no progress."""
 
     def __init__(self, desc: str, total: int | None = None, unit: str = "it", delay: float = 2.0):
-        import threading
 
-        from tqdm import tqdm
         self.bar = tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=False, disable=None,
                         file=sys.stderr, dynamic_ncols=True)
         self.delay, self._stop = delay, threading.Event()

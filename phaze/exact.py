@@ -26,7 +26,7 @@ import heapq
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -475,7 +475,6 @@ class Certificate:
         return out
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
         return asdict(self)
 
 

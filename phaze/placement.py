@@ -21,6 +21,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from html import escape
 
 import numpy as np
 
@@ -121,7 +122,7 @@ class PlacementResult:
 
     def to_frame(self):
         """The ranked plans as a pandas DataFrame: one row each (rank 1 is the best), then the baseline."""
-        import pandas as pd
+        import pandas as pd  # deferred: pandas imports slowly and only to_frame() needs it
         rows = []
         for rank, p in [(k, p) for k, p in enumerate(self.top, 1)] + ([("baseline", self.baseline)]
                                                                       if self.baseline else []):
@@ -145,7 +146,6 @@ class PlacementResult:
 
     def _repr_html_(self) -> str:
         if self.best is None:
-            from html import escape
             return f"<p>no plan: {escape(self.infeasible_reason)}</p>"
         frame = self.to_frame()
         return (f"<p>{self.best.result.workload} on {self.best.result.devices} x {self.best.result.chip}: "

@@ -18,8 +18,8 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+from .lazy import LazyModule
 from .report import (
     BREAKDOWN,
     BREAKDOWN_LABELS,
@@ -44,6 +44,8 @@ from .report import (
 )
 from .schedule import write_gantt
 
+pd = LazyModule("pandas")   # deferred: 0.15 s to import, and evaluate and place never need it
+
 DPI = 150
 FONT = 11
 DESIGN, FRONT, BEST, INFEASIBLE = "#4c72b0", "#dd8452", "#f2c01e", "#9a9a9a"
@@ -66,7 +68,7 @@ UNIT = {"area_mm2": "mm²", "power_w": "W", "cost_usd": "$"}
 
 
 def _mpl():
-    import matplotlib
+    import matplotlib  # deferred: matplotlib imports slowly and only a report draws
     matplotlib.use("Agg")
     matplotlib.rcParams.update({"font.size": FONT, "axes.titlesize": FONT + 1, "axes.labelsize": FONT,
                                 "legend.fontsize": FONT - 1, "svg.hashsalt": "phaze", "svg.fonttype": "none"})
@@ -499,7 +501,7 @@ def _hover(r: pd.Series, meta: StudyMeta) -> str:
 
 
 def _plotly_front(trials, baselines, meta, best, studies=None):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # deferred: plotly imports slowly, only report.html needs it
     from plotly.subplots import make_subplots
     metrics = ("area_mm2", "power_w", "cost_usd")
     fig = make_subplots(rows=1, cols=3, shared_yaxes=True, horizontal_spacing=0.04)
@@ -565,7 +567,7 @@ def _plotly_front(trials, baselines, meta, best, studies=None):
 
 
 def _plotly_history(groups, baselines, objectives_directions):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # deferred: plotly imports slowly, only report.html needs it
     fig = go.Figure()
     o, d = objectives_directions
     for label, tr, colour in groups:
@@ -598,7 +600,7 @@ def _plotly_history(groups, baselines, objectives_directions):
 
 
 def _plotly_importance(imp: dict):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # deferred: plotly imports slowly, only report.html needs it
     from plotly.subplots import make_subplots
     fig = make_subplots(rows=len(imp), cols=1, subplot_titles=[f"what decides {o}" for o in imp])
     for i, (_o, vals) in enumerate(imp.items(), 1):
@@ -611,7 +613,7 @@ def _plotly_importance(imp: dict):
 
 
 def _plotly_breakdown(row, baselines, meta):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # deferred: plotly imports slowly, only report.html needs it
     from plotly.subplots import make_subplots
     n = len(meta.workloads)
     fig = make_subplots(rows=n, cols=1, subplot_titles=[f"{_workload_title(meta, w)}: where the step time goes"
@@ -636,7 +638,7 @@ def _plotly_breakdown(row, baselines, meta):
 
 
 def _plotly_plans(front, meta):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # deferred: plotly imports slowly, only report.html needs it
     from plotly.subplots import make_subplots
     n = len(meta.workloads)
     fig = make_subplots(rows=n, cols=1, subplot_titles=[f"{w}: the best plan along the front" for w in meta.workloads])
@@ -671,7 +673,7 @@ def _plotly_plans(front, meta):
 
 
 def _plotly_infeasible(kinds: dict):
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # deferred: plotly imports slowly, only report.html needs it
     names = list(kinds)[::-1]
     fig = go.Figure(go.Bar(x=[kinds[k] for k in names], y=names, orientation="h", marker_color=INFEASIBLE,
                            hovertemplate="%{y}: %{x}<extra></extra>"))
@@ -701,7 +703,7 @@ def _html_table(head, rows, table_id: str) -> str:
 
 
 def _plotly_div(fig, name: str) -> str:
-    import plotly.io as pio
+    import plotly.io as pio  # deferred: plotly imports slowly
     div = pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"plotly-{name}",
                       config={"displaylogo": False, "responsive": True})
     return f'<figure class="plot" data-plot="{name}">{div}</figure>'
@@ -714,7 +716,7 @@ def _inline_svg(path: Path, name: str) -> str:
 
 
 def _page(title: str, body: list[str]) -> str:
-    from plotly.offline import get_plotlyjs
+    from plotly.offline import get_plotlyjs  # deferred: plotly imports slowly
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{CSS}</style>"
             f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>\n"

@@ -12,6 +12,8 @@ was already evaluated is never evaluated again (a repeat proposal is pruned as a
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import itertools
 import logging
 import math
@@ -24,6 +26,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm  # deferred: the search's bar only
 
 from . import schedule as _schedule
 from .arch import load_chip
@@ -283,7 +287,6 @@ def check_budgets(cfg: SweepConfig) -> None:
 def evaluate_baselines(cfg: SweepConfig, study, progress: bool = False) -> dict:
     """Each baseline chip scored by the same code on the same workloads; stored on the study.
     With ``progress``, a bar over the chips not scored yet (their schedules take seconds each)."""
-    from tqdm import tqdm  # deferred with the rest of the search's libraries
 
     stored = dict(study.user_attrs.get("baselines", {}))
     todo = [name for name in cfg.baselines if name not in stored]
@@ -303,7 +306,6 @@ class _Progress:
     """tqdm bar of trials done, feasible so far and the best first objective."""
 
     def __init__(self, cfg: SweepConfig, study, total: int, enabled: bool):
-        from tqdm import tqdm
         self.cfg, self.total = cfg, total
         self.bar = tqdm(total=total, initial=min(total, count(study, ("COMPLETE",))), unit="trial",
                         desc=f"search {study.study_name}", disable=not enabled, dynamic_ncols=True)
@@ -363,7 +365,7 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=No
     (their worker died: failed after the grace period and retried once; on the file journal,
     failed once their process on this host is gone)."""
     optuna = _optuna()
-    from optuna.storages._heartbeat import is_heartbeat_enabled
+    from optuna.storages._heartbeat import is_heartbeat_enabled  # deferred: optuna imports slowly
     states = optuna.trial.TrialState
     stops = _Stops(cfg)
     objective = _Objective(cfg)
@@ -647,8 +649,6 @@ class SearchInterrupted(KeyboardInterrupt):
 def write_certificate(cfg: SweepConfig, study, out_dir: Path | None):
     """The exact search's certificate, stored on the study (the report reads it) and, with
     ``out_dir``, every design decided without evaluation in ``certificate.csv``."""
-    import csv
-    import io
     cert, records = certificate(cfg, study)
     study.set_user_attr("certificate", _jsonable(cert.to_dict()))
     if out_dir is not None:
@@ -718,7 +718,6 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
 
 
 def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: bool, write: bool) -> SearchResult:
-    from tqdm import tqdm  # deferred: the search's bar only
 
     optuna = _optuna()
     check_budgets(cfg)

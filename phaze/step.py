@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
+from html import escape
 
 import numpy as np
 
@@ -260,7 +261,6 @@ class StepResult:
                 f"headroom {self.headroom_bytes / 2 ** 30:.1f}), {'fits' if self.fits else 'DOES NOT FIT'})")
 
     def _repr_html_(self) -> str:
-        from html import escape
         gib = 2.0 ** 30
         rows = [("workload", self.workload), ("cluster", f"{self.devices} x {self.chip}"),
                 ("global batch", f"{self.global_batch}"), ("plan", self.plan),

@@ -5,10 +5,12 @@ report, which reads them back.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import re
 import time
+import warnings
 from pathlib import Path
 
 from .configio import ConfigError
@@ -16,7 +18,6 @@ from .space import SweepConfig
 
 
 def _optuna():
-    import warnings
 
     import optuna  # deferred: optuna imports slowly
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -70,7 +71,11 @@ def make_storage(url: str, heartbeat: bool = True, grace_period_s: int = GRACE_P
     """An Optuna RDB storage; with ``heartbeat``, a killed worker's trial is failed after
     ``grace_period_s`` and retried once (heartbeats work only inside ``study.optimize``)."""
     _optuna()
-    from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+    from optuna.storages import (  # deferred: optuna imports slowly
+        JournalStorage,
+        RDBStorage,
+        RetryHeartbeatStaleTrialCallback,
+    )
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
     kwargs = {}
     if url.startswith("journal:///"):     # Optuna's file journal: no database, no heartbeats
@@ -180,7 +185,6 @@ def postgres_driver_url(url: str) -> str:
     (3), so a plain URL is given that driver when psycopg2 is not there."""
     if not url.startswith("postgresql://"):
         return url
-    import importlib.util
     if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
         return "postgresql+psycopg://" + url[len("postgresql://"):]
     return url
