@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .arch import EXECUTION
-from .configio import ConfigError
+from .configio import ConfigError, suggest
 from .placement import PlacementOptions
 from .plan import Plan
 
@@ -132,7 +132,8 @@ def framework(name: str, source: str = "--framework", field: str | None = None) 
     ``source`` (and ``field``, in a file)."""
     f = resolve_framework(name)
     if f is None:
-        raise ConfigError(source, field, f"unknown framework {name!r}; allowed: {', '.join(FRAMEWORKS)}")
+        raise ConfigError(source, field, f"unknown framework {name!r}{suggest(name, FRAMEWORKS)}; "
+                          f"allowed: {', '.join(FRAMEWORKS)}")
     return f
 
 

@@ -557,17 +557,22 @@ def _int_tuple(f: Fields, key: str, default: tuple) -> tuple:
     return tuple(raw)
 
 
+def _named(f: Fields, key: str, load, flag: str, name: str):
+    """``load(name)`` for a name given at ``key`` of a config: an unknown name or a missing file is
+    blamed on this file's field, not on the command-line ``flag`` the loader names (a file that
+    exists names its own file and field)."""
+    try:
+        return load(name)
+    except ConfigError as exc:
+        if exc.source != flag:
+            raise
+        raise f.error(key, exc.message) from None
+
+
 def _system(f: Fields, default: System | None) -> System | None:
     """The ``system`` key of a sweep or of one workload entry (a shipped name or a YAML path)."""
     name = f.str("system", None)
-    if name is None:
-        return default
-    try:
-        return load_system(name)
-    except ConfigError as exc:
-        if exc.source != "--system":     # a system file that exists names its own file and field
-            raise
-        raise f.error("system", exc.message) from None
+    return default if name is None else _named(f, "system", load_system, "--system", name)
 
 
 def _workload(item, source: str, i: int, system: System | None = None) -> WorkloadSpec:
@@ -576,7 +581,7 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
         raise ConfigError(source, f"workloads[{i}]", "must be a mapping with workload, devices, global_batch")
     seq = f.int("seq_len", None, maximum=MAX_SEQ_LEN)
     source = f.str("workload")
-    model = load_model(source, seq)
+    model = _named(f, "workload", lambda s: load_model(s, seq), "--workload", source)
     devices, batch = f.int("devices", maximum=MAX_DEVICES), f.int("global_batch", maximum=MAX_BATCH)
     weight = f.number("weight", 1.0, maximum=1e6)
     system = _system(f, system)
@@ -613,7 +618,7 @@ def load_sweep(path: str | Path) -> SweepConfig:
     name = f.str("name", path.stem)
     if not all(c.isalnum() or c in "-_." for c in name):
         raise f.error("name", f"letters, digits, '-', '_' and '.' only (it names results/<name>), got {quote(name)}")
-    base = load_chip(f.str("base", "tpuv4"))
+    base = _named(f, "base", load_chip, "--arch", f.str("base", "tpuv4"))
     system = _system(f, None)
     workloads = tuple(_workload(w, source, i, system) for i, w in enumerate(f.list("workloads")))
     names = [w.model.name for w in workloads]
@@ -654,8 +659,8 @@ def load_sweep(path: str | Path) -> SweepConfig:
     baselines = f._get("baselines", [])
     if not isinstance(baselines, list) or not all(isinstance(b, str) for b in baselines):
         raise f.error("baselines", f"must be a list of chip names or YAML paths, got {quote(baselines)}")
-    for b in baselines:
-        load_chip(b)
+    for i, b in enumerate(baselines):
+        _named(f, f"baselines[{i}]", load_chip, "--arch", b)
     options = f.sub("sampler_options", None)
     cfg = SweepConfig(
         name=name, source=source, base=base, workloads=workloads,

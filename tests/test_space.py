@@ -135,3 +135,19 @@ def test_bad_configs_are_one_line_and_exit_2_through_the_cli(tmp_path):
         assert r.returncode == 2, (args, r.stderr[-2000:])
         assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
         assert words in r.stderr and len(r.stderr) < 400, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("change,field,words", [
+    ({"base": "h100"}, "'base'", "did you mean 'h100-hbm2e-96gb-500w' or 'h100-sxm'"),
+    ({"baselines": ["tpuv4", "a100"]}, "'baselines[1]'", "did you mean 'a100-40gb' or 'a100-80gb'"),
+    ({"workloads": [dict(SMALL_SWEEP["workloads"][0], workload="llama3.1-405bx")]}, "'workloads[0].workload'",
+     "did you mean 'llama3.1-405b'"),
+])
+def test_an_unknown_name_in_a_sweep_config_names_its_file_and_field(tmp_path, change, field, words):
+    """Not the command-line flag (``--arch``) that the loader would name: the user wrote no flag."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(dict(SMALL_SWEEP, **change)))
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    text = str(err.value)
+    assert str(path) in text and f"field {field}" in text and words in text and "--" not in text, text
