@@ -132,11 +132,48 @@ def _xlim(xs) -> tuple[float, float]:
     return max(0.0, lo - 0.06 * span) if lo >= 0 else lo - 0.06 * span, hi + 0.06 * span
 
 
-def _label(ax, text, x, y, colour, lo, hi) -> None:
-    """A baseline's name beside its marker, on the side with room."""
-    right = x > lo + 0.6 * (hi - lo)
-    ax.annotate(text, (x, y), xytext=(-7 if right else 7, 6), textcoords="offset points", fontsize=FONT - 1,
-                color=colour, fontweight="bold", ha="right" if right else "left")
+def _place_labels(fig, labels) -> None:
+    """Each baseline's name beside its marker, at the first of the four corners around it (the
+    side with room first) that covers no plotted point, no label placed before and does not
+    leave the frame; the corner covering least when none is clear. ``labels``: ``(ax, text, x,
+    y, colour, right)`` in data coordinates, placed once the layout is final."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # deferred with matplotlib
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    placed, px = [], fig.dpi / 72.0
+    for ax, text, x, y, colour, right in labels:
+        marks = [(np.asarray(c.get_offsets(), dtype=float),
+                  np.sqrt(np.resize(c.get_sizes(), len(c.get_offsets()))) / 2)
+                 for c in ax.collections if len(c.get_offsets()) and len(c.get_sizes())]
+        marks += [(np.column_stack(line.get_data()).astype(float),
+                   np.full(len(line.get_xdata()), line.get_markersize() / 2))
+                  for line in ax.lines if line.get_marker() not in ("None", "", None)]
+        centres = ax.transData.transform(np.concatenate([m for m, _ in marks])) if marks else np.empty((0, 2))
+        radii = np.concatenate([r for _, r in marks]) * px if marks else np.empty(0)
+        frame = ax.get_window_extent(renderer)
+        sides = [(-7, "right"), (7, "left")] if right else [(7, "left"), (-7, "right")]
+        best = None
+        for dy, va in ((6, "bottom"), (-6, "top")):
+            for dx, ha in sides:
+                a = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=FONT - 1,
+                                color=colour, fontweight="bold", ha=ha, va=va)
+                raw = a.get_window_extent(renderer)
+                box = raw.expanded(1.1, 1.3)
+                # a marker is covered when its disk reaches into the box
+                gap_x = np.maximum(0.0, np.maximum(box.x0 - centres[:, 0], centres[:, 0] - box.x1))
+                gap_y = np.maximum(0.0, np.maximum(box.y0 - centres[:, 1], centres[:, 1] - box.y1))
+                cover = int(np.sum(np.hypot(gap_x, gap_y) < radii)) + sum(box.overlaps(p) for p in placed)
+                cover += 100 * (raw.x0 < frame.x0 or raw.x1 > frame.x1 or raw.y0 < frame.y0 or raw.y1 > frame.y1)
+                if best is None or cover < best[0]:
+                    if best is not None:
+                        best[1].remove()
+                    best = (cover, a, box)
+                else:
+                    a.remove()
+                if best[0] == 0:
+                    break
+            if best[0] == 0:
+                break
+        placed.append(best[2])
 
 
 def fig_front(trials, baselines, meta: StudyMeta, best: pd.DataFrame):
@@ -151,7 +188,7 @@ def fig_front(trials, baselines, meta: StudyMeta, best: pd.DataFrame):
     fig = Figure(figsize=(13, 5.0))
     axes = fig.subplots(1, 3, sharey=True)
     styles = _baseline_styles(baselines)
-    handles = {}
+    handles, labels = {}, []
     for ax, metric in zip(axes, ("area_mm2", "power_w", "cost_usd"), strict=True):
         if len(bad):
             handles["infeasible (evaluated)"] = ax.scatter(bad[metric], bad["throughput_tokens_per_s"] / f, marker="x",
@@ -178,7 +215,8 @@ def fig_front(trials, baselines, meta: StudyMeta, best: pd.DataFrame):
             h = ax.scatter([b[metric]], [b["throughput_tokens_per_s"] / f], marker=m, s=70, color=c,
                            edgecolor="black", lw=0.7, zorder=6)
             handles[f"{b['chip_name']} (baseline)"] = h
-            _label(ax, b["chip_name"], b[metric], b["throughput_tokens_per_s"] / f, c, lo, hi)
+            labels.append((ax, b["chip_name"], b[metric], b["throughput_tokens_per_s"] / f, c,
+                           b[metric] > lo + 0.6 * (hi - lo)))
         for key, bound in meta.constraints:
             if CONSTRAINT_METRIC.get(key) == metric:
                 # above the frame: the plot area holds the baselines' markers and labels
@@ -199,6 +237,7 @@ def fig_front(trials, baselines, meta: StudyMeta, best: pd.DataFrame):
                    frameon=False)
     rows = math.ceil(len(handles) / 4)
     fig.tight_layout(rect=(0, 0.06 * rows + 0.02, 1, 1))
+    _place_labels(fig, labels)
     return fig
 
 
@@ -812,7 +851,7 @@ def fig_compare_front(groups, baselines, meta):
     ys = [v for _, tr, _, _ in groups for v in _evaluated(tr)["throughput_tokens_per_s"]]
     f, p = _scale(ys + list(baselines.get("throughput_tokens_per_s", [])))
     styles = _baseline_styles(baselines)
-    handles = {}
+    handles, labels = {}, []
     for ax, metric in zip(axes, ("area_mm2", "power_w", "cost_usd"), strict=True):
         for (label, tr, _m, colour), marker, ls in zip(groups, ("o", "s", "^", "D"), ("-", "--", ":", "-."),
                                                        strict=False):
@@ -832,7 +871,8 @@ def fig_compare_front(groups, baselines, meta):
             lo, hi = _xlim([v for _, tr, _, _ in groups for v in _evaluated(tr)[metric]]
                            + [x[metric] for _, x in baselines.iterrows() if x["throughput_tokens_per_s"]])
             ax.set_xlim(lo, hi)
-            _label(ax, b["chip_name"], b[metric], b["throughput_tokens_per_s"] / f, c, lo, hi)
+            labels.append((ax, b["chip_name"], b[metric], b["throughput_tokens_per_s"] / f, c,
+                           b[metric] > lo + 0.6 * (hi - lo)))
         ax.set_xlabel(METRICS[metric][0])
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
@@ -841,6 +881,7 @@ def fig_compare_front(groups, baselines, meta):
                  fontsize=FONT + 2)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(3, len(handles)), frameon=False)
     fig.tight_layout(rect=(0, 0.06 * math.ceil(len(handles) / 3) + 0.02, 1, 1))
+    _place_labels(fig, labels)
     return fig
 
 

@@ -514,3 +514,25 @@ def test_a_study_with_a_hot_rollback_journal_is_rolled_back_and_reported(tmp_pat
     r = run_cli(tmp_path, "report", str(folder), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "trials.csv").read_text() == (tiny[1] / "trials.csv").read_text()
+
+
+def test_baseline_labels_are_placed_clear_of_markers_and_of_each_other():
+    """A baseline near the right edge is labelled on its left unless that covers another marker
+    (the best design's star): then another corner is taken. Two labels never overlap."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from phaze.plots import _mpl, _place_labels
+    fig = _mpl()(figsize=(5, 4))
+    ax = fig.subplots()
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    ax.scatter([7.2], [8.3], marker="*", s=260)                 # where the left label would go
+    ax.scatter([9.0, 9.0], [8.0, 6.9], marker="^", s=70)       # two baselines close together
+    _place_labels(fig, [(ax, "BASELINE-ONE", 9.0, 8.0, "k", True), (ax, "BASELINE-TWO", 9.0, 6.9, "k", True)])
+    r = FigureCanvasAgg(fig).get_renderer()
+    boxes = [t.get_window_extent(r) for t in ax.texts]
+    star = ax.transData.transform([[7.2, 8.3]])[0]
+    assert len(boxes) == 2 and not boxes[0].overlaps(boxes[1])
+    for b in boxes:
+        assert not b.padded(6).contains(*star)
+        assert ax.get_window_extent(r).contains(b.x0, b.y0) and ax.get_window_extent(r).contains(b.x1, b.y1)
