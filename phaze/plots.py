@@ -7,11 +7,14 @@ labelled where they are drawn.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import html
 import math
 import multiprocessing
 import os
 import re
+import signal
 import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -464,6 +467,18 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _drawer_init(parent: int) -> None:
+    """A drawing process leaves Ctrl-C to its parent and dies with it: a parent killed by
+    SIGKILL must not leave drawers behind that hold its output pipes open."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:      # the parent died before the line above
+        os._exit(1)
+
+
 def _draw_all(jobs: list, out_dir: Path, workers: int | None) -> dict[str, dict]:
     """Draw ``jobs`` ((name, what, args), ...): in forked processes, one per core up to
     ``workers`` (default: every core), since a figure's drawing is pure Python that one core
@@ -474,12 +489,31 @@ def _draw_all(jobs: list, out_dir: Path, workers: int | None) -> dict[str, dict]
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and \
             not multiprocessing.current_process().daemon:
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                       initializer=_drawer_init, initargs=(os.getpid(),))
+        except OSError:                         # no process to spare: draw them here
+            pool = None
+        if pool is not None:
+            try:
                 futures = {name: pool.submit(_draw, name, what, args, out_dir) for name, what, args in jobs}
-                return {name: f.result() for name, f in futures.items()}
-        except (OSError, BrokenProcessPool):    # no process to spare: draw them here
-            pass
+                files = {name: f.result() for name, f in futures.items()}
+                pool.shutdown()
+                return files
+            except (OSError, BrokenProcessPool):
+                _stop(pool)
+            except BaseException:               # Ctrl-C: stop the drawers at once, then go on ending
+                _stop(pool)
+                raise
     return {name: _draw(name, what, args, out_dir) for name, what, args in jobs}
+
+
+def _stop(pool) -> None:
+    """End a drawing pool now: its processes are killed, not waited for."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        with contextlib.suppress(OSError, ValueError):
+            proc.kill()
 
 
 def write_figures(study, meta: StudyMeta, trials, baselines, out_dir: Path, cfg=None, workers: int | None = None):

@@ -536,3 +536,42 @@ def test_baseline_labels_are_placed_clear_of_markers_and_of_each_other():
     for b in boxes:
         assert not b.padded(6).contains(*star)
         assert ax.get_window_extent(r).contains(b.x0, b.y0) and ax.get_window_extent(r).contains(b.x1, b.y1)
+
+
+def test_drawing_processes_die_with_a_killed_parent(tmp_path):
+    """kill -9 of a process drawing its figures in parallel leaves no drawer behind (one would
+    hold the parent's output pipes open, and a caller reading them would wait for ever)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    script = tmp_path / "draw.py"
+    script.write_text(
+        "import time, sys\n"
+        "from pathlib import Path\n"
+        "import phaze.plots as P\n"
+        "def slow(*a):\n"
+        "    time.sleep(60)\n"
+        "P.DRAW['slow'] = slow\n"
+        "print('ready', flush=True)\n"
+        f"P._draw_all([('a', 'slow', ()), ('b', 'slow', ())], Path({str(tmp_path)!r}), 2)\n")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    children: list[int] = []
+    for _ in range(100):                    # the drawers start on the first submit
+        time.sleep(0.1)
+        children = [int(c) for c in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
+        if len(children) == 2:
+            break
+    assert len(children) == 2
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    end = time.monotonic() + 5
+    alive = children
+    while alive and time.monotonic() < end:
+        time.sleep(0.1)
+        alive = [c for c in children if os.path.exists(f"/proc/{c}") and
+                 open(f"/proc/{c}/stat").read().split(")")[1].split()[0] != "Z"]
+    assert not alive, f"drawers {alive} outlived their parent"
+    out, err = p.communicate(timeout=10)    # the pipes close: nobody holds them any more
