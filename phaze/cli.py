@@ -39,7 +39,7 @@ from .power import PoweredStep, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
 from .schedule import schedule_layer, sharing, write_gantt
 from .search import SearchInterrupted, open_study, search, sweep
-from .space import load_sweep, override
+from .space import MAX_BATCH, MAX_DEVICES, MAX_NAME, MAX_SEQ_LEN, load_sweep, override, study_name_ok
 from .step import StepResult, evaluate
 from .storage import mask_password
 from .study_files import compare_studies, write_study_files
@@ -70,10 +70,17 @@ def _int_at_least(minimum: int, what: str, maximum: int | None = None):
 
 _positive_int = _int_at_least(1, "a positive integer")
 _nonnegative_int = _int_at_least(0, "an integer >= 0")
-# sizes past anything built are refused rather than evaluated into a meaningless answer
-MAX_DEVICES = 1 << 24        # 16,777,216 chips
-MAX_BATCH = 1 << 24          # sequences per step
-MAX_SEQ_LEN = 1 << 22        # 4,194,304 tokens per sequence
+
+
+def _study_name(text: str) -> str:
+    """An argparse type: a study name that can name its folder."""
+    if not study_name_ok(text):
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_NAME} letters, digits, '-', '_' and '.' (it names "
+                                         f"results/<study>), got {text[:40]!r}")
+    return text
+
+
+# sizes past anything built are refused rather than evaluated into a meaningless answer (space.py's caps)
 _devices = _int_at_least(1, f"a positive integer up to {MAX_DEVICES:,} (more chips than any cluster built)",
                          MAX_DEVICES)
 _batch = _int_at_least(1, f"a positive integer up to {MAX_BATCH:,} sequences", MAX_BATCH)
@@ -940,6 +947,12 @@ def cmd_report(args) -> int:
         raise ConfigError("--out" if args.out else str(out), None,
                           f"cannot write into {str(out)!r}{where}: {exc.strerror or exc}; allowed: a folder "
                           f"this user can write") from None
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        # a value the report cannot read (a damaged or hand-edited trial): say which study and what
+        where = args.storage or str(paths[0])
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+        raise ConfigError(where, None, f"the study cannot be reported: a stored value is damaged or was edited "
+                          f"by hand ({detail}); allowed: a study as phaze wrote it") from None
     print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
     return 0
 
@@ -1132,7 +1145,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--sampler", default=None, help="tpe, nsga2, gp, random or grid (default: the config's)")
     se.add_argument("--seed", type=_nonnegative_int, default=None, help="sampler seed (default: the config's)")
     se.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///results/<study>/study.db)")
-    se.add_argument("--study", default=None, help="study name (default: the config's name)")
+    se.add_argument("--study", default=None, type=_study_name, help="study name (default: the config's name)")
     se.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
     se.add_argument("--quiet", action="store_true", help="no progress bar")
     se.add_argument("--grace-period", type=_positive_int, default=30, metavar="S",
@@ -1142,14 +1155,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("config", help="sweep config")
     sw.add_argument("--limit", type=_positive_int, default=None, help="evaluate only the N largest designs")
     sw.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///results/<study>/study.db)")
-    sw.add_argument("--study", default=None, help="study name (default: <config name>-sweep)")
+    sw.add_argument("--study", default=None, type=_study_name, help="study name (default: <config name>-sweep)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
     rp = sub.add_parser("report", help="the plotted report of a study (report.md, report.html, figures)")
     rp.add_argument("study_dirs", nargs="*", metavar="STUDY",
                     help="a study folder (results/<study>) or its study.db; two compare the studies on one front")
     rp.add_argument("--storage", default=None, help="an Optuna storage URL instead of a folder")
-    rp.add_argument("--study", action="append", default=None, metavar="NAME",
+    rp.add_argument("--study", action="append", default=None, metavar="NAME", type=_study_name,
                     help="study name in the storage (repeat to compare two)")
     rp.add_argument("--out", default=None, help="folder to write into (default: the (first) study's folder)")
     rp.set_defaults(func=cmd_report)

@@ -63,6 +63,7 @@ MAX_SEED = 2 ** 32 - 1       # NumPy's (and so Optuna's samplers') largest seed
 MAX_TRIALS = 10 ** 7         # complete trials of a study
 MAX_DEGREE = 1 << 20         # a placement's tp, pp, mbs, ... candidates
 MAX_GRID = 2_000_000         # points of a space that is enumerated (grid, exact, ``phaze sweep``)
+MAX_NAME = 100              # characters of a study's name (it names results/<name>/)
 MAX_CHECKED = 10_000         # points on which a config's expressions are tried when it is read
 
 OBJECTIVES = {  # name -> (direction, label)
@@ -610,14 +611,20 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
     return WorkloadSpec(model, devices, batch, weight, options, source, system)
 
 
+def study_name_ok(name: str) -> bool:
+    """Whether ``name`` can name a study and its folder ``results/<name>/`` on any file system."""
+    return 0 < len(name) <= MAX_NAME and name not in (".", "..") and all(c.isalnum() or c in "-_." for c in name)
+
+
 def load_sweep(path: str | Path) -> SweepConfig:
     """Read and check a sweep config; every problem is one :class:`ConfigError` line."""
     path = Path(path)
     source = str(path)
     f = Fields(read_mapping(path), source)
     name = f.str("name", path.stem)
-    if not all(c.isalnum() or c in "-_." for c in name):
-        raise f.error("name", f"letters, digits, '-', '_' and '.' only (it names results/<name>), got {quote(name)}")
+    if not study_name_ok(name):
+        raise f.error("name", f"1 to {MAX_NAME} letters, digits, '-', '_' and '.' (it names results/<name>), "
+                              f"got {quote(name)}")
     base = _named(f, "base", load_chip, "--arch", f.str("base", "tpuv4"))
     system = _system(f, None)
     workloads = tuple(_workload(w, source, i, system) for i, w in enumerate(f.list("workloads")))

@@ -575,3 +575,28 @@ def test_drawing_processes_die_with_a_killed_parent(tmp_path):
                  open(f"/proc/{c}/stat").read().split(")")[1].split()[0] != "Z"]
     assert not alive, f"drawers {alive} outlived their parent"
     out, err = p.communicate(timeout=10)    # the pipes close: nobody holds them any more
+
+
+@pytest.mark.parametrize("table,column,junk", [("trial_user_attributes", "value_json", "1e999"),
+                                               ("trial_user_attributes", "value_json", "1.5"),
+                                               ("trial_values", "value", "NaN"),
+                                               ("trial_params", "param_value", "-1")])
+def test_a_damaged_trial_is_one_line_and_exit_2(tmp_path, tiny, table, column, junk):
+    """Values of trials damaged or edited by hand (the fuzz benchmark's report surface found
+    tracebacks): one line naming the study, exit status 2, or a report when the value is harmless."""
+    folder = _copy_study(tiny, tmp_path)
+    con = sqlite3.connect(folder / "study.db")
+    con.execute(f"UPDATE {table} SET {column} = ?", (junk,))
+    con.commit()
+    con.close()
+    r = run_cli(tmp_path, "report", str(folder), "--out", str(tmp_path / "out"))
+    assert r.returncode in (0, 2) and "Traceback" not in r.stderr, r.stderr
+    if r.returncode == 2:
+        assert len(r.stderr.strip().splitlines()) == 1 and str(folder) in r.stderr, r.stderr
+
+
+def test_a_study_name_that_cannot_name_a_folder_is_one_line(tmp_path):
+    for name in ("x" * 300, "../up", "a/b", ""):
+        r = run_cli(tmp_path, "report", "--storage", "sqlite:///nothing.db", "--study", name)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--study" in r.stderr, r.stderr
+        assert not (tmp_path / "nothing.db").exists()

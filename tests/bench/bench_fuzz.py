@@ -35,6 +35,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import yaml
+from tqdm import tqdm
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -165,7 +166,8 @@ def case_interrupt(rng, root, ctx):
         _, err = p.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         p.kill()
-        p.communicate()
+        with contextlib.suppress(subprocess.TimeoutExpired):   # children may hold its pipes
+            p.communicate(timeout=10)
         return f"hang (no exit 30 s after {sig.name})", cmd + [f"{delay:.1f} s"]
     what = cmd + [f"{sig.name} at {delay:.1f} s"]
     if "Traceback" in err:
@@ -290,13 +292,15 @@ def main() -> None:
     endings, times = defaultdict(Counter), []
     bad: dict[tuple[str, str], list] = defaultdict(list)
     start = time.perf_counter()
-    for surface in plan:
+    for surface in tqdm(plan, desc="fuzz", unit="case", mininterval=5):
         t = time.perf_counter()
         verdict, what = SURFACES[surface](rng, root, ctx)
         times.append(time.perf_counter() - t)
         endings[surface]["ok" if verdict == "ok" else "one-line error" if verdict == "error" else "BAD"] += 1
         if verdict not in ("ok", "error"):
             bad[(surface, kind_of(verdict))].append((what, verdict))
+            tqdm.write(f"BAD {surface}: {verdict}: {' '.join(map(str, what))[:300]}", file=sys.stdout)
+            sys.stdout.flush()
     elapsed = time.perf_counter() - start
     n_bad = sum(len(v) for v in bad.values())
     print(f"{len(plan)} cases (seed {args.seed}) in {elapsed:.0f} s; {n_bad} bad endings; "
