@@ -7,6 +7,7 @@ import json
 import math
 import os
 import select
+import signal
 import stat
 import sys
 import threading
@@ -38,7 +39,7 @@ from .plan import RECOMPUTE, ROUTING, SEARCHED_RECOMPUTE
 from .power import PoweredStep, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
 from .schedule import schedule_layer, sharing, write_gantt
-from .search import SearchInterrupted, open_study, search, sweep
+from .search import SearchInterrupted, interruptible, open_study, search, sweep
 from .space import MAX_BATCH, MAX_DEVICES, MAX_NAME, MAX_SEQ_LEN, load_sweep, override, study_name_ok
 from .step import StepResult, evaluate
 from .storage import mask_password
@@ -916,6 +917,14 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _damaged(args, paths, exc: Exception) -> ConfigError:
+    """A value the report cannot read (a damaged or hand-edited study): which study, and what."""
+    where = mask_password(args.storage) if args.storage else str(paths[0])
+    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+    return ConfigError(where, None, f"the study cannot be reported: a stored value is damaged or was edited by "
+                       f"hand ({detail}); allowed: a study as phaze wrote it")
+
+
 def cmd_report(args) -> int:
     """``phaze report STUDY [STUDY]``: the report of a study rebuilt from its storage; with two,
     both on one front."""
@@ -928,12 +937,17 @@ def cmd_report(args) -> int:
         raise ConfigError("--storage", None, "give study folders or --storage with --study, not both")
     if len(paths) > 2 or len(names) > 2:
         raise ConfigError("phaze report", None, "at most two studies are compared")
-    if paths:
-        if len(names) > len(paths):
-            raise ConfigError("--study", None, "one --study per study folder at most")
-        opened = [load_study(p, name=names[i] if i < len(names) else None) for i, p in enumerate(paths)]
-    else:
-        opened = [load_study(storage=args.storage, name=n) for n in (names or [None])]
+    if paths and len(names) > len(paths):
+        raise ConfigError("--study", None, "one --study per study folder at most")
+    try:
+        if paths:
+            opened = [load_study(p, name=names[i] if i < len(names) else None) for i, p in enumerate(paths)]
+        else:
+            opened = [load_study(storage=args.storage, name=n) for n in (names or [None])]
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        raise _damaged(args, paths, exc) from None
     out = Path(args.out) if args.out else opened[0][1]
     if args.out and out.exists() and not out.is_dir():
         raise ConfigError("--out", None, f"cannot write into {args.out!r}: not a folder")
@@ -947,12 +961,10 @@ def cmd_report(args) -> int:
         raise ConfigError("--out" if args.out else str(out), None,
                           f"cannot write into {str(out)!r}{where}: {exc.strerror or exc}; allowed: a folder "
                           f"this user can write") from None
+    except ConfigError:
+        raise
     except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
-        # a value the report cannot read (a damaged or hand-edited trial): say which study and what
-        where = args.storage or str(paths[0])
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
-        raise ConfigError(where, None, f"the study cannot be reported: a stored value is damaged or was edited "
-                          f"by hand ({detail}); allowed: a study as phaze wrote it") from None
+        raise _damaged(args, paths, exc) from None
     print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
     return 0
 
@@ -1214,7 +1226,8 @@ def _reader_left() -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        code = args.func(args)
+        with interruptible():       # Ctrl-C raised in phaze's code only, never lost in a library's
+            code = args.func(args)
         sys.stdout.flush()
         if code == 0 and _reader_left():
             return _stdout_closed()
@@ -1227,6 +1240,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("phaze: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if argv is None:    # the process ends here: a Ctrl-C now would only cut its exit short
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -577,7 +577,8 @@ def test_drawing_processes_die_with_a_killed_parent(tmp_path):
     out, err = p.communicate(timeout=10)    # the pipes close: nobody holds them any more
 
 
-@pytest.mark.parametrize("table,column,junk", [("trial_user_attributes", "value_json", "1e999"),
+@pytest.mark.parametrize("table,column,junk", [("study_user_attributes", "value_json", "1e999"),
+                                               ("trial_user_attributes", "value_json", "1e999"),
                                                ("trial_user_attributes", "value_json", "1.5"),
                                                ("trial_values", "value", "NaN"),
                                                ("trial_params", "param_value", "-1")])
