@@ -8,6 +8,7 @@ import math
 import os
 import select
 import signal
+import sqlite3
 import stat
 import sys
 import threading
@@ -917,6 +918,13 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _damage(exc: Exception) -> bool:
+    """Whether ``exc`` says a study's stored data is damaged: a value of the wrong type or range,
+    or a database (SQLite, Optuna's storage) that fails to read or commit."""
+    data = (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, sqlite3.Error)
+    return isinstance(exc, data) or type(exc).__module__.split(".")[0] in ("optuna", "sqlalchemy")
+
+
 def _damaged(args, paths, exc: Exception) -> ConfigError:
     """A value the report cannot read (a damaged or hand-edited study): which study, and what."""
     where = mask_password(args.storage) if args.storage else str(paths[0])
@@ -946,7 +954,9 @@ def cmd_report(args) -> int:
             opened = [load_study(storage=args.storage, name=n) for n in (names or [None])]
     except ConfigError:
         raise
-    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+    except Exception as exc:
+        if not _damage(exc):
+            raise
         raise _damaged(args, paths, exc) from None
     out = Path(args.out) if args.out else opened[0][1]
     if args.out and out.exists() and not out.is_dir():
@@ -963,7 +973,9 @@ def cmd_report(args) -> int:
                           f"this user can write") from None
     except ConfigError:
         raise
-    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+    except Exception as exc:
+        if not _damage(exc):
+            raise
         raise _damaged(args, paths, exc) from None
     print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
     return 0

@@ -601,3 +601,19 @@ def test_a_study_name_that_cannot_name_a_folder_is_one_line(tmp_path):
         r = run_cli(tmp_path, "report", "--storage", "sqlite:///nothing.db", "--study", name)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--study" in r.stderr, r.stderr
         assert not (tmp_path / "nothing.db").exists()
+
+
+def test_a_damaged_database_is_one_line_and_exit_2(tmp_path, tiny, monkeypatch, capsys):
+    """A study.db with damaged bytes can fail inside Optuna's storage (the fuzz benchmark found a
+    StorageInternalError on commit): one line naming the study, exit status 2."""
+    import optuna
+
+    from phaze import cli
+
+    def broken(*args, **kwargs):
+        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.")
+    monkeypatch.setattr(cli, "write_study_files", broken)
+    folder = _copy_study(tiny, tmp_path)
+    assert cli.main(["report", str(folder), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(folder) in err and "StorageInternalError" in err, err
