@@ -84,6 +84,12 @@ def test_validation_headline_is_the_tracked_summary():
             f"| {_max[:-1]} % | {within[:-1]} % |") in page
 
 
+def test_readme_fuzz_count_is_the_benchmarks_page():
+    bench, flat = " ".join(_page("benchmarks.md").split()), " ".join(README.split())
+    cases, bad = re.search(r"\*\*([\d,]+) cases, (\d+) bad endings\*\*", bench).groups()
+    assert f"throws {cases} cases at phaze" in flat and f"**{bad} bad endings**" in flat
+
+
 def test_readme_speed_and_unseen_gpu_figures_are_the_docs_measurements():
     # measured figures (not reproducible in a test) are quoted from the page that records their
     # measurement: a remeasured benchmark that leaves the README behind fails here
