@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -918,19 +919,25 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def _damage(exc: Exception) -> bool:
-    """Whether ``exc`` says a study's stored data is damaged: a value of the wrong type or range,
-    or a database (SQLite, Optuna's storage) that fails to read or commit."""
-    data = (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, sqlite3.Error)
-    return isinstance(exc, data) or type(exc).__module__.split(".")[0] in ("optuna", "sqlalchemy")
+DAMAGE = (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, sqlite3.Error)
 
 
-def _damaged(args, paths, exc: Exception) -> ConfigError:
-    """A value the report cannot read (a damaged or hand-edited study): which study, and what."""
-    where = mask_password(args.storage) if args.storage else str(paths[0])
-    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
-    return ConfigError(where, None, f"the study cannot be reported: a stored value is damaged or was edited by "
-                       f"hand ({detail}); allowed: a study as phaze wrote it")
+@contextlib.contextmanager
+def _damage_is_one_line(args, paths):
+    """A study's stored data that the report cannot read (a value of the wrong type or range, or
+    a database, SQLite or Optuna's storage, that fails to read or commit): one line naming the
+    study and what failed, instead of a traceback."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        if not (isinstance(exc, DAMAGE) or type(exc).__module__.split(".")[0] in ("optuna", "sqlalchemy")):
+            raise
+        where = mask_password(args.storage) if args.storage else str(paths[0])
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+        raise ConfigError(where, None, f"the study cannot be reported: a stored value is damaged or was edited "
+                          f"by hand ({detail}); allowed: a study as phaze wrote it") from None
 
 
 def cmd_report(args) -> int:
@@ -947,36 +954,25 @@ def cmd_report(args) -> int:
         raise ConfigError("phaze report", None, "at most two studies are compared")
     if paths and len(names) > len(paths):
         raise ConfigError("--study", None, "one --study per study folder at most")
-    try:
+    with _damage_is_one_line(args, paths):
         if paths:
             opened = [load_study(p, name=names[i] if i < len(names) else None) for i, p in enumerate(paths)]
         else:
             opened = [load_study(storage=args.storage, name=n) for n in (names or [None])]
-    except ConfigError:
-        raise
-    except Exception as exc:
-        if not _damage(exc):
-            raise
-        raise _damaged(args, paths, exc) from None
     out = Path(args.out) if args.out else opened[0][1]
     if args.out and out.exists() and not out.is_dir():
         raise ConfigError("--out", None, f"cannot write into {args.out!r}: not a folder")
-    try:
-        if len(opened) == 1:
-            files = write_study_files(opened[0][0], None, out)
-        else:
-            files = compare_studies([s for s, _ in opened], out)
-    except OSError as exc:      # a read-only folder, a path through a file, a full disk
-        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out) else ""
-        raise ConfigError("--out" if args.out else str(out), None,
-                          f"cannot write into {str(out)!r}{where}: {exc.strerror or exc}; allowed: a folder "
-                          f"this user can write") from None
-    except ConfigError:
-        raise
-    except Exception as exc:
-        if not _damage(exc):
-            raise
-        raise _damaged(args, paths, exc) from None
+    with _damage_is_one_line(args, paths):
+        try:
+            if len(opened) == 1:
+                files = write_study_files(opened[0][0], None, out)
+            else:
+                files = compare_studies([s for s, _ in opened], out)
+        except OSError as exc:      # a read-only folder, a path through a file, a full disk
+            where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out) else ""
+            raise ConfigError("--out" if args.out else str(out), None,
+                              f"cannot write into {str(out)!r}{where}: {exc.strerror or exc}; allowed: a folder "
+                              f"this user can write") from None
     print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in files.values())))
     return 0
 
