@@ -232,7 +232,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + f"; cp {','.join(map(str, cp_values(model, o)))}"
                            + f"; recompute {'/'.join(o.recompute)} per stage; "
                            f"zero {','.join(map(str, o.zero_stages))}; attention {o.attention}; optimizer "
-                           f"{o.optimizer}; sp on when tp > 1; dp_overlap on; "
+                           f"{o.optimizer}; sp {'on when tp > 1' if o.sp else 'off'}; dp_overlap on; "
                            f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients"
                            + ("; tp_async on" if o.tp_async else "") + ("; tp_overlap on" if o.tp_overlap else ""))
         if model.moe:
@@ -323,7 +323,7 @@ def cmd_evaluate(args) -> int:
                           f"({try_text}) or --allow-oom to print the result anyway")
     ps = _within_limit(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args), result, args)
     result = ps.result
-    given = _plan_keys(args.plan) | (set(PLAN_KEYS) if preset else set())
+    given = _plan_keys(args.plan) | (set(PLAN_KEYS) | set(changes) if preset else set())
     notes = assumptions(model, chip, args, plan, given)
     if preset:
         notes["framework"] = preset

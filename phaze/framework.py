@@ -32,6 +32,9 @@ class Framework:
     execution: str              # eager | cuda-graphs | xla (phaze.arch.EXECUTION)
     interleave: bool            # a pipelined run interleaves stages unless it says vp
     source: str
+    sp: bool | None = None      # sequence parallelism of a tensor-parallel run that does not say;
+                                # None: on (phaze's default, the recipes of NeMo and Megatron-Core)
+    selective_recompute: bool = True   # offers a selective recompute (a row without recompute may use it)
     vocab_multiple: int = 0     # pads the vocabulary to a multiple of this per tensor-parallel rank
                                 # (Megatron's --make-vocab-size-divisible-by 128); 0: as the model has it
     flop_convention: str = ""   # how its throughput log counts FLOPs (TFLOP/s per GPU): a convention of
@@ -45,20 +48,23 @@ class Framework:
 FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-lm", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
-              vocab_multiple=128,
+              vocab_multiple=128, sp=False,
               flop_convention="narayanan96",
               source="Megatron-LM 2021-22 (v2.x-v3.0) arguments.py defaults: hidden and attention dropout "
                      "0.1, no distributed optimizer, fp16/bf16 gradient all-reduce, fused scale-mask-softmax "
                      "(attention scores in HBM: no FlashAttention before 2023), no interleaving unless "
                      "--num-layers-per-virtual-pipeline-stage; the asynchronous tensor-parallel all-reduce "
-                     "was an option until 2022 (a run that used it says so)"),
+                     "was an option until 2022 (a run that used it says so); sequence parallelism is the opt-in "
+                     "--sequence-parallel (from v3.0, 2022; none before)"),
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
-              vocab_multiple=128,
+              vocab_multiple=128, sp=False, selective_recompute=False,
               flop_convention="narayanan96",
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
                      "scale-mask-softmax) under DeepSpeed's engine, whose zero_optimization.stage defaults "
-                     "to 0; DeepSpeed's pipeline engine has no interleaved schedule"),
+                     "to 0; DeepSpeed's pipeline engine has no interleaved schedule; its activation checkpointing "
+                     "re-runs whole layers (no selective recompute) and it has no Megatron sequence "
+                     "parallelism"),
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128,
@@ -149,6 +155,8 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset()) -> tuple[Plan, dict]
     """``plan`` with the preset's settings for every key not in ``given`` (the ones the user set),
     and what was set. ``recompute=selective`` becomes the framework's selective policy."""
     changes = {k: getattr(fw, k) for k in PLAN_KEYS if k not in given}
+    if fw.sp is not None and "sp" not in given:
+        changes["sp"] = fw.sp and plan.tp > 1
     if plan.recompute == "selective" and fw.selective == "op":
         changes["recompute"] = "op"
     return replace(plan, **changes), dict(changes, execution=fw.execution)
@@ -165,6 +173,8 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset()) ->
         changes["reduce_fp32"] = fw.reduce_fp32
     if "zero" not in given and fw.zero == 3:
         changes["zero"] = (3,)
+    if "sp" not in given and fw.sp is not None:
+        changes["sp"] = fw.sp
     if fw.selective == "op" and "selective" in options.recompute:
         changes["recompute"] = tuple("op" if r == "selective" else r for r in options.recompute)
     return replace(options, **changes), changes

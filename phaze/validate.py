@@ -16,9 +16,13 @@ shape brings its vocabulary, kv heads, activation and norm. Otherwise:
 ``ffn_hidden`` = 4·hidden; an FFN width that is not a whole multiple of hidden is gated (SwiGLU);
 ``vocab`` :data:`DEFAULT_VOCAB`; kv heads = heads; a row whose micro-batch is not stated is
 scored with the fastest of :data:`SEARCHED_MICRO_BATCHES` that fits, as a tuned run would use,
-and marked ``searched`` (it weighs half in fits); recompute none (``selective`` is Megatron's
-core-attention recompute unless ``selective_recompute`` says ``op``); sequence parallelism
-on when tp > 1; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
+and marked ``searched`` (it weighs half in fits); a pipelined row without vp whose framework is
+not a preset is scored so over the vp values Megatron accepts, and one whose ZeRO stage and
+framework are both blank over ZeRO 0 and 1 (the distributed optimizer costs no time); recompute:
+the least of none, the framework's selective policy and full with which a plan the row allows
+fits (``selective`` is Megatron's core-attention recompute unless ``selective_recompute`` says
+``op``), ``searched`` when not none; sequence parallelism on when tp > 1 unless the preset says
+off; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
 fp32 reduction; no tensor-parallel overlap and no asynchronous backward collectives; model-FLOP
 convention; MFU over the chip's 16-bit peak.
 A row without a shape that names a shipped workload is resolved to it.
@@ -346,6 +350,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     batch = _int(row, "global_batch")
     if tp is None or pp is None or batch is None:
         raise ValueError("parallel layout not published (tp, pp or global_batch missing)")
+    recompute_stated = bool(_text(row, "recompute"))
     recompute = _RECOMPUTE.get(_text(row, "recompute").lower() or "none")
     if recompute is None:
         raise ValueError(f"column 'recompute' must be none, selective or full, got {row['recompute']!r}")
@@ -355,8 +360,10 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if fw and fw.vocab_multiple and not _int(row, "vocab"):   # the framework pads the vocabulary
         model = dataclasses.replace(model, vocab=padded_vocab(model.vocab, fw.vocab_multiple * tp))
     sp_text = _text(row, "sequence_parallel").lower()
-    sp = True if sp_text in _TRUE else False if sp_text in _FALSE else tp > 1
+    sp = (True if sp_text in _TRUE else False if sp_text in _FALSE else
+          (fw.sp if fw and fw.sp is not None else True)) and tp > 1
     zero = _num(row, "zero_stage")
+    zero_stated = zero is not None or fw is not None
     zero = (fw.zero if fw else 0) if zero is None else zero
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"column 'zero_stage' must be 0, 1, 2 or 3, got {row['zero_stage']!r}")
@@ -376,8 +383,12 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     searched = {}
     if mbs is None:   # it sets the kernels' sizes (and the bubble): the one a tuned run would use
         searched["mbs"] = SEARCHED_MICRO_BATCHES
-    if vp is None and pp > 1 and fw and fw.interleave:   # the framework's recipes interleave
+    # the framework's recipes interleave, or the framework is not known: its schedule is not
+    # published, so the best vp it accepts (vp 1 included), as a tuned run would use
+    if vp is None and pp > 1 and (fw is None or fw.interleave):
         searched["vp"] = vp_values(model, pp, PlacementOptions())
+    if not zero_stated and plan.dp(devices) > 1:   # the distributed optimizer costs no time: a tuned run's choice
+        searched["zero"] = (0, 1)
     if searched:
         grid = [dataclasses.replace(plan, **dict(zip(searched, combo, strict=True)))
                 for combo in itertools.product(*searched.values())]
@@ -390,6 +401,10 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         alternatives = tuple(dataclasses.replace(a, ep=plan.ep, etp=plan.etp, routing=plan.routing,
                                                  dispatcher=plan.dispatcher, ep_overlap=plan.ep_overlap)
                              for a in alternatives)
+    if not recompute_stated:   # not stated: the least recompute with which a plan the row allows fits
+        plan, alternatives, recompute, chosen = _least_recompute(model, chip, devices, batch, plan, alternatives,
+                                                                 fw)
+        layout_from = "searched" if chosen else layout_from
     peak = _num(row, "mfu_peak_tflops")
     # blank: the datasheet's dense 16-bit peak as the chip file lists it
     listed = dict(chip.peak_flops_per_s)
@@ -404,6 +419,26 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                          f"allowed: a value whose step time is a positive finite number")
     return Case(run_id, source, gpu, chip, model, devices, batch, plan, step, layout_from, chip_name, dataset,
                 alternatives)
+
+
+def _least_recompute(model: Model, chip: Chip, devices: int, batch: int, plan: Plan,
+                     alternatives: tuple[Plan, ...], fw: Framework | None):
+    """(plan, alternatives, recompute, chosen) for a row that does not state its recompute: the
+    first of none, the framework's selective policy (where it has one) and full with which the
+    plan or one of its alternatives fits in memory, since a run that fits must have recomputed
+    at least that much (``chosen``: anything but none); none when nothing fits. Memory does not
+    depend on the efficiency parameters, so the choice is the same for every fit."""
+    swap = dataclasses.replace
+    selective = "op" if fw and fw.selective == "op" else "selective"
+    modes = ["none"] + ([selective] if not fw or fw.selective_recompute else []) + ["full"]
+    try:
+        for r in modes:
+            plans = _valid_plans(model, devices, batch, [swap(p, recompute=r) for p in (plan, *alternatives)])
+            if any(evaluate(model, chip, devices, batch, swap(p, schedule="sequential")).fits for p in plans):
+                return swap(plan, recompute=r), tuple(swap(a, recompute=r) for a in alternatives), r, r != "none"
+    except ConfigError:   # the chip cannot run the row (its precision): the prediction says why
+        pass
+    return plan, alternatives, plan.recompute, False
 
 
 def _valid_plans(model: Model, devices: int, batch: int, plans) -> list[Plan]:

@@ -264,11 +264,13 @@ def test_moe_row_without_explicit_columns_gets_intra_node_ep():
     the 128 experts and the tp*cp*dp = 2*1*16 ranks, and the case says it is assumed."""
     from phaze.validate import EXPLICIT_COLUMNS
     row = {k: v for k, v in _rows()["R1041"].items() if k not in EXPLICIT_COLUMNS}
-    case = row_to_case(row)
+    searched = row_to_case(row)      # no framework and no ZeRO stage: ZeRO 0 and 1 are searched too
+    assert searched.layout_from == "searched" and {a.zero for a in searched.alternatives} == {1}
+    case = row_to_case(dict(row, zero_stage="1"))
     assert isinstance(case, Case), getattr(case, "reason", "")
     assert case.model.experts == 128 and case.model.expert_ffn == 1536 and case.model.head_dim == 128
     assert case.model.vocab == 151936
-    assert case.layout_from == "unconfirmed" and case.plan.ep == 8
+    assert case.layout_from == "unconfirmed" and case.plan.ep == 8 and searched.plan.ep == 8
 
 
 def test_unshipped_moe_and_oversized_rows_are_skipped():

@@ -341,7 +341,9 @@ def test_remaining_defaults():
     assert synthetic_case(vocab="32000").model.vocab == 32000
     assert synthetic_case(notes="vocab 32000").model.vocab == v.DEFAULT_VOCAB
     assert c.source == "S99_test" and c.layout_from == "searched" and c.devices == 8   # no micro-batch
-    assert synthetic_case(micro_batch="1").layout_from == "row"
+    assert synthetic_case(micro_batch="1", zero_stage="0").layout_from == "row"
+    # no framework and no ZeRO stage: the distributed optimizer (ZeRO 1) is tried beside stage 0
+    assert [a.zero for a in synthetic_case(micro_batch="1").alternatives] == [1]
     # selective is Megatron's core-attention recompute unless the row names torchtitan's per-op policy
     assert synthetic_case(recompute="selective", selective_recompute="attention").plan.recompute == "selective"
     assert synthetic_case(recompute="selective", selective_recompute="op").plan.recompute == "op"
@@ -740,8 +742,10 @@ def test_gpu_names(gpu, chip):
 
 @pytest.mark.parametrize("text,mode", [("full", "full"), ("uniform", "full"), ("block", "full"),
                                        ("True", "full"), ("selective", "selective"), ("no", "none"),
-                                       ("", "none")])
+                                       ("", "selective")])
 def test_recompute_spellings(text, mode):
+    # blank: not stated, so the least recompute with which the row's plan fits in memory (R0010,
+    # GPT-22B on 8 A100s, tp 8, mbs 4, no sp, does not fit without any)
     from phaze.validate import default_runs_path, read_runs, row_to_case
     row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"))
     row["recompute"] = text
@@ -770,7 +774,7 @@ def test_moe_rows_are_modelled_or_skipped_with_the_reason():
     assert isinstance(s, v.Skipped) and "512 experts" in s.reason and "top-10" in s.reason
     assert "not modelled" in s.reason
     # a CSV without the num_experts column: a shipped MoE model is recognised by name, its ep assumed
-    c = v.row_to_case(synthetic(model="Mixtral-8x7B", micro_batch="1"))
+    c = v.row_to_case(synthetic(model="Mixtral-8x7B", micro_batch="1", zero_stage="0"))
     assert isinstance(c, v.Case) and (c.model.experts, c.model.top_k) == (8, 2) and c.layout_from == "unconfirmed"
     # a published MoE model phaze does not ship
     s = v.row_to_case(synthetic(model="gpt-oss-20b"))
@@ -779,7 +783,7 @@ def test_moe_rows_are_modelled_or_skipped_with_the_reason():
 
 @pytest.mark.parametrize("pp", ["2", "1"])
 def test_row_without_micro_batch_is_scored_with_the_fastest_that_fits(pp):
-    c = synthetic_case(layers="12", tp="1", pp=pp)
+    c = synthetic_case(layers="12", tp="1", pp=pp, zero_stage="0", vp="1")
     dp = c.plan.dp(c.devices)
     tried = [p.mbs for p in (c.plan, *c.alternatives)]
     assert c.layout_from == "searched" and c.plan.mbs == 1
@@ -790,7 +794,7 @@ def test_row_without_micro_batch_is_scored_with_the_fastest_that_fits(pp):
     fitting = [r.step_time_s for r in results if r.fits]
     assert fitting and v.predict_case(c) == min(fitting)
     # a stated micro-batch is used as given, with nothing searched
-    stated = synthetic_case(layers="12", tp="1", pp=pp, micro_batch="2")
+    stated = synthetic_case(layers="12", tp="1", pp=pp, micro_batch="2", zero_stage="0", vp="1")
     assert stated.plan.mbs == 2 and stated.alternatives == () and stated.layout_from == "row"
     # searched rows weigh half in a fit, as unconfirmed ones do
     w = v.case_weights([c, stated])
