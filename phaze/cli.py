@@ -664,7 +664,8 @@ def cmd_place(args) -> int:
     if args.framework:
         fw = framework(args.framework)
         given = {k for k, v in (("attention", args.attention), ("zero", args.zero),
-                                ("reduce_fp32", args.reduce_fp32)) if v}
+                                ("reduce_fp32", args.reduce_fp32), ("vp", args.vp),
+                                ("recompute", args.recompute)) if v}
         options, changes = options_with(fw, options, given)
         chip = chip.with_execution(options.execution)
         preset = describe(fw, changes)

@@ -35,6 +35,7 @@ class Framework:
     sp: bool | None = None      # sequence parallelism of a tensor-parallel run that does not say;
                                 # None: on (phaze's default, the recipes of NeMo and Megatron-Core)
     selective_recompute: bool = True   # offers a selective recompute (a row without recompute may use it)
+    interleaving: bool = True   # has an interleaved pipeline schedule at all (``place`` searches vp)
     vocab_multiple: int = 0     # pads the vocabulary to a multiple of this per tensor-parallel rank
                                 # (Megatron's --make-vocab-size-divisible-by 128); 0: as the model has it
     flop_convention: str = ""   # how its throughput log counts FLOPs (TFLOP/s per GPU): a convention of
@@ -58,7 +59,7 @@ FRAMEWORKS = {f.name: f for f in (
                      "--sequence-parallel (from v3.0, 2022; none before)"),
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
-              vocab_multiple=128, sp=False, selective_recompute=False,
+              vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False,
               flop_convention="narayanan96",
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
                      "scale-mask-softmax) under DeepSpeed's engine, whose zero_optimization.stage defaults "
@@ -175,6 +176,10 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset()) ->
         changes["zero"] = (3,)
     if "sp" not in given and fw.sp is not None:
         changes["sp"] = fw.sp
+    if "vp" not in given and not fw.interleaving:
+        changes["vp"] = (1,)
+    if "recompute" not in given and not fw.selective_recompute and "selective" in options.recompute:
+        changes["recompute"] = tuple(r for r in options.recompute if r != "selective")
     if fw.selective == "op" and "selective" in options.recompute:
         changes["recompute"] = tuple("op" if r == "selective" else r for r in options.recompute)
     return replace(options, **changes), changes

@@ -605,7 +605,7 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
         fw_name = p.str("framework", "")
         if fw_name:
             fw = framework(fw_name, p.source, p.prefix + "framework")
-            options = options_with(fw, options, {k for k in ("attention", "zero", "recompute") if p.has(k)})[0]
+            options = options_with(fw, options, {k for k in ("attention", "zero", "recompute", "vp") if p.has(k)})[0]
         p.finish()
     f.finish()
     return WorkloadSpec(model, devices, batch, weight, options, source, system)

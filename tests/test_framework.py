@@ -166,6 +166,18 @@ def test_megatron_2021_22_stacks_leave_sequence_parallelism_off_unless_stated():
     assert options_with(FRAMEWORKS["nemo"], PlacementOptions())[0].sp is True
 
 
+def test_place_searches_only_what_the_framework_has():
+    # DeepSpeed's pipeline engine has no interleaved schedule and its activation checkpointing
+    # re-runs whole layers: place searches vp 1 and no selective recompute, unless told to
+    o, changes = options_with(FRAMEWORKS["megatron-deepspeed"], PlacementOptions())
+    assert o.vp == (1,) and o.recompute == ("none", "full") and changes["vp"] == (1,)
+    o, _ = options_with(FRAMEWORKS["megatron-deepspeed"], PlacementOptions(vp=(1, 2), recompute=("selective",)),
+                        {"vp", "recompute"})
+    assert o.vp == (1, 2) and o.recompute == ("selective",)
+    o, changes = options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())    # it had both
+    assert o.vp == () and "selective" in o.recompute and "vp" not in changes
+
+
 def test_named_workload_brings_its_vocabulary_and_kv_heads():
     # a Llama-3-8B row with only the standard shape columns
     r = synthetic(model="Llama-3-8B", layers="32", hidden="4096", heads="32", ffn_hidden="14336",
