@@ -16,7 +16,10 @@ shape brings its vocabulary, kv heads, activation and norm. Otherwise:
 ``ffn_hidden`` = 4·hidden; an FFN width that is not a whole multiple of hidden is gated (SwiGLU);
 ``vocab`` :data:`DEFAULT_VOCAB`; kv heads = heads; a row whose micro-batch is not stated is
 scored with the fastest of :data:`SEARCHED_MICRO_BATCHES` that fits, as a tuned run would use,
-and marked ``searched`` (it weighs half in fits); a pipelined row without vp whose framework is
+and marked ``searched`` (it weighs half in fits); a row without tp or pp (and without the dp
+that would give it) takes the tp, pp and cp of the best Megatron-style plan
+:func:`phaze.placement.place` finds for it within what it states, also ``searched`` (a row
+without its global batch is skipped: the step's size is unknown); a pipelined row without vp whose framework is
 not a preset is scored so over the vp values Megatron accepts, and one whose ZeRO stage and
 framework are both blank over ZeRO 0 and 1 (the distributed optimizer costs no time); recompute:
 the least of none, the framework's selective policy and full with which a plan the row allows
@@ -53,8 +56,8 @@ from .arch import EXECUTION, Chip, load_chip
 from .calibrate import fit, load_params
 from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
-from .framework import Framework, padded_vocab, resolve_framework
-from .placement import PlacementOptions, vp_values
+from .framework import Framework, options_with, padded_vocab, resolve_framework
+from .placement import PlacementOptions, place, vp_values
 from .plan import Plan
 from .step import check_plan, evaluate, model_flops_per_sample
 from .system import apply_system, load_system
@@ -348,12 +351,23 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     unconfirmed = _text(row, "unconfirmed")
     tp, pp, mbs, cp, vp = (_int(row, k) for k in ("tp", "pp", "micro_batch", "cp", "vp"))
     batch = _int(row, "global_batch")
-    if tp is None or pp is None or batch is None:
-        raise ValueError("parallel layout not published (tp, pp or global_batch missing)")
+    if batch is None:
+        raise ValueError("global_batch not published: the step's size is unknown")
     recompute_stated = bool(_text(row, "recompute"))
     recompute = _RECOMPUTE.get(_text(row, "recompute").lower() or "none")
     if recompute is None:
         raise ValueError(f"column 'recompute' must be none, selective or full, got {row['recompute']!r}")
+    dp_col = _int(row, "dp")
+    if dp_col and (tp is None) != (pp is None):   # the other one follows from dp: not searched
+        rest, rem = divmod(devices, dp_col * (cp or 1) * (tp or pp))
+        if rem == 0:
+            tp, pp = (tp, rest) if tp else (rest, pp)
+    layout_searched = tp is None or pp is None
+    if layout_searched:
+        if model.moe:
+            raise ValueError("parallel layout not published (tp or pp missing) for a mixture of experts")
+        tp, pp, cp = _searched_layout(model, chip, devices, batch, fw, tp, pp, cp, mbs,
+                                      recompute if recompute_stated else "", _num(row, "zero_stage"), dp_col)
     if recompute == "selective" and _choice(row, "selective_recompute", ("attention", "op"),
                                             fw.selective if fw else "attention") == "op":
         recompute = "op"   # torchtitan's per-op policy rather than Megatron's core-attention recompute
@@ -374,11 +388,10 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 tp_overlap=_flag(row, "tp_comm_overlap", fw.tp_overlap if fw else False),
                 tp_async=_flag(row, "tp_async", fw.tp_async if fw else False),
                 reduce_fp32=_flag(row, "grad_reduce_fp32", fw.reduce_fp32 if fw else False))
-    dp_col = _int(row, "dp")
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
-    layout_from = "unconfirmed" if unconfirmed else "row"
+    layout_from = "searched" if layout_searched else "unconfirmed" if unconfirmed else "row"
     alternatives: tuple[Plan, ...] = ()
     searched = {}
     if mbs is None:   # it sets the kernels' sizes (and the bubble): the one a tuned run would use
@@ -419,6 +432,41 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                          f"allowed: a value whose step time is a positive finite number")
     return Case(run_id, source, gpu, chip, model, devices, batch, plan, step, layout_from, chip_name, dataset,
                 alternatives)
+
+
+def _searched_layout(model: Model, chip: Chip, devices: int, batch: int, fw: Framework | None, tp, pp, cp, mbs,
+                     recompute: str, zero, dp) -> tuple[int, int, int]:
+    """(tp, pp, cp) of a row that does not publish its layout: those of the best Megatron-style
+    plan (an even split, one recompute mode) :func:`phaze.placement.place` finds for it with the
+    shipped calibration, within what the row does state (a ``dp`` too) and its framework offers,
+    as a tuned run would be laid out."""
+    base = PlacementOptions()
+    options = dataclasses.replace(base, tp=(tp,) if tp else base.tp, pp=(pp,) if pp else (),
+                                  cp=(cp,) if cp else (), mbs=(mbs,) if mbs else base.mbs,
+                                  recompute=(recompute,) if recompute else base.recompute,
+                                  zero=int(zero) if zero is not None else base.zero)
+    if fw:
+        given = {"zero"} if zero is not None else set()
+        options = options_with(fw, options, given | ({"recompute"} if recompute else set()))[0]
+    spaces = [options]
+    if dp:   # tp * pp * cp = devices / dp: one tp at a time, its pp following
+        spaces = [dataclasses.replace(options, tp=(t,), pp=(devices // (dp * t * c),), cp=(c,))
+                  for t in options.tp for c in (options.cp or (1,)) if devices % (dp * t * c) == 0]
+    eff, best, why = calibrated_efficiency(chip), None, "no tp, pp and cp give the stated dp"
+    for space in spaces:
+        try:
+            found = place(model, chip, devices, batch, space, eff, top=1)
+        except ConfigError as exc:
+            why = exc.message
+            continue
+        pick = found.baseline or found.best
+        if pick is None:
+            why = found.infeasible_reason
+        elif best is None or pick.result.step_time_s < best.result.step_time_s:
+            best = pick
+    if best is None:
+        raise ValueError(f"parallel layout not published (tp or pp missing), and no plan fits: {why}")
+    return best.plan.tp, best.plan.pp, best.plan.cp
 
 
 def _least_recompute(model: Model, chip: Chip, devices: int, batch: int, plan: Plan,

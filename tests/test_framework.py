@@ -298,3 +298,22 @@ def test_llama3_at_16k_gpus_from_an_unknown_stack_is_scored_as_a_tuned_run():
         assert abs(error) < window, (extra, error)
         one_f_one_b = synthetic_case(**common, **extra, vp="1", measured_value=str(mfu))
         assert v.predict_case(one_f_one_b, eff) / c.measured_step_s - 1 > 0.3
+
+
+def test_a_row_without_its_layout_is_laid_out_as_phaze_would_tune_it():
+    """tp and pp not published: those of the best Megatron-style plan the placement finds for
+    the row with the shipped calibration (the oracle: place() called directly)."""
+    c = synthetic_case(tp="", pp="", micro_batch="1", zero_stage="0", recompute="none")
+    found = place(c.model, c.chip, 8, 16, PlacementOptions(mbs=(1,), recompute=("none",), zero=0),
+                  v.calibrated_efficiency(c.chip), top=1)
+    assert (c.plan.tp, c.plan.pp, c.plan.cp) == (found.baseline.plan.tp, found.baseline.plan.pp, 1)
+    assert c.layout_from == "searched"
+    # with dp stated, the missing one follows from it: nothing searched
+    d = synthetic_case(tp="4", pp="", dp="2", micro_batch="1", zero_stage="0", recompute="none")
+    assert (d.plan.tp, d.plan.pp, d.layout_from) == (4, 1, "row")
+    # both missing with dp stated: only layouts with that dp
+    e = synthetic_case(tp="", pp="", dp="2", micro_batch="1", zero_stage="0", recompute="none")
+    assert e.plan.tp * e.plan.pp == 4 and e.plan.dp(8) == 2
+    assert "no tp, pp and cp give the stated dp" in v.row_to_case(synthetic(tp="", pp="", dp="3")).reason
+    # without the global batch the step's size is unknown: skipped with the reason
+    assert "global_batch not published" in v.row_to_case(synthetic(global_batch="")).reason
