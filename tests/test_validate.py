@@ -769,16 +769,23 @@ def test_no_code_path_reads_the_notes_column():
     assert offenders == []
 
 
-def test_moe_rows_are_modelled_or_skipped_with_the_reason():
+def test_moe_rows_are_modelled_or_skipped_with_the_reason(monkeypatch):
     s = v.row_to_case(rows()["R1046"])                         # Qwen3-Next-80B-A3B: hybrid attention
     assert isinstance(s, v.Skipped) and "512 experts" in s.reason and "top-10" in s.reason
     assert "not modelled" in s.reason
     # a CSV without the num_experts column: a shipped MoE model is recognised by name, its ep assumed
     c = v.row_to_case(synthetic(model="Mixtral-8x7B", micro_batch="1", zero_stage="0"))
     assert isinstance(c, v.Case) and (c.model.experts, c.model.top_k) == (8, 2) and c.layout_from == "unconfirmed"
-    # a published MoE model phaze does not ship
-    s = v.row_to_case(synthetic(model="gpt-oss-20b"))
+    # gpt-oss-20b is shipped: a row naming it is its mixture of experts
+    c = v.row_to_case(synthetic(model="gpt-oss-20b", layers="", hidden="", heads="", micro_batch="1"))
+    assert isinstance(c, v.Case) and (c.model.experts, c.model.top_k, c.model.layers) == (32, 4, 24)
+    # a published MoE model phaze does not ship (a catalogue entry without a workload)
+    entry = dict(model="Some-MoE-20B", experts="32", top_k="4", total_params_b="20.9", active_params_b="3.6",
+                 not_modelled="")
+    monkeypatch.setattr(v, "moe_models", lambda: {"somemoe20b": entry})
+    s = v.row_to_case(synthetic(model="Some-MoE-20B"))
     assert isinstance(s, v.Skipped) and "32 experts" in s.reason and "20.9B total" in s.reason
+    assert "no shipped workload describes it" in s.reason
 
 
 @pytest.mark.parametrize("pp", ["2", "1"])
