@@ -508,13 +508,13 @@ def _write_predictions(path, preds, loso_preds=()) -> None:
     with fh:
         w = csv.writer(fh)
         w.writerow(["run_id", "dataset", "source_id", "gpu", "chip", "measured_step_s", "predicted_step_s",
-                    "error", "loso_predicted_step_s", "loso_error", "status", "reason", "layout_from"])
+                    "error", "loso_predicted_step_s", "loso_error", "status", "reason", "layout_from", "plan"])
         for p in preds:
             fmt = lambda x: "" if x is None else f"{x:.9g}"  # noqa: E731
             lp = loso.get(p.run_id)
             w.writerow([p.run_id, p.dataset, p.source, p.gpu, p.chip, fmt(p.measured_step_s),
                         fmt(p.predicted_step_s), fmt(p.error), fmt(lp.predicted_step_s if lp else None),
-                        fmt(lp.error if lp else None), p.status, p.reason, p.layout_from])
+                        fmt(lp.error if lp else None), p.status, p.reason, p.layout_from, p.plan])
             fh.flush()
 
 

@@ -690,17 +690,24 @@ class Prediction:
     layout_from: str = ""
     chip: str = ""               # the chip file the row was scored with
     dataset: str = ""
+    plan: str = ""               # the plan scored (for a searched row, the one phaze chose)
 
 
 def predict_case(case: Case, eff: Efficiency = IDEAL) -> float:
     """Predicted seconds per step of the row's plan; when the row leaves a field to phaze
     (:attr:`Case.alternatives`), of the fastest of its allowed plans that fits in memory (of all
     of them when none fits)."""
-    if not case.alternatives:
-        return evaluate(case.model, case.chip, case.devices, case.global_batch, case.plan, eff).step_time_s
-    results = [evaluate(case.model, case.chip, case.devices, case.global_batch, p, eff)
-               for p in (case.plan, *case.alternatives)]
-    return min(r.step_time_s for r in ([r for r in results if r.fits] or results))
+    return scored_plan(case, eff)[1]
+
+
+def scored_plan(case: Case, eff: Efficiency = IDEAL) -> tuple[Plan, float]:
+    """(plan, seconds per step) that :func:`predict_case` scores: the row's plan, or the fastest
+    of its allowed plans that fits (of all of them when none fits)."""
+    plans = (case.plan, *case.alternatives)
+    results = [evaluate(case.model, case.chip, case.devices, case.global_batch, p, eff) for p in plans]
+    fitting = [i for i, r in enumerate(results) if r.fits] or list(range(len(plans)))
+    i = min(fitting, key=lambda k: results[k].step_time_s)
+    return plans[i], results[i].step_time_s
 
 
 # --- calibration, summaries, the full validation ------------------------------------------------
@@ -758,10 +765,10 @@ def predict_all(items, params: dict[str, Efficiency] | None) -> list[Prediction]
             out.append(Prediction(c.run_id, c.source, c.gpu, None, None, None, "skipped", c.reason,
                                   "", c.chip_file, c.dataset))
             continue
-        pred = predict_case(c, params_for(c.chip, params))
+        plan, pred = scored_plan(c, params_for(c.chip, params))
         out.append(Prediction(c.run_id, c.source, c.gpu, c.measured_step_s, pred,
                               (pred - c.measured_step_s) / c.measured_step_s, "ok", "", c.layout_from,
-                              c.chip_file, c.dataset))
+                              c.chip_file, c.dataset, plan.label()))
     return out
 
 

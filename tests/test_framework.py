@@ -2,6 +2,7 @@
 held-out split."""
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 
@@ -317,3 +318,18 @@ def test_a_row_without_its_layout_is_laid_out_as_phaze_would_tune_it():
     assert "no tp, pp and cp give the stated dp" in v.row_to_case(synthetic(tp="", pp="", dp="3")).reason
     # without the global batch the step's size is unknown: skipped with the reason
     assert "global_batch not published" in v.row_to_case(synthetic(global_batch="")).reason
+
+
+def test_the_predictions_name_the_plan_a_searched_row_was_scored_with(tmp_path):
+    row = synthetic(tp="1", pp="2", global_batch="16", micro_batch="1")      # vp and ZeRO searched
+    c = v.row_to_case(row)
+    eff = v.calibrated_efficiency(c.chip)
+    results = {p: v.evaluate(c.model, c.chip, c.devices, c.global_batch, p, eff) for p in (c.plan, *c.alternatives)}
+    fastest = min((p for p, r in results.items() if r.fits), key=lambda p: results[p].step_time_s)
+    assert v.scored_plan(c, eff) == (fastest, results[fastest].step_time_s)
+    path = write_csv(tmp_path / "runs.csv", [row], list(row))
+    ok_cli(phaze_cli(tmp_path, "validate", "--runs", str(path), "--no-loso", "--unseen", "", "--hold-out", "none",
+                     "--out", "p.csv"))
+    with (tmp_path / "p.csv").open() as fh:
+        out = next(csv.DictReader(fh))
+    assert out["layout_from"] == "searched" and out["plan"] == fastest.label()
