@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import ast
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
 from .arch import Chip
-from .area import _sent_bytes, energy_coefficients, logic_power_w, silicon
+from .area import _sent_bytes, _step_activity, energy_coefficients, logic_power_w, silicon
 from .cost import Efficiency
 from .graph import edge_graph, layer_graph
 from .placement import cp_values, place_bound, place_step_bounds
@@ -300,6 +300,25 @@ def _energy_min(spec: WorkloadSpec, k: dict) -> float:
     return 0.0 if not math.isfinite(best) else best
 
 
+def _layouts_energy(spec: WorkloadSpec, chip: Chip, layouts, k: dict) -> float:
+    """The least dynamic energy per device and step (the energy model's, logic and leakage apart)
+    of a plan with one of ``layouts`` (the layouts the chosen plan may have): the energy model's
+    activity of the layout under each recompute mode the placement may use, the least of them. A
+    plan's stage split does not change its activity (each stage's reduction and optimizer work is
+    linear in its parameters, and every layer is counted once), and a plan recomputing by stage
+    spends at least what the cheapest uniform mode does on each layer. 0 without layouts."""
+    modes = [r for r in RECOMPUTE if r in spec.options.recompute]
+    best = math.inf
+    for base in layouts:
+        for r in modes:
+            a = _step_activity(spec.model, chip, spec.devices, spec.global_batch,
+                               replace(base, recompute=r, stage_recompute=(), stages=()))
+            best = min(best, a.tensor_flops * k["tensor"] + a.vector_flops * k["vector"]
+                       + a.local_bytes * k["local_sram"] + a.shared_bytes * k["shared_buffer"]
+                       + a.hbm_bytes * k["hbm"] + a.link_bytes * k["link"])
+    return 0.0 if not math.isfinite(best) else best
+
+
 @dataclass(frozen=True)
 class PowerBounds:
     """Level 1 with power. The design's throughput X is at most ``throughput_ub`` and at least
@@ -322,7 +341,8 @@ class PowerBounds:
 
 def chip_power_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Efficiency) -> PowerBounds:
     """:class:`PowerBounds` of ``chip`` (throughput 0 and power the leakage when some workload
-    has no plan that fits)."""
+    has no plan that fits). The dynamic energy is the least over the layouts the chosen plan may
+    have (:func:`_layouts_energy`), never below the closed form over every layout option."""
     si = silicon(chip)
     logic_w = logic_power_w(chip)
     k = energy_coefficients(chip)
@@ -336,7 +356,9 @@ def chip_power_bounds(chip: Chip, workloads: tuple[WorkloadSpec, ...], eff: Effi
         tokens = w.global_batch * w.model.seq_len
         hi += w.weight * math.log(tokens / b.step_lb)
         lo += w.weight * math.log(tokens / b.step_ub)
-        energy = _energy_min(w, k) / w.devices        # joules per device and step, at least
+        # joules per device and step, at least: over the layouts the chosen plan may have, and
+        # (what needs no layout) over every layout option
+        energy = max(_energy_min(w, k) / w.devices, _layouts_energy(w, c, b.layouts, k))
         power = max(power, si.leakage_w + logic_w * b.busy_share_lb + energy / b.step_ub)
         coeff = (energy + logic_w * b.busy_lb_s) / tokens
         per += w.weight * math.log(coeff) if coeff > 0 else -math.inf

@@ -779,6 +779,8 @@ class StepBounds:
     step_ub: float
     busy_share_lb: float
     busy_lb_s: float = 0.0      # seconds the chosen plan's units are busy, at least
+    layouts: tuple[Plan, ...] = ()   # every layout the chosen plan may have (its lower bound
+                                     # at most ``step_ub``), one recompute mode each
 
 
 def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
@@ -843,6 +845,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
         ub_now = min(ub_now, rows[-1][-1])
     step_ub = min(r[-1] for r in rows)
     step_lb, share, busy_min = math.inf, 1.0, math.inf
+    candidates = []
     for base, costs, lb_costs, opts, allowed, tail_ub, _ in rows:
         lb = _solve_layout(lb_costs, opts)
         if lb is None:
@@ -850,6 +853,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
         step_lb = min(step_lb, lb[0])
         if lb[0] * _SLACK > step_ub:
             continue                      # slower than a plan already in hand: never chosen
+        candidates.append(base)
         pp, m = base.pp, costs.micro_batches
         beta = 1.0
         tau = math.inf
@@ -880,4 +884,5 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
         share = min(share, max(busy / step_ub, ratio))
         busy_min = min(busy_min, busy)
     busy_min = 0.0 if not math.isfinite(busy_min) else busy_min * _SLACK
-    return StepBounds(step_lb * _SLACK, step_ub / _SLACK, max(0.0, min(1.0, share * _SLACK)), busy_min)
+    return StepBounds(step_lb * _SLACK, step_ub / _SLACK, max(0.0, min(1.0, share * _SLACK)), busy_min,
+                      tuple(candidates))
