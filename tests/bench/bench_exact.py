@@ -6,7 +6,9 @@ For each space, the grid is evaluated once with ``phaze sweep`` (the brute force
 - ``--sampler exact`` runs for real (every design it evaluates is evaluated, in a fresh study):
   designs evaluated against the designs within the budgets, wall time, its certificate, and
   whether its answer equals the grid's (best design, or the whole front);
-- the lone-best space also with two objectives, throughput and power (and a 600 W budget);
+- the lone-best space also with two objectives, throughput and power (and a 600 W budget), and
+  with two HBM bandwidths (432 designs) at 600 W and at 250 W (below many designs' power: they
+  are throttled);
 - TPE, random and NSGA-II run 20 seeds each against the sweep's table (the value of a design is
   exactly what evaluating it again gives), with a budget of 10 % of the designs within the budgets
   known before evaluation. The budget counts evaluations of in-budget designs; proposals over
@@ -37,9 +39,11 @@ from phaze.space import load_sweep
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-# (config, objectives replacing the config's, or None)
-SPACES = [(ROOT / "search" / "quickstart.yaml", None), (HERE / "lone_best.yaml", None),
-          (HERE / "lone_best.yaml", ("throughput", "power")), (HERE / "search_quality.yaml", None)]
+# (config, objectives replacing the config's or None, a power budget added in watts or None)
+SPACES = [(ROOT / "search" / "quickstart.yaml", None, None), (HERE / "lone_best.yaml", None, None),
+          (HERE / "lone_best.yaml", ("throughput", "power"), 600.0), (HERE / "search_quality.yaml", None, None),
+          (HERE / "lone_best_432.yaml", ("throughput", "power"), 600.0),
+          (HERE / "lone_best_432.yaml", ("throughput", "power"), 250.0)]   # below many designs' power
 
 
 def hypervolume_2d(points: np.ndarray, ref: tuple[float, float]) -> float:
@@ -121,13 +125,13 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="one space (its config's file stem)")
     args = ap.parse_args()
     ok = True
-    for path, objectives in SPACES:
+    for path, objectives, budget in SPACES:
         if args.only and path.stem != args.only:
             continue
         cfg = load_sweep(path)
         if objectives:
-            cfg = replace(cfg, name=f"{cfg.name}-{'-'.join(objectives)}", objectives=objectives,
-                          constraints=(*cfg.constraints, ("power_w", 600.0)))
+            cfg = replace(cfg, name=f"{cfg.name}-{'-'.join(objectives)}" + (f"-{budget:.0f}w" if budget != 600 else ""),
+                          objectives=objectives, constraints=(*cfg.constraints, ("power_w", budget)))
         table, sweep_wall = table_of(cfg)
         sp = prepare(cfg)
         in_budget = int(sp.ok.sum())
