@@ -44,6 +44,7 @@ from .storage import (  # noqa: F401  (re-exported: phaze.search is where users 
     make_storage,
     mask_password,
     postgres_driver_url,
+    set_user_attrs,
     storage_errors,
     study_dir,
 )
@@ -163,9 +164,10 @@ def record(trial, cfg: SweepConfig, choices: dict) -> list[float]:
     values = cfg.values(choices)
     chip = build_chip(cfg.base, values, cfg.process_node_nm, cfg.link_latency_s)
     ev = evaluate_chip(chip, cfg.workloads, constraints=cfg.constraints)
-    trial.set_user_attr("chip", chip_values(chip))
-    store_evaluation(trial.set_user_attr, ev, cfg)
-    trial.set_user_attr("eval_time_s", time.perf_counter() - start)
+    attrs = {"chip": chip_values(chip)}
+    store_evaluation(attrs.__setitem__, ev, cfg)
+    attrs["eval_time_s"] = time.perf_counter() - start
+    set_user_attrs(trial, attrs)
     for key, v in ev.violations(cfg.constraints).items():
         trial.set_constraint(key, v)
     return [ev.metric(o) for o in cfg.objectives]

@@ -23,7 +23,7 @@ from phaze.arch import load_chip
 from phaze.area import silicon
 from phaze.configio import ConfigError
 from phaze.report import pareto_mask
-from phaze.search import search, sweep
+from phaze.search import _optuna, make_storage, search, set_user_attrs, sweep
 from phaze.space import build_chip, chip_values, load_sweep
 from phaze.workload import load_model
 
@@ -413,3 +413,23 @@ def test_ctrl_c_prints_the_best_so_far_exits_130_and_the_same_command_resumes(tm
     again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert _states(url, "intr").count("COMPLETE") == INTERRUPTED["trials"]
+
+
+@pytest.mark.parametrize("url", ["sqlite:///{d}/s.db", "journal:///{d}/s.log"])
+def test_a_trials_attributes_are_written_at_once_and_read_back_the_same(tmp_path, url):
+    """set_user_attrs writes a trial's attributes in one transaction on a database (one call
+    each elsewhere): read back from the storage, and from the trial in hand, they equal what the
+    one-at-a-time path writes."""
+    optuna = _optuna()
+    study = optuna.create_study(storage=make_storage(url.format(d=tmp_path), heartbeat=False),
+                                study_name="attrs")
+    attrs = {"chip": {"tensor_units": 8.0}, "feasible": True, "reason": "", "workloads": [{"a": 1.5}],
+             "clock_hz": None, "throttled": [], "eval_time_s": 0.25}
+    one, both = study.ask(), study.ask()
+    for k, value in attrs.items():
+        one.set_user_attr(k, value)
+    set_user_attrs(both, attrs)
+    set_user_attrs(both, {"reason": "over the area budget"})        # an upsert: the last write wins
+    stored = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
+    assert stored[one.number] == attrs
+    assert stored[both.number] == dict(attrs, reason="over the area budget") == both.user_attrs
