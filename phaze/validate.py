@@ -19,8 +19,8 @@ scored with the fastest of :data:`SEARCHED_MICRO_BATCHES` that fits, as a tuned 
 and marked ``searched`` (it weighs half in fits); a row without tp or pp (and without the dp
 that would give it) takes the tp, pp and cp of the best Megatron-style plan
 :func:`phaze.placement.place` finds for it within what it states, also ``searched`` (a row
-without its global batch is skipped: the step's size is unknown); a pipelined row without vp whose framework is
-not a preset is scored so over the vp values Megatron accepts, and one whose ZeRO stage and
+without its global batch is skipped: the step's size is unknown); a pipelined row without vp
+whose framework is not a preset is scored so over the vp values Megatron accepts, and one whose ZeRO stage and
 framework are both blank over ZeRO 0 and 1 (the distributed optimizer costs no time); recompute:
 the least of none, the framework's selective policy and full with which a plan the row allows
 fits (``selective`` is Megatron's core-attention recompute unless ``selective_recompute`` says
