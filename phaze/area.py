@@ -469,6 +469,18 @@ def _busy_s(result) -> float:
     return float(b["compute_s"] + b["memory_bound_s"] + b["optimizer_s"])
 
 
+def activity_energy_j(a: Activity, k: dict, v2: float = 1.0) -> dict:
+    """The dynamic energy of ``a``'s work by part (joules): FLOPs and bytes times the energy per
+    FLOP and per byte of :func:`energy_coefficients`; the core's parts scaled by ``v2``, the
+    supply voltage's square over nominal (HBM and the link PHYs have their own supplies)."""
+    return {"tensor": a.tensor_flops * k["tensor"] * v2,
+            "vector": a.vector_flops * k["vector"] * v2,
+            "local_sram": a.local_bytes * k["local_sram"] * v2,
+            "shared_buffer": a.shared_bytes * k["shared_buffer"] * v2,
+            "hbm": a.hbm_bytes * k["hbm"],
+            "link": a.link_bytes * k["link"]}
+
+
 def step_energy(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan,
                 eff: Efficiency = IDEAL, result=None, coefficients: Coefficients | None = None,
                 voltage_ratio: float = 1.0) -> Energy:
@@ -493,16 +505,7 @@ def step_energy(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     t = result.step_time_s
     logic = logic_power_w(chip, c) * _busy_s(result)
     v2 = voltage_ratio ** 2
-    parts = {
-        "tensor": a.tensor_flops * k["tensor"] * v2,
-        "vector": a.vector_flops * k["vector"] * v2,
-        "local_sram": a.local_bytes * k["local_sram"] * v2,
-        "shared_buffer": a.shared_bytes * k["shared_buffer"] * v2,
-        "hbm": a.hbm_bytes * k["hbm"],
-        "link": a.link_bytes * k["link"],
-        "logic": logic * v2,
-        "leakage": si.leakage_w * voltage_ratio * t,
-    }
+    parts = dict(activity_energy_j(a, k, v2), logic=logic * v2, leakage=si.leakage_w * voltage_ratio * t)
     e = sum(parts.values())
     tokens = global_batch * model.seq_len
     return Energy(energy_per_step_j=e, breakdown_j=parts, power_w=e / t,

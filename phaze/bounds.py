@@ -35,7 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from .arch import Chip
-from .area import _sent_bytes, _step_activity, energy_coefficients, logic_power_w, silicon
+from .area import _sent_bytes, _step_activity, activity_energy_j, energy_coefficients, logic_power_w, silicon
 from .cost import Efficiency
 from .graph import edge_graph, layer_graph
 from .placement import cp_values, place_bound, place_step_bounds
@@ -313,9 +313,7 @@ def _layouts_energy(spec: WorkloadSpec, chip: Chip, layouts, k: dict) -> float:
         for r in modes:
             a = _step_activity(spec.model, chip, spec.devices, spec.global_batch,
                                replace(base, recompute=r, stage_recompute=(), stages=()))
-            best = min(best, a.tensor_flops * k["tensor"] + a.vector_flops * k["vector"]
-                       + a.local_bytes * k["local_sram"] + a.shared_bytes * k["shared_buffer"]
-                       + a.hbm_bytes * k["hbm"] + a.link_bytes * k["link"])
+            best = min(best, sum(activity_energy_j(a, k).values()))
     return 0.0 if not math.isfinite(best) else best
 
 
