@@ -390,7 +390,6 @@ def _check_output(flag: str, path: str, image: bool = False) -> None:
 
 
 def cmd_validate(args) -> int:
-
     groups = _groups(args.group)
     if args.out:
         _check_output("--out", args.out)
@@ -556,7 +555,6 @@ def _plot(path, preds, held_out: bool = False) -> None:
 
 
 def cmd_calibrate(args) -> int:
-
     _check_output("--out", args.out)
     runs_paths = [args.runs] if args.runs else val.default_runs_paths()
     items = val.load_items(runs_paths)
@@ -623,7 +621,6 @@ class _Ticker:
     the elapsed time, and the count when ``update`` is called; for calls that give no progress."""
 
     def __init__(self, desc: str, total: int | None = None, unit: str = "it", delay: float = 2.0):
-
         self.bar = tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=False, disable=None,
                         file=sys.stderr, dynamic_ncols=True)
         self.delay, self._stop = delay, threading.Event()

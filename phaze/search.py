@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm  # deferred: the search's bar only
+from tqdm import tqdm
 
 from . import schedule as _schedule
 from .arch import load_chip
@@ -289,7 +289,6 @@ def check_budgets(cfg: SweepConfig) -> None:
 def evaluate_baselines(cfg: SweepConfig, study, progress: bool = False) -> dict:
     """Each baseline chip scored by the same code on the same workloads; stored on the study.
     With ``progress``, a bar over the chips not scored yet (their schedules take seconds each)."""
-
     stored = dict(study.user_attrs.get("baselines", {}))
     todo = [name for name in cfg.baselines if name not in stored]
     for name in tqdm(todo, desc="baselines", unit="chip", disable=not (progress and todo), dynamic_ncols=True,
@@ -720,7 +719,6 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
 
 
 def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: bool, write: bool) -> SearchResult:
-
     optuna = _optuna()
     check_budgets(cfg)
     study = open_study(cfg, url, name, sampler=optuna.samplers.RandomSampler(seed=cfg.seed), heartbeat=False)

@@ -18,7 +18,6 @@ from .space import SweepConfig
 
 
 def _optuna():
-
     import optuna  # deferred: optuna imports slowly
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
