@@ -104,6 +104,9 @@ class Chip:
     link_phys: int = 0             # chip-to-chip link PHYs (0 = first link level / 25 GB/s per link)
     die_units_ratio: float = 1.0   # units built on the die / units enabled (harvested for yield)
     die_memory_ratio: float = 1.0  # shared buffer and HBM PHYs built / enabled
+    register_file_bytes: float = 0.0  # register file per vector unit (a GPU's SM), area only
+    l1_bytes: float = 0.0          # SRAM built per tensor unit, local SRAM and cache together,
+                                   # area only (0 = local_sram_bytes)
     execution: str = ""            # how its work is issued (EXECUTION); "" = by kind: gpu eager,
                                    # accelerator xla (a compiled program, as on TPU)
 
@@ -213,6 +216,8 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         hbm_stacks=f.int("hbm_stacks", 0, minimum=0), link_phys=f.int("link_phys", 0, minimum=0),
         die_units_ratio=f.number("die_units_ratio", 1.0, minimum=1.0, inclusive=True),
         die_memory_ratio=f.number("die_memory_ratio", 1.0, minimum=1.0, inclusive=True),
+        register_file_bytes=f.number("register_file_bytes", 0.0, inclusive=True),
+        l1_bytes=f.number("l1_bytes", 0.0, inclusive=True),
     )
     f.finish()
     return chip

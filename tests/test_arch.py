@@ -117,6 +117,19 @@ def test_tpuv4_units_match_docs():
     assert chip.tdp_w == spec("tpuv4", "tdp_w")
 
 
+def test_v100_units_match_its_datasheet():
+    """V100-SXM2 (V100 datasheet and whitepaper; no device_specs.csv row): 80 SMs x 512 FP16 MAC
+    per clock x 2 x 1.53 GHz = 125.3 TFLOP/s tensor (datasheet 125), 80 x 64 lanes x 2 x 1.53 GHz =
+    15.7 TFLOP/s FP32 (datasheet 15.7), 32 GiB of HBM2 at 900 GB/s, 6 NVLink2 links, 300 W."""
+    chip = load_chip("v100-sxm2-32gb")
+    assert chip.implied_peak_flops_per_s == pytest.approx(125e12, rel=0.005)
+    assert chip.vector.count * chip.vector.lanes * 2 * chip.clock_hz == pytest.approx(15.7e12, rel=0.005)
+    assert (chip.hbm_bytes, chip.hbm_bandwidth_bytes_per_s) == (32 * GiB, 900e9)
+    assert (chip.link_phys, chip.tdp_w, chip.area_mm2) == (6, 300, 815)
+    with pytest.raises(ConfigError, match="fp8"):
+        chip.peak_flops("fp8")
+
+
 def test_h100_fp8_peak_matches_datasheet():
     chip = load_chip("h100-sxm")
     assert chip.peak_flops("fp8") == pytest.approx(spec("h100-sxm", "tensor_tflops_fp8_dense") * 1e12,
@@ -201,6 +214,10 @@ def _links_not_list(d):
     d["links"] = d["links"][0]
 
 
+def _negative_register_file(d):
+    d["register_file_bytes"] = -262144
+
+
 @pytest.mark.parametrize("mutate, field", [
     (_drop_tensor, "tensor_units"),
     (_zero_tensor_count, "tensor_units.count"),
@@ -211,6 +228,7 @@ def _links_not_list(d):
     (_levels_not_increasing, "links[1].devices"),
     (_levels_decreasing, "links[1].devices"),
     (_links_not_list, "links"),
+    (_negative_register_file, "register_file_bytes"),
 ])
 def test_bad_chip_yaml_names_path_and_field(tmp_path, mutate, field):
     data = copy.deepcopy(GOOD)

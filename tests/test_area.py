@@ -1,6 +1,7 @@
 """Area, power and cost model (phaze/area.py) against hand-derived formulas and the reference chips.
 
-Published figures: A100 826 mm^2 / 400 W, H100 814 mm^2 / 700 W (NVIDIA whitepapers), TPUv4
+Published figures: V100 815 mm^2 / 300 W, A100 826 mm^2 / 400 W, H100 814 mm^2 / 700 W (NVIDIA
+whitepapers), TPUv4
 < 600 mm^2 (TPUv4 paper, ISCA 2023) / 170 W mean, 192 W max measured (Google Cloud docs). Every
 prediction of a reference chip here uses coefficients fitted without it (leave one chip out).
 """
@@ -17,6 +18,7 @@ from phaze.api import as_chip, as_model
 from phaze.area import (
     DEFAULT,
     REFERENCE,
+    SHIPPED_FIT,
     Coefficients,
     die_yield,
     dies_per_wafer,
@@ -84,7 +86,7 @@ def test_shipped_coefficients_are_the_a100_h100_fit():
     assert silicon(as_chip("h100-sxm"), fit).area_mm2 == pytest.approx(814.0, rel=1e-6)
 
 
-def test_fit_refuses_all_three_chips():
+def test_fit_refuses_more_than_two_chips():
     with pytest.raises(ConfigError):
         fit_coefficients(tuple(REFERENCE))
 
@@ -94,16 +96,28 @@ def loo():
     return leave_one_out()
 
 
-@pytest.mark.parametrize("name", ["a100-80gb", "h100-sxm"])
-def test_leave_one_chip_out_area(loo, name):
-    """Held out, a GPU's area comes from the other GPU alone (TPUv4's "< 600 mm^2" is a bound,
-    never a fitting target, so one exact area fits the control lump per MAC alone). The lump does
-    not carry between the two generations well: A100 -27 %, H100 +41 % (issue 20's 15 % needs the
-    die split into its published parts); this test holds those figures so that they cannot drift."""
+@pytest.mark.parametrize("name", ["v100-sxm2-32gb", "a100-80gb", "h100-sxm"])
+def test_leave_one_chip_out_area_within_15pct(loo, name):
+    """Held out, a GPU's area comes from the two other GPU generations (both area terms fitted on
+    two exact dies; TPUv4's "< 600 mm^2" is a bound, never a fitting target). Measured: V100
+    +13.6 %, A100 -5.9 %, H100 +13.3 % (issue 20 asks for 15 %; with A100 and H100 alone, one
+    exact area, it was -27 % and +41 %)."""
     r = loo[name]
     assert name not in r["coefficients"]["fitted_on"]
-    assert r["coefficients"]["control_mm2_per_unit"] == 0.0
-    assert abs(r["area_error"]) <= 0.42, r
+    assert len(set(r["coefficients"]["fitted_on"]) - {"tpuv4"}) == 2
+    assert abs(r["area_error"]) <= 0.15, r
+
+
+def test_register_files_and_l1_are_sourced_parts():
+    """A100 by hand: 108 SMs enabled of 128 built (die_units_ratio 1.1852), 256 KiB of registers and
+    192 KiB of L1/shared memory per SM at 1.3 mm^2/MiB (7 nm): 32 MiB -> 41.6 mm^2 and 24 MiB ->
+    31.2 mm^2. The fitted control lump is what is left of the 826 mm^2."""
+    parts = silicon(as_chip("a100-80gb")).area_breakdown_mm2
+    assert parts["register_files"] == pytest.approx(41.6, rel=1e-3)
+    assert parts["sram_local"] == pytest.approx(31.2, rel=1e-3)
+    assert sum(parts.values()) == pytest.approx(826.0, rel=1e-5)
+    # TPUv4 publishes no register file: none is counted, and its VMEM is its local SRAM
+    assert silicon(as_chip("tpuv4")).area_breakdown_mm2["register_files"] == 0.0
 
 
 def test_leave_one_chip_out_tpuv4_area_is_a_bound(loo):
@@ -111,17 +125,18 @@ def test_leave_one_chip_out_tpuv4_area_is_a_bound(loo):
     that, and above 480 mm^2 (its sourced blocks, MXUs, 160 MiB of SRAM and 4 HBM PHYs, already take
     ~300 mm^2); a prediction under the bound scores 0 error."""
     r = loo["tpuv4"]
-    assert r["coefficients"]["fitted_on"] == ("a100-80gb", "h100-sxm")
+    assert r["coefficients"]["fitted_on"] == SHIPPED_FIT
     assert 480 <= r["area_mm2"] < 600 and r["area_error"] == 0.0, r
 
 
 @pytest.mark.parametrize("name", list(REFERENCE))
-def test_leave_one_chip_out_full_load_power_within_22pct(loo, name):
-    """The held-out chip's full-load power (units busy every cycle) against its TDP (A100 400 W,
-    H100 700 W) or TPUv4's measured maximum (192 W): A100 -21 %, H100 +1 %, TPUv4 +18 %."""
+def test_leave_one_chip_out_full_load_power_within_18pct(loo, name):
+    """The held-out chip's full-load power (units busy every cycle) against its TDP (V100 300 W,
+    A100 400 W, H100 700 W) or TPUv4's measured maximum (192 W): V100 +17 %, A100 +2 %, H100
+    +1 %, TPUv4 +16 %."""
     r = loo[name]
     lo, hi = r["published_power_w"]
-    assert abs(r["full_load_power_w"] / hi - 1) <= 0.22, r
+    assert abs(r["full_load_power_w"] / hi - 1) <= 0.18, r
     assert r["leakage_w"] > 0 and r["leakage_share"] >= 0.05, r
 
 
@@ -189,6 +204,8 @@ GROW = {
     "array size": lambda c: c.with_units(tensor_rows=2 * c.tensor.rows),
     "vector lanes": lambda c: c.with_units(vector_lanes=2 * c.vector.lanes),
     "local SRAM": lambda c: replace(c, local_sram_bytes=2 * c.local_sram_bytes),
+    "register files": lambda c: replace(c, register_file_bytes=2 * c.register_file_bytes + 2 ** 18),
+    "L1": lambda c: replace(c, l1_bytes=2 * max(c.l1_bytes, c.local_sram_bytes)),
     "shared buffer": lambda c: replace(c, shared_buffer_bytes=2 * c.shared_buffer_bytes),
     "HBM capacity": lambda c: replace(c, hbm_bytes=3 * c.hbm_bytes),
     "HBM bandwidth": lambda c: replace(c, hbm_bandwidth_bytes_per_s=3 * c.hbm_bandwidth_bytes_per_s),
