@@ -355,9 +355,11 @@ class ExactSampler:
         heapq.heapify(self._heap)
 
     def next_design(self, study) -> int | None:
-        """The next design to evaluate, or None when every design is decided. Level-1 bounds are
-        computed here (and stored on the study) for the designs that reach the head of the queue;
-        a design another worker is bounding is set aside until its bound arrives."""
+        """The next design to evaluate, or None when every design is decided or in flight on
+        another worker. Level-1 bounds are computed here (and stored on the study) for the designs
+        that reach the head of the queue; a design another worker is bounding is set aside until
+        its bound arrives, and one in flight elsewhere until its trial ends (it may end unevaluated:
+        a filler trial, a failed or interrupted one)."""
         self.exhausted = False
         while True:
             self.sync(study)
@@ -365,12 +367,15 @@ class ExactSampler:
                 self._build_heap()
             st, sp = self._state, self.space
             front = self._front()
-            aside, found = [], None
+            aside, flying, found = [], [], None
             while self._heap:
                 head = self._heap[0]
                 i = head[-1]
-                if i in st.evaluated or i in st.inflight:
+                if i in st.evaluated:
                     heapq.heappop(self._heap)
+                    continue
+                if i in st.inflight:
+                    flying.append(heapq.heappop(self._heap))
                     continue
                 b = self.bound(i)
                 if self._order_key(i, b) > head:      # a tighter bound is known: requeue (best first)
@@ -408,14 +413,15 @@ class ExactSampler:
                     continue
                 found = heapq.heappop(self._heap)[-1]
                 break
-            for item in aside:
+            for item in aside + flying:
                 heapq.heappush(self._heap, item)
             if found is not None:
                 return found
             if not aside:
                 break
             time.sleep(CLAIM_POLL_S)     # other workers are bounding what is left: wait for them
-        self.exhausted = True
+        # designs in flight elsewhere stay queued: the driver waits for their trials, then asks again
+        self.exhausted = not flying
         return None
 
     def _claimed_elsewhere(self, i: int) -> bool:

@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -104,11 +104,17 @@ class _Objective:
     def refresh(self, study, current: int | None = None) -> None:
         """Designs already evaluated, or in evaluation on another worker, read afresh: a trial
         that was RUNNING and then failed (its worker died) no longer holds its design, so that
-        the retry Optuna queues for it is evaluated rather than pruned as its duplicate."""
+        the retry Optuna queues for it is evaluated rather than pruned as its duplicate. A running
+        trial holds its design only against later trials (``current``'s number decides): two
+        workers that start the same design at once do not both prune it as the other's duplicate."""
         states = _optuna().trial.TrialState
         seen: dict[tuple, int] = {}
         for t in study.get_trials(deepcopy=False, states=(states.COMPLETE, states.RUNNING)):
-            if t.number != current and (t.state == states.COMPLETE or len(t.params) == len(self.cfg.searched)):
+            if t.number == current:
+                continue
+            if t.state == states.RUNNING and current is not None and t.number > current:
+                continue
+            if t.state == states.COMPLETE or len(t.params) == len(self.cfg.searched):
                 seen.setdefault(_key(t.params), t.number)
                 if t.state == states.COMPLETE:
                     self.done.add(t.number)
@@ -613,6 +619,12 @@ def _search(cfg: SweepConfig, url: str, name: str, jobs: int, progress: bool, wr
             if jobs <= 1:
                 note = drive(study, cfg, callbacks=[bar])
             else:
+                if created and count(study, ("WAITING",)):
+                    # the queued template trial runs here, before the workers start: on SQLite two
+                    # workers can both take one queued trial (Optuna reads its state outside the
+                    # write), and the second then fails to tell it
+                    drive(study, replace(cfg, trials=min(cfg.trials, count(study, ("COMPLETE",)) + 1)),
+                          callbacks=[bar])
                 _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
     except KeyboardInterrupt:
         interrupted = True

@@ -240,6 +240,29 @@ def test_exact_search_with_two_workers_returns_the_same_answer(tmp_path):
     assert len({tuple(sorted(t.params.items())) for t in done}) == len(done)     # none twice
 
 
+def test_a_design_in_flight_elsewhere_stays_queued_until_its_trial_ends(tmp_path):
+    """A design another worker's trial holds is set aside, not dropped: that trial may end
+    without evaluating it (a filler, a duplicate, a dead worker), and the design must then still
+    be proposed."""
+    import optuna
+
+    from phaze.exact import make_exact_sampler
+    cfg = config(tmp_path, SPACE, {"area_mm2": 420}, name="flight")
+    url = f"sqlite:///{tmp_path / 'flight.db'}"
+    mine = open_study(cfg, url, "flight", sampler=make_exact_sampler(cfg), heartbeat=False)
+    head = mine.sampler.next_design(mine)
+    sp = mine.sampler.space
+    elsewhere = open_study(cfg, url, "flight", heartbeat=False)
+    elsewhere.enqueue_trial({p: sp.grid.choices[p][head].item() for p in sp.grid.params})
+    trial = elsewhere.ask()
+    for d in cfg.searched:
+        d.suggest(trial)
+    fresh = open_study(cfg, url, "flight", sampler=make_exact_sampler(cfg), heartbeat=False)
+    assert fresh.sampler.next_design(fresh) != head                  # in flight elsewhere
+    elsewhere.tell(trial, state=optuna.trial.TrialState.PRUNED)      # ...and ended unevaluated
+    assert fresh.sampler.next_design(fresh) == head
+
+
 def test_exact_search_returns_the_brute_force_throughput_power_front(tmp_path):
     """Throughput against power: the power bounds (leakage, the busy share of the logic's
     switching power, the fewest tensor FLOPs) prune without losing a front design."""
