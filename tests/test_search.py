@@ -271,7 +271,7 @@ def test_shipped_sweep_configs_load_and_the_paper_budget_is_its_tpuv4_like_point
              "local_sram_kib": 128 * 128 / 64, "shared_buffer_mib": 128, "hbm_gib": 32, "clock_ghz": 1.05}
     area = silicon(build_chip(paper.base, point)).area_mm2
     budget = dict(paper.constraints)
-    assert budget["area_mm2"] == pytest.approx(area, abs=0.5)
+    assert budget["area_mm2"] == pytest.approx(area, abs=0.5) and budget["area_mm2"] >= area
     assert budget["min_area_mm2"] == pytest.approx(0.3 * area, abs=0.5)
     # the paper's space: 13 x 8 x 8 x 13 x 7 x 3 powers-of-two points
     assert paper.grid_size() == 13 * 8 * 8 * 13 * 7 * 3
