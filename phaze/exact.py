@@ -168,6 +168,7 @@ class ExactSampler:
         self._heap: list | None = None
         self._next: int | None = None
         self._picked: dict[int, int] = {}
+        self._proposed: set[int] = set()     # designs this worker proposed, until evaluated
         self.on_bound = None         # called with (level-1 bounds computed, designs in budget)
         self._token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.power_budget = power_budget(cfg.constraints)
@@ -366,6 +367,10 @@ class ExactSampler:
             if self._heap is None:
                 self._build_heap()
             st, sp = self._state, self.space
+            for i in sorted(self._proposed - st.inflight):   # its trial ended: evaluated, or not
+                self._proposed.discard(i)                     # (a duplicate pruned on both workers,
+                if i not in st.evaluated:                     # a failed trial): queue it again
+                    heapq.heappush(self._heap, self._order_key(i, self.bound(i)))
             front = self._front()
             aside, flying, found = [], [], None
             while self._heap:
@@ -416,6 +421,7 @@ class ExactSampler:
             for item in aside + flying:
                 heapq.heappush(self._heap, item)
             if found is not None:
+                self._proposed.add(found)
                 return found
             if not aside:
                 break

@@ -104,17 +104,13 @@ class _Objective:
     def refresh(self, study, current: int | None = None) -> None:
         """Designs already evaluated, or in evaluation on another worker, read afresh: a trial
         that was RUNNING and then failed (its worker died) no longer holds its design, so that
-        the retry Optuna queues for it is evaluated rather than pruned as its duplicate. A running
-        trial holds its design only against later trials (``current``'s number decides): two
-        workers that start the same design at once do not both prune it as the other's duplicate."""
+        the retry Optuna queues for it is evaluated rather than pruned as its duplicate. Two
+        workers that start one design at once may both prune it (neither is evaluated twice); the
+        exact sampler proposes such a design again (:class:`phaze.exact.ExactSampler`)."""
         states = _optuna().trial.TrialState
         seen: dict[tuple, int] = {}
         for t in study.get_trials(deepcopy=False, states=(states.COMPLETE, states.RUNNING)):
-            if t.number == current:
-                continue
-            if t.state == states.RUNNING and current is not None and t.number > current:
-                continue
-            if t.state == states.COMPLETE or len(t.params) == len(self.cfg.searched):
+            if t.number != current and (t.state == states.COMPLETE or len(t.params) == len(self.cfg.searched)):
                 seen.setdefault(_key(t.params), t.number)
                 if t.state == states.COMPLETE:
                     self.done.add(t.number)
@@ -398,7 +394,14 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=No
                     _fail_orphans(study)
                 continue
             if queued or count(study, counted) < cfg.trials:
-                study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
+                try:
+                    study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
+                except ValueError as exc:
+                    # on SQLite two processes can both take one queued trial (Optuna reads its
+                    # state outside the write); the one that tells it second finds it finished by
+                    # the other, with the same values: carry on
+                    if "Cannot tell a" not in str(exc):
+                        raise
             else:
                 if beating:
                     # a worker killed before its trial's first heartbeat leaves a RUNNING trial that

@@ -263,6 +263,26 @@ def test_a_design_in_flight_elsewhere_stays_queued_until_its_trial_ends(tmp_path
     assert fresh.sampler.next_design(fresh) == head
 
 
+def test_a_proposed_design_whose_trial_ends_unevaluated_is_proposed_again(tmp_path):
+    """Two workers that propose one design at once may both prune their trial as the other's
+    duplicate: the design must come back, or the search ends unproven (it did, 1 run in ~40 of
+    the two-worker test above)."""
+    import optuna
+
+    from phaze.exact import make_exact_sampler
+    cfg = config(tmp_path, SPACE, {"area_mm2": 420}, name="again")
+    url = f"sqlite:///{tmp_path / 'again.db'}"
+    mine = open_study(cfg, url, "again", sampler=make_exact_sampler(cfg), heartbeat=False)
+    head = mine.sampler.next_design(mine)
+    sp = mine.sampler.space
+    mine.enqueue_trial({p: sp.grid.choices[p][head].item() for p in sp.grid.params})
+    trial = mine.ask()
+    for d in cfg.searched:
+        d.suggest(trial)
+    mine.tell(trial, state=optuna.trial.TrialState.PRUNED)          # pruned as a duplicate
+    assert mine.sampler.next_design(mine) == head
+
+
 def test_exact_search_returns_the_brute_force_throughput_power_front(tmp_path):
     """Throughput against power: the power bounds (leakage, the busy share of the logic's
     switching power, the fewest tensor FLOPs) prune without losing a front design."""

@@ -338,32 +338,3 @@ def test_storage_faults_are_one_line_and_exit_2(tmp_path, case, words):
     assert "--storage" in r.stderr and words in r.stderr
     assert "pa@" not in r.stderr and "ss@" not in r.stderr
 
-
-def test_one_design_started_by_two_workers_at_once_is_evaluated_once(tmp_path):
-    """Two workers that propose the same design at the same moment each see the other's trial
-    RUNNING. Only the later trial is pruned as a duplicate: the earlier one evaluates the design
-    (when both were pruned, the exact search lost the design and ended unproven, 1 run in ~40)."""
-    from conftest import SMALL_SWEEP
-
-    from phaze.search import _key, _Objective, make_storage, open_study, template_choices
-    from phaze.space import load_sweep
-    p = tmp_path / "small.yaml"
-    p.write_text(yaml.safe_dump(dict(SMALL_SWEEP, objectives=["throughput"], baselines=[])))
-    cfg = load_sweep(p)
-    url = f"sqlite:///{tmp_path / 'study.db'}"
-    study = open_study(cfg, url, "dup", heartbeat=False)
-    choices = template_choices(cfg)
-    study.enqueue_trial(choices)
-    study.enqueue_trial(choices)
-    first, second = study.ask(), study.ask()
-    for trial in (first, second):
-        assert {d.param: d.suggest(trial) for d in cfg.searched} == choices
-    key = _key(choices)
-    workers = [_Objective(cfg), _Objective(cfg)]
-    workers[0].refresh(study, first.number)
-    workers[1].refresh(study, second.number)
-    assert key not in workers[0].seen                       # the earlier trial evaluates it
-    assert workers[1].seen[key] == first.number              # the later one is its duplicate
-    study.tell(first, state=optuna.trial.TrialState.FAIL)   # the earlier worker died: the design is free
-    workers[1].refresh(optuna.load_study(study_name="dup", storage=make_storage(url)), second.number)
-    assert key not in workers[1].seen
