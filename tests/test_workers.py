@@ -337,4 +337,3 @@ def test_storage_faults_are_one_line_and_exit_2(tmp_path, case, words):
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "--storage" in r.stderr and words in r.stderr
     assert "pa@" not in r.stderr and "ss@" not in r.stderr
-
