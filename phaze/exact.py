@@ -156,13 +156,12 @@ class _State:
 
 class ExactSampler:
     """An Optuna sampler proposing the designs of ``cfg``'s grid in bound order; it never proposes
-    a design that provably cannot improve the answer. ``exhausted`` turns true when none is left
+    a design that provably cannot improve the answer; :meth:`peek` gives None when none is left
     (the driver then stops the study)."""
 
     def __init__(self, cfg: SweepConfig):
         self.cfg = cfg
         self.single = len(cfg.objectives) == 1
-        self.exhausted = False
         self._space: Space | None = None
         self._state = _State()
         self._heap: list | None = None
@@ -361,7 +360,6 @@ class ExactSampler:
         that reach the head of the queue; a design another worker is bounding is set aside until
         its bound arrives, and one in flight elsewhere until its trial ends (it may end unevaluated:
         a filler trial, a failed or interrupted one)."""
-        self.exhausted = False
         while True:
             self.sync(study)
             if self._heap is None:
@@ -427,7 +425,6 @@ class ExactSampler:
                 break
             time.sleep(CLAIM_POLL_S)     # other workers are bounding what is left: wait for them
         # designs in flight elsewhere stay queued: the driver waits for their trials, then asks again
-        self.exhausted = not flying
         return None
 
     def _claimed_elsewhere(self, i: int) -> bool:

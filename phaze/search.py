@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -622,12 +622,6 @@ def _search(cfg: SweepConfig, url: str, name: str, jobs: int, progress: bool, wr
             if jobs <= 1:
                 note = drive(study, cfg, callbacks=[bar])
             else:
-                if created and count(study, ("WAITING",)):
-                    # the queued template trial runs here, before the workers start: on SQLite two
-                    # workers can both take one queued trial (Optuna reads its state outside the
-                    # write), and the second then fails to tell it
-                    drive(study, replace(cfg, trials=min(cfg.trials, count(study, ("COMPLETE",)) + 1)),
-                          callbacks=[bar])
                 _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
     except KeyboardInterrupt:
         interrupted = True
