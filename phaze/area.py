@@ -384,9 +384,10 @@ def layer_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attent
 
 
 @lru_cache(maxsize=4096)
-def edge_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool) -> tuple[Activity, Activity]:
+def edge_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool,
+                  loss: str = "torch") -> tuple[Activity, Activity]:
     """(embedding, head) per micro-batch, forward and backward."""
-    e = edge_graph(model, mbs, tp, sp)
+    e = edge_graph(model, mbs, tp, sp, loss)
     p = model.bytes_per_element
     return (_ops_activity(e["embedding"], chip, model.precision, p, tp),
             _ops_activity(e["head"], chip, model.precision, p, tp))
@@ -402,7 +403,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     recs = plan.stage_recompute or (plan.recompute,) * pp
     shard = _shard(model, plan)
     p = model.bytes_per_element
-    emb, head = edge_activity(shard, chip, plan.mbs, tp, plan.sp)
+    emb, head = edge_activity(shard, chip, plan.mbs, tp, plan.sp, plan.loss)
     dp = plan.dp(devices)
     group = dp * plan.cp
     grad_bytes = 4 if plan.reduce_fp32 else p

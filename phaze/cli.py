@@ -217,7 +217,9 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",
                     "attention": "attention=flash", "optimizer": "optimizer=adam",
                     "dp_overlap": "dp_overlap on", "tp_overlap": "tp_overlap off", "tp_async": "tp_async off",
-                    "reduce_fp32": "reduce_fp32 off (16-bit gradients)", "stages": "an even split of the layers",
+                    "reduce_fp32": "reduce_fp32 off (16-bit gradients)",
+                    "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
+                    "stages": "an even split of the layers",
                     "schedule": "schedule=optimal"}
         unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)]
         if unset:
@@ -232,9 +234,11 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + f"; cp {','.join(map(str, cp_values(model, o)))}"
                            + f"; recompute {'/'.join(o.recompute)} per stage; "
                            f"zero {','.join(map(str, o.zero_stages))}; attention {o.attention}; optimizer "
-                           f"{o.optimizer}; sp {'on when tp > 1' if o.sp else 'off'}; dp_overlap on; "
+                           f"{o.optimizer}; sp {'on when tp > 1' if o.sp else 'off'}; "
+                           f"dp_overlap {'on' if o.dp_overlap else 'off'}; "
                            f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients"
-                           + ("; tp_async on" if o.tp_async else "") + ("; tp_overlap on" if o.tp_overlap else ""))
+                           + ("; tp_async on" if o.tp_async else "") + ("; tp_overlap on" if o.tp_overlap else "")
+                           + (f"; loss {o.loss}" if o.loss != "torch" else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
                       for r in routing_values(model, o)]
@@ -270,7 +274,12 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     elif getattr(args, "params", None):
         out["efficiency"] = f"parameters from {args.params}"
     else:
-        out["efficiency"] = f"shipped calibration for the {chip.family} family (pooled 'default' if none)"
+        key = val.fit_key(chip, val.load_default_params())
+        out["efficiency"] = ("shipped calibration: " + (
+            f"the {key} family's fit" if key == chip.family else
+            f"the fit of the published runs that run as this chip does ({key}; no {chip.family} family fit)"
+            if key and key.startswith(val.EXECUTION_KEY) else
+            "the fit pooled over every published run ('default')" if key else "none (ideal datasheet machine)"))
     return out
 
 
@@ -562,10 +571,10 @@ def cmd_calibrate(args) -> int:
     cases = [c for c in val.split_held_out(items, hold)[0] if isinstance(c, val.Case)]
     if not cases:
         raise ConfigError(runs_paths[0], None, "no run could be expressed; nothing to calibrate on")
-    with tqdm(total=1 + len(val.fitted_families(cases)), desc="calibrate", unit="fit") as bar:
+    with tqdm(total=len(val.fit_groups(cases)), desc="calibrate", unit="fit") as bar:
         params = val.calibrate_cases(cases, progress=lambda _: bar.update(1))
-    fitted = {fam: val.summarize(val.predict_all([c for c in cases if fam in ("default", c.chip.family)],
-                                             {fam: e, "default": e}))["overall"]
+    fitted = {fam: val.summarize(val.predict_all([c for c in cases if val.in_group(c, fam)],
+                                             {"default": e}))["overall"]
               for fam, e in params.items()}
     try:
         save_params(params, args.out, meta={
@@ -576,10 +585,10 @@ def cmd_calibrate(args) -> int:
     except OSError as exc:
         raise ConfigError("--out", None, f"cannot write {args.out!r} ({exc.strerror})") from None
     names = list(BOUNDS)
-    print(f"{'family':<10} " + " ".join(f"{n:>18}" for n in names) + "   rows  in-sample MAPE, bias")
+    print(f"{'fit':<16} " + " ".join(f"{n:>18}" for n in names) + "   rows  in-sample MAPE, bias")
     for fam, e in params.items():
         vals = " ".join(f"{getattr(e, n):>18.4g}" for n in names)
-        print(f"{fam:<10} {vals}  {fitted[fam]['rows']:>5} {fitted[fam]['mape_pct']:5.1f}% "
+        print(f"{fam:<16} {vals}  {fitted[fam]['rows']:>5} {fitted[fam]['mape_pct']:5.1f}% "
               f"{fitted[fam]['bias_pct']:+5.1f}%")
     print(f"wrote {args.out}")
     return 0
@@ -1047,7 +1056,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
                     "recompute (none/selective/op/full), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
                     "optimizer (adam/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
-                    "schedule (optimal/sequential), "
+                    "loss (torch/megatron), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
                     "ep_overlap; default tp=1,pp=1,mbs=1")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
-from .plan import Plan
+from .plan import LOSSES, Plan
 
 
 @dataclass(frozen=True)
@@ -40,30 +40,42 @@ class Framework:
                                 # (Megatron's --make-vocab-size-divisible-by 128); 0: as the model has it
     flop_convention: str = ""   # how its throughput log counts FLOPs (TFLOP/s per GPU): a convention of
                                 # phaze.validate.CONVENTIONS; "": model FLOPs
+    dp_overlap: bool = True     # the data-parallel gradient reduction runs under the last backward
+                                # pass (False: after it, exposed)
+    loss: str = "torch"         # its cross-entropy kernels (phaze.plan.LOSSES)
 
     def __post_init__(self):
         assert self.execution in EXECUTION, self.execution
+        assert self.loss in LOSSES, self.loss
 
 
 
 FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-lm", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
-              vocab_multiple=128, sp=False,
+              vocab_multiple=128, sp=False, dp_overlap=False, loss="megatron",
               flop_convention="narayanan96",
               source="Megatron-LM 2021-22 (v2.x-v3.0) arguments.py defaults: hidden and attention dropout "
-                     "0.1, no distributed optimizer, fp16/bf16 gradient all-reduce, fused scale-mask-softmax "
-                     "(attention scores in HBM: no FlashAttention before 2023), no interleaving unless "
+                     "0.1, no distributed optimizer, fp16/bf16 gradient all-reduce, run by training.py "
+                     "after the whole forward-backward (--DDP-impl local, the default: "
+                     "model.allreduce_gradients() before the optimizer step; overlapping it with the "
+                     "backward pass came with Megatron-Core's --overlap-grad-reduce, 2023), fused "
+                     "scale-mask-softmax (attention scores in HBM: no FlashAttention before 2023), the "
+                     "vocab-parallel cross entropy on the fp32-upcast logits, one kernel per step "
+                     "(mpu/cross_entropy.py), no interleaving unless "
                      "--num-layers-per-virtual-pipeline-stage; the asynchronous tensor-parallel all-reduce "
                      "was an option until 2022 (a run that used it says so); sequence parallelism is the opt-in "
                      "--sequence-parallel (from v3.0, 2022; none before)"),
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False,
-              flop_convention="narayanan96",
+              dp_overlap=False, loss="megatron", flop_convention="narayanan96",
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
                      "scale-mask-softmax) under DeepSpeed's engine, whose zero_optimization.stage defaults "
-                     "to 0; DeepSpeed's pipeline engine has no interleaved schedule; its activation checkpointing "
+                     "to 0 and which all-reduces the gradients after the backward pass of the last "
+                     "micro-batch (engine.backward -> allreduce_gradients at the accumulation boundary; "
+                     "overlap_comm is a ZeRO option); its loss is Megatron-LM's vocab-parallel cross "
+                     "entropy; DeepSpeed's pipeline engine has no interleaved schedule; its activation checkpointing "
                      "re-runs whole layers (no selective recompute) and it has no Megatron sequence "
                      "parallelism"),
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
@@ -149,7 +161,7 @@ def padded_vocab(vocab: int, multiple: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
-PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32")
+PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss")
 
 
 def plan_with(fw: Framework, plan: Plan, given=frozenset()) -> tuple[Plan, dict]:
@@ -167,7 +179,8 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset()) ->
     """The placement space with the preset's settings for every option not in ``given``, and
     what was set. A framework that shards with FSDP (zero 3) searches only that stage; the others
     keep the searched stages. ``selective`` recompute becomes the framework's policy."""
-    changes: dict = {"tp_async": fw.tp_async, "tp_overlap": fw.tp_overlap, "execution": fw.execution}
+    changes: dict = {"tp_async": fw.tp_async, "tp_overlap": fw.tp_overlap, "dp_overlap": fw.dp_overlap,
+                     "loss": fw.loss, "execution": fw.execution}
     if "attention" not in given:
         changes["attention"] = fw.attention
     if "reduce_fp32" not in given:

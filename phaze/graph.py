@@ -440,9 +440,11 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
 
 @lru_cache(maxsize=1024)
-def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False) -> dict[str, tuple[Op, ...]]:
+def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
+               loss: str = "torch") -> dict[str, tuple[Op, ...]]:
     """Work outside the repeated layers, per micro-batch: ``embedding`` (first stage, forward and
-    backward) and ``head`` (final norm, logits GEMM, loss; last stage)."""
+    backward) and ``head`` (final norm, logits GEMM, loss; last stage). ``loss``: the cross
+    entropy's kernels (:class:`phaze.plan.Plan`)."""
     h, s, b, t = model.hidden, model.seq_len, mbs, tp
     p = model.bytes_per_element
     T = b * s
@@ -482,8 +484,13 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False) -> dict[st
         _gemm(head, "head.project_out", 1, T, h, e, p, weights=True)
     _gemm(head, "logits", 1, T, e, Vt, p, weights=True)
     # loss in fp32 as frameworks compute it: upcast the logits, log-softmax, gather (fwd);
-    # softmax minus one-hot, downcast (bwd); bytes per logit, expressed in units of p
-    _vector(head, "cross_entropy", T * Vt, p, reads=(p + 4 + 4) / p, writes=(4 + 4) / p,
+    # softmax minus one-hot, downcast (bwd); bytes per logit, expressed in units of p.
+    # Megatron-LM's _VocabParallelCrossEntropy (mpu/cross_entropy.py, 2021-22; the GPT model calls
+    # it on output.float()) runs each step as its own pass over the fp32 logits: upcast (read p,
+    # write 4), max (read 4), subtract in place (4 + 4), exp in place (4 + 4), sum (4), divide in
+    # place for the saved softmax (4 + 4); its backward (multiply in place, downcast) is torch's.
+    reads, writes = (p + 20, 16) if loss == "megatron" else (p + 4 + 4, 4 + 4)
+    _vector(head, "cross_entropy", T * Vt, p, reads=reads / p, writes=writes / p,
             flops_per_element=6, special_per_element=1)
     if t > 1:
         _coll(head, "cross_entropy.all_reduce", "all_reduce", "tp", 3 * 4 * T)

@@ -79,8 +79,10 @@ class PlacementOptions:
     cp: tuple[int, ...] = ()    # context parallel widths (empty: :func:`cp_values`)
     etp: tuple[int, ...] = ()   # expert tensor parallel widths (empty: :func:`etp_values`)
     routing: tuple[str, ...] = ()   # MoE routings to search (empty: the model's own)
-    tp_async: bool = False      # every plan's tp_async and tp_overlap (a framework's defaults)
+    tp_async: bool = False      # every plan's tp_async, tp_overlap, dp_overlap and loss (a framework's defaults)
     tp_overlap: bool = False
+    dp_overlap: bool = True
+    loss: str = "torch"
     execution: str = ""         # how the chip's work is issued (phaze.arch.EXECUTION; "": the chip's)
 
     @property
@@ -376,7 +378,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     attention=options.attention, optimizer=options.optimizer,
                                     reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
                                     ep=ep, etp=etp, routing=routing, tp_async=options.tp_async,
-                                    tp_overlap=options.tp_overlap)
+                                    tp_overlap=options.tp_overlap, dp_overlap=options.dp_overlap,
+                                    loss=options.loss)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:

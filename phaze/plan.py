@@ -10,6 +10,7 @@ RECOMPUTE = ("none", "selective", "op", "full")
 SEARCHED_RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "flash2", "standard")
 OPTIMIZERS = ("adam", "sgd")
+LOSSES = ("torch", "megatron")
 SCHEDULES = ("optimal", "sequential")
 ROUTING = ("forced", "dropless", "capacity")
 DISPATCHERS = ("alltoall", "deepep")
@@ -41,7 +42,10 @@ class Plan:
     token all-to-all, ``alltoall`` (one flat all-to-all over ep, Megatron's default) or ``deepep``
     (DeepEP: across nodes each token is sent once per destination node, then forwarded inside it);
     ``ep_overlap`` hides the all-to-alls under another micro-batch's compute (Megatron-Core's
-    ``--overlap-moe-expert-parallel-comm``, the "1F1B overlap" of its MoE guide)."""
+    ``--overlap-moe-expert-parallel-comm``, the "1F1B overlap" of its MoE guide). ``loss``: how
+    the cross entropy runs over the logits, ``torch`` (PyTorch's on the fp32-upcast logits: one
+    log-softmax pass) or ``megatron`` (Megatron-LM's vocab-parallel cross entropy: upcast, then
+    max, subtract, exp, sum and divide, each a pass over the fp32 logits)."""
 
     tp: int = 1
     pp: int = 1
@@ -66,6 +70,7 @@ class Plan:
     routing: str = ""                      # forced | dropless | capacity ("": from the model)
     dispatcher: str = ""                   # MoE token dispatch: alltoall | deepep ("": alltoall)
     ep_overlap: bool = False               # MoE all-to-alls overlapped with another micro-batch's compute
+    loss: str = "torch"                    # cross-entropy kernels: torch | megatron (LOSSES)
 
     def __post_init__(self):
         if self.sp is None:
@@ -90,14 +95,16 @@ class Plan:
                 + (f",ep={self.ep}" if self.ep > 1 else "") + (f",etp={self.etp}" if self.etp > 1 else "")
                 + (f",routing={self.routing}" if self.routing else "")
                 + (f",dispatcher={self.dispatcher}" if self.dispatcher else "")
-                + (",ep_overlap=1" if self.ep_overlap else ""))
+                + (",ep_overlap=1" if self.ep_overlap else "")
+                + (",dp_overlap=0" if not self.dp_overlap else "")
+                + (f",loss={self.loss}" if self.loss != "torch" else ""))
 
 
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp")
 _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a plan's text
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "ep", "etp", "routing",
-             "dispatcher", "ep_overlap")
+             "dispatcher", "ep_overlap", "loss")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
 
@@ -139,7 +146,7 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
         else:
             choices = {"recompute": RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
                        "schedule": SCHEDULES, "routing": ROUTING,
-                       "dispatcher": DISPATCHERS}[key]
+                       "dispatcher": DISPATCHERS, "loss": LOSSES}[key]
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()

@@ -166,9 +166,9 @@ def layer_time_bounds(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, att
 
 @lru_cache(maxsize=16384)
 def edge_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool,
-              eff: Efficiency = IDEAL) -> tuple[PhaseTime, PhaseTime]:
+              eff: Efficiency = IDEAL, loss: str = "torch") -> tuple[PhaseTime, PhaseTime]:
     """(embedding, head) time per micro-batch, forward plus backward."""
-    e = edge_graph(model, mbs, tp, sp)
+    e = edge_graph(model, mbs, tp, sp, loss)
     groups = {"tp": (tp, 1)}
     p = model.bytes_per_element
     return (_sum_ops(e["embedding"], chip, model.precision, eff, groups, p),
@@ -650,7 +650,7 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     dp = plan.dp(devices)
     p = model.bytes_per_element
     shard = _shard(model, plan)
-    emb, head = edge_time(shard, chip, plan.mbs, tp, plan.sp, eff)
+    emb, head = edge_time(shard, chip, plan.mbs, tp, plan.sp, eff, plan.loss)
     send = 0.0
     if pp > 1:
         # scatter/gather (Narayanan et al. SC'21, 4.1): each of the tp ranks sends 1/tp of the

@@ -387,6 +387,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                                   fw.attention if fw else "flash"),
                 tp_overlap=_flag(row, "tp_comm_overlap", fw.tp_overlap if fw else False),
                 tp_async=_flag(row, "tp_async", fw.tp_async if fw else False),
+                dp_overlap=fw.dp_overlap if fw else True, loss=fw.loss if fw else "torch",
                 reduce_fp32=_flag(row, "grad_reduce_fp32", fw.reduce_fp32 if fw else False))
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
@@ -727,34 +728,71 @@ def fit_cases(cases) -> Efficiency:
 
 def fitted_families(cases) -> list[str]:
     """The chip families that get a fit of their own: those covered by runs of two or more
-    sources (the others use ``default``)."""
+    sources (the others use their execution model's fit, else ``default``)."""
     return sorted(f for f in {c.chip.family for c in cases}
                   if len({c.source for c in cases if c.chip.family == f}) >= 2)
 
 
+EXECUTION_KEY = "execution:"
+
+
+def fitted_executions(cases) -> list[str]:
+    """The execution models (:data:`phaze.arch.EXECUTION`) that get a fit of their own, as
+    ``execution:NAME`` keys: each one the runs cover, when they cover more than one (with one,
+    its fit would be ``default``). What a chip's execution model decides is not only its per-kernel
+    overheads: a compiled program at a fixed clock (TPU) reaches another share of its tensor peak
+    than a GPU issuing kernels one by one and boosting its clock, so a chip no family fit covers
+    takes the fit of the chips that run as it does, not the pooled one."""
+    ex = sorted({c.chip.execution for c in cases})
+    return [EXECUTION_KEY + e for e in ex] if len(ex) > 1 else []
+
+
+def fit_groups(cases) -> list[str]:
+    """Every parameter set :func:`calibrate_cases` fits: families, execution models, ``default``."""
+    return [*fitted_families(cases), *fitted_executions(cases), "default"]
+
+
+def in_group(case, key: str) -> bool:
+    """Whether ``case``'s rows are fitted in the parameter set ``key`` (:func:`fit_groups`)."""
+    if key == "default":
+        return True
+    if key.startswith(EXECUTION_KEY):
+        return case.chip.execution == key[len(EXECUTION_KEY):]
+    return case.chip.family == key
+
+
 def calibrate_cases(cases, progress=None) -> dict[str, Efficiency]:
-    """Fit efficiency parameters per chip family, plus ``default`` pooled over all families (used
-    for chips no published run covers, such as a proposed accelerator). A family gets its own
-    fit only when runs of two or more sources cover it (:func:`fitted_families`); otherwise it
-    uses ``default``."""
-    groups = [(fam, [c for c in cases if c.chip.family == fam]) for fam in fitted_families(cases)]
-    groups.append(("default", list(cases)))
+    """Fit efficiency parameters per chip family, per execution model and ``default`` pooled over
+    all rows (:func:`fit_groups`). A family gets its own fit only when runs of two or more
+    sources cover it (:func:`fitted_families`); a chip without one uses the fit of its execution
+    model (:func:`fitted_executions`: a proposed accelerator, compiled as a TPU is, takes the
+    TPU runs' fit), else ``default``."""
     params = {}
-    for fam, group in groups:
-        params[fam] = fit_cases(group)
+    for key in fit_groups(cases):
+        params[key] = fit_cases([c for c in cases if in_group(c, key)])
         if progress:
-            progress(fam)
+            progress(key)
     return params
 
 
+def fit_key(chip: Chip, params: dict[str, Efficiency] | None) -> str | None:
+    """Which parameter set :func:`params_for` takes for ``chip`` (None: none, the ideal machine)."""
+    for key in (chip.family, EXECUTION_KEY + chip.execution, "default"):
+        if params and key in params:
+            return key
+    return None
+
+
 def params_for(chip: Chip, params: dict[str, Efficiency] | None) -> Efficiency:
-    if not params:
-        return IDEAL
-    return params.get(chip.family) or params.get("default") or IDEAL
+    """The parameters a chip is scored with: its family's fit, else its execution model's, else
+    ``default``, else :data:`phaze.cost.IDEAL`."""
+    key = fit_key(chip, params)
+    return params[key] if key else IDEAL
 
 
 def calibrated_efficiency(chip: Chip) -> Efficiency:
-    """The shipped calibration for the chip's family (pooled ``default`` for other chips)."""
+    """The shipped calibration for the chip (:func:`params_for`: its family's fit, else its
+    execution model's, else the pooled ``default``)."""
     return params_for(chip, load_default_params())
 
 
@@ -826,7 +864,7 @@ def leave_one_source_out(cases, progress=None) -> tuple[dict, list[Prediction]]:
 
 def loso_fits(cases) -> int:
     """How many fits :func:`leave_one_source_out` runs (its progress callback fires once per fit)."""
-    return sum(1 + len(fitted_families([c for c in cases if c.source != s])) for s in {c.source for c in cases})
+    return sum(len(fit_groups([c for c in cases if c.source != s])) for s in {c.source for c in cases})
 
 
 def unseen_gpu(cases, train_family: str = "A100", test_family: str = "H100") -> dict:

@@ -167,6 +167,49 @@ def test_megatron_2021_22_stacks_leave_sequence_parallelism_off_unless_stated():
     assert options_with(FRAMEWORKS["nemo"], PlacementOptions())[0].sp is True
 
 
+def test_megatron_2021_22_stacks_reduce_gradients_after_the_backward_pass():
+    # Megatron-LM's local DDP (2021-22) and DeepSpeed's engine all-reduce the gradients after the
+    # last backward: nothing hides it. By hand, one 8-GPU NVLink ring, 16-bit gradients of every
+    # parameter: 2 passes x 7/8 x 2P bytes over the link, 2 x 7 hops, one collective start-up.
+    assert {n for n, f in FRAMEWORKS.items() if not f.dp_overlap} == {"megatron-lm", "megatron-deepspeed"}
+    assert synthetic_case(framework="megatron-deepspeed").plan.dp_overlap is False
+    assert synthetic_case(framework="nemo").plan.dp_overlap is True and synthetic_case().plan.dp_overlap is True
+    assert plan_with(FRAMEWORKS["megatron-lm"], Plan())[0].dp_overlap is False
+    assert plan_with(FRAMEWORKS["megatron-lm"], Plan(), {"dp_overlap"})[0].dp_overlap is True
+    assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].dp_overlap is False
+    from phaze.step import evaluate
+    model, chip = load_model("gpt2-xl", 1024), load_chip("a100-80gb")
+    plan = plan_with(FRAMEWORKS["megatron-lm"], Plan(mbs=4))[0]
+    off = evaluate(model, chip, 8, 32, plan)
+    on = evaluate(model, chip, 8, 32, dataclasses.replace(plan, dp_overlap=True))
+    nvlink = chip.links[0]
+    by_hand = (2 * (7 / 8 * 2 * model.params / nvlink.bandwidth_bytes_per_s + 7 * nvlink.latency_s)
+               + chip.collective_latency_s)
+    assert off.breakdown_s["communication_exposed_s"] == pytest.approx(by_hand, rel=1e-3)
+    assert on.breakdown_s["communication_exposed_s"] < 0.5 * by_hand     # most of it under the backward
+    assert off.step_time_s - on.step_time_s == pytest.approx(
+        off.breakdown_s["communication_exposed_s"] - on.breakdown_s["communication_exposed_s"], rel=1e-6)
+
+
+def test_megatron_cross_entropy_makes_its_passes_over_the_fp32_logits():
+    # Megatron-LM's vocab-parallel cross entropy on output.float(): upcast (read 2, write 4), max (4),
+    # subtract (4 + 4), exp (4 + 4), sum (4), divide (4 + 4) = 22 + 16 bytes per logit, against
+    # torch's upcast and log-softmax, 10 + 8; the backward passes are the same. On the ideal machine,
+    # memory-bound: 20 bytes per logit more, per micro-batch, at the HBM bandwidth.
+    from phaze.step import evaluate
+    model, chip = load_model("gpt2-xl", 1024), load_chip("a100-80gb")
+    ideal = Efficiency()
+    torch = evaluate(model, chip, 1, 4, Plan(mbs=1), ideal)
+    megatron = evaluate(model, chip, 1, 4, Plan(mbs=1, loss="megatron"), ideal)
+    by_hand = 4 * 20 * 1024 * model.vocab / chip.hbm_bandwidth_bytes_per_s
+    assert megatron.step_time_s - torch.step_time_s == pytest.approx(by_hand, rel=1e-3)
+    assert {n for n, f in FRAMEWORKS.items() if f.loss == "megatron"} == {"megatron-lm", "megatron-deepspeed"}
+    assert synthetic_case(framework="megatron-lm").plan.loss == "megatron"
+    assert plan_with(FRAMEWORKS["megatron-deepspeed"], Plan())[0].loss == "megatron"
+    assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].loss == "megatron"
+    assert "loss=megatron" in Plan(loss="megatron").label() and "loss" not in Plan().label()
+
+
 def test_place_searches_only_what_the_framework_has():
     # DeepSpeed's pipeline engine has no interleaved schedule and its activation checkpointing
     # re-runs whole layers: place searches vp 1 and no selective recompute, unless told to

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from phaze import validate as v
+from phaze.arch import load_chip
 from phaze.calibrate import BOUNDS, fit, load_params, save_params
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency
@@ -657,11 +658,41 @@ def test_save_load_round_trip(tmp_path):
     data = json.loads(path.read_text())
     assert data["rows_used"] == 7 and set(data["parameters"]) == {"A100", "default"}
     assert load_params(path) == params
-    # params_for: family, else default, else ideal
-    a100 = SimpleNamespace(family="A100")
+    # params_for: family, else the execution model's, else default, else ideal
+    a100 = SimpleNamespace(family="A100", execution="eager")
     assert v.params_for(a100, params) == params["A100"]
-    assert v.params_for(SimpleNamespace(family="H100"), params) == params["default"]
+    assert v.params_for(SimpleNamespace(family="H100", execution="eager"), params) == params["default"]
     assert v.params_for(a100, None) == Efficiency()
+    xla = Efficiency(tensor_fraction=0.9)
+    both = dict(params, **{"execution:xla": xla})
+    assert v.params_for(SimpleNamespace(family="TPUv5p", execution="xla"), both) == xla
+    assert v.params_for(SimpleNamespace(family="H100", execution="eager"), both) == params["default"]
+    assert v.params_for(a100, both) == params["A100"]       # a family's own fit wins
+
+
+def test_fit_groups_add_an_execution_model_only_beside_another():
+    def c(source, family, execution):
+        return SimpleNamespace(source=source, chip=SimpleNamespace(family=family, execution=execution))
+    gpu = [c("S1", "A100", "eager"), c("S2", "A100", "eager"), c("S3", "H100", "eager")]
+    tpu = [c("S9", "TPUv4", "xla")]
+    # one execution model: its fit would be the pooled one, so there is none
+    assert v.fit_groups(gpu) == ["A100", "default"]
+    # two: each gets one; the TPU family (one source) has none of its own and falls to xla's
+    assert v.fit_groups(gpu + tpu) == ["A100", "execution:eager", "execution:xla", "default"]
+    assert [x.source for x in gpu + tpu if v.in_group(x, "execution:xla")] == ["S9"]
+    assert [x.source for x in gpu + tpu if v.in_group(x, "A100")] == ["S1", "S2"]
+    assert len([x for x in gpu + tpu if v.in_group(x, "default")]) == 4
+
+
+def test_shipped_calibration_scores_a_proposed_accelerator_with_the_tpu_runs_fit():
+    # a kind: accelerator chip runs as XLA compiles it; no family fit covers it, so it takes the fit
+    # of the rows that run that way (the TPU v4 ones), not the GPU-pooled default
+    params = v.load_default_params()
+    assert {"execution:xla", "execution:eager", "default"} <= set(params)
+    tpu = load_chip(ROOT / "arch_configs" / "tpuv4.yaml")
+    assert tpu.execution == "xla" and tpu.family not in params
+    assert v.params_for(tpu, params) == params["execution:xla"] != params["default"]
+    assert v.calibrated_efficiency(tpu) == params["execution:xla"]
 
 
 # --- 8. the CLI end to end ---------------------------------------------------------------------
