@@ -516,13 +516,15 @@ def _write_predictions(path, preds, loso_preds=()) -> None:
     with fh:
         w = csv.writer(fh)
         w.writerow(["run_id", "dataset", "source_id", "gpu", "chip", "measured_step_s", "predicted_step_s",
-                    "error", "loso_predicted_step_s", "loso_error", "status", "reason", "layout_from", "plan"])
+                    "error", "loso_predicted_step_s", "loso_error", "status", "reason", "layout_from", "plan",
+                    "fit", "loso_fit"])
         for p in preds:
             fmt = lambda x: "" if x is None else f"{x:.9g}"  # noqa: E731
             lp = loso.get(p.run_id)
             w.writerow([p.run_id, p.dataset, p.source, p.gpu, p.chip, fmt(p.measured_step_s),
                         fmt(p.predicted_step_s), fmt(p.error), fmt(lp.predicted_step_s if lp else None),
-                        fmt(lp.error if lp else None), p.status, p.reason, p.layout_from, p.plan])
+                        fmt(lp.error if lp else None), p.status, p.reason, p.layout_from, p.plan, p.fit,
+                        lp.fit if lp else ""])
             fh.flush()
 
 
@@ -1080,7 +1082,8 @@ def build_parser() -> argparse.ArgumentParser:
     va = sub.add_parser("validate", help="compare predicted and published step times")
     va.add_argument("--runs", help="CSV of published runs (default: the bundled reference runs)")
     va.add_argument("--params", help="efficiency parameters (default: the shipped calibration)")
-    va.add_argument("--out", help="write one row per run: run_id, measured, predicted, error, status")
+    va.add_argument("--out", help="write one row per run: run_id, measured, predicted, error, status, "
+                    "the plan and the fit that scored it")
     va.add_argument("--plot", help="write predicted vs measured (PNG or SVG)")
     va.add_argument("--format", choices=("text", "json"), default="text")
     va.add_argument("--group", action="append", default=[], metavar="NAME=SRC,SRC",

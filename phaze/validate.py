@@ -692,6 +692,8 @@ class Prediction:
     chip: str = ""               # the chip file the row was scored with
     dataset: str = ""
     plan: str = ""               # the plan scored (for a searched row, the one phaze chose)
+    fit: str = ""                # the parameter set that scored it (fit_key: a family, execution:NAME,
+                                 # default; "ideal" without parameters)
 
 
 def predict_case(case: Case, eff: Efficiency = IDEAL) -> float:
@@ -806,7 +808,7 @@ def predict_all(items, params: dict[str, Efficiency] | None) -> list[Prediction]
         plan, pred = scored_plan(c, params_for(c.chip, params))
         out.append(Prediction(c.run_id, c.source, c.gpu, c.measured_step_s, pred,
                               (pred - c.measured_step_s) / c.measured_step_s, "ok", "", c.layout_from,
-                              c.chip_file, c.dataset, plan.label()))
+                              c.chip_file, c.dataset, plan.label(), fit_key(c.chip, params) or "ideal"))
     return out
 
 

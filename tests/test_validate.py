@@ -670,6 +670,17 @@ def test_save_load_round_trip(tmp_path):
     assert v.params_for(a100, both) == params["A100"]       # a family's own fit wins
 
 
+def test_tracked_predictions_name_the_fit_that_scored_each_row():
+    # results/validation/predictions.csv: in sample the TPU v4 rows are scored by the TPU runs' fit;
+    # held out, no TPU row is left to fit, so the pooled one scores them (and says so)
+    with open(ROOT / "results" / "validation" / "predictions.csv", newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["status"] == "ok"]
+    tpu = [r for r in rows if r["chip"] == "tpuv4"]
+    assert tpu and {(r["fit"], r["loso_fit"]) for r in tpu} == {("execution:xla", "default")}
+    assert {r["fit"] for r in rows if r["chip"].startswith("a100")} == {"A100"}
+    assert {r["fit"] for r in rows if r["chip"].startswith("h100")} == {"H100"}
+
+
 def test_fit_groups_add_an_execution_model_only_beside_another():
     def c(source, family, execution):
         return SimpleNamespace(source=source, chip=SimpleNamespace(family=family, execution=execution))
@@ -717,6 +728,10 @@ def test_cli_validate_end_to_end(tmp_path, small_csv):
         got = list(reader)
     assert {r["run_id"]: r["chip"] for r in got if r["run_id"] in ("R0000", "R0033")} == \
         {"R0000": "a100-80gb", "R0033": "h100-sxm"}
+    # each row names the parameter set that scored it (the shipped calibration's family fits here)
+    assert {r["run_id"]: r["fit"] for r in got if r["run_id"] in ("R0000", "R0033")} == \
+        {"R0000": "A100", "R0033": "H100"}
+    assert {r["loso_fit"] for r in got} == {""}        # --no-loso
     assert [r["run_id"] for r in got] == list(SMALL)
     for r in got:
         if r["run_id"] == "R0022":
