@@ -275,11 +275,15 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         out["efficiency"] = f"parameters from {args.params}"
     else:
         key = val.fit_key(chip, val.load_default_params())
-        out["efficiency"] = ("shipped calibration: " + (
-            f"the {key} family's fit" if key == chip.family else
-            f"the fit of the published runs that run as this chip does ({key}; no {chip.family} family fit)"
-            if key and key.startswith(val.EXECUTION_KEY) else
-            "the fit pooled over every published run ('default')" if key else "none (ideal datasheet machine)"))
+        if key is None:
+            which = "none (ideal datasheet machine)"
+        elif key == chip.family:
+            which = f"the {key} family's fit"
+        elif key.startswith(val.EXECUTION_KEY):
+            which = f"the fit of the published runs that run as this chip does ({key}; no {chip.family} family fit)"
+        else:
+            which = "the fit pooled over every published run ('default')"
+        out["efficiency"] = "shipped calibration: " + which
     return out
 
 
