@@ -428,7 +428,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             sent = _sent_bytes("all_reduce", grad_bytes * params, group)
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
-        opt = optimizer_op(params / (group if plan.zero >= 1 else 1), plan.optimizer)
+        opt = optimizer_op(params / (group if plan.zero >= 1 else 1), plan.optimizer, model.precision)
         total = total + stage + Activity(vector_flops=opt.flops, local_bytes=opt.bytes,
                                          shared_bytes=opt.bytes + 2 * sent,
                                          hbm_bytes=opt.bytes + 2 * sent, link_bytes=sent)

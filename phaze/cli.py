@@ -315,7 +315,7 @@ def cmd_evaluate(args) -> int:
     preset = None
     if args.framework:
         fw = framework(args.framework)
-        plan, changes = plan_with(fw, plan, _plan_keys(args.plan))
+        plan, changes = plan_with(fw, plan, _plan_keys(args.plan), model.precision)
         chip = chip.with_execution(fw.execution)
         preset = describe(fw, changes)
     if args.schedule:
@@ -678,7 +678,7 @@ def cmd_place(args) -> int:
         given = {k for k, v in (("attention", args.attention), ("zero", args.zero),
                                 ("reduce_fp32", args.reduce_fp32), ("vp", args.vp),
                                 ("recompute", args.recompute)) if v}
-        options, changes = options_with(fw, options, given)
+        options, changes = options_with(fw, options, given, model.precision)
         chip = chip.with_execution(options.execution)
         preset = describe(fw, changes)
     eff = efficiency_for(chip, args)
@@ -1061,7 +1061,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
     ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
                     "recompute (none/selective/op/full), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
-                    "optimizer (adam/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
+                    "optimizer (adam/adam-megatron/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "loss (torch/megatron), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
-from .plan import LOSSES, Plan
+from .plan import LOSSES, OPTIMIZERS, Plan
 
 
 @dataclass(frozen=True)
@@ -43,55 +43,73 @@ class Framework:
     dp_overlap: bool = True     # the data-parallel gradient reduction runs under the last backward
                                 # pass (False: after it, exposed)
     loss: str = "torch"         # its cross-entropy kernels (phaze.plan.LOSSES)
+    optimizer: str = "adam"     # its optimizer step's kernels (phaze.plan.OPTIMIZERS)
+    bf16_reduce_fp32: bool = False   # a run that is not fp16 accumulates and reduces its gradients
+                                     # in fp32 whatever ``reduce_fp32`` says
+
+    def reduces_fp32(self, precision: str) -> bool:
+        """Whether a run at ``precision`` reduces its gradients in fp32 by default."""
+        return self.reduce_fp32 or (self.bf16_reduce_fp32 and precision != "fp16")
 
     def __post_init__(self):
         assert self.execution in EXECUTION, self.execution
         assert self.loss in LOSSES, self.loss
+        assert self.optimizer in OPTIMIZERS, self.optimizer
 
 
 
 FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-lm", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
-              vocab_multiple=128, sp=False, dp_overlap=False, loss="megatron",
-              flop_convention="narayanan96",
+              vocab_multiple=128, sp=False, dp_overlap=False, loss="megatron", optimizer="adam-megatron",
+              bf16_reduce_fp32=True, flop_convention="narayanan96",
               source="Megatron-LM 2021-22 (v2.x-v3.0) arguments.py defaults: hidden and attention dropout "
-                     "0.1, no distributed optimizer, fp16/bf16 gradient all-reduce, run by training.py "
+                     "0.1, no distributed optimizer, the gradient all-reduce in fp16 for fp16 runs and in "
+                     "fp32 for bf16 ones (arguments.py forces --accumulate-allreduce-grads-in-fp32 for "
+                     "bf16), run by training.py "
                      "after the whole forward-backward (--DDP-impl local, the default: "
                      "model.allreduce_gradients() before the optimizer step; overlapping it with the "
                      "backward pass came with Megatron-Core's --overlap-grad-reduce, 2023), fused "
                      "scale-mask-softmax (attention scores in HBM: no FlashAttention before 2023), the "
                      "vocab-parallel cross entropy on the fp32-upcast logits, one kernel per step "
-                     "(mpu/cross_entropy.py), no interleaving unless "
+                     "(mpu/cross_entropy.py), the mixed-precision optimizer's passes around apex FusedAdam "
+                     "(optimizer/optimizer.py: main-gradient copy and unscale in fp16, the gradient "
+                     "norm, the copy of the fp32 weights back), no interleaving unless "
                      "--num-layers-per-virtual-pipeline-stage; the asynchronous tensor-parallel all-reduce "
                      "was an option until 2022 (a run that used it says so); sequence parallelism is the opt-in "
                      "--sequence-parallel (from v3.0, 2022; none before)"),
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False,
-              dp_overlap=False, loss="megatron", flop_convention="narayanan96",
+              dp_overlap=False, loss="megatron", optimizer="adam-megatron", flop_convention="narayanan96",
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
                      "scale-mask-softmax) under DeepSpeed's engine, whose zero_optimization.stage defaults "
                      "to 0 and which all-reduces the gradients after the backward pass of the last "
                      "micro-batch (engine.backward -> allreduce_gradients at the accumulation boundary; "
                      "overlap_comm is a ZeRO option); its loss is Megatron-LM's vocab-parallel cross "
-                     "entropy; DeepSpeed's pipeline engine has no interleaved schedule; its activation checkpointing "
-                     "re-runs whole layers (no selective recompute) and it has no Megatron sequence "
-                     "parallelism"),
+                     "entropy; its FP16_Optimizer / BF16_Optimizer make the same passes as Megatron's "
+                     "around FusedAdam (fp32 gradients, overflow check and unscale in fp16, norm, the "
+                     "fp32 weights copied back); DeepSpeed's pipeline engine has no interleaved "
+                     "schedule; its activation checkpointing re-runs whole layers (no selective "
+                     "recompute) and it has no Megatron sequence parallelism"),
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
-              vocab_multiple=128,
+              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
               source="NVIDIA Megatron-Core (2023-): Transformer Engine fused attention, asynchronous "
-                     "tensor-parallel collectives by default, the distributed optimizer of its "
-                     "pretraining examples, no dropout in its LLM recipes; its pipelined recipes "
+                     "tensor-parallel collectives by default, gradients accumulated and reduced in fp32 "
+                     "in bf16 and fp8 runs (arguments.py forces it for bf16; --grad-reduce-in-bf16 is "
+                     "opt-in), the distributed optimizer of its "
+                     "pretraining examples (Megatron's optimizer passes on each shard: norm, "
+                     "FusedAdam, the fp32 weights copied back), no dropout in its LLM recipes; its pipelined recipes "
                      "interleave (a run that does not say vp is scored with the best vp it accepts); "
                      "--tp-comm-overlap is opt-in"),
     Framework("nemo", attention="flash", tp_async=True, tp_overlap=True, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
-              vocab_multiple=128,
+              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
               source="NVIDIA NeMo 2 LLM performance recipes (24.07-): Megatron-Core with Transformer "
-                     "Engine fused attention, tp_comm_overlap on for tensor-parallel runs, the "
-                     "distributed fused Adam optimizer, no dropout, interleaved pipelines "
+                     "Engine fused attention, tp_comm_overlap on for tensor-parallel runs, "
+                     "grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins, the "
+                     "distributed optimizer (Megatron's passes on each shard), no dropout, interleaved pipelines "
                      "(virtual_pipeline_model_parallel_size in the recipes)"),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
@@ -161,13 +179,16 @@ def padded_vocab(vocab: int, multiple: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
-PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss")
+PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer")
 
 
-def plan_with(fw: Framework, plan: Plan, given=frozenset()) -> tuple[Plan, dict]:
+def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf16") -> tuple[Plan, dict]:
     """``plan`` with the preset's settings for every key not in ``given`` (the ones the user set),
-    and what was set. ``recompute=selective`` becomes the framework's selective policy."""
+    and what was set, for a run at ``precision``. ``recompute=selective`` becomes the framework's
+    selective policy."""
     changes = {k: getattr(fw, k) for k in PLAN_KEYS if k not in given}
+    if "reduce_fp32" not in given:
+        changes["reduce_fp32"] = fw.reduces_fp32(precision)
     if fw.sp is not None and "sp" not in given:
         changes["sp"] = fw.sp and plan.tp > 1
     if plan.recompute == "selective" and fw.selective == "op":
@@ -175,16 +196,20 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset()) -> tuple[Plan, dict]
     return replace(plan, **changes), dict(changes, execution=fw.execution)
 
 
-def options_with(fw: Framework, options: PlacementOptions, given=frozenset()) -> tuple[PlacementOptions, dict]:
+def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
+                 precision: str = "bf16") -> tuple[PlacementOptions, dict]:
     """The placement space with the preset's settings for every option not in ``given``, and
-    what was set. A framework that shards with FSDP (zero 3) searches only that stage; the others
-    keep the searched stages. ``selective`` recompute becomes the framework's policy."""
+    what was set, for a run at ``precision``. A framework that shards with FSDP (zero 3) searches
+    only that stage; the others keep the searched stages. ``selective`` recompute becomes the
+    framework's policy."""
     changes: dict = {"tp_async": fw.tp_async, "tp_overlap": fw.tp_overlap, "dp_overlap": fw.dp_overlap,
                      "loss": fw.loss, "execution": fw.execution}
     if "attention" not in given:
         changes["attention"] = fw.attention
+    if "optimizer" not in given:
+        changes["optimizer"] = fw.optimizer
     if "reduce_fp32" not in given:
-        changes["reduce_fp32"] = fw.reduce_fp32
+        changes["reduce_fp32"] = fw.reduces_fp32(precision)
     if "zero" not in given and fw.zero == 3:
         changes["zero"] = (3,)
     if "sp" not in given and fw.sp is not None:

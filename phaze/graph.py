@@ -72,6 +72,8 @@ class Op:
     vector_flops: float = 0.0      # fused ops: the element-wise FLOPs beside the GEMM ones
     operand_reuse: int = 0         # rows sharing each operand read from local SRAM (0: the tile)
     hidden_by: str = ""            # a collective Megatron issues asynchronously under this GEMM (``tp_async``)
+    ring: tuple[int, ...] = ()     # fused attention under context parallelism: the ring steps this op
+                                   # runs; several run side by side (``gemm`` batch and FLOPs are theirs together)
 
     @property
     def bytes(self) -> float:
@@ -169,6 +171,11 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
     if model.causal and 0 < model.sliding_window < s * cp and model.window_layer_share == 1.0:
         steps = min(cp, -(-model.sliding_window // s) + 1)
     return steps, min(1.0, work * cp / steps)
+
+
+def _ring_name(k: int) -> str:
+    """The fused attention op of ring step ``k`` (step 0: the only one without cp)."""
+    return "flash_attention" + (f".ring{k}" if k else "")
 
 
 # the linear layers (a weight operand): their backward is a data and a weight gradient
@@ -333,11 +340,19 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             # one kernel per ring step of local queries against one s x s block of keys (ring_steps)
             scores = b * a_t * s * s
             steps, step_work = ring_steps(model, work)
-            for k in range(steps):
-                fb.add(n("flash_attention" + (f".ring{k}" if k else "")), "tensor+vector", flops=flops,
-                       work_fraction=step_work, gemm=(b * a_t, s, s, d), elements=scores, special=scores,
-                       vector_flops=5 * scores, bytes_read=p * T * qkv_n, bytes_written=p * T * a_t * d,
-                       core_attention=True, operand_reuse=reuse)
+            # the framework's fused kernel (Transformer Engine's ring attention) alternates its
+            # forward steps between two CUDA streams, so that two steps' kernels share the SMs
+            # (against each half block's wave quantisation); the flash-attn library's ring
+            # (PyTorch's context parallel) runs them one after another
+            side = 2 if attention == "flash" and steps > 1 else 1
+            for k in range(0, steps, side):
+                ring = tuple(range(k, min(steps, k + side))) if steps > 1 else ()
+                m = max(1, len(ring))
+                fb.add(n(_ring_name(k)), "tensor+vector", flops=m * flops,
+                       work_fraction=step_work, gemm=(m * b * a_t, s, s, d), elements=m * scores,
+                       special=m * scores, vector_flops=5 * m * scores, bytes_read=m * p * T * qkv_n,
+                       bytes_written=m * p * T * a_t * d, core_attention=True, operand_reuse=reuse,
+                       ring=ring)
             return
         _gemm(fb, n("scores"), b * a_t, s, d, sk, p, weights=False, core_attention=True)
         _vector(fb, n("softmax"), b * a_t * s * sk, p, flops_per_element=5, core_attention=True,
@@ -404,13 +419,19 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                             core_attention=op.core_attention),)
             continue
         if op.unit == "tensor+vector":     # fused attention backward: recomputes the scores
-            # recomputes P = exp(S - L) (one exp per score) and dS = P * (dP - D)
-            grad = (bb.add(f"{op.name}.bwd", "tensor+vector", grad, flops=2.5 * op.flops,
-                           work_fraction=op.work_fraction, gemm=op.gemm, elements=op.elements,
-                           special=op.elements, vector_flops=8 * op.elements,
-                           operand_reuse=op.operand_reuse,
-                           bytes_read=op.bytes_read + 2 * op.bytes_written,
-                           bytes_written=op.bytes_read, core_attention=True),)
+            # recomputes P = exp(S - L) (one exp per score) and dS = P * (dP - D); Transformer
+            # Engine's ring runs the backward steps one after another on one stream
+            m = max(1, len(op.ring))
+            bt, M, K, N = op.gemm
+            for j in op.ring[::-1] if op.ring else (None,):
+                name = op.name if j is None else _ring_name(j)
+                grad = (bb.add(f"{name}.bwd", "tensor+vector", grad, flops=2.5 * op.flops / m,
+                               work_fraction=op.work_fraction, gemm=(bt // m, M, K, N),
+                               elements=op.elements / m, special=op.elements / m,
+                               vector_flops=8 * op.elements / m, operand_reuse=op.operand_reuse,
+                               bytes_read=(op.bytes_read + 2 * op.bytes_written) / m,
+                               bytes_written=op.bytes_read / m, core_attention=True,
+                               ring=() if j is None else (j,)),)
             continue
         batch, M, K, N = op.gemm
         weighted = op.name.split(".")[-1] in _LINEAR
@@ -519,14 +540,26 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     return {"embedding": tuple(fwd_emb) + tuple(emb_b.ops), "head": tuple(head.ops) + tuple(head_b.ops)}
 
 
-def optimizer_op(params_on_device: float, optimizer: str = "adam") -> Op:
+def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: str = "bf16") -> Op:
     """The element-wise optimizer update over the parameters a device updates.
 
-    Adam with fp32 master weights reads master, m, v (4 bytes each) and the 16-bit gradient and
-    writes master, m, v and the 16-bit weight: 14 + 14 bytes per parameter. SGD (momentum-free,
-    as in the original Phaze) reads weight and gradient and writes the weight: 4 + 2.
+    ``adam``, one fused kernel with fp32 master weights, reads master, m, v (4 bytes each) and the
+    16-bit gradient and writes master, m, v and the 16-bit weight: 14 + 14 bytes per parameter.
+    ``adam-megatron`` is Megatron's mixed-precision optimizer around apex's FusedAdam, one pass
+    each (megatron/optimizer/optimizer.py, clip_grads.py): the gradients' norm for clipping
+    (read 4), Adam on the fp32 main gradient (read 16, write 12), the fp32 weights copied to the
+    16-bit model (read 4, write 2); bf16 runs accumulate the main gradients in fp32 (Megatron
+    forces it), fp16 runs first copy the 16-bit ones to fp32 (read 2, write 4) and unscale them
+    with an inf check (read 4, write 4): 38 bytes per parameter in bf16, 52 in fp16. A norm
+    above the clip threshold would add one more scaling pass; it is not counted. SGD
+    (momentum-free, as in the original Phaze) reads weight and gradient and writes the weight:
+    4 + 2.
     """
-    read, write, flops = (14.0, 14.0, 12.0) if optimizer == "adam" else (4.0, 2.0, 2.0)
+    if optimizer == "adam-megatron":
+        fp16 = precision == "fp16"
+        read, write, flops = 24.0 + (6.0 if fp16 else 0.0), 14.0 + (8.0 if fp16 else 0.0), 14.0 + fp16
+    else:
+        read, write, flops = (14.0, 14.0, 12.0) if optimizer == "adam" else (4.0, 2.0, 2.0)
     n = float(params_on_device)
     return Op(name=f"optimizer.{optimizer}", unit="vector", phase="opt", flops=flops * n,
               elements=n, bytes_read=read * n, bytes_written=write * n)

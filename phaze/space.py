@@ -26,7 +26,7 @@ from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, options_with
 from .placement import PlacementOptions
-from .plan import RECOMPUTE
+from .plan import OPTIMIZERS, RECOMPUTE
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model
@@ -599,13 +599,14 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             vp=_int_tuple(p, "vp", d.vp), cp=_int_tuple(p, "cp", d.cp), ep=_int_tuple(p, "ep", d.ep),
             etp=_int_tuple(p, "etp", d.etp), recompute=rec, zero=p.int("zero", d.zero, minimum=0),
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
-            optimizer=p.choice("optimizer", ("adam", "sgd"), d.optimizer))
+            optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
         if fw_name:
             fw = framework(fw_name, p.source, p.prefix + "framework")
-            options = options_with(fw, options, {k for k in ("attention", "zero", "recompute", "vp") if p.has(k)})[0]
+            given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer") if p.has(k)}
+            options = options_with(fw, options, given, model.precision)[0]
         p.finish()
     f.finish()
     return WorkloadSpec(model, devices, batch, weight, options, source, system)

@@ -465,7 +465,7 @@ class StageCosts:
                              + exposed(coll("all_gather", p * params), fwd_window, eff))
             else:
                 exposed_s = exposed(coll("all_reduce", grad_bytes * params), bwd_window, eff)
-        opt = optimizer_op(1.0, plan.optimizer)    # per parameter; the update is element-wise
+        opt = optimizer_op(1.0, plan.optimizer, self.model.precision)   # per parameter: element-wise
         updated = params / (group if plan.zero >= 1 else 1)
         if self.model.moe and plan.zero >= 1:
             updated = (params - experts) / group + experts / edp

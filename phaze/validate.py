@@ -388,7 +388,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 tp_overlap=_flag(row, "tp_comm_overlap", fw.tp_overlap if fw else False),
                 tp_async=_flag(row, "tp_async", fw.tp_async if fw else False),
                 dp_overlap=fw.dp_overlap if fw else True, loss=fw.loss if fw else "torch",
-                reduce_fp32=_flag(row, "grad_reduce_fp32", fw.reduce_fp32 if fw else False))
+                optimizer=fw.optimizer if fw else "adam",
+                reduce_fp32=_flag(row, "grad_reduce_fp32", fw.reduces_fp32(precision) if fw else False))
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
@@ -448,7 +449,7 @@ def _searched_layout(model: Model, chip: Chip, devices: int, batch: int, fw: Fra
                                   zero=int(zero) if zero is not None else base.zero)
     if fw:
         given = {"zero"} if zero is not None else set()
-        options = options_with(fw, options, given | ({"recompute"} if recompute else set()))[0]
+        options = options_with(fw, options, given | ({"recompute"} if recompute else set()), model.precision)[0]
     spaces = [options]
     if dp:   # tp * pp * cp = devices / dp: one tp at a time, its pp following
         spaces = [dataclasses.replace(options, tp=(t,), pp=(devices // (dp * t * c),), cp=(c,))

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from phaze.arch import LinkLevel, load_chip
-from phaze.cost import IDEAL
+from phaze.cost import IDEAL, op_time
 from phaze.graph import attention_work_fraction, layer_graph
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import Plan
@@ -46,11 +46,57 @@ def test_ring_attention_runs_cp_half_blocks():
     """Load-balanced ring: cp kernels over (s/cp) x (s/cp) blocks, each half computed (the
     diagonal causally, the others on half the queries or keys); backward mirrors each."""
     shard = _shard(LLAMA8B, Plan(cp=4))
-    g = layer_graph(shard, 1)
+    g = layer_graph(shard, 1, 1, False, "flash2", "none")
     fwd = [o for o in g.fwd if o.core_attention]
     bwd = [o for o in g.bwd if o.core_attention]
     assert len(fwd) == len(bwd) == 4
     assert all(o.gemm == (32, 2048, 2048, 128) and o.work_fraction == 0.5 for o in fwd)
+    assert [o.ring for o in fwd] == [(0,), (1,), (2,), (3,)]
+
+
+def test_transformer_engine_ring_runs_two_forward_steps_side_by_side():
+    """Transformer Engine's ring attention (``flash``) alternates its forward steps between two
+    CUDA streams: steps 0+1 and 2+3 as one op of both blocks' tiles; its backward runs the four
+    steps one by one, each a half block as before. The FLOPs are unchanged."""
+    shard = _shard(LLAMA8B, Plan(cp=4))
+    g = layer_graph(shard, 1, 1, False, "flash", "none")
+    fwd = [o for o in g.fwd if o.core_attention]
+    bwd = [o for o in g.bwd if o.core_attention]
+    assert [o.ring for o in fwd] == [(0, 1), (2, 3)]
+    assert all(o.gemm == (64, 2048, 2048, 128) and o.work_fraction == 0.5 for o in fwd)
+    assert sorted(o.ring for o in bwd) == [(0,), (1,), (2,), (3,)]
+    assert all(o.gemm == (32, 2048, 2048, 128) for o in bwd)
+    assert attention_flops(shard) == pytest.approx(attention_flops(shard, "flash2"))
+    assert sum(o.flops for o in bwd) == pytest.approx(2.5 * sum(o.flops for o in fwd))
+
+
+def _pair_and_step(model: Model, tp: int, cp: int):
+    shard = _shard(model, Plan(tp=tp, cp=cp))
+    pair = next(o for o in layer_graph(shard, 1, tp, True, "flash", "none").fwd if o.core_attention)
+    one = next(o for o in layer_graph(shard, 1, tp, True, "flash2", "none").fwd if o.core_attention)
+    return pair, replace(one, operand_reuse=pair.operand_reuse)   # the same kernel, one step
+
+
+def test_two_streams_fill_the_sms_that_one_half_block_leaves_idle():
+    """tp = 8 (4 heads per rank), cp = 4 of 8192 tokens: one step's half block has 4 heads x
+    2048 / 128 query rows / 2 = 32 query tiles of 128 rows for the H100's 132 SMs. Two steps side
+    by side share the idle SMs: faster than one after the other, never faster than one step."""
+    h100 = load_chip("h100-sxm")
+    pair, one = _pair_and_step(LLAMA8B, 8, 4)
+    assert pair.ring == (0, 1) and pair.gemm == (8, 2048, 2048, 128)
+    assert one.gemm == (4, 2048, 2048, 128) and one.flops == pair.flops / 2
+    t_pair, t_one = op_time(pair, h100, "bf16", IDEAL), op_time(one, h100, "bf16", IDEAL)
+    assert t_one < t_pair < 0.95 * 2 * t_one
+
+
+def test_two_streams_gain_nothing_when_a_step_fills_whole_waves():
+    """tp = 1 (32 heads), cp = 2 of 65536 tokens: a step's half block has 32 x 32768 / 128 / 2 =
+    4096 query tiles of 128 rows, 31.03 waves over 132 SMs: two steps side by side take as long
+    as two one after the other, to under 1 %."""
+    h100 = load_chip("h100-sxm")
+    pair, one = _pair_and_step(replace(LLAMA8B, seq_len=65536), 1, 2)
+    t_pair, t_one = op_time(pair, h100, "bf16", IDEAL), op_time(one, h100, "bf16", IDEAL)
+    assert t_pair == pytest.approx(2 * t_one, rel=0.01)
 
 
 def test_standard_attention_under_cp_scores_every_key():

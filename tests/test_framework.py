@@ -169,8 +169,9 @@ def test_megatron_2021_22_stacks_leave_sequence_parallelism_off_unless_stated():
 
 def test_megatron_2021_22_stacks_reduce_gradients_after_the_backward_pass():
     # Megatron-LM's local DDP (2021-22) and DeepSpeed's engine all-reduce the gradients after the
-    # last backward: nothing hides it. By hand, one 8-GPU NVLink ring, 16-bit gradients of every
-    # parameter: 2 passes x 7/8 x 2P bytes over the link, 2 x 7 hops, one collective start-up.
+    # last backward: nothing hides it. By hand, one 8-GPU NVLink ring, the fp32 gradients of every
+    # parameter of a bf16 run (Megatron forces fp32 reduction for bf16): 2 passes x 7/8 x 4P bytes
+    # over the link, 2 x 7 hops, one collective start-up.
     assert {n for n, f in FRAMEWORKS.items() if not f.dp_overlap} == {"megatron-lm", "megatron-deepspeed"}
     assert synthetic_case(framework="megatron-deepspeed").plan.dp_overlap is False
     assert synthetic_case(framework="nemo").plan.dp_overlap is True and synthetic_case().plan.dp_overlap is True
@@ -179,11 +180,12 @@ def test_megatron_2021_22_stacks_reduce_gradients_after_the_backward_pass():
     assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].dp_overlap is False
     from phaze.step import evaluate
     model, chip = load_model("gpt2-xl", 1024), load_chip("a100-80gb")
-    plan = plan_with(FRAMEWORKS["megatron-lm"], Plan(mbs=4))[0]
+    plan = plan_with(FRAMEWORKS["megatron-lm"], Plan(mbs=4), precision=model.precision)[0]
+    assert model.precision == "bf16" and plan.reduce_fp32
     off = evaluate(model, chip, 8, 32, plan)
     on = evaluate(model, chip, 8, 32, dataclasses.replace(plan, dp_overlap=True))
     nvlink = chip.links[0]
-    by_hand = (2 * (7 / 8 * 2 * model.params / nvlink.bandwidth_bytes_per_s + 7 * nvlink.latency_s)
+    by_hand = (2 * (7 / 8 * 4 * model.params / nvlink.bandwidth_bytes_per_s + 7 * nvlink.latency_s)
                + chip.collective_latency_s)
     assert off.breakdown_s["communication_exposed_s"] == pytest.approx(by_hand, rel=1e-3)
     assert on.breakdown_s["communication_exposed_s"] < 0.5 * by_hand     # most of it under the backward
@@ -208,6 +210,51 @@ def test_megatron_cross_entropy_makes_its_passes_over_the_fp32_logits():
     assert plan_with(FRAMEWORKS["megatron-deepspeed"], Plan())[0].loss == "megatron"
     assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].loss == "megatron"
     assert "loss=megatron" in Plan(loss="megatron").label() and "loss" not in Plan().label()
+
+
+def test_megatron_optimizer_makes_its_passes_around_fused_adam():
+    # Megatron's mixed-precision optimizer, one pass each, bytes per parameter: bf16 (fp32 main
+    # gradients) norm 4 + FusedAdam 16 + 12 + weights back 4 + 2 = 38; fp16 adds the gradient
+    # copy to fp32 (2 + 4) and the unscale with inf check (4 + 4) = 52; the fused update, 28.
+    from phaze.graph import optimizer_op
+    from phaze.step import evaluate
+    assert optimizer_op(1.0, "adam").bytes == 28
+    assert optimizer_op(1.0, "adam-megatron", "bf16").bytes == 38
+    assert optimizer_op(1.0, "adam-megatron", "fp16").bytes == 52
+    megatron = {"megatron-lm", "megatron-deepspeed", "megatron-core", "nemo"}
+    assert {n for n, f in FRAMEWORKS.items() if f.optimizer == "adam-megatron"} == megatron
+    assert plan_with(FRAMEWORKS["nemo"], Plan())[0].optimizer == "adam-megatron"
+    assert plan_with(FRAMEWORKS["nemo"], Plan(), {"optimizer"})[0].optimizer == "adam"
+    assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].optimizer == "adam-megatron"
+    assert synthetic_case(framework="megatron-deepspeed").plan.optimizer == "adam-megatron"
+    # ZeRO 0 on one device, bf16: the step grows by 10 bytes per parameter at the HBM bandwidth
+    model, chip = load_model("gpt2-xl", 1024), load_chip("a100-80gb")
+    ideal = Efficiency()
+    fused = evaluate(model, chip, 1, 4, Plan(mbs=1), ideal)
+    passes = evaluate(model, chip, 1, 4, Plan(mbs=1, optimizer="adam-megatron"), ideal)
+    assert model.precision == "bf16"
+    by_hand = 10 * model.params / chip.hbm_bandwidth_bytes_per_s
+    assert passes.breakdown_s["optimizer_s"] - fused.breakdown_s["optimizer_s"] == pytest.approx(by_hand, rel=1e-6)
+    assert passes.step_time_s - fused.step_time_s == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_megatron_reduces_bf16_gradients_in_fp32():
+    # Megatron's arguments.py forces fp32 gradient accumulation and all-reduce for bf16 (and so
+    # for fp8 runs, whose parameters are bf16); fp16 runs reduce in fp16. NeMo's bf16 and fp8
+    # mixed-precision plugins set grad_reduce_in_fp32. A stated column or key wins.
+    for name in ("megatron-lm", "megatron-core", "nemo"):
+        fw = FRAMEWORKS[name]
+        assert fw.reduces_fp32("bf16") and fw.reduces_fp32("fp8") and not fw.reduces_fp32("fp16")
+        assert plan_with(fw, Plan(), precision="bf16")[0].reduce_fp32 is True
+        assert plan_with(fw, Plan(), precision="fp16")[0].reduce_fp32 is False
+        assert plan_with(fw, Plan(), {"reduce_fp32"}, "bf16")[0].reduce_fp32 is False
+        assert options_with(fw, PlacementOptions(), precision="bf16")[0].reduce_fp32 is True
+        assert options_with(fw, PlacementOptions(), precision="fp16")[0].reduce_fp32 is False
+    assert not FRAMEWORKS["megatron-deepspeed"].reduces_fp32("bf16")
+    assert FRAMEWORKS["torchtitan"].reduces_fp32("fp16")          # FSDP2's reduce_dtype fp32, always
+    assert synthetic_case(framework="nemo").plan.reduce_fp32 is True
+    assert synthetic_case(framework="nemo", grad_reduce_fp32="no").plan.reduce_fp32 is False
+    assert synthetic_case(framework="megatron-lm", precision="fp16").plan.reduce_fp32 is False
 
 
 def test_place_searches_only_what_the_framework_has():
