@@ -1,12 +1,20 @@
-"""Tables the README quotes, generated from the code (``python tests/readme_tables.py`` prints
-them; ``tests/test_readme.py`` fails when the README and these disagree)."""
+"""Tables the README and the docs quote, generated from the code (``python tests/readme_tables.py``
+prints them; ``tests/test_readme.py`` fails when the pages and these disagree)."""
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+from dataclasses import replace
 
 from phaze import cli
+from phaze import validate as v
+from phaze.api import with_system
+from phaze.arch import load_chip
+from phaze.framework import FRAMEWORKS, plan_with
+from phaze.plan import Plan
+from phaze.step import evaluate
+from phaze.workload import load_model
 
 GiB = 2.0 ** 30
 # (label, phaze place arguments)
@@ -62,5 +70,54 @@ def placement_table() -> str:
     return "\n".join(rows)
 
 
+# the Megatron-LM 2021-22 preset's settings, each against phaze's default (docs/frameworks.md)
+FRAMEWORK_MODELS = (("mpt-125m", "MPT-125M"), ("opt-350m", "OPT-350M"), ("gpt2-xl", "GPT-2 XL"))
+FRAMEWORK_DEFAULTS = (("loss=megatron", {"loss": "torch"}), ("reduction after the backward", {"dp_overlap": True}),
+                      ("optimizer passes", {"optimizer": "adam"}))
+
+
+def framework_effects_table() -> str:
+    """The Megatron-LM preset on 8 A100s (80 GB, data parallel, fp16), 1,024 tokens, micro-batch 8,
+    global batch 64: its step, and how much longer it is than the same plan with one setting (then
+    all three) at phaze's default. Shipped calibration."""
+    chip = load_chip("a100-80gb")
+    eff = v.params_for(chip, v.load_default_params())
+    rows = ["| model | step | " + " | ".join(k for k, _ in FRAMEWORK_DEFAULTS) + " | all three |",
+            "|---|---|---|---|---|---|"]
+    every = {k: x for _, change in FRAMEWORK_DEFAULTS for k, x in change.items()}
+    for name, label in FRAMEWORK_MODELS:
+        model = replace(load_model(name, 1024), precision="fp16")
+        plan = plan_with(FRAMEWORKS["megatron-lm"], Plan(mbs=8), precision="fp16")[0]
+        t = evaluate(model, chip, 8, 64, plan, eff).step_time_s
+        longer = [100 * (t / evaluate(model, chip, 8, 64, replace(plan, **change), eff).step_time_s - 1)
+                  for change in [c for _, c in FRAMEWORK_DEFAULTS] + [every]]
+        rows.append(f"| {label} | {t:.3f} s | " + " | ".join(f"+{x:.1f} %" for x in longer) + " |")
+    return "\n".join(rows)
+
+
+def context_parallel_table() -> str:
+    """Llama-3 8B at 128K tokens on H100s (dgx-h100-superpod), nemo preset, tp 8, full recompute,
+    8 sequences per step (dp 1), cp 4 to 32: each step and how much it falls from the cp before.
+    Shipped calibration."""
+    model = load_model("llama3-8b", 131072)
+    fw = FRAMEWORKS["nemo"]
+    chip = with_system(load_chip("h100-sxm"), "dgx-h100-superpod").with_execution(fw.execution)
+    eff = v.params_for(chip, v.load_default_params())
+    rows = ["| cp | devices | step | compute | exposed communication | falls by |", "|---|---|---|---|---|---|"]
+    before = None
+    for cp in (4, 8, 16, 32):
+        plan = plan_with(fw, Plan(tp=8, cp=cp, mbs=1, recompute="full"), {"recompute"}, model.precision)[0]
+        r = evaluate(model, chip, 8 * cp, 8, plan, eff)
+        fall = f"{before / r.step_time_s:.2f}×" if before else ""
+        rows.append(f"| {cp} | {8 * cp} | {r.step_time_s:.2f} s | {r.breakdown_s['compute_s']:.2f} s "
+                    f"| {r.breakdown_s['communication_exposed_s']:.2f} s | {fall} |")
+        before = r.step_time_s
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
     print(placement_table())
+    print()
+    print(framework_effects_table())
+    print()
+    print(context_parallel_table())
