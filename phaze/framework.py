@@ -182,13 +182,19 @@ def padded_vocab(vocab: int, multiple: int) -> int:
 PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer")
 
 
+def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
+    """The plan keys a preset sets (:data:`PLAN_KEYS`), for a run at ``precision``; without a
+    framework, :class:`phaze.plan.Plan`'s own defaults."""
+    if fw is None:
+        return {k: getattr(Plan(), k) for k in PLAN_KEYS}
+    return dict({k: getattr(fw, k) for k in PLAN_KEYS}, reduce_fp32=fw.reduces_fp32(precision))
+
+
 def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf16") -> tuple[Plan, dict]:
     """``plan`` with the preset's settings for every key not in ``given`` (the ones the user set),
     and what was set, for a run at ``precision``. ``recompute=selective`` becomes the framework's
     selective policy."""
-    changes = {k: getattr(fw, k) for k in PLAN_KEYS if k not in given}
-    if "reduce_fp32" not in given:
-        changes["reduce_fp32"] = fw.reduces_fp32(precision)
+    changes = {k: x for k, x in plan_settings(fw, precision).items() if k not in given}
     if fw.sp is not None and "sp" not in given:
         changes["sp"] = fw.sp and plan.tp > 1
     if plan.recompute == "selective" and fw.selective == "op":

@@ -56,7 +56,7 @@ from .arch import EXECUTION, Chip, load_chip
 from .calibrate import fit, load_params
 from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
-from .framework import Framework, options_with, padded_vocab, resolve_framework
+from .framework import Framework, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
 from .plan import Plan
 from .step import check_plan, evaluate, model_flops_per_sample
@@ -378,18 +378,17 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
           (fw.sp if fw and fw.sp is not None else True)) and tp > 1
     zero = _num(row, "zero_stage")
     zero_stated = zero is not None or fw is not None
-    zero = (fw.zero if fw else 0) if zero is None else zero
+    preset = plan_settings(fw, precision)   # what the framework (or phaze) sets where a column is blank
+    zero = preset["zero"] if zero is None else zero
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"column 'zero_stage' must be 0, 1, 2 or 3, got {row['zero_stage']!r}")
     plan = Plan(tp=tp, pp=pp, mbs=mbs or 1, recompute=recompute, sp=sp, vp=vp or 1, cp=cp or 1,
                 zero=int(zero),
-                attention=_choice(row, "attention_kernel", ("flash", "flash2", "standard"),
-                                  fw.attention if fw else "flash"),
-                tp_overlap=_flag(row, "tp_comm_overlap", fw.tp_overlap if fw else False),
-                tp_async=_flag(row, "tp_async", fw.tp_async if fw else False),
-                dp_overlap=fw.dp_overlap if fw else True, loss=fw.loss if fw else "torch",
-                optimizer=fw.optimizer if fw else "adam",
-                reduce_fp32=_flag(row, "grad_reduce_fp32", fw.reduces_fp32(precision) if fw else False))
+                attention=_choice(row, "attention_kernel", ("flash", "flash2", "standard"), preset["attention"]),
+                tp_overlap=_flag(row, "tp_comm_overlap", preset["tp_overlap"]),
+                tp_async=_flag(row, "tp_async", preset["tp_async"]),
+                dp_overlap=preset["dp_overlap"], loss=preset["loss"], optimizer=preset["optimizer"],
+                reduce_fp32=_flag(row, "grad_reduce_fp32", preset["reduce_fp32"]))
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
