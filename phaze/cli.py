@@ -26,7 +26,7 @@ from .calibrate import BOUNDS, PRIOR_WEIGHT, load_params, save_params
 from .configio import ConfigError
 from .cost import IDEAL
 from .exact import Certificate
-from .framework import FRAMEWORKS, PLAN_KEYS, describe, framework, options_with, plan_with
+from .framework import FRAMEWORKS, PLAN_KEYS, describe, framework, model_with, options_with, plan_with
 from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
 from .placement import (
     MAX_AUTO_VP,
@@ -316,8 +316,9 @@ def cmd_evaluate(args) -> int:
     if args.framework:
         fw = framework(args.framework)
         plan, changes = plan_with(fw, plan, _plan_keys(args.plan), model.precision)
+        model, set_on_model = model_with(fw, model)
         chip = chip.with_execution(fw.execution)
-        preset = describe(fw, changes)
+        preset = describe(fw, changes | set_on_model)
     if args.schedule:
         plan = replace(plan, schedule=args.schedule)
     if args.memory_reserve is not None:
@@ -679,8 +680,9 @@ def cmd_place(args) -> int:
                                 ("reduce_fp32", args.reduce_fp32), ("vp", args.vp),
                                 ("recompute", args.recompute)) if v}
         options, changes = options_with(fw, options, given, model.precision)
+        model, set_on_model = model_with(fw, model)
         chip = chip.with_execution(options.execution)
-        preset = describe(fw, changes)
+        preset = describe(fw, changes | set_on_model)
     eff = efficiency_for(chip, args)
     with _Ticker("phaze place", unit="layout") as ticker:
         res = place(model, chip, args.devices, args.global_batch, options, eff, args.top, progress=ticker.progress)

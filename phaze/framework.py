@@ -15,6 +15,7 @@ from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
 from .plan import LOSSES, OPTIMIZERS, Plan
+from .workload import FP8_CASTS, Model
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Framework:
     optimizer: str = "adam"     # its optimizer step's kernels (phaze.plan.OPTIMIZERS)
     bf16_reduce_fp32: bool = False   # a run that is not fp16 accumulates and reduces its gradients
                                      # in fp32 whatever ``reduce_fp32`` says
+    fp8_casts: str = "fused"    # where an fp8 run's casts run (phaze.workload.FP8_CASTS): fused into
+                                # the norms by Transformer Engine's modules | separate kernels
 
     def reduces_fp32(self, precision: str) -> bool:
         """Whether a run at ``precision`` reduces its gradients in fp32 by default."""
@@ -55,6 +58,7 @@ class Framework:
         assert self.execution in EXECUTION, self.execution
         assert self.loss in LOSSES, self.loss
         assert self.optimizer in OPTIMIZERS, self.optimizer
+        assert self.fp8_casts in FP8_CASTS, self.fp8_casts
 
 
 
@@ -102,7 +106,9 @@ FRAMEWORKS = {f.name: f for f in (
                      "pretraining examples (Megatron's optimizer passes on each shard: norm, "
                      "FusedAdam, the fp32 weights copied back), no dropout in its LLM recipes; its pipelined recipes "
                      "interleave (a run that does not say vp is scored with the best vp it accepts); "
-                     "--tp-comm-overlap is opt-in"),
+                     "--tp-comm-overlap is opt-in; fp8 through the Transformer Engine modules of its layer "
+                     "spec (gpt_layer_specs.py: TELayerNormColumnParallelLinear for qkv and fc1) under "
+                     "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8"),
     Framework("nemo", attention="flash", tp_async=True, tp_overlap=True, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
@@ -113,9 +119,11 @@ FRAMEWORKS = {f.name: f for f in (
                      "(virtual_pipeline_model_parallel_size in the recipes)"),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
+              fp8_casts="separate",
               source="pytorch/torchtitan defaults: FSDP2 (ZeRO-3) with param bf16 and reduce fp32, "
                      "SDPA (FlashAttention-2 backend), selective activation checkpointing per op, async "
-                     "TP opt-in, pipeline schedule 1F1B"),
+                     "TP opt-in, pipeline schedule 1F1B; float8 through torchao's Float8Linear with "
+                     "dynamic (tensorwise) scaling: each linear casts its input and output gradient"),
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
               flop_convention="6n_12lqs",
@@ -124,12 +132,16 @@ FRAMEWORKS = {f.name: f for f in (
                      "the float32 weights (weight_dtype float32; the dtype on the wire is not published); "
                      "XLA schedules "
                      "collectives asynchronously beside compute (its latency-hiding scheduler); one "
-                     "compiled program"),
+                     "compiled program; assumption: XLA fuses an fp8 run's casts into the ops that "
+                     "produce their inputs (its delayed-scaling fp8 ops; no published profile)"),
     Framework("llm-foundry", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="attention", execution="eager", interleave=False,
               flop_convention="6n_12lqs",
+              fp8_casts="separate",
               source="mosaicml/llm-foundry MPT yamls: FSDP FULL_SHARD (ZeRO-3), mixed_precision DEFAULT "
-                     "(fp32 reduction), attn_impl flash (FlashAttention-2), no dropout"),
+                     "(fp32 reduction), attn_impl flash (FlashAttention-2), no dropout; fp8 through "
+                     "Transformer Engine's te.Linear (fc_type te); assumption: the norms stay separate "
+                     "(its LayerNorm-fused te_ln_mlp FFN is opt-in), so each linear casts its input"),
 )}
 
 # Spellings of each framework in a free ``framework`` column, tried in this order (a NeMo run
@@ -188,6 +200,14 @@ def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
     if fw is None:
         return {k: getattr(Plan(), k) for k in PLAN_KEYS}
     return dict({k: getattr(fw, k) for k in PLAN_KEYS}, reduce_fp32=fw.reduces_fp32(precision))
+
+
+def model_with(fw: Framework, model: Model) -> tuple[Model, dict]:
+    """``model`` with the preset's fp8 casts where it is an fp8 model that does not say them,
+    and what was set."""
+    if model.precision != "fp8" or model.fp8_casts:
+        return model, {}
+    return replace(model, fp8_casts=fw.fp8_casts), {"fp8_casts": fw.fp8_casts}
 
 
 def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf16") -> tuple[Plan, dict]:

@@ -214,20 +214,46 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     reuse = 16 if attention == "flash2" else 0
 
     fp8 = model.precision == "fp8"
+    fused8 = fp8 and model.fp8_casts != "separate"
+    # Transformer Engine's modules in Megatron-Core's layer spec (fp8_casts=fused): the norm
+    # before qkv and before a dense FFN's up-projection is fused into the linear
+    # (LayerNormLinear): it writes its output in fp8, which sequence parallelism gathers in fp8,
+    # and the column-wise copy for the weight gradient is transposed in the backward. The
+    # row-parallel linears under sequence parallelism cast their input row-wise only (the
+    # transpose waits for the backward), and cast their output gradient before gathering it in
+    # fp8. Everything else (MoE, MLA) is a TE Linear with its own cast.
+    norm_fed = {"qkv", "ffn_up"} if fused8 and not model.mla else ({"ffn_up"} if fused8 else set())
+    rowwise8 = {"attn_out", "ffn_down"} if fused8 and t > 1 and sp else set()
+    ln1_write = 1 / p if "qkv" in norm_fed else 1.0   # bytes of the norm's output, in units of p
+    ln2_write = 1 / p if "ffn_up" in norm_fed and not model.moe else 1.0
+    gathered8 = {"ln1.all_gather"} if "qkv" in norm_fed else set()   # forward gathers moving fp8
+    if "ffn_up" in norm_fed and not model.moe:
+        gathered8.add("ln2.all_gather")
 
     def linear(fb: _Builder, name: str, M: int, K: int, N: int) -> None:
         """A linear layer's GEMM; in fp8 training its input is first scaled and cast to fp8 in
-        both layouts (row-wise for this GEMM, column-wise for the weight gradient). The weights'
-        cast is done once per step and cached across micro-batches (Transformer Engine)."""
-        if fp8:
-            _vector(fb, name + ".fp8_cast", M * K, p, reads=1, writes=2 / p, flops_per_element=2)
+        both layouts (row-wise for this GEMM, column-wise for the weight gradient), unless the
+        norm before it writes fp8 (``norm_fed``) or only the row-wise layout is cast now
+        (``rowwise8``). The weights' cast is done once per step and cached across micro-batches
+        (Transformer Engine)."""
+        base = name.split(".")[-1]
+        if fp8 and base not in norm_fed:
+            _vector(fb, name + ".fp8_cast", M * K, p, reads=1, writes=(1 if base in rowwise8 else 2) / p,
+                    flops_per_element=2)
         _gemm(fb, name, 1, M, K, N, p, weights=True)
+
+    def grouped(fb: _Builder, name: str, batch: int, M: int, K: int, N: int) -> None:
+        """The experts' grouped GEMM; in fp8 each expert's input is cast in both layouts first
+        (Transformer Engine's GroupedLinear: fp8_multi_cast_transpose_fused)."""
+        if fp8:
+            _vector(fb, name + ".fp8_cast", batch * M * K, p, reads=1, writes=2 / p, flops_per_element=2)
+        _gemm(fb, name, batch, M, K, N, p, weights=True)
 
     def forward(fb: _Builder, prefix: str = "") -> None:
         n = lambda x: prefix + x  # noqa: E731
-        _vector(fb, n("ln1"), Tn * h, p, flops_per_element=8)
+        _vector(fb, n("ln1"), Tn * h, p, writes=ln1_write, flops_per_element=8)
         if t > 1 and sp:
-            _coll(fb, n("ln1.all_gather"), "all_gather", "tp", p * T * h)
+            _coll(fb, n("ln1.all_gather"), "all_gather", "tp", p * ln1_write * T * h)
         if model.mla:
             mla_projections(fb, n)
         else:
@@ -238,7 +264,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             _coll(fb, n("attn_out." + ("reduce_scatter" if sp else "all_reduce")),
                   "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
         _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
-        _vector(fb, n("ln2"), Tn * h, p, flops_per_element=8)
+        _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
         if model.moe:
             moe_ffn(fb, n)
         else:
@@ -254,7 +280,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
     def dense_ffn(fb: _Builder, n) -> None:
         if t > 1 and sp:
-            _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * T * h)
+            _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * ln2_write * T * h)
         linear(fb, n("ffn_up"), T, h, ffn_out)
         activation(fb, n(model.activation), T * f_t)
         linear(fb, n("ffn_down"), T, f_t, h)
@@ -312,9 +338,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             dispatch(fb, "dispatch")
         if lay.etp > 1:
             _coll(fb, n("dispatch.all_gather"), "all_gather", "etp", p * recv * h)
-        _gemm(fb, n("expert_up"), local, per_expert, h, ef * (2 if gated else 1), p, weights=True)
+        grouped(fb, n("expert_up"), local, per_expert, h, ef * (2 if gated else 1))
         activation(fb, n("expert_" + model.activation), local * per_expert * ef)
-        _gemm(fb, n("expert_down"), local, per_expert, ef, h, p, weights=True)
+        grouped(fb, n("expert_down"), local, per_expert, ef, h)
         if lay.etp > 1:
             _coll(fb, n("combine.reduce_scatter"), "reduce_scatter", "etp", p * recv * h)
         if lay.ep > 1:
@@ -371,15 +397,15 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         for SwiGLU or down otherwise) and every element-wise op are re-run, as are the sequence-
         parallel gathers their inputs need (reduce-scatter outputs are saved)."""
         n = lambda x: "recompute." + x  # noqa: E731
-        _vector(fb, n("ln1"), Tn * h, p, flops_per_element=8)
+        _vector(fb, n("ln1"), Tn * h, p, writes=ln1_write, flops_per_element=8)
         if t > 1 and sp:
-            _coll(fb, n("ln1.all_gather"), "all_gather", "tp", p * T * h)
+            _coll(fb, n("ln1.all_gather"), "all_gather", "tp", p * ln1_write * T * h)
         linear(fb, n("qkv"), T, h, kv_t)
         linear(fb, n("attn_out"), T, model.o_dim // t, h)
         _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
-        _vector(fb, n("ln2"), Tn * h, p, flops_per_element=8)
+        _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
         if t > 1 and sp:
-            _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * T * h)
+            _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * ln2_write * T * h)
         if model.activation == "swiglu":
             linear(fb, n("ffn_up"), T, h, f_t)
             activation(fb, n(model.activation), T * f_t)
@@ -409,7 +435,13 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             if mirror[c.kind]:
                 # the input gradient's reduce-scatter runs under that linear's weight-gradient GEMM
                 under = f"{gathered_for}.wgrad" if c.kind == "all_gather" and c.group == "tp" and gathered_for else ""
-                grad = (_coll(bb, f"{op.name}.bwd", mirror[c.kind], c.group, c.bytes, deps=grad,
+                nbytes = p * c.bytes if op.name in gathered8 else c.bytes   # its gradient is 16-bit
+                row = op.name.split(".")[0]
+                if row in rowwise8:   # TE casts the output gradient, then gathers it in fp8
+                    grad = (_vector(bb, f"{row}.grad_fp8_cast", Tn * h, p, reads=1, writes=1 / p,
+                                    flops_per_element=2, deps=grad),)
+                    nbytes = c.bytes / p
+                grad = (_coll(bb, f"{op.name}.bwd", mirror[c.kind], c.group, nbytes, deps=grad,
                               hidden_by=under),)
             continue
         if op.unit == "vector":
@@ -437,14 +469,22 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         weighted = op.name.split(".")[-1] in _LINEAR
         if weighted:
             input_gathered = t > 1 and sp and op.name in _COLUMN_PARALLEL
-            if fp8:   # the output gradient is cast to fp8 (both layouts) before dgrad and wgrad
-                grad = (_vector(bb, f"{op.name}.grad_fp8_cast", M * N, p, reads=1, writes=2 / p,
-                                flops_per_element=2, deps=grad),)
-            dgrad = _gemm(bb, f"{op.name}.dgrad", batch, M, N, K, p, weights=True, deps=grad)
             wdeps = grad
+            if op.name in rowwise8:   # the gathered fp8 gradient and the saved fp8 input, transposed
+                wdeps = tuple(_vector(bb, f"{op.name}.{what}", x, p, reads=1 / p, writes=1 / p,
+                                      flops_per_element=0, deps=grad)
+                              for what, x in (("grad_fp8_transpose", M * N), ("fp8_transpose", M * K)))
+            elif fp8:   # the output gradient is cast to fp8 (both layouts) before dgrad and wgrad
+                grad = wdeps = (_vector(bb, f"{op.name}.grad_fp8_cast", batch * M * N, p, reads=1, writes=2 / p,
+                                        flops_per_element=2, deps=grad),)
+            dgrad = _gemm(bb, f"{op.name}.dgrad", batch, M, N, K, p, weights=True, deps=grad)
+            gather = p * (1 / p if op.name in norm_fed else 1) * T * h   # the norm's fp8 output
             if input_gathered:   # Megatron-SP re-gathers the sharded input for the weight gradient
-                wdeps = grad + (_coll(bb, f"{op.name}.input_all_gather", "all_gather", "tp",
-                                      p * T * h, deps=grad, hidden_by=f"{op.name}.dgrad"),)
+                wdeps = wdeps + (_coll(bb, f"{op.name}.input_all_gather", "all_gather", "tp",
+                                       gather, deps=grad, hidden_by=f"{op.name}.dgrad"),)
+            if op.name in norm_fed:   # the norm wrote fp8 row-wise only: transpose it now
+                wdeps = (_vector(bb, f"{op.name}.fp8_transpose", M * K, p, reads=1 / p, writes=1 / p,
+                                 flops_per_element=0, deps=wdeps),)
             _gemm(bb, f"{op.name}.wgrad", batch, K, M, N, p, weights=False, deps=wdeps, linear=True)
             grad = (dgrad,)
             column = op.name if op.name in _COLUMN_PARALLEL else ""

@@ -54,11 +54,20 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     if recompute == "op":
         return _op_checkpoint_bytes(model, sb, t, rep, attention)
     mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
-    replicated = (p + p + mask + p + p + mask) * sb * h * rep  # ln1 in, qkv in, mask, ln2 in, ffn in, mask
+    # the linears' saved inputs: with Transformer Engine's fp8 casts (fp8_casts fused) the norms
+    # before qkv and a dense FFN keep their fp8 output, and under sequence parallelism the
+    # row-parallel projections their row-wise fp8 input (1 byte); otherwise both fp8 layouts or
+    # the 16-bit tensor (p bytes)
+    te8 = model.precision == "fp8" and model.fp8_casts != "separate"
+    qkv_in = 1.0 if te8 and not model.mla else p
+    ffn_in = 1.0 if te8 and not model.moe else p
+    row_in = 1.0 if te8 and sp and t > 1 else p
+    replicated = (p + qkv_in + mask + p + ffn_in + mask) * sb * h * rep  # ln1 in, qkv in, mask, ln2 in, ffn in, mask
     # K and V as the tp ranks hold them together (a KV head replicated when tp > kv heads)
     q, kv, f = model.q_dim, kv_width(model, t) * t, model.ffn_hidden
     act_inputs = 2 if model.activation == "swiglu" else 1
-    split = p * sb * (q + kv + kv + q + act_inputs * f + f) / t  # Q, K, V, out-proj in, act in, down in
+    # Q, K, V, out-proj in, act in, down in
+    split = sb * (p * (q + kv + kv) + row_in * q + p * act_inputs * f + (p if model.moe else row_in) * f) / t
     if model.moe:
         split += moe_activation_bytes(model, sb, t) - p * sb * (act_inputs * f + f) / t
     a = model.heads

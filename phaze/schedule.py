@@ -1131,7 +1131,8 @@ def _lanes(sched: Schedule):
     return out
 
 
-_KIND_SUFFIXES = (".grad_fp8_cast", ".fp8_cast", ".input_all_gather", ".dgrad.all_reduce", ".dgrad_a", ".dgrad_b",
+_KIND_SUFFIXES = (".grad_fp8_cast", ".fp8_cast", ".grad_fp8_transpose", ".fp8_transpose",
+                  ".input_all_gather", ".dgrad.all_reduce", ".dgrad_a", ".dgrad_b",
                   ".dgrad", ".wgrad", ".bwd")
 
 

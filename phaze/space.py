@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, quote, read_mapping
-from .framework import framework, options_with
+from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
 from .plan import OPTIMIZERS, RECOMPUTE
 from .system import System, load_system
@@ -607,6 +607,7 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             fw = framework(fw_name, p.source, p.prefix + "framework")
             given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer") if p.has(k)}
             options = options_with(fw, options, given, model.precision)[0]
+            model = model_with(fw, model)[0]
         p.finish()
     f.finish()
     return WorkloadSpec(model, devices, batch, weight, options, source, system)

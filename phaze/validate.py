@@ -56,7 +56,7 @@ from .arch import EXECUTION, Chip, load_chip
 from .calibrate import fit, load_params
 from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
-from .framework import Framework, options_with, padded_vocab, plan_settings, resolve_framework
+from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
 from .plan import Plan
 from .step import check_plan, evaluate, model_flops_per_sample
@@ -527,15 +527,16 @@ def _expert_plan(row: dict, model: Model, chip: Chip, devices: int, plan: Plan) 
 
 def _row_model(row: dict, seq: int, precision: str, fw: Framework | None = None) -> Model:
     """The row's model; a mixture of experts when the row names a shipped MoE workload or gives
-    ``num_experts`` (:func:`_with_experts`). Dropout blank: the framework's default."""
+    ``num_experts`` (:func:`_with_experts`). Dropout blank, and an fp8 run's casts: the
+    framework's default."""
     model = _row_shape_model(row, seq, precision)
     if not _text(row, "dropout") and fw is not None and model.dropout != fw.dropout:
         model = dataclasses.replace(model, dropout=fw.dropout)
     shipped = resolve_workload(_text(row, "model")) if _text(row, "model") else None
     experts = _int(row, "num_experts")
     if (shipped is not None and shipped.moe) or (experts and experts > 1):
-        return _with_experts(row, model, shipped if shipped is not None and shipped.moe else None)
-    return model
+        model = _with_experts(row, model, shipped if shipped is not None and shipped.moe else None)
+    return model if fw is None else model_with(fw, model)[0]
 
 
 def _with_experts(row: dict, model: Model, shipped: Model | None) -> Model:

@@ -12,6 +12,11 @@ from pathlib import Path
 from .configio import ConfigError, Fields, config_dirs, read_mapping, resolve_config
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+# fp8 training's casts: ``fused``, Transformer Engine's modules as Megatron-Core lays out a layer
+# (delayed scaling lets the norm before qkv and the up-projection write fp8, gathered in fp8 under
+# sequence parallelism; transposes for the weight gradients in the backward); ``separate``, a cast
+# kernel per linear input and output gradient, both layouts at once (torchao's dynamic scaling)
+FP8_CASTS = ("fused", "separate")
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
@@ -41,6 +46,9 @@ class Model:
     embedding_projection_dim: int = 0    # OPT-350M style factorised embedding; 0 = none
     token_types: int = 0                 # BERT segment embeddings
     precision: str = "bf16"
+    fp8_casts: str = ""                  # fp8 only, where the casts to fp8 run (FP8_CASTS): fused into
+                                         # the norms (Transformer Engine's LayerNormLinear) | separate;
+                                         # "": the framework's, else fused
     qkv_bias: bool = False               # biases on the q, k, v projections only (Qwen2) when ``bias`` is off
     sliding_window: int = 0              # attention window (Mistral); 0 = every earlier token
     window_layer_share: float = 1.0      # share of the layers that use the window (GPT-OSS alternates
@@ -289,6 +297,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         embedding_projection_dim=f.int("embedding_projection_dim", 0, minimum=0),
         token_types=f.int("token_types", 0, minimum=0),
         precision=f.choice("precision", PRECISIONS, "bf16"),
+        fp8_casts=f.choice("fp8_casts", FP8_CASTS, ""),
         qk_norm=f.bool("qk_norm", False),
         attention_sinks=f.bool("attention_sinks", False),
         sliding_window=f.int("sliding_window", 0, minimum=0),

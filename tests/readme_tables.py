@@ -115,9 +115,47 @@ def context_parallel_table() -> str:
     return "\n".join(rows)
 
 
+FP8_CASES = (("llama3-8b", 1, 1, 8), ("llama3-70b", 4, 4, 64), ("llama3-405b", 8, 8, 512))
+
+
+def fp8_casts_table() -> str:
+    """fp8 casts on H100 at 8K tokens, micro-batch 1, for Llama-3 8B, 70B and 405B with separate
+    and fused casts: the share of one layer's forward and backward operator time (non-communication
+    ops, sequence parallelism on) in casts and transposes, and the NeMo preset's step time with
+    global batch 512 (full recompute at pp 8). Shipped calibration."""
+    from phaze.cost import op_time
+    from phaze.graph import layer_graph
+
+    fw = FRAMEWORKS["nemo"]
+    chip = load_chip("h100-sxm").with_execution(fw.execution)
+    eff = v.params_for(chip, v.load_default_params())
+    rows = ["| model | GPUs, tp, pp | casts | forward in casts | backward in casts | step | fused against separate |",
+            "|---|---|---|---|---|---|---|"]
+    for name, tp, pp, devices in FP8_CASES:
+        steps = {}
+        for casts in ("separate", "fused"):
+            model = replace(load_model(name, 8192), precision="fp8", fp8_casts=casts)
+            g = layer_graph(model, 1, tp, True, "flash", "none")
+            shares = []
+            for ops in (g.fwd, g.bwd):
+                times = [(o.name, op_time(o, chip, model.precision, eff)) for o in ops if o.unit != "link"]
+                cast = sum(t for n, t in times if "fp8_cast" in n or "fp8_transpose" in n)
+                shares.append(f"{100 * cast / sum(t for _, t in times):.1f} %")
+            plan = plan_with(fw, Plan(tp=tp, pp=pp, mbs=1, recompute="none" if pp < 8 else "full"),
+                             {"recompute"}, "fp8")[0]
+            steps[casts] = evaluate(model, chip, devices, 512, plan, eff).step_time_s
+            change = f"{100 * (steps['fused'] / steps['separate'] - 1):+.1f} %".replace("-", "−") \
+                if casts == "fused" else ""
+            rows.append(f"| {name} | {devices}, {tp}, {pp} | {casts} | {shares[0]} | {shares[1]} "
+                        f"| {steps[casts]:.2f} s | {change} |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
     print(placement_table())
     print()
     print(framework_effects_table())
     print()
     print(context_parallel_table())
+    print()
+    print(fp8_casts_table())

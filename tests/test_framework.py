@@ -13,7 +13,7 @@ from phaze import validate as v
 from phaze.arch import load_chip
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency, gemm_time, op_time, vector_time
-from phaze.framework import FRAMEWORKS, framework, options_with, plan_with, resolve_framework
+from phaze.framework import FRAMEWORKS, framework, model_with, options_with, plan_with, resolve_framework
 from phaze.graph import Op
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan
@@ -423,3 +423,45 @@ def test_the_predictions_name_the_plan_a_searched_row_was_scored_with(tmp_path):
     with (tmp_path / "p.csv").open() as fh:
         out = next(csv.DictReader(fh))
     assert out["layout_from"] == "searched" and out["plan"] == fastest.label()
+
+
+def test_fp8_casts_follow_the_framework_unless_the_model_says():
+    # Transformer Engine's LayerNorm-fused modules for the Megatron-based presets; torchao's
+    # Float8Linear (torchtitan) and te.Linear without fused norms (llm-foundry) cast separately
+    fp8 = dataclasses.replace(load_model("llama3-8b", 2048), precision="fp8")
+    assert fp8.fp8_casts == ""
+    want = {"torchtitan": "separate", "llm-foundry": "separate"}
+    for name, fw in FRAMEWORKS.items():
+        model, changes = model_with(fw, fp8)
+        assert model.fp8_casts == changes["fp8_casts"] == want.get(name, "fused")
+    bf16 = load_model("llama3-8b", 2048)
+    assert model_with(FRAMEWORKS["torchtitan"], bf16) == (bf16, {})            # 16-bit: nothing to say
+    said = dataclasses.replace(fp8, fp8_casts="fused")
+    assert model_with(FRAMEWORKS["torchtitan"], said) == (said, {})           # the model's own wins
+    # validation rows: the framework column sets it, a mixture of experts included
+    assert synthetic_case(precision="fp8", framework="torchtitan").model.fp8_casts == "separate"
+    assert synthetic_case(precision="fp8", framework="NeMo 24.07").model.fp8_casts == "fused"
+    moe = synthetic_case(precision="fp8", framework="torchtitan", num_experts="8", moe_top_k="2")
+    assert moe.model.moe and moe.model.fp8_casts == "separate"
+
+
+def test_cli_framework_sets_fp8_casts(tmp_path):
+    from pathlib import Path
+
+    import yaml
+    data = dict(yaml.safe_load((Path(__file__).parents[1] / "workloads" / "gpt2-xl.yaml").read_text()),
+                precision="fp8")
+    (tmp_path / "fp8.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "fp8-separate.yaml").write_text(yaml.safe_dump(dict(data, fp8_casts="separate")))
+
+    def run(workload, fw):
+        out = ok_cli(phaze_cli(tmp_path, "evaluate", "--workload", str(tmp_path / workload), "--arch", "h100-sxm",
+                               "--devices", "8", "--global-batch", "8", "--plan", "zero=1", "--framework", fw,
+                               "--format", "json"))
+        return json.loads(out.stdout)
+
+    fused, said = run("fp8.yaml", "megatron-core"), run("fp8-separate.yaml", "megatron-core")
+    assert "fp8_casts=fused" in fused["assumptions"]["framework"]
+    assert "fp8_casts" not in said["assumptions"]["framework"]          # the workload's own wins
+    assert said["step_time_s"] > fused["step_time_s"]                   # separate casts cost more
+    assert "fp8_casts=separate" in run("fp8.yaml", "torchtitan")["assumptions"]["framework"]

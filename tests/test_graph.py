@@ -130,3 +130,106 @@ def test_per_op_recompute_of_an_ungated_ffn_reruns_the_down_projection(gpt3):
     assert tensor_flops(op.bwd) - tensor_flops(none.bwd) == pytest.approx(2 * T * h * (h + h + 4 * h))
     full = layer_graph(gpt3, 1, 1, False, "flash", "full")
     assert tensor_flops(none.bwd) < tensor_flops(op.bwd) < tensor_flops(full.bwd)
+
+
+def _fp8_model(casts: str):
+    """A small dense fp8 model: hidden 256, 4 heads, 2 KV heads, SwiGLU FFN 512, 64 tokens."""
+    from dataclasses import replace
+    return replace(load_model("llama3-8b", 64), hidden=256, heads=4, kv_heads=2, head_dim=64, ffn_hidden=512,
+                   v_head_dim=64, layers=2, vocab=1000, precision="fp8", fp8_casts=casts)
+
+
+def _ops(g):
+    return {o.name: o for o in g.fwd + g.bwd}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_separate_fp8_casts_cast_every_linear_input_and_gradient_in_both_layouts(tp):
+    # each linear: its input cast (read 2 B, write 1 B row-wise + 1 B column-wise per element)
+    # before the GEMM, its output gradient cast the same way before dgrad and wgrad; gathers 16-bit
+    m = _fp8_model("separate")
+    T, h = 64, 256
+    g = layer_graph(m, 1, tp, tp > 1, "flash", "none")
+    ops = _ops(g)
+    shapes = {"qkv": (h, (256 + 2 * 128) // tp), "attn_out": (256 // tp, h), "ffn_up": (h, 2 * 512 // tp),
+              "ffn_down": (512 // tp, h)}
+    for name, (K, N) in shapes.items():
+        fwd, bwd = ops[f"{name}.fp8_cast"], ops[f"{name}.grad_fp8_cast"]
+        assert (fwd.elements, fwd.bytes_read, fwd.bytes_written) == (T * K, 2 * T * K, 2 * T * K)
+        assert (bwd.elements, bwd.bytes_read, bwd.bytes_written) == (T * N, 2 * T * N, 2 * T * N)
+    assert not any("transpose" in n for n in ops)
+    assert ops["ln1"].bytes_written == 2 * (T // tp) * h
+    if tp > 1:
+        assert ops["ln1.all_gather"].collective.bytes == 2 * T * h
+
+
+def test_fused_fp8_casts_follow_transformer_engine_by_hand():
+    # Transformer Engine 1.13 (layernorm_linear.py, linear.py, base.py) under sequence parallelism
+    # over tp 2, 64 tokens, hidden 256: the norms before qkv and ffn_up write fp8 (1 B) and their
+    # gathers move fp8; those linears have no cast of their own and transpose the gathered input
+    # in the backward; the row-parallel linears cast their input row-wise only (1 B written) and,
+    # in the backward, cast their local 32-token gradient before gathering it in fp8, then
+    # transpose the gathered gradient and the saved input for the weight gradient
+    m = _fp8_model("fused")
+    T, Tn, h, p = 64, 32, 256, 2
+    ops = _ops(layer_graph(m, 1, 2, True, "flash", "none"))
+    for ln in ("ln1", "ln2"):
+        assert ops[ln].bytes_written == Tn * h
+        assert ops[f"{ln}.all_gather"].collective.bytes == T * h
+        assert ops[f"{ln}.all_gather.bwd"].collective.bytes == p * T * h   # gradients stay 16-bit
+    for name, K in (("qkv", h), ("ffn_up", h)):
+        assert f"{name}.fp8_cast" not in ops
+        assert ops[f"{name}.input_all_gather"].collective.bytes == T * h
+        tr = ops[f"{name}.fp8_transpose"]
+        assert (tr.elements, tr.bytes_read, tr.bytes_written) == (T * K, T * K, T * K)
+        assert ops[f"{name}.wgrad"].deps == (f"{name}.fp8_transpose",)
+        assert ops[f"{name}.grad_fp8_cast"].bytes_written == 2 * ops[f"{name}.grad_fp8_cast"].elements
+    for name, K in (("attn_out", 128), ("ffn_down", 256)):
+        cast = ops[f"{name}.fp8_cast"]
+        assert (cast.elements, cast.bytes_read, cast.bytes_written) == (T * K, p * T * K, T * K)
+        grad = ops[f"{name}.grad_fp8_cast"]
+        assert (grad.elements, grad.bytes_read, grad.bytes_written) == (Tn * h, p * Tn * h, Tn * h)
+        gather = ops[f"{name}.reduce_scatter.bwd"]
+        assert gather.collective.bytes == T * h and gather.deps == (f"{name}.grad_fp8_cast",)
+        assert ops[f"{name}.reduce_scatter"].collective.bytes == p * T * h
+        assert ops[f"{name}.grad_fp8_transpose"].bytes_written == T * h
+        assert ops[f"{name}.fp8_transpose"].bytes_written == T * K
+        assert set(ops[f"{name}.wgrad"].deps) == {f"{name}.grad_fp8_transpose", f"{name}.fp8_transpose"}
+
+
+def test_fused_fp8_casts_move_fewer_bytes_than_separate_ones_by_hand():
+    # the same layer's cast and transpose traffic, tp 2 with sequence parallelism (bytes per token
+    # over hidden 256: qkv 512 wide, attn_out input 128, SwiGLU up 512, down input 256):
+    # separate: inputs 4 B x (256 + 128 + 256 + 256), gradients 4 B x (256 + 256 + 512 + 256)
+    # fused: norms write 1 B less x 2 x 256 / 2 local tokens' share, no qkv/ffn_up cast; row-parallel
+    # inputs 3 B x (128 + 256); qkv and ffn_up transposes 2 B x 256 each; row-parallel gradients
+    # 3 B x 256 / 2 cast + 2 B x 256 transposed, inputs 2 B x (128 + 256) transposed; column-
+    # parallel gradients 4 B x (256 + 512)
+    def traffic(casts):
+        g = layer_graph(_fp8_model(casts), 1, 2, True, "flash", "none")
+        return sum(o.bytes for o in g.fwd + g.bwd if "fp8" in o.name)
+
+    T = 64
+    assert traffic("separate") == T * (4 * (256 + 128 + 256 + 256) + 4 * (256 + 256 + 512 + 256))
+    assert traffic("fused") == T * (3 * (128 + 256) + 2 * 2 * 256 + 2 * (3 * 256 / 2 + 2 * 256)
+                                    + 2 * (128 + 256) + 4 * (256 + 512))
+    # the norms' fp8 output saves a byte per local element
+    ln = lambda casts: _ops(layer_graph(_fp8_model(casts), 1, 2, True, "flash", "none"))["ln1"].bytes  # noqa: E731
+    assert ln("separate") - ln("fused") == 32 * 256
+
+
+def test_fused_fp8_casts_leave_moe_and_16_bit_models_alone():
+    from dataclasses import replace
+    bf16 = replace(_fp8_model("fused"), precision="bf16")
+    assert layer_graph(bf16, 1, 2, True, "flash", "none") == layer_graph(
+        replace(bf16, fp8_casts="separate"), 1, 2, True, "flash", "none")
+    moe = replace(load_model("mixtral-8x7b", 64), precision="fp8", fp8_casts="fused")
+    ops = _ops(layer_graph(moe, 1, 2, True, "flash", "none"))
+    # the router and the experts keep their own casts; the norm before the experts writes 16-bit
+    assert {"router.fp8_cast", "expert_up.fp8_cast", "expert_down.fp8_cast"} <= set(ops)
+    assert ops["ln2"].bytes_written == 2 * ops["ln2"].elements and "qkv.fp8_cast" not in ops
+    # every expert's input and output gradient (grouped GEMMs: batch x M x K and batch x M x N)
+    for name in ("expert_up", "expert_down"):
+        batch, M, K, N = ops[name].gemm
+        assert ops[f"{name}.fp8_cast"].elements == batch * M * K
+        assert ops[f"{name}.grad_fp8_cast"].elements == batch * M * N

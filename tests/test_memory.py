@@ -67,3 +67,24 @@ def test_per_op_checkpoint_bytes_hand_count(tp, sp):
     assert got == pytest.approx(expect, rel=1e-12)
     assert (activation_bytes_per_layer(m, 1, tp, sp, "full", "flash2") < got
             < activation_bytes_per_layer(m, 1, tp, sp, "none", "flash2"))
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (4, True), (4, False)])
+def test_fp8_linear_inputs_kept_as_transformer_engine_keeps_them(tp, sp):
+    # fused casts: the norms' fp8 outputs (qkv and FFN inputs) are 1 byte instead of 2; under
+    # sequence parallelism the row-parallel projections keep their row-wise fp8 input (out-proj
+    # q wide, down-projection f wide, split over tp); separate casts keep both layouts (2 bytes)
+    from dataclasses import replace
+    m = load_model("llama3-8b", 4096)
+    s, h, q, f = 4096, m.hidden, m.q_dim, m.ffn_hidden
+    bf16 = activation_bytes_per_layer(m, 1, tp, sp, "none", "flash")
+    fused = activation_bytes_per_layer(replace(m, precision="fp8"), 1, tp, sp, "none", "flash")
+    separate = activation_bytes_per_layer(replace(m, precision="fp8", fp8_casts="separate"), 1, tp, sp, "none",
+                                          "flash")
+    rep = 1 / tp if sp else 1
+    saved = 2 * s * h * rep + (s * (q + f) / tp if sp and tp > 1 else 0)
+    assert bf16 - fused == pytest.approx(saved)
+    assert separate == bf16
+    # full recompute keeps the 16-bit layer input only
+    assert activation_bytes_per_layer(replace(m, precision="fp8"), 1, tp, sp, "full") == \
+        activation_bytes_per_layer(m, 1, tp, sp, "full")
