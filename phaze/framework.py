@@ -228,14 +228,9 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
     what was set, for a run at ``precision``. A framework that shards with FSDP (zero 3) searches
     only that stage; the others keep the searched stages. ``selective`` recompute becomes the
     framework's policy."""
-    changes: dict = {"tp_async": fw.tp_async, "tp_overlap": fw.tp_overlap, "dp_overlap": fw.dp_overlap,
-                     "loss": fw.loss, "execution": fw.execution}
-    if "attention" not in given:
-        changes["attention"] = fw.attention
-    if "optimizer" not in given:
-        changes["optimizer"] = fw.optimizer
-    if "reduce_fp32" not in given:
-        changes["reduce_fp32"] = fw.reduces_fp32(precision)
+    # the plan keys a preset sets, as in a plan (the searched ZeRO stages below)
+    changes: dict = {k: x for k, x in plan_settings(fw, precision).items() if k != "zero" and k not in given}
+    changes["execution"] = fw.execution
     if "zero" not in given and fw.zero == 3:
         changes["zero"] = (3,)
     if "sp" not in given and fw.sp is not None:
