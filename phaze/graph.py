@@ -478,7 +478,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 grad = wdeps = (_vector(bb, f"{op.name}.grad_fp8_cast", batch * M * N, p, reads=1, writes=2 / p,
                                         flops_per_element=2, deps=grad),)
             dgrad = _gemm(bb, f"{op.name}.dgrad", batch, M, N, K, p, weights=True, deps=grad)
-            gather = p * (1 / p if op.name in norm_fed else 1) * T * h   # the norm's fp8 output
+            gather = (1 if op.name in norm_fed else p) * T * h   # the norm's output: fp8 when it wrote fp8
             if input_gathered:   # Megatron-SP re-gathers the sharded input for the weight gradient
                 wdeps = wdeps + (_coll(bb, f"{op.name}.input_all_gather", "all_gather", "tp",
                                        gather, deps=grad, hidden_by=f"{op.name}.dgrad"),)
