@@ -173,6 +173,18 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
     return steps, min(1.0, work * cp / steps)
 
 
+def fp8_fused_inputs(model: Model, tp: int, sp: bool) -> tuple[frozenset, frozenset]:
+    """Transformer Engine's fused fp8 casts (``fp8_casts`` fused, Megatron-Core's layer spec):
+    the linears whose input the norm before them writes in fp8 (qkv unless MLA projects it, a
+    dense FFN's up-projection), and the row-parallel ones that cast their input row-wise only
+    (under sequence parallelism). Both empty for a 16-bit model or separate casts."""
+    if model.precision != "fp8" or model.fp8_casts == "separate":
+        return frozenset(), frozenset()
+    norm_fed = frozenset(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe)) if on)
+    rowwise = frozenset(n for n, on in (("attn_out", True), ("ffn_down", not model.moe)) if on and tp > 1 and sp)
+    return norm_fed, rowwise
+
+
 def _ring_name(k: int) -> str:
     """The fused attention op of ring step ``k`` (step 0: the only one without cp)."""
     return "flash_attention" + (f".ring{k}" if k else "")
@@ -214,21 +226,17 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     reuse = 16 if attention == "flash2" else 0
 
     fp8 = model.precision == "fp8"
-    fused8 = fp8 and model.fp8_casts != "separate"
-    # Transformer Engine's modules in Megatron-Core's layer spec (fp8_casts=fused): the norm
-    # before qkv and before a dense FFN's up-projection is fused into the linear
-    # (LayerNormLinear): it writes its output in fp8, which sequence parallelism gathers in fp8,
-    # and the column-wise copy for the weight gradient is transposed in the backward. The
-    # row-parallel linears under sequence parallelism cast their input row-wise only (the
-    # transpose waits for the backward), and cast their output gradient before gathering it in
-    # fp8. Everything else (MoE, MLA) is a TE Linear with its own cast.
-    norm_fed = {"qkv", "ffn_up"} if fused8 and not model.mla else ({"ffn_up"} if fused8 else set())
-    rowwise8 = {"attn_out", "ffn_down"} if fused8 and t > 1 and sp else set()
+    # Transformer Engine's modules in Megatron-Core's layer spec (fp8_casts=fused): a norm fused
+    # into the linear after it (LayerNormLinear) writes its output in fp8, which sequence
+    # parallelism gathers in fp8, and the column-wise copy for the weight gradient is transposed
+    # in the backward. The row-parallel linears under sequence parallelism cast their input
+    # row-wise only (the transpose waits for the backward), and cast their output gradient
+    # before gathering it in fp8. Everything else (MoE, MLA) is a TE Linear with its own cast.
+    norm_fed, rowwise8 = fp8_fused_inputs(model, t, sp)
     ln1_write = 1 / p if "qkv" in norm_fed else 1.0   # bytes of the norm's output, in units of p
-    ln2_write = 1 / p if "ffn_up" in norm_fed and not model.moe else 1.0
-    gathered8 = {"ln1.all_gather"} if "qkv" in norm_fed else set()   # forward gathers moving fp8
-    if "ffn_up" in norm_fed and not model.moe:
-        gathered8.add("ln2.all_gather")
+    ln2_write = 1 / p if "ffn_up" in norm_fed else 1.0
+    # the forward gathers that move fp8
+    gathered8 = {g for g, n in (("ln1.all_gather", "qkv"), ("ln2.all_gather", "ffn_up")) if n in norm_fed}
 
     def linear(fb: _Builder, name: str, M: int, K: int, N: int) -> None:
         """A linear layer's GEMM; in fp8 training its input is first scaled and cast to fp8 in

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import kv_width
+from .graph import fp8_fused_inputs, kv_width
 from .workload import Model
 
 OPTIMIZER_BYTES_PER_PARAM = {"adam": 12.0, "adam-megatron": 12.0, "sgd": 0.0}  # fp32 master + m + v; SGD: none
@@ -58,16 +58,15 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     # before qkv and a dense FFN keep their fp8 output, and under sequence parallelism the
     # row-parallel projections their row-wise fp8 input (1 byte); otherwise both fp8 layouts or
     # the 16-bit tensor (p bytes)
-    te8 = model.precision == "fp8" and model.fp8_casts != "separate"
-    qkv_in = 1.0 if te8 and not model.mla else p
-    ffn_in = 1.0 if te8 and not model.moe else p
-    row_in = 1.0 if te8 and sp and t > 1 else p
-    replicated = (p + qkv_in + mask + p + ffn_in + mask) * sb * h * rep  # ln1 in, qkv in, mask, ln2 in, ffn in, mask
+    norm_fed, rowwise = fp8_fused_inputs(model, t, sp)
+    saved = {n: 1.0 if n in norm_fed or n in rowwise else p for n in ("qkv", "ffn_up", "attn_out", "ffn_down")}
+    # ln1 in, qkv in, mask, ln2 in, ffn in, mask
+    replicated = (p + saved["qkv"] + mask + p + saved["ffn_up"] + mask) * sb * h * rep
     # K and V as the tp ranks hold them together (a KV head replicated when tp > kv heads)
     q, kv, f = model.q_dim, kv_width(model, t) * t, model.ffn_hidden
     act_inputs = 2 if model.activation == "swiglu" else 1
     # Q, K, V, out-proj in, act in, down in
-    split = sb * (p * (q + kv + kv) + row_in * q + p * act_inputs * f + (p if model.moe else row_in) * f) / t
+    split = sb * (p * (q + kv + kv) + saved["attn_out"] * q + p * act_inputs * f + saved["ffn_down"] * f) / t
     if model.moe:
         split += moe_activation_bytes(model, sb, t) - p * sb * (act_inputs * f + f) / t
     a = model.heads
