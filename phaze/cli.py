@@ -1063,7 +1063,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
     ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
                     "recompute (none/selective/op/full), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
-                    "optimizer (adam/adam-megatron/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
+                    "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "loss (torch/megatron), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "

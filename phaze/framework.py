@@ -15,7 +15,7 @@ from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
 from .plan import LOSSES, OPTIMIZERS, Plan
-from .workload import FP8_CASTS, Model
+from .workload import BIAS_KERNELS, FP8_CASTS, Model
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,14 @@ class Framework:
                                      # in fp32 whatever ``reduce_fp32`` says
     fp8_casts: str = "fused"    # where an fp8 run's casts run (phaze.workload.FP8_CASTS): fused into
                                 # the norms by Transformer Engine's modules | separate kernels
+    bias_kernels: str = "fused"  # where a biased model's bias adds and gradients run
+                                 # (phaze.workload.BIAS_KERNELS): GEMM epilogues | separate kernels
+    bf16_zero: int | None = None  # the ZeRO stage of a run that is not fp16, when its optimizer
+                                  # shards whatever the config says; None: ``zero``
+
+    def zero_for(self, precision: str) -> int:
+        """The ZeRO stage a run at ``precision`` gets by default."""
+        return self.bf16_zero if self.bf16_zero is not None and precision != "fp16" else self.zero
 
     def reduces_fp32(self, precision: str) -> bool:
         """Whether a run at ``precision`` reduces its gradients in fp32 by default."""
@@ -59,6 +67,7 @@ class Framework:
         assert self.loss in LOSSES, self.loss
         assert self.optimizer in OPTIMIZERS, self.optimizer
         assert self.fp8_casts in FP8_CASTS, self.fp8_casts
+        assert self.bias_kernels in BIAS_KERNELS, self.bias_kernels
 
 
 
@@ -66,7 +75,7 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-lm", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, dp_overlap=False, loss="megatron", optimizer="adam-megatron",
-              bf16_reduce_fp32=True, flop_convention="narayanan96",
+              bf16_reduce_fp32=True, flop_convention="narayanan96", bias_kernels="separate",
               source="Megatron-LM 2021-22 (v2.x-v3.0) arguments.py defaults: hidden and attention dropout "
                      "0.1, no distributed optimizer, the gradient all-reduce in fp16 for fp16 runs and in "
                      "fp32 for bf16 ones (arguments.py forces --accumulate-allreduce-grads-in-fp32 for "
@@ -81,19 +90,33 @@ FRAMEWORKS = {f.name: f for f in (
                      "norm, the copy of the fp32 weights back), no interleaving unless "
                      "--num-layers-per-virtual-pipeline-stage; the asynchronous tensor-parallel all-reduce "
                      "was an option until 2022 (a run that used it says so); sequence parallelism is the opt-in "
-                     "--sequence-parallel (from v3.0, 2022; none before)"),
+                     "--sequence-parallel (from v3.0, 2022; none before); its tensor-parallel layers add "
+                     "the qkv projection's bias in a kernel of their own (output + bias) and reduce each "
+                     "bias gradient over the tokens in one (grad_output.sum(dim=0), or autograd's for the "
+                     "biases its bias-GeLU and bias-dropout-add kernels take: megatron-core 0.2.0 "
+                     "tensor_parallel/layers.py, NeMo 1.9's copy of its transformer.py); its unfused "
+                     "attention is baddbmm (alpha 1/sqrt(d), whose derivative scales both gradients), "
+                     "scale-mask-softmax, dropout, bmm and a permute to [s, b, h], and the split q, k, v "
+                     "are concatenated in the backward"),
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False,
-              dp_overlap=False, loss="megatron", optimizer="adam-megatron", flop_convention="narayanan96",
+              dp_overlap=False, loss="megatron", optimizer="adam-deepspeed", flop_convention="narayanan96",
+              bias_kernels="separate", bf16_reduce_fp32=True, bf16_zero=1,
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
-                     "scale-mask-softmax) under DeepSpeed's engine, whose zero_optimization.stage defaults "
-                     "to 0 and which all-reduces the gradients after the backward pass of the last "
-                     "micro-batch (engine.backward -> allreduce_gradients at the accumulation boundary; "
+                     "scale-mask-softmax, the biases and unfused attention of megatron-lm) under "
+                     "DeepSpeed's engine, whose zero_optimization.stage defaults to 0 and which "
+                     "all-reduces the gradients after the backward pass of the last micro-batch "
+                     "(engine.backward -> allreduce_gradients at the accumulation boundary; "
                      "overlap_comm is a ZeRO option); its loss is Megatron-LM's vocab-parallel cross "
-                     "entropy; its FP16_Optimizer / BF16_Optimizer make the same passes as Megatron's "
-                     "around FusedAdam (fp32 gradients, overflow check and unscale in fp16, norm, the "
-                     "fp32 weights copied back); DeepSpeed's pipeline engine has no interleaved "
+                     "entropy; its mixed-precision wrappers around FusedAdam work tensor by tensor "
+                     "(DeepSpeed 0.9.5: fp16's FP16_Optimizer checks each gradient for overflow with a "
+                     "host synchronisation and copies each to fp32 and back, and autograd accumulates "
+                     "the 16-bit gradients over micro-batches; bf16's BF16_Optimizer adds each "
+                     "micro-batch's gradients into fp32 copies, takes each one's norm with a host "
+                     "synchronisation, shards the fp32 weights and Adam state over data parallelism "
+                     "(ZeRO-1) whatever the config says, and its pipeline engine all-reduces the fp32 "
+                     "gradients: pipe/engine.py); DeepSpeed's pipeline engine has no interleaved "
                      "schedule; its activation checkpointing re-runs whole layers (no selective "
                      "recompute) and it has no Megatron sequence parallelism"),
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
@@ -108,7 +131,9 @@ FRAMEWORKS = {f.name: f for f in (
                      "interleave (a run that does not say vp is scored with the best vp it accepts); "
                      "--tp-comm-overlap is opt-in; fp8 through the Transformer Engine modules of its layer "
                      "spec (gpt_layer_specs.py: TELayerNormColumnParallelLinear for qkv and fc1) under "
-                     "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8"),
+                     "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8; "
+                     "biases in the GEMM epilogues (Transformer Engine 1.13 module/linear.py: the weight-"
+                     "gradient GEMM returns the bias gradient, cpp_extensions/gemm.py grad=True, use_bias)"),
     Framework("nemo", attention="flash", tp_async=True, tp_overlap=True, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
@@ -119,11 +144,13 @@ FRAMEWORKS = {f.name: f for f in (
                      "(virtual_pipeline_model_parallel_size in the recipes)"),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
-              fp8_casts="separate",
+              fp8_casts="separate", bias_kernels="separate",
               source="pytorch/torchtitan defaults: FSDP2 (ZeRO-3) with param bf16 and reduce fp32, "
                      "SDPA (FlashAttention-2 backend), selective activation checkpointing per op, async "
                      "TP opt-in, pipeline schedule 1F1B; float8 through torchao's Float8Linear with "
-                     "dynamic (tensorwise) scaling: each linear casts its input and output gradient"),
+                     "dynamic (tensorwise) scaling: each linear casts its input and output gradient; "
+                     "PyTorch's autograd reduces a bias gradient in a kernel of its own (its Llama models "
+                     "have no biases; assumption: a biased model's qkv bias added apart, as in Megatron)"),
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
               flop_convention="6n_12lqs",
@@ -137,11 +164,12 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("llm-foundry", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="attention", execution="eager", interleave=False,
               flop_convention="6n_12lqs",
-              fp8_casts="separate",
+              fp8_casts="separate", bias_kernels="separate",
               source="mosaicml/llm-foundry MPT yamls: FSDP FULL_SHARD (ZeRO-3), mixed_precision DEFAULT "
                      "(fp32 reduction), attn_impl flash (FlashAttention-2), no dropout; fp8 through "
                      "Transformer Engine's te.Linear (fc_type te); assumption: the norms stay separate "
-                     "(its LayerNorm-fused te_ln_mlp FFN is opt-in), so each linear casts its input"),
+                     "(its LayerNorm-fused te_ln_mlp FFN is opt-in), so each linear casts its input; "
+                     "biases as torchtitan's (its MPT models set no_bias)"),
 )}
 
 # Spellings of each framework in a free ``framework`` column, tried in this order (a NeMo run
@@ -199,15 +227,19 @@ def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
     framework, :class:`phaze.plan.Plan`'s own defaults."""
     if fw is None:
         return {k: getattr(Plan(), k) for k in PLAN_KEYS}
-    return dict({k: getattr(fw, k) for k in PLAN_KEYS}, reduce_fp32=fw.reduces_fp32(precision))
+    return dict({k: getattr(fw, k) for k in PLAN_KEYS}, reduce_fp32=fw.reduces_fp32(precision),
+                zero=fw.zero_for(precision))
 
 
 def model_with(fw: Framework, model: Model) -> tuple[Model, dict]:
-    """``model`` with the preset's fp8 casts where it is an fp8 model that does not say them,
-    and what was set."""
-    if model.precision != "fp8" or model.fp8_casts:
-        return model, {}
-    return replace(model, fp8_casts=fw.fp8_casts), {"fp8_casts": fw.fp8_casts}
+    """``model`` with the preset's fp8 casts (an fp8 model) and bias kernels (a model with
+    biases) where the model does not say them, and what was set."""
+    changes = {}
+    if model.precision == "fp8" and not model.fp8_casts:
+        changes["fp8_casts"] = fw.fp8_casts
+    if (model.bias or model.qkv_bias or model.expert_bias) and not model.bias_kernels:
+        changes["bias_kernels"] = fw.bias_kernels
+    return (replace(model, **changes) if changes else model), changes
 
 
 def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf16") -> tuple[Plan, dict]:
@@ -231,8 +263,8 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
     # the plan keys a preset sets, as in a plan (the searched ZeRO stages below)
     changes: dict = {k: x for k, x in plan_settings(fw, precision).items() if k != "zero" and k not in given}
     changes["execution"] = fw.execution
-    if "zero" not in given and fw.zero == 3:
-        changes["zero"] = (3,)
+    if "zero" not in given and (fw.zero == 3 or fw.zero_for(precision) != fw.zero):
+        changes["zero"] = (fw.zero_for(precision),)
     if "sp" not in given and fw.sp is not None:
         changes["sp"] = fw.sp
     if "vp" not in given and not fw.interleaving:

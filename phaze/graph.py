@@ -195,6 +195,27 @@ _LINEAR = ("qkv", "attn_out", "ffn_up", "ffn_down", "q_down", "q_up", "kv_down",
            "expert_up", "expert_down", "shared_up", "shared_down")
 # the column-parallel linears whose input sequence parallelism gathers over tp
 _COLUMN_PARALLEL = ("qkv", "ffn_up", "shared_up")
+# the row-parallel linears whose output is reduced over tp (their bias is added after it)
+_ROW_PARALLEL = ("attn_out", "ffn_down", "shared_down")
+
+
+def separate_biases(model: Model) -> frozenset:
+    """The linears whose biases cost kernels of their own (``bias_kernels`` separate, Megatron's
+    layers and PyTorch's autograd): every bias gradient is a reduction of the output gradient over
+    the tokens, and the qkv projection adds its bias after its GEMM (Megatron's other biases ride
+    the element-wise kernels after their GEMMs: bias-GeLU, bias-dropout-add). Empty when the
+    biases are GEMM epilogues (``fused``: Transformer Engine's cuBLASLt bias and bias-gradient
+    epilogues; XLA's fusion) or the model has none."""
+    if model.bias_kernels != "separate":
+        return frozenset()
+    names = set()
+    if model.bias:
+        names |= {"qkv", "attn_out", "ffn_up", "ffn_down", "q_down", "q_up", "kv_down", "kv_up"}
+    if model.bias or model.qkv_bias:
+        names.add("qkv")
+    if model.bias or model.expert_bias:
+        names |= {"router", "expert_up", "expert_down", "shared_up", "shared_down"}
+    return frozenset(names)
 
 
 @lru_cache(maxsize=4096)
@@ -233,6 +254,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     # row-wise only (the transpose waits for the backward), and cast their output gradient
     # before gathering it in fp8. Everything else (MoE, MLA) is a TE Linear with its own cast.
     norm_fed, rowwise8 = fp8_fused_inputs(model, t, sp)
+    biased = separate_biases(model)
     ln1_write = 1 / p if "qkv" in norm_fed else 1.0   # bytes of the norm's output, in units of p
     ln2_write = 1 / p if "ffn_up" in norm_fed else 1.0
     # the forward gathers that move fp8
@@ -249,6 +271,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             _vector(fb, name + ".fp8_cast", M * K, p, reads=1, writes=(1 if base in rowwise8 else 2) / p,
                     flops_per_element=2)
         _gemm(fb, name, 1, M, K, N, p, weights=True)
+        if base == "qkv" and base in biased:   # Megatron's ColumnParallelLinear: output + bias
+            _vector(fb, name + ".bias", M * N, p, flops_per_element=1)
 
     def grouped(fb: _Builder, name: str, batch: int, M: int, K: int, N: int) -> None:
         """The experts' grouped GEMM; in fp8 each expert's input is cast in both layouts first
@@ -394,6 +418,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if model.dropout:
             _vector(fb, n("attn_dropout"), b * a_t * s * sk, p, writes=1.5, core_attention=True)
         _gemm(fb, n("context"), b * a_t, s, sk, d, p, weights=False, core_attention=True)
+        # [b * heads, s, d] -> [s, b, heads * d] for the output projection: permute().contiguous()
+        _vector(fb, n("context.permute"), T * a_t * d, p, flops_per_element=0, core_attention=True)
 
     fb = _Builder("fwd")
     forward(fb)
@@ -433,7 +459,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
     column = ""   # the column-parallel linear whose backward was built last (its input was gathered)
     for op in reversed(fb.ops):
-        if op.name.endswith(".fp8_cast"):
+        # a bias add passes its gradient through (its reduction comes with the linear's backward);
+        # a permute's gradient is a strided view the batched GEMMs read as it is
+        if op.name.endswith((".fp8_cast", ".bias", ".permute")):
             continue
         gathered_for, column = column, ""
         if op.unit == "link":
@@ -485,6 +513,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             elif fp8:   # the output gradient is cast to fp8 (both layouts) before dgrad and wgrad
                 grad = wdeps = (_vector(bb, f"{op.name}.grad_fp8_cast", batch * M * N, p, reads=1, writes=2 / p,
                                         flops_per_element=2, deps=grad),)
+            if op.name.split(".")[-1] in biased:   # the bias gradient: the output gradient summed over tokens
+                rows = Tn * h if op.name in _ROW_PARALLEL else batch * M * N   # added after the tp reduction
+                _vector(bb, f"{op.name}.bias_grad", rows, p, writes=0, flops_per_element=1, deps=grad)
             dgrad = _gemm(bb, f"{op.name}.dgrad", batch, M, N, K, p, weights=True, deps=grad)
             gather = (1 if op.name in norm_fed else p) * T * h   # the norm's output: fp8 when it wrote fp8
             if input_gathered:   # Megatron-SP re-gathers the sharded input for the weight gradient
@@ -505,6 +536,13 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             g2 = _gemm(bb, f"{op.name}.dgrad_b", batch, K, M, N, p, weights=False, deps=grad,
                        core_attention=True)
             grad = (g1, g2)
+            if op.name == "scores":
+                # baddbmm's derivative scales both gradients by its alpha (1/sqrt(d)) in kernels of
+                # their own; the q, k, v split from the projection's output is undone by a concat
+                grad = tuple(_vector(bb, f"{g}.scale", x, p, flops_per_element=1, deps=(g,), core_attention=True)
+                             for g, x in ((g1, batch * M * K), (g2, batch * K * N)))
+                grad = (_vector(bb, "qkv.split.bwd", T * qkv_n, p, flops_per_element=0,
+                                deps=grad + ("context.dgrad_b",)),)
     return LayerGraph(fwd=tuple(fb.ops), bwd=tuple(bb.ops))
 
 
@@ -599,11 +637,19 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
     16-bit model (read 4, write 2); bf16 runs accumulate the main gradients in fp32 (Megatron
     forces it), fp16 runs first copy the 16-bit ones to fp32 (read 2, write 4) and unscale them
     with an inf check (read 4, write 4): 38 bytes per parameter in bf16, 52 in fp16. A norm
-    above the clip threshold would add one more scaling pass; it is not counted. SGD
+    above the clip threshold would add one more scaling pass; it is not counted.
+    ``adam-deepspeed``: the flat passes of DeepSpeed's mixed-precision wrappers around its
+    FusedAdam (DeepSpeed 0.9.5 runtime/fp16/fused_optimizer.py, runtime/bf16_optimizer.py); their
+    per-tensor passes are :func:`deepspeed_tensor_passes`. fp16 (FP16_Optimizer): the 32-bit
+    gradients flattened (read 4, write 4), their norm (read 4), unscaled (read 4, write 4), Adam
+    (read 16, write 12): 28 + 20 bytes; bf16 (BF16_Optimizer): Adam, the fp32 weights copied to
+    the bf16 ones (read 4, write 2), the fp32 gradients zeroed (write 4): 20 + 18. SGD
     (momentum-free, as in the original Phaze) reads weight and gradient and writes the weight:
     4 + 2.
     """
-    if optimizer == "adam-megatron":
+    if optimizer == "adam-deepspeed":
+        read, write, flops = (28.0, 20.0, 16.0) if precision == "fp16" else (20.0, 18.0, 12.0)
+    elif optimizer == "adam-megatron":
         if precision == "fp16":   # copy to fp32 main gradients, then unscale with an inf check
             read, write, flops = 30.0, 22.0, 15.0
         else:
@@ -613,6 +659,39 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
     n = float(params_on_device)
     return Op(name=f"optimizer.{optimizer}", unit="vector", phase="opt", flops=flops * n,
               elements=n, bytes_read=read * n, bytes_written=write * n)
+
+
+@dataclass(frozen=True)
+class TensorPasses:
+    """Kernels an eager optimizer runs once per parameter tensor, and their bytes per parameter.
+    ``synced``: each tensor's kernels end in a copy of a scalar to the host, which waits for it
+    (``.item()``), so nothing overlaps them."""
+
+    launches: int = 0
+    read: float = 0.0
+    write: float = 0.0
+    synced: bool = False
+
+
+def deepspeed_tensor_passes(precision: str) -> tuple[TensorPasses, TensorPasses, TensorPasses]:
+    """DeepSpeed's per-tensor work under ``optimizer=adam-deepspeed`` (DeepSpeed 0.9.5), as
+    (each micro-batch's gradient accumulation, the step's synchronised check, the step's other
+    per-tensor copies), bytes per parameter.
+
+    fp16 (FP16_Optimizer; the ZeRO-1 optimizer, stage_1_and_2.py, checks the same way): from the
+    second micro-batch on, autograd adds each 16-bit gradient into ``.grad`` (one kernel: read 4,
+    write 2; the first micro-batch's gradient is kept as it is); the step checks every gradient
+    for overflow, ``float(x.float().sum())`` (runtime/utils.py, CheckOverflow._has_inf_or_nan: a
+    copy to fp32, a sum, the host waits for the scalar), then copies each to fp32 before
+    flattening (``p.grad.to(fp32)``: read 2, write 4) and each updated weight back
+    (``p.data.copy_``: read 4, write 2). bf16 (BF16_Optimizer): after every micro-batch's
+    backward each gradient is converted and added to its fp32 copy (update_hp_grads: ``.to``
+    read 2 write 4, ``add_`` read 8 write 4); the step takes each fp32 gradient's norm with
+    ``.item()`` (get_global_norm_of_tensors: read 4, synchronised)."""
+    if precision == "fp16":
+        return (TensorPasses(1, 4.0, 2.0), TensorPasses(2, 6.0, 4.0, synced=True),
+                TensorPasses(2, 6.0, 6.0))
+    return TensorPasses(2, 10.0, 8.0), TensorPasses(1, 4.0, 0.0, synced=True), TensorPasses()
 
 
 def tensor_flops(ops) -> float:

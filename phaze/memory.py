@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from .graph import fp8_fused_inputs, kv_width
 from .workload import Model
 
-OPTIMIZER_BYTES_PER_PARAM = {"adam": 12.0, "adam-megatron": 12.0, "sgd": 0.0}  # fp32 master + m + v; SGD: none
+# fp32 master + m + v; SGD: none
+OPTIMIZER_BYTES_PER_PARAM = {"adam": 12.0, "adam-megatron": 12.0, "adam-deepspeed": 12.0, "sgd": 0.0}
 GiB = 2.0 ** 30
 
 # Per-device memory the training framework holds outside the model's tensors (the memory reserve).

@@ -1133,7 +1133,7 @@ def _lanes(sched: Schedule):
 
 _KIND_SUFFIXES = (".grad_fp8_cast", ".fp8_cast", ".grad_fp8_transpose", ".fp8_transpose",
                   ".input_all_gather", ".dgrad.all_reduce", ".dgrad_a", ".dgrad_b",
-                  ".dgrad", ".wgrad", ".bwd")
+                  ".dgrad", ".wgrad", ".bwd", ".bias_grad", ".bias", ".scale", ".split", ".permute")
 
 
 def op_kind(name: str) -> str:

@@ -21,7 +21,9 @@ from .cost import IDEAL, Efficiency, collective_time, kernel_overhead, op_time
 from .graph import (
     DROPLESS_LOAD,
     ExpertLayout,
+    TensorPasses,
     collective_groups,
+    deepspeed_tensor_passes,
     edge_graph,
     kv_width,
     layer_graph,
@@ -294,6 +296,11 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if model.kv_heads % plan.tp and plan.tp % model.kv_heads:
         raise ConfigError("--plan", "tp", f"must divide or be a multiple of the kv heads "
                                           f"({model.kv_heads}), got {plan.tp}")
+    if plan.optimizer == "adam-deepspeed" and plan.zero >= 2:
+        raise ConfigError("--plan", "zero", f"must be 0 or 1 with optimizer=adam-deepspeed (DeepSpeed's "
+                          f"FP16/BF16 optimizer wrappers and its ZeRO-1 optimizer; ZeRO-2 and 3 reduce the "
+                          f"gradients every micro-batch, which phaze does not model), got {plan.zero}; "
+                          f"allowed: zero 0-1, or optimizer=adam-megatron for its passes alone")
     width = plan.tp * plan.pp * plan.cp
     if devices % width:
         raise ConfigError("--plan", "tp*pp*cp", f"{plan.tp}*{plan.pp}*{plan.cp} = {width} must divide "
@@ -420,13 +427,34 @@ class StageCosts:
                                     4 if plan.reduce_fp32 else p)
         return self.expert_params(1) * (edp - self.state_bytes_per_param)
 
+    def tensors(self, i: int, n):
+        """Parameter tensors one device of stage ``i`` holds with ``n`` layers (each sharded over
+        tp, each expert whole on its ep rank)."""
+        m, pp = self.model, self.plan.pp
+        q = n * m.layer_tensors(m.experts / self.plan.ep if m.moe else None)
+        if i == 0:
+            q = q + m.embedding_tensors
+        if i == pp - 1:
+            q = q + m.head_tensors + (1 if m.tied_embeddings and pp > 1 else 0)
+        return q
+
+    def _tensor_pass(self, passes: TensorPasses, i: int, n):
+        """Seconds of one per-tensor pass over stage ``i``'s tensors (:func:`tensor_pass_time`)."""
+        return tensor_pass_time(passes, self.tensors(i, n), self.params(i, n), self.chip, self.eff)
+
     def time(self, i: int, n: int, r: str) -> PhaseTime:
-        """Stage ``i`` with ``n`` layers and recompute ``r``: one micro-batch forward + backward."""
+        """Stage ``i`` with ``n`` layers and recompute ``r``: one micro-batch forward + backward
+        (and, under ``adam-deepspeed``, its gradient accumulation, the mean over the micro-batches)."""
         t = self.mode(r).layer * n + PhaseTime(communication=self.send_s)
         if i == 0:
             t = t + self.embedding
         if i == self.plan.pp - 1:
             t = t + self.head
+        if self.plan.optimizer == "adam-deepspeed":
+            m = self.micro_batches
+            share = (m - 1) / m if self.model.precision == "fp16" else 1.0   # fp16: the first is kept
+            accumulate = deepspeed_tensor_passes(self.model.precision)[0]
+            t = t + PhaseTime(memory=share * self._tensor_pass(accumulate, i, n))
         return t
 
     def tail(self, i: int, n, r: str):
@@ -471,6 +499,9 @@ class StageCosts:
             updated = (params - experts) / group + experts / edp
         opt_s = np.maximum(opt.flops * updated / chip.vector_flops_per_s,
                            opt.bytes * updated / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction))
+        if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
+            _, check, copies = deepspeed_tensor_passes(self.model.precision)
+            opt_s = opt_s + self._tensor_pass(check, i, n) + self._tensor_pass(copies, i, n)
         return exposed_s, opt_s + kernel_overhead(chip, eff)
 
     def memory_table(self, r: str, ns: np.ndarray) -> np.ndarray:
@@ -508,6 +539,21 @@ class StageCosts:
         if m.moe:
             weights = weights + n * self._expert_state_shift()
         return StageMemory(i, n, weights, n * self.mode(r).act_bytes * inflight, transient)
+
+
+def tensor_pass_time(passes: TensorPasses, tensors, params, chip: Chip, eff: Efficiency):
+    """Seconds of a per-tensor pass (:class:`phaze.graph.TensorPasses`) over ``tensors``
+    parameter tensors holding ``params`` parameters. Synchronised, nothing overlaps: each
+    tensor's kernels and its copy to the host pay their host issue and launch one after another,
+    plus the bytes. Otherwise the host issues the kernels ahead of the device: the longer of the
+    host's issue time and the device's launches plus bytes (scalars or arrays)."""
+    if not passes.launches:
+        return 0.0 * tensors
+    h, k = cost.host_overhead(chip, eff), kernel_overhead(chip, eff)
+    stream = (passes.read + passes.write) * params / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
+    if passes.synced:
+        return tensors * (passes.launches + 1) * (h + k) + stream
+    return np.maximum(tensors * passes.launches * h, tensors * passes.launches * k + stream)
 
 
 @dataclass(frozen=True)

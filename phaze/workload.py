@@ -17,6 +17,10 @@ PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
 # sequence parallelism; transposes for the weight gradients in the backward); ``separate``, a cast
 # kernel per linear input and output gradient, both layouts at once (torchao's dynamic scaling)
 FP8_CASTS = ("fused", "separate")
+# where a biased model's biases cost time: ``fused``, in the GEMMs' epilogues (Transformer Engine's
+# cuBLASLt bias and bias-gradient epilogues, XLA); ``separate``, kernels of their own (Megatron's
+# tensor-parallel layers and PyTorch autograd: each bias gradient is a reduction over the tokens)
+BIAS_KERNELS = ("fused", "separate")
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
@@ -49,6 +53,9 @@ class Model:
     fp8_casts: str = ""                  # fp8 only, where the casts to fp8 run (FP8_CASTS): fused into
                                          # the norms (Transformer Engine's LayerNormLinear) | separate;
                                          # "": the framework's, else fused
+    bias_kernels: str = ""               # a biased model's bias adds and gradients (BIAS_KERNELS): in
+                                         # the GEMM epilogues | separate kernels; "": the framework's,
+                                         # else fused
     qkv_bias: bool = False               # biases on the q, k, v projections only (Qwen2) when ``bias`` is off
     sliding_window: int = 0              # attention window (Mistral); 0 = every earlier token
     window_layer_share: float = 1.0      # share of the layers that use the window (GPT-OSS alternates
@@ -237,6 +244,45 @@ class Model:
             n += self.vocab                       # MLM output bias
         return n
 
+    # --- parameter tensors (the per-tensor kernels of an eager optimizer) ---------------------
+    def layer_tensors(self, experts: float | None = None) -> float:
+        """Parameter tensors of one layer as Megatron lays them out (one fused qkv weight, one
+        gated FFN weight), with ``experts`` routed experts held (default all); for a mixture of
+        experts the mean over its dense and MoE layers."""
+        def linear(biased: bool) -> int:
+            return 2 if biased else 1
+        norm = linear(self.norm == "layernorm" and self.bias)
+        n = 2 * norm + (2 if self.qk_norm else 0) + (1 if self.attention_sinks else 0)
+        if self.mla:   # q down (or full), q norm, q up, kv down, kv norm, kv up, output
+            n += ((2 * linear(self.bias) + norm) if self.q_lora_rank else linear(self.bias))
+            n += 2 * linear(self.bias) + norm + linear(self.bias)
+        else:
+            n += linear(self.bias or self.qkv_bias) + linear(self.bias)
+        dense = 2 * linear(self.bias)
+        if not self.moe:
+            return n + dense
+        b = self.bias or self.expert_bias
+        held = self.experts if experts is None else experts
+        moe = linear(b) + held * 2 * linear(b) + (2 * linear(b) if self.shared_experts else 0)
+        return n + (self.dense_layers * dense + self.moe_layers * moe) / self.layers
+
+    @property
+    def embedding_tensors(self) -> int:
+        """Parameter tensors of the embedding stage's tables, projections and norm."""
+        e = self.embedding_projection_dim or self.hidden
+        return (1 + (2 if e != self.hidden else 0) + (1 if self.position_embedding == "learned" else 0)
+                + (1 if self.token_types else 0)
+                + ((2 if self.norm == "layernorm" and self.bias else 1) if self.embedding_norm else 0))
+
+    @property
+    def head_tensors(self) -> int:
+        """Parameter tensors of the final norm, an untied head and an encoder's pooler and MLM head."""
+        norm = 2 if self.norm == "layernorm" and self.bias else 1
+        n = (norm if self.norm_position == "pre" else 0) + (0 if self.tied_embeddings else 1)
+        if self.architecture == "encoder":
+            n += 2 + 2 + norm + 1
+        return n
+
     @property
     def params(self) -> int:
         """Total trainable parameters."""
@@ -298,6 +344,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         token_types=f.int("token_types", 0, minimum=0),
         precision=f.choice("precision", PRECISIONS, "bf16"),
         fp8_casts=f.choice("fp8_casts", FP8_CASTS, ""),
+        bias_kernels=f.choice("bias_kernels", BIAS_KERNELS, ""),
         qk_norm=f.bool("qk_norm", False),
         attention_sinks=f.bool("attention_sinks", False),
         sliding_window=f.int("sliding_window", 0, minimum=0),

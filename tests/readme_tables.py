@@ -151,6 +151,41 @@ def fp8_casts_table() -> str:
     return "\n".join(rows)
 
 
+EAGER_MODELS = (("opt-350m", "OPT-350M"), ("gpt2-xl", "GPT-2 XL"))
+UNFUSED_ATTENTION_OPS = (".permute", ".scale", "qkv.split.bwd")
+
+
+def eager_kernels_table() -> str:
+    """The Megatron-DeepSpeed preset on 8 A100s (80 GB, data parallel, fp16), 1,024 tokens,
+    global batch 64, micro-batch 1 and 8: its step, how much longer it is than with the biases
+    in GEMM epilogues (``bias_kernels: fused``) and than with Megatron's optimizer passes
+    (``adam-megatron``) in place of DeepSpeed's per-tensor wrappers, and the share of the step
+    in the unfused attention's permute, alpha scales and q, k, v concat. Shipped calibration."""
+    from phaze.cost import op_time
+    from phaze.framework import model_with
+    from phaze.graph import layer_graph
+    chip = load_chip("a100-80gb")
+    eff = v.params_for(chip, v.load_default_params())
+    fw = FRAMEWORKS["megatron-deepspeed"]
+    rows = ["| model | micro-batch | step | bias kernels | DeepSpeed's per-tensor work | unfused attention's "
+            "permute, scales, concat |", "|---|---|---|---|---|---|"]
+    for name, label in EAGER_MODELS:
+        model = model_with(fw, replace(load_model(name, 1024), precision="fp16"))[0]
+        for mbs in (1, 8):
+            plan = plan_with(fw, Plan(mbs=mbs), precision="fp16")[0]
+            r = evaluate(model, chip, 8, 64, plan, eff)
+            fused = evaluate(replace(model, bias_kernels="fused"), chip, 8, 64, plan, eff).step_time_s
+            megatron = evaluate(model, chip, 8, 64, replace(plan, optimizer="adam-megatron"), eff).step_time_s
+            g = layer_graph(model, mbs, 1, False, plan.attention, plan.recompute)
+            extra = sum(op_time(o, chip, model.precision, eff) for o in g.fwd + g.bwd
+                        if o.name.endswith(UNFUSED_ATTENTION_OPS))
+            share = extra * model.layers * r.micro_batches / r.step_time_s
+            t = r.step_time_s
+            rows.append(f"| {label} | {mbs} | {t:.3f} s | +{100 * (t / fused - 1):.1f} % "
+                        f"| +{100 * (t / megatron - 1):.1f} % | {100 * share:.1f} % |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
     print(placement_table())
     print()
@@ -159,3 +194,5 @@ if __name__ == "__main__":
     print(context_parallel_table())
     print()
     print(fp8_casts_table())
+    print()
+    print(eager_kernels_table())

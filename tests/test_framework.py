@@ -221,12 +221,12 @@ def test_megatron_optimizer_makes_its_passes_around_fused_adam():
     assert optimizer_op(1.0, "adam").bytes == 28
     assert optimizer_op(1.0, "adam-megatron", "bf16").bytes == 38
     assert optimizer_op(1.0, "adam-megatron", "fp16").bytes == 52
-    megatron = {"megatron-lm", "megatron-deepspeed", "megatron-core", "nemo"}
+    megatron = {"megatron-lm", "megatron-core", "nemo"}
     assert {n for n, f in FRAMEWORKS.items() if f.optimizer == "adam-megatron"} == megatron
     assert plan_with(FRAMEWORKS["nemo"], Plan())[0].optimizer == "adam-megatron"
     assert plan_with(FRAMEWORKS["nemo"], Plan(), {"optimizer"})[0].optimizer == "adam"
     assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].optimizer == "adam-megatron"
-    assert synthetic_case(framework="megatron-deepspeed").plan.optimizer == "adam-megatron"
+    assert synthetic_case(framework="megatron-deepspeed").plan.optimizer == "adam-deepspeed"
     # ZeRO 0 on one device, bf16: the step grows by 10 bytes per parameter at the HBM bandwidth
     model, chip = load_model("gpt2-xl", 1024), load_chip("a100-80gb")
     ideal = Efficiency()
@@ -250,7 +250,10 @@ def test_megatron_reduces_bf16_gradients_in_fp32():
         assert plan_with(fw, Plan(), {"reduce_fp32"}, "bf16")[0].reduce_fp32 is False
         assert options_with(fw, PlacementOptions(), precision="bf16")[0].reduce_fp32 is True
         assert options_with(fw, PlacementOptions(), precision="fp16")[0].reduce_fp32 is False
-    assert not FRAMEWORKS["megatron-deepspeed"].reduces_fp32("bf16")
+    # DeepSpeed's pipeline engine all-reduces BF16_Optimizer's fp32 gradients (pipe/engine.py,
+    # get_grads_for_reduction); an fp16 run reduces its 16-bit ones
+    ds = FRAMEWORKS["megatron-deepspeed"]
+    assert ds.reduces_fp32("bf16") and not ds.reduces_fp32("fp16")
     assert FRAMEWORKS["torchtitan"].reduces_fp32("fp16")          # FSDP2's reduce_dtype fp32, always
     assert synthetic_case(framework="nemo").plan.reduce_fp32 is True
     assert synthetic_case(framework="nemo", grad_reduce_fp32="no").plan.reduce_fp32 is False
@@ -465,3 +468,101 @@ def test_cli_framework_sets_fp8_casts(tmp_path):
     assert "fp8_casts" not in said["assumptions"]["framework"]          # the workload's own wins
     assert said["step_time_s"] > fused["step_time_s"]                   # separate casts cost more
     assert "fp8_casts=separate" in run("fp8.yaml", "torchtitan")["assumptions"]["framework"]
+
+
+def test_bias_kernels_follow_the_framework_unless_the_model_says():
+    # Megatron's tensor-parallel layers and PyTorch's autograd reduce bias gradients in kernels
+    # of their own; Transformer Engine (Megatron-Core, NeMo) and XLA fuse them into the GEMMs
+    gpt = load_model("gpt2-xl", 1024)
+    assert gpt.bias and gpt.bias_kernels == ""
+    separate = {"megatron-lm", "megatron-deepspeed", "torchtitan", "llm-foundry"}
+    for name, fw in FRAMEWORKS.items():
+        model, changes = model_with(fw, gpt)
+        assert model.bias_kernels == changes["bias_kernels"] == ("separate" if name in separate else "fused")
+    llama = load_model("llama3-8b", 2048)
+    assert not llama.bias and model_with(FRAMEWORKS["megatron-lm"], llama) == (llama, {})   # no biases
+    said = dataclasses.replace(gpt, bias_kernels="fused")
+    assert model_with(FRAMEWORKS["megatron-lm"], said) == (said, {})                          # the model's own wins
+    assert synthetic_case(framework="Megatron-LM (2021)").model.bias_kernels == "separate"
+    assert synthetic_case(framework="NeMo 24.07").model.bias_kernels == "fused"
+
+
+def test_cli_framework_sets_bias_kernels(tmp_path):
+    def run(fw):
+        out = ok_cli(phaze_cli(tmp_path, "evaluate", "--workload", "gpt2-xl", "--arch", "a100-80gb", "--devices",
+                               "8", "--global-batch", "8", "--framework", fw, "--format", "json"))
+        return json.loads(out.stdout)
+    lm, core = run("megatron-lm"), run("megatron-core")
+    assert "bias_kernels=separate" in lm["assumptions"]["framework"]
+    assert "bias_kernels=fused" in core["assumptions"]["framework"]
+
+
+def test_layer_tensors_by_hand():
+    # Megatron's layout: GPT, two LayerNorms (weight, bias), qkv, out, fc1, fc2 (weight, bias): 12;
+    # Llama, two RMSNorms, qkv, out, the fused gate-up and down, no biases: 6; Mixtral 8x7B adds a
+    # router and 8 experts of two weights each to the 4 of attention and norms: 21 (an ep-4 rank
+    # holds 2 experts: 9); embedding and head: GPT-2's word and position tables, its final norm
+    # (weight, bias) with the head tied; Llama's table, final norm and untied head
+    gpt, llama, mixtral = load_model("gpt2-xl"), load_model("llama3-8b"), load_model("mixtral-8x7b")
+    assert (gpt.layer_tensors(), gpt.embedding_tensors, gpt.head_tensors) == (12, 2, 2)
+    assert (llama.layer_tensors(), llama.embedding_tensors, llama.head_tensors) == (6, 1, 2)
+    assert (mixtral.layer_tensors(), mixtral.layer_tensors(2)) == (21, 9)
+
+
+def _deepspeed(precision: str, optimizer: str = "adam-deepspeed", m: int = 4, zero: int = 0):
+    from phaze.step import evaluate
+    model = dataclasses.replace(load_model("gpt2-xl", 1024), layers=4, precision=precision)
+    eff = Efficiency(host_overhead_s=20e-6, kernel_overhead_s=5e-6)
+    return model, evaluate(model, load_chip("a100-80gb"), 1, m, Plan(mbs=1, optimizer=optimizer, zero=zero), eff)
+
+
+def test_deepspeed_fp16_optimizer_by_hand():
+    # DeepSpeed 0.9.5's FP16_Optimizer on one A100 (eager; host 20 us, launch 5 us a kernel), a
+    # 4-layer GPT-2 XL: 4 x 12 + 2 + 2 = 52 tensors. The step: each gradient's overflow check is
+    # two kernels and a copy to the host, synchronised: 3 x (20 + 5) us a tensor plus 10 bytes a
+    # parameter; the copies to fp32 and back, two kernels a tensor issued ahead: the longer of
+    # 2 x 20 us and 2 x 5 us + 12 bytes a parameter; the flat passes 48 bytes against Megatron's
+    # fp16 52. Each micro-batch after the first: autograd adds each 16-bit gradient (the longer of
+    # 20 us and 5 us + 6 bytes a parameter).
+    model, ds = _deepspeed("fp16")
+    _, megatron = _deepspeed("fp16", "adam-megatron")
+    bw = load_chip("a100-80gb").hbm_bandwidth_bytes_per_s
+    n, q = 52, model.params
+    check = n * 3 * 25e-6 + 10 * q / bw
+    copies = max(n * 2 * 20e-6, n * 2 * 5e-6 + 12 * q / bw)
+    by_hand = check + copies + (48 - 52) * q / bw
+    assert ds.breakdown_s["optimizer_s"] - megatron.breakdown_s["optimizer_s"] == pytest.approx(by_hand, rel=1e-9)
+    accumulate = 3 * max(n * 20e-6, n * 5e-6 + 6 * q / bw)     # 4 micro-batches, 3 add
+    assert ds.breakdown_s["memory_bound_s"] - megatron.breakdown_s["memory_bound_s"] == pytest.approx(accumulate,
+                                                                                                      rel=1e-9)
+    assert ds.step_time_s - megatron.step_time_s == pytest.approx(by_hand + accumulate, rel=1e-9)
+
+
+def test_deepspeed_bf16_optimizer_by_hand():
+    # BF16_Optimizer: every micro-batch adds each gradient into its fp32 copy (two kernels a
+    # tensor, 18 bytes a parameter); the step takes each fp32 gradient's norm with .item() (one
+    # kernel and the copy, synchronised, 4 bytes); flat passes 38 bytes, as Megatron's bf16 ones
+    model, ds = _deepspeed("bf16")
+    _, megatron = _deepspeed("bf16", "adam-megatron")
+    bw = load_chip("a100-80gb").hbm_bandwidth_bytes_per_s
+    n, q = 52, model.params
+    assert ds.breakdown_s["optimizer_s"] - megatron.breakdown_s["optimizer_s"] == pytest.approx(
+        n * 2 * 25e-6 + 4 * q / bw, rel=1e-9)
+    assert ds.breakdown_s["memory_bound_s"] - megatron.breakdown_s["memory_bound_s"] == pytest.approx(
+        4 * max(n * 2 * 20e-6, n * 2 * 5e-6 + 18 * q / bw), rel=1e-9)
+
+
+def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
+    # fp16: FP16_Optimizer, no ZeRO, 16-bit gradients reduced; bf16: BF16_Optimizer shards the
+    # fp32 state over data parallelism (ZeRO-1) and the pipeline engine reduces fp32 gradients
+    ds = FRAMEWORKS["megatron-deepspeed"]
+    fp16, bf16 = plan_with(ds, Plan(), precision="fp16")[0], plan_with(ds, Plan(), precision="bf16")[0]
+    assert (fp16.optimizer, fp16.zero, fp16.reduce_fp32) == ("adam-deepspeed", 0, False)
+    assert (bf16.optimizer, bf16.zero, bf16.reduce_fp32) == ("adam-deepspeed", 1, True)
+    assert plan_with(ds, Plan(zero=0), {"zero"}, "bf16")[0].zero == 0                  # a stated stage wins
+    assert options_with(ds, PlacementOptions(), precision="bf16")[0].zero == (1,)
+    assert options_with(ds, PlacementOptions(), precision="fp16")[0].zero == PlacementOptions().zero
+    # ZeRO-2 and 3 reduce every micro-batch: refused with the field and what is allowed
+    with pytest.raises(ConfigError) as e:
+        _deepspeed("fp16", zero=2)
+    assert "zero" in str(e.value) and "allowed: zero 0-1" in str(e.value)

@@ -233,3 +233,67 @@ def test_fused_fp8_casts_leave_moe_and_16_bit_models_alone():
         batch, M, K, N = ops[name].gemm
         assert ops[f"{name}.fp8_cast"].elements == batch * M * K
         assert ops[f"{name}.grad_fp8_cast"].elements == batch * M * N
+
+
+def _gpt(bias_kernels: str, **kw):
+    """A small biased GPT layer: hidden 256, 4 heads, GELU FFN 1024, 64 tokens, fp16."""
+    from dataclasses import replace
+    return replace(load_model("gpt2-xl", 64), hidden=256, heads=4, kv_heads=4, head_dim=64, ffn_hidden=1024, layers=2,
+                   vocab=1000, precision="fp16", bias_kernels=bias_kernels, **kw)
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (2, False), (2, True)])
+def test_separate_bias_kernels_by_hand(tp, sp):
+    # Megatron's tensor-parallel layers (megatron-core 0.2.0 tensor_parallel/layers.py): the qkv
+    # projection adds its bias in a kernel of its own (read and write 2 B per output element);
+    # each bias gradient is the output gradient summed over the tokens (read 2 B per element):
+    # the column-parallel ones over this rank's T x N/tp, the row-parallel ones (their bias added
+    # after the tp reduction) over the T x h each rank holds (T/tp x h under SP)
+    T, h = 64, 256
+    ops = _ops(layer_graph(_gpt("separate"), 1, tp, sp, "flash", "none"))
+    add = ops["qkv.bias"]
+    assert (add.phase, add.elements, add.bytes_read, add.bytes_written) == ("fwd", T * 3 * h // tp, 2 * T * 3 * h // tp,
+                                                                            2 * T * 3 * h // tp)
+    Tn = T // tp if sp else T
+    rows = {"qkv": T * 3 * h // tp, "attn_out": Tn * h, "ffn_up": T * 4 * h // tp, "ffn_down": Tn * h}
+    for name, elements in rows.items():
+        g = ops[f"{name}.bias_grad"]
+        assert (g.phase, g.elements, g.bytes_read, g.bytes_written) == ("bwd", elements, 2 * elements, 0)
+    assert "qkv.bias.bwd" not in ops                 # the bias add passes its gradient through
+    assert [n for n in ops if n.endswith(".bias")] == ["qkv.bias"]   # the others ride bias-GeLU, bias-dropout-add
+    fused = _ops(layer_graph(_gpt("fused"), 1, tp, sp, "flash", "none"))
+    assert not any(".bias" in n for n in fused)      # Transformer Engine's epilogues
+    assert set(ops) - set(fused) == {"qkv.bias"} | {f"{n}.bias_grad" for n in rows}
+    # a model without biases has nothing to add or reduce; Qwen2's qkv-only biases, just those
+    llama = _ops(layer_graph(_gpt("separate", bias=False), 1, tp, sp, "flash", "none"))
+    assert not any(".bias" in n for n in llama)
+    qwen = _ops(layer_graph(_gpt("separate", bias=False, qkv_bias=True), 1, tp, sp, "flash", "none"))
+    assert {n for n in qwen if ".bias" in n} == {"qkv.bias", "qkv.bias_grad"}
+
+
+def test_separate_bias_kernels_under_full_recompute_rerun_the_add():
+    g = _ops(layer_graph(_gpt("separate"), 1, 1, False, "flash", "full"))
+    assert g["recompute.qkv.bias"].phase == "bwd" and "recompute.qkv.bias_grad" not in g
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_megatron_unfused_attention_kernels_by_hand(tp):
+    # Megatron's core attention (NeMo 1.9's copy of megatron/model/transformer.py): the context
+    # [b*heads, s, d] is permuted to [s, b, heads*d] and made contiguous (read and write 2 B per
+    # element); in the backward, baddbmm's derivative scales dQ and dK by its alpha (1/sqrt(d))
+    # in kernels of their own, and the split q, k, v gradients are concatenated (torch.split's
+    # backward); the permute's gradient is a strided view the batched GEMMs read as it is
+    T, h = 64, 256
+    ops = _ops(layer_graph(_gpt("fused"), 1, tp, False, "standard", "none"))
+    x = T * h // tp                                   # one of q, k, v or the context, on this rank
+    perm = ops["context.permute"]
+    assert (perm.phase, perm.elements, perm.bytes_read, perm.bytes_written) == ("fwd", x, 2 * x, 2 * x)
+    for g in ("scores.dgrad_a.scale", "scores.dgrad_b.scale"):
+        assert (ops[g].elements, ops[g].bytes_read, ops[g].bytes_written) == (x, 2 * x, 2 * x)
+    cat = ops["qkv.split.bwd"]
+    assert (cat.elements, cat.bytes_read, cat.bytes_written) == (3 * x, 6 * x, 6 * x)
+    assert set(cat.deps) == {"scores.dgrad_a.scale", "scores.dgrad_b.scale", "context.dgrad_b"}
+    assert "context.permute.bwd" not in ops
+    assert ops["qkv.dgrad"].deps == ("qkv.split.bwd",)
+    flash = _ops(layer_graph(_gpt("fused"), 1, tp, False, "flash", "none"))
+    assert not any(k in n for n in flash for k in ("permute", ".scale", "split"))

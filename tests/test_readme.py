@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 from cli_reference import PAGE as CLI_PAGE
 from cli_reference import generated_block, reference
-from readme_tables import context_parallel_table, fp8_casts_table, framework_effects_table, placement_table
+from readme_tables import (
+    context_parallel_table,
+    eager_kernels_table,
+    fp8_casts_table,
+    framework_effects_table,
+    placement_table,
+)
 
 from phaze.area import loo_markdown
 
@@ -32,6 +38,7 @@ def _page(name: str) -> str:
 # --- tables generated from the code ----------------------------------------------------------------
 def test_framework_context_parallel_and_fp8_tables_are_the_code():
     assert framework_effects_table() in _page("frameworks.md")
+    assert eager_kernels_table() in _page("frameworks.md")
     assert context_parallel_table() in _page("validation.md")
     assert fp8_casts_table() in _page("validation.md")
 
