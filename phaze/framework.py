@@ -237,7 +237,7 @@ def model_with(fw: Framework, model: Model) -> tuple[Model, dict]:
     changes = {}
     if model.precision == "fp8" and not model.fp8_casts:
         changes["fp8_casts"] = fw.fp8_casts
-    if (model.bias or model.qkv_bias or model.expert_bias) and not model.bias_kernels:
+    if model.biased_linears and not model.bias_kernels:
         changes["bias_kernels"] = fw.bias_kernels
     return (replace(model, **changes) if changes else model), changes
 

@@ -206,16 +206,7 @@ def separate_biases(model: Model) -> frozenset:
     the element-wise kernels after their GEMMs: bias-GeLU, bias-dropout-add). Empty when the
     biases are GEMM epilogues (``fused``: Transformer Engine's cuBLASLt bias and bias-gradient
     epilogues; XLA's fusion) or the model has none."""
-    if model.bias_kernels != "separate":
-        return frozenset()
-    names = set()
-    if model.bias:
-        names |= {"qkv", "attn_out", "ffn_up", "ffn_down", "q_down", "q_up", "kv_down", "kv_up"}
-    if model.bias or model.qkv_bias:
-        names.add("qkv")
-    if model.bias or model.expert_bias:
-        names |= {"router", "expert_up", "expert_down", "shared_up", "shared_down"}
-    return frozenset(names)
+    return model.biased_linears if model.bias_kernels == "separate" else frozenset()
 
 
 @lru_cache(maxsize=4096)

@@ -244,6 +244,20 @@ class Model:
             n += self.vocab                       # MLM output bias
         return n
 
+    @property
+    def biased_linears(self) -> frozenset:
+        """The linear layers (as the layer graph names them) that carry a bias: every one with
+        ``bias``, the q, k, v projection with ``qkv_bias``, the router and experts with
+        ``expert_bias``."""
+        names = set()
+        if self.bias:
+            names |= {"qkv", "attn_out", "ffn_up", "ffn_down", "q_down", "q_up", "kv_down", "kv_up"}
+        if self.bias or self.qkv_bias:
+            names.add("qkv")
+        if self.bias or self.expert_bias:
+            names |= {"router", "expert_up", "expert_down", "shared_up", "shared_down"}
+        return frozenset(names)
+
     # --- parameter tensors (the per-tensor kernels of an eager optimizer) ---------------------
     def layer_tensors(self, experts: float | None = None) -> float:
         """Parameter tensors of one layer as Megatron lays them out (one fused qkv weight, one
