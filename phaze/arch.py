@@ -22,7 +22,9 @@ HBM_GENERATIONS = ("hbm2", "hbm2e", "hbm3")
 #   stays), so only ``kernel_overhead_s`` remains;
 # - xla: one compiled program runs on the chip's own sequencer (JAX/XLA on TPU: no per-op host
 #   dispatch and no kernel launches; XLA fuses chains of ops into one computation): neither
-#   overhead applies; a computation's fill and drain are the tile overhead every GEMM pays.
+#   overhead applies; a computation's fill and drain are the tile overhead every GEMM pays. Its
+#   compiler drops work whose result nothing reads, so a full recompute re-runs only what the
+#   backward reads (phaze.graph.reruns_needed; JAX's remat already leaves the rest out).
 EXECUTION = ("eager", "cuda-graphs", "xla")
 
 

@@ -182,7 +182,9 @@ def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fil
     out = []
     for tp, sp, mbs, r in _layout_options(spec):
         head = _ops_work(edge_graph(m, mbs, tp, sp)["head"], eff, rows, cols, fill)
-        layer = _ops_work(layer_graph(m, mbs, tp, sp, spec.options.attention, r).ops, eff, rows, cols, fill)
+        # compiled: the fewest ops a full recompute may run on any chip (a lower bound for each)
+        layer = _ops_work(layer_graph(m, mbs, tp, sp, spec.options.attention, r, None, True).ops, eff, rows, cols,
+                          fill)
         # per micro-batch, over the tp ranks of its group: every layer, and the head once
         per_mb = [tp * (m.layers * a + h) for a, h in zip(layer, head, strict=True)]
         out.append(Work(*(spec.global_batch / mbs * x for x in per_mb)))
@@ -294,7 +296,7 @@ def _energy_min(spec: WorkloadSpec, k: dict) -> float:
     for tp, sp, mbs, r in _layout_options(spec):
         e = edge_graph(m, mbs, tp, sp)
         edges = _ops_energy(e["embedding"] + e["head"], k, m.precision, m.bytes_per_element, tp)
-        layer = _ops_energy(layer_graph(m, mbs, tp, sp, spec.options.attention, r).ops, k, m.precision,
+        layer = _ops_energy(layer_graph(m, mbs, tp, sp, spec.options.attention, r, None, True).ops, k, m.precision,
                             m.bytes_per_element, tp)
         best = min(best, spec.global_batch / mbs * tp * (m.layers * layer + edges))
     return 0.0 if not math.isfinite(best) else best

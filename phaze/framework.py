@@ -159,7 +159,8 @@ FRAMEWORKS = {f.name: f for f in (
                      "the float32 weights (weight_dtype float32; the dtype on the wire is not published); "
                      "XLA schedules "
                      "collectives asynchronously beside compute (its latency-hiding scheduler); one "
-                     "compiled program; assumption: XLA fuses an fp8 run's casts into the ops that "
+                     "compiled program (its full remat, jax.checkpoint with nothing saved, re-runs only what "
+                     "the backward reads); assumption: XLA fuses an fp8 run's casts into the ops that "
                      "produce their inputs (its delayed-scaling fp8 ops; no published profile)"),
     Framework("llm-foundry", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="attention", execution="eager", interleave=False,

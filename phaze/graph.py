@@ -209,15 +209,25 @@ def separate_biases(model: Model) -> frozenset:
     return model.biased_linears if model.bias_kernels == "separate" else frozenset()
 
 
+def reruns_needed(model: Model, compiled: bool) -> bool:
+    """Whether a full recompute re-runs only what the backward reads: the model says so
+    (``recompute_rerun`` needed), or leaves it open and runs as one compiled program, whose
+    compiler drops the recomputation nothing reads (XLA; JAX's remat already does)."""
+    return model.recompute_rerun == "needed" or (compiled and not model.recompute_rerun)
+
+
 @lru_cache(maxsize=4096)
 def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
-                attention: str = "flash", recompute: str = "none", moe: ExpertLayout | None = None) -> LayerGraph:
+                attention: str = "flash", recompute: str = "none", moe: ExpertLayout | None = None,
+                compiled: bool = False) -> LayerGraph:
     """The forward and backward operator DAGs of one layer on one of ``tp`` devices (for a
     mixture of experts, an MoE layer laid out by ``moe``; default: one rank, balanced).
+    ``compiled``: the chip runs one compiled program (:func:`reruns_needed`).
 
     ``sp`` (sequence parallelism) shards norms, dropouts and residuals over ``tp`` and turns each
     all-reduce into a reduce-scatter plus all-gather. ``recompute`` adds the re-run forward ops to
-    the backward graph (``full``: the whole layer; ``selective``: core attention only; ``op``:
+    the backward graph (``full``: the whole layer, or what the backward reads of it under ``recompute_rerun``
+    needed; ``selective``: core attention only; ``op``:
     torchtitan's per-op policy, every other linear and the element-wise ops).
     """
     h, s, b, t = model.hidden, model.seq_len, mbs, tp
@@ -251,16 +261,19 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     # the forward gathers that move fp8
     gathered8 = {g for g, n in (("ln1.all_gather", "qkv"), ("ln2.all_gather", "ffn_up")) if n in norm_fed}
 
-    def linear(fb: _Builder, name: str, M: int, K: int, N: int) -> None:
+    def linear(fb: _Builder, name: str, M: int, K: int, N: int, gemm: bool = True) -> None:
         """A linear layer's GEMM; in fp8 training its input is first scaled and cast to fp8 in
         both layouts (row-wise for this GEMM, column-wise for the weight gradient), unless the
         norm before it writes fp8 (``norm_fed``) or only the row-wise layout is cast now
         (``rowwise8``). The weights' cast is done once per step and cached across micro-batches
-        (Transformer Engine)."""
+        (Transformer Engine). ``gemm`` False: the cast only (a re-run that needs the cast input
+        for the weight gradient but not the product)."""
         base = name.split(".")[-1]
         if fp8 and base not in norm_fed:
             _vector(fb, name + ".fp8_cast", M * K, p, reads=1, writes=(1 if base in rowwise8 else 2) / p,
                     flops_per_element=2)
+        if not gemm:
+            return
         _gemm(fb, name, 1, M, K, N, p, weights=True)
         if base == "qkv" and base in biased:   # Megatron's ColumnParallelLinear: output + bias
             _vector(fb, name + ".bias", M * N, p, flops_per_element=1)
@@ -272,7 +285,11 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             _vector(fb, name + ".fp8_cast", batch * M * K, p, reads=1, writes=2 / p, flops_per_element=2)
         _gemm(fb, name, batch, M, K, N, p, weights=True)
 
-    def forward(fb: _Builder, prefix: str = "") -> None:
+    def forward(fb: _Builder, prefix: str = "", tail: bool = True) -> None:
+        """The layer's forward ops. ``tail`` False: without the ops whose results the backward
+        never reads (a pre-norm layer's last projections, their tensor-parallel reductions, the
+        experts' weighted sum and the residual add), as a re-run that keeps only what the
+        backward needs (``recompute_rerun`` needed) skips them."""
         n = lambda x: prefix + x  # noqa: E731
         _vector(fb, n("ln1"), Tn * h, p, writes=ln1_write, flops_per_element=8)
         if t > 1 and sp:
@@ -289,10 +306,11 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
         _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
         if model.moe:
-            moe_ffn(fb, n)
+            moe_ffn(fb, n, tail)
         else:
-            dense_ffn(fb, n)
-        _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+            dense_ffn(fb, n, tail)
+        if tail:
+            _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
 
     def activation(fb: _Builder, name: str, elements: float) -> None:
         """The FFN's element-wise activation: SwiGLU reads its two inputs; GELU and SwiGLU take
@@ -301,13 +319,13 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(fb, name, elements, p, reads=2 if gated else 1, flops_per_element=6 if gated else 8,
                 special_per_element=0 if model.activation == "relu" else 1)
 
-    def dense_ffn(fb: _Builder, n) -> None:
+    def dense_ffn(fb: _Builder, n, tail: bool = True) -> None:
         if t > 1 and sp:
             _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * ln2_write * T * h)
         linear(fb, n("ffn_up"), T, h, ffn_out)
         activation(fb, n(model.activation), T * f_t)
-        linear(fb, n("ffn_down"), T, f_t, h)
-        if t > 1:
+        linear(fb, n("ffn_down"), T, f_t, h, gemm=tail)
+        if t > 1 and tail:
             _coll(fb, n("ffn_down." + ("reduce_scatter" if sp else "all_reduce")),
                   "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
 
@@ -327,7 +345,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(fb, n("kv_norm"), T * r_kv, p, flops_per_element=4)
         linear(fb, n("kv_up"), T, r_kv, a_t * (nope + model.v_head_dim))
 
-    def moe_ffn(fb: _Builder, n) -> None:
+    def moe_ffn(fb: _Builder, n, tail: bool = True) -> None:
         """A mixture of experts (Megatron-Core's all-to-all dispatcher): each rank routes its
         T/tp tokens (router GEMM, top-k softmax), permutes the top_k copies by expert, sends them
         to the experts' ranks (all-to-all over ep), gathers them over etp, runs its experts/ep
@@ -368,17 +386,20 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             _coll(fb, n("combine.reduce_scatter"), "reduce_scatter", "etp", p * recv * h)
         if lay.ep > 1:
             dispatch(fb, "combine")
-        _vector(fb, n("unpermute"), sent * h, p, writes=1.0 / k, flops_per_element=2)
+        # the combined expert outputs are read back (the gradient of the routing weights), their
+        # weighted sum is not
+        if tail:
+            _vector(fb, n("unpermute"), sent * h, p, writes=1.0 / k, flops_per_element=2)
         if model.shared_experts:
             sf = model.shared_experts * model.shared_ffn // t
             if t > 1:
                 _coll(fb, n("shared.all_gather"), "all_gather", "tp", p * T * h)
             linear(fb, n("shared_up"), T, h, sf * (2 if gated else 1))
             activation(fb, n("shared_" + model.activation), T * sf)
-            linear(fb, n("shared_down"), T, sf, h)
-            if t > 1:
+            linear(fb, n("shared_down"), T, sf, h, gemm=tail)
+            if t > 1 and tail:
                 _coll(fb, n("shared.reduce_scatter"), "reduce_scatter", "tp", p * T * h)
-        if t > 1 and not sp:   # the layer's output is replicated on the tp ranks again
+        if t > 1 and not sp and tail:   # the layer's output is replicated on the tp ranks again
             _coll(fb, n("moe.all_gather"), "all_gather", "tp", p * T * h)
 
     def _attention_core(fb: _Builder, n) -> None:
@@ -441,7 +462,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
     bb = _Builder("bwd")
     if recompute == "full":
-        forward(bb, "recompute.")
+        # a post-norm layer's last norm reads the residual sum, so nothing of its forward is dead
+        forward(bb, "recompute.", tail=not reruns_needed(model, compiled) or model.norm_position != "pre")
     elif recompute == "op":
         op_recompute(bb)
     elif recompute == "selective" and not fused:

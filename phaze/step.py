@@ -110,7 +110,7 @@ def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention
                 eff: Efficiency, moe: ExpertLayout | None = None) -> tuple[PhaseTime, PhaseTime]:
     """(forward, backward) sums of the layer's operator times, split by what bounds each op; for a
     mixture of experts with dense layers, the mean over its dense and MoE layers."""
-    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe)
+    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe, chip.execution == "xla")
     groups = collective_groups(tp, moe)
     p = model.bytes_per_element
     fwd, bwd = (_sum_ops(g.fwd, chip, model.precision, eff, groups, p),
@@ -186,12 +186,12 @@ def model_flops_per_sample(model: Model) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _layers_flops(model: Model, recompute: str) -> float:
+def _layers_flops(model: Model, recompute: str, compiled: bool = False) -> float:
     """Tensor FLOPs of all the layers for one sequence (balanced routing over one rank), recompute
-    included: what the hardware executes (for HFU)."""
-    flops = model.layers * tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute).ops)
+    included: what the hardware executes (for HFU; ``compiled``: as :func:`phaze.graph.layer_graph`)."""
+    flops = model.layers * tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute, None, compiled).ops)
     if model.moe and model.dense_layers:
-        dense = tensor_flops(layer_graph(dense_view(model), 1, 1, False, "standard", recompute).ops)
+        dense = tensor_flops(layer_graph(dense_view(model), 1, 1, False, "standard", recompute, None, compiled).ops)
         flops = model.moe_layers * flops / model.layers + model.dense_layers * dense
     return flops
 
@@ -644,7 +644,7 @@ def _ring_exposed(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str)
     kv = 2 * p * plan.mbs * shard.seq_len * kv_width(model, tp)
     hop = collective_time("send", kv, 2, chip, max(1, tp * cp // 2), eff)
     hop2 = collective_time("send", 2 * kv, 2, chip, max(1, tp * cp // 2), eff)
-    g = layer_graph(shard, plan.mbs, tp, plan.sp, plan.attention, r)
+    g = layer_graph(shard, plan.mbs, tp, plan.sp, plan.attention, r, None, chip.execution == "xla")
 
     def attention(ops, recomputed: bool) -> float:   # one ring step's share of the attention
         return sum(op_time(o, chip, model.precision, eff, bytes_per_element=p) for o in ops
@@ -773,7 +773,8 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
-    hw = sum(n * _layers_flops(model, r) for n, r in zip(counts, recs, strict=False)) / model.layers
+    hw = sum(n * _layers_flops(model, r, chip.execution == "xla") for n, r in zip(counts, recs, strict=False))
+    hw /= model.layers
     hw = (hw + _edge_flops(model)) * global_batch
     stages = [StageMemory(s.stage, int(s.layers), float(s.weights_and_optimizer_bytes), float(s.activation_bytes),
                           float(s.transient_bytes))

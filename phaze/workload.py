@@ -21,6 +21,12 @@ FP8_CASTS = ("fused", "separate")
 # cuBLASLt bias and bias-gradient epilogues, XLA); ``separate``, kernels of their own (Megatron's
 # tensor-parallel layers and PyTorch autograd: each bias gradient is a reduction over the tokens)
 BIAS_KERNELS = ("fused", "separate")
+# what a full recompute re-runs: ``whole``, the layer's forward to its end (Megatron's and
+# DeepSpeed's checkpoint functions call it again); ``needed``, only the ops whose results the
+# backward reads (JAX's remat and XLA: a pre-norm layer's last projection and residual add are
+# not re-run). A workload that leaves it blank gets its chip's execution model's: needed for one
+# compiled program (xla), whole otherwise
+RECOMPUTE_RERUN = ("whole", "needed")
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
@@ -56,6 +62,9 @@ class Model:
     bias_kernels: str = ""               # a biased model's bias adds and gradients (BIAS_KERNELS): in
                                          # the GEMM epilogues | separate kernels; "": the framework's,
                                          # else fused
+    recompute_rerun: str = ""            # what a full recompute re-runs (RECOMPUTE_RERUN): the whole
+                                         # forward | what the backward reads; "": needed on a chip
+                                         # that runs one compiled program (xla), else whole
     qkv_bias: bool = False               # biases on the q, k, v projections only (Qwen2) when ``bias`` is off
     sliding_window: int = 0              # attention window (Mistral); 0 = every earlier token
     window_layer_share: float = 1.0      # share of the layers that use the window (GPT-OSS alternates
@@ -359,6 +368,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         precision=f.choice("precision", PRECISIONS, "bf16"),
         fp8_casts=f.choice("fp8_casts", FP8_CASTS, ""),
         bias_kernels=f.choice("bias_kernels", BIAS_KERNELS, ""),
+        recompute_rerun=f.choice("recompute_rerun", RECOMPUTE_RERUN, ""),
         qk_norm=f.bool("qk_norm", False),
         attention_sinks=f.bool("attention_sinks", False),
         sliding_window=f.int("sliding_window", 0, minimum=0),

@@ -487,6 +487,30 @@ def test_bias_kernels_follow_the_framework_unless_the_model_says():
     assert synthetic_case(framework="NeMo 24.07").model.bias_kernels == "fused"
 
 
+def test_full_recompute_reruns_what_the_backward_reads_on_a_compiled_program(tmp_path):
+    # no preset sets it: it follows the execution model (XLA drops the recomputation nothing reads)
+    llama = load_model("llama3-8b", 2048)
+    assert all(model_with(fw, llama) == (llama, {}) for fw in FRAMEWORKS.values())
+    out = ok_cli(phaze_cli(tmp_path, "evaluate", "--workload", "llama3-8b", "--arch", "tpuv4", "--devices", "8",
+                           "--global-batch", "8", "--seq-len", "2048", "--framework", "maxtext", "--plan",
+                           "tp=1,pp=1,mbs=1,recompute=full", "--format", "json"))
+    assert "full recompute re-runs only what the backward reads" in json.loads(out.stdout)["assumptions"]["execution"]
+    # ideal efficiency, one device: a GEMM takes its FLOPs at the peak, an element-wise op its bytes
+    # at the HBM bandwidth; the needed re-run saves each layer's down projection (2 T f h FLOPs)
+    # and residual add (two 2-byte reads and a write of T h elements)
+    from phaze.step import evaluate
+    tpu = load_chip("tpuv4")
+    assert tpu.execution == "xla"
+    step = {(r, ex): evaluate(dataclasses.replace(llama, recompute_rerun=r), tpu.with_execution(ex), 1, 1,
+                              Plan(mbs=1, recompute="full")).step_time_s
+            for r in ("", "whole", "needed") for ex in ("xla", "eager")}
+    T, f, h = 2048, 14336, 4096
+    saved = llama.layers * (2 * T * f * h / tpu.peak_flops("bf16") + 3 * 2 * T * h / tpu.hbm_bandwidth_bytes_per_s)
+    assert step["whole", "xla"] - step["needed", "xla"] == pytest.approx(saved, rel=1e-3)
+    assert step["", "xla"] == step["needed", "xla"] and step["", "eager"] == step["whole", "eager"]
+    assert step["whole", "eager"] - step["needed", "eager"] > 0.99 * saved   # plus the kernels' overheads
+
+
 def test_cli_framework_sets_bias_kernels(tmp_path):
     def run(fw):
         out = ok_cli(phaze_cli(tmp_path, "evaluate", "--workload", "gpt2-xl", "--arch", "a100-80gb", "--devices",

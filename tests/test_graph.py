@@ -1,7 +1,9 @@
 """Operator graphs: FLOPs against published closed forms, DAG structure, tensor-parallel splits."""
+from dataclasses import replace as dataclasses_replace
+
 import pytest
 
-from phaze.graph import edge_graph, layer_graph, tensor_flops
+from phaze.graph import ExpertLayout, edge_graph, layer_graph, tensor_flops
 from phaze.plan import Plan
 from phaze.step import _hardware_flops_per_sample, model_flops_per_sample
 from phaze.workload import load_model, narayanan_flops_per_step
@@ -276,6 +278,53 @@ def test_separate_bias_kernels_under_full_recompute_rerun_the_add():
     assert g["recompute.qkv.bias"].phase == "bwd" and "recompute.qkv.bias_grad" not in g
 
 
+def _rerun(model, rerun: str):
+    from dataclasses import replace
+    return replace(model, recompute_rerun=rerun)
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (2, False), (2, True)])
+def test_full_recompute_of_what_the_backward_reads_skips_the_down_projection_by_hand(tp, sp):
+    # JAX's remat (and PyTorch's non-reentrant checkpoint with early stop) re-run only what the
+    # backward reads: a pre-norm layer's down projection, its tp reduction and the residual add
+    # feed nothing the backward uses (tests/bench/bench_recompute_rerun.py measures both)
+    m = load_model("llama3-8b", 256)     # h 4096, SwiGLU ffn 14336
+    T, h, f = 256, 4096, 14336
+    whole = _ops(layer_graph(_rerun(m, "whole"), 1, tp, sp, "flash", "full"))
+    needed = _ops(layer_graph(_rerun(m, "needed"), 1, tp, sp, "flash", "full"))
+    reduce = {f"recompute.ffn_down.{'reduce_scatter' if sp else 'all_reduce'}"} if tp > 1 else set()
+    assert set(whole) - set(needed) == {"recompute.ffn_down", "recompute.ffn_residual"} | reduce
+    assert set(needed) <= set(whole)
+    flops = lambda g: sum(o.flops for n, o in g.items() if o.gemm)   # noqa: E731
+    assert flops(whole) - flops(needed) == pytest.approx(2 * T * f * h / tp)
+    # the output projection stays: its sum with the input is the second norm's input
+    assert {"recompute.attn_out", "recompute.attn_residual", "recompute.ln2", "recompute.swiglu"} <= set(needed)
+    # the default is the whole forward, and only a full recompute changes
+    assert layer_graph(_rerun(m, ""), 1, tp, sp, "flash", "full") == layer_graph(_rerun(m, "whole"), 1, tp, sp,
+                                                                                   "flash", "full")
+    for r in ("none", "selective", "op"):
+        assert layer_graph(_rerun(m, "needed"), 1, tp, sp, "flash", r) == layer_graph(m, 1, tp, sp, "flash", r)
+
+
+def test_full_recompute_of_what_the_backward_reads_keeps_what_it_needs():
+    # fp8: the down projection's input cast is re-run (the weight gradient reads the fp8 copy)
+    fp8 = _ops(layer_graph(_rerun(_fp8_model("separate"), "needed"), 1, 1, False, "flash", "full"))
+    assert "recompute.ffn_down.fp8_cast" in fp8 and "recompute.ffn_down" not in fp8
+    # a post-norm layer's last norm reads the residual sum: nothing is dead
+    post = dataclasses_replace(_gpt("fused"), norm_position="post")
+    assert layer_graph(_rerun(post, "needed"), 1, 1, False, "flash", "full") == layer_graph(
+        _rerun(post, "whole"), 1, 1, False, "flash", "full")
+    # experts: the combined expert outputs are read back (the routing weights' gradient); their
+    # weighted sum, the shared expert's down projection and its reduction are not
+    moe = load_model("deepseek-v3", 64)
+    lay = ExpertLayout(ep=8)
+    whole = _ops(layer_graph(_rerun(moe, "whole"), 1, 2, True, "flash", "full", lay))
+    needed = _ops(layer_graph(_rerun(moe, "needed"), 1, 2, True, "flash", "full", lay))
+    assert set(whole) - set(needed) == {"recompute." + n for n in (
+        "unpermute", "shared_down", "shared.reduce_scatter", "ffn_residual")}
+    assert {"recompute.expert_down", "recompute.combine.all_to_all"} <= set(needed)
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_megatron_unfused_attention_kernels_by_hand(tp):
     # Megatron's core attention (NeMo 1.9's copy of megatron/model/transformer.py): the context
@@ -297,3 +346,18 @@ def test_megatron_unfused_attention_kernels_by_hand(tp):
     assert ops["qkv.dgrad"].deps == ("qkv.split.bwd",)
     flash = _ops(layer_graph(_gpt("fused"), 1, tp, False, "flash", "none"))
     assert not any(k in n for n in flash for k in ("permute", ".scale", "split"))
+
+
+def test_recompute_rerun_bench_phaze_rows_match_the_docs():
+    # the measured JAX and PyTorch rows need those libraries; phaze's own rows are checked here
+    import importlib.util
+    from pathlib import Path
+    root = Path(__file__).resolve().parent
+    spec = importlib.util.spec_from_file_location("bench_recompute_rerun", root / "bench" / "bench_recompute_rerun.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    doc = (root.parent / "docs" / "frameworks.md").read_text()
+    for rerun, n in (("whole", 6), ("needed", 5)):
+        assert bench.phaze_reruns(rerun) == n
+        assert f"| phaze, recompute_rerun: {rerun} | {n} |" in doc
+    assert "| JAX 0.10.2 jax.checkpoint | 5 |" in doc       # what JAX measured: the down projection dropped
