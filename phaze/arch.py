@@ -125,6 +125,12 @@ class Chip:
         return replace(self, execution=execution) if execution and execution != self.execution else self
 
     @property
+    def compiled(self) -> bool:
+        """Whether it runs one compiled program (``xla``): no per-kernel overheads, and work whose
+        result nothing reads is left out (:func:`phaze.graph.reruns_needed`)."""
+        return self.execution == "xla"
+
+    @property
     def implied_peak_flops_per_s(self) -> float:
         """16-bit tensor peak implied by the units: 2 FLOP per MAC per cycle."""
         return 2.0 * self.tensor.macs_per_cycle * self.clock_hz

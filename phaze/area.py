@@ -379,7 +379,7 @@ def _ops_activity(ops, chip: Chip, precision: str, p: int, tp: int) -> Activity:
 def layer_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str,
                    recompute: str) -> Activity:
     """One layer, one micro-batch, forward and backward (recompute included), on one device."""
-    g = layer_graph(model, mbs, tp, sp, attention, recompute, None, chip.execution == "xla")
+    g = layer_graph(model, mbs, tp, sp, attention, recompute, None, chip.compiled)
     return _ops_activity(g.ops, chip, model.precision, model.bytes_per_element, tp)
 
 

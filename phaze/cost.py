@@ -48,7 +48,7 @@ IDEAL = Efficiency()
 def kernel_overhead(chip: Chip, eff: Efficiency) -> float:
     """Fixed cost of one kernel under the chip's execution model (:data:`phaze.arch.EXECUTION`):
     a launch under ``eager`` and ``cuda-graphs``, none in an XLA-compiled program."""
-    return 0.0 if chip.execution == "xla" else eff.kernel_overhead_s
+    return 0.0 if chip.compiled else eff.kernel_overhead_s
 
 
 def host_overhead(chip: Chip, eff: Efficiency) -> float:

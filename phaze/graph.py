@@ -226,9 +226,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
     ``sp`` (sequence parallelism) shards norms, dropouts and residuals over ``tp`` and turns each
     all-reduce into a reduce-scatter plus all-gather. ``recompute`` adds the re-run forward ops to
-    the backward graph (``full``: the whole layer, or what the backward reads of it under ``recompute_rerun``
-    needed; ``selective``: core attention only; ``op``:
-    torchtitan's per-op policy, every other linear and the element-wise ops).
+    the backward graph (``full``: the whole layer, or only what the backward reads of it when
+    :func:`reruns_needed`; ``selective``: core attention only; ``op``: torchtitan's per-op
+    policy, every other linear and the element-wise ops).
     """
     h, s, b, t = model.hidden, model.seq_len, mbs, tp
     p = model.bytes_per_element

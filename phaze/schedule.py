@@ -1062,7 +1062,7 @@ def layer_tasks(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, 
     """(forward, backward incl. recompute) tasks of one layer on ``chip``: the cost model run once
     per (layer, chip) for the bounds and the solve alike; ``moe``: the expert layers' layout."""
     check_layer_args(model, mbs, tp, sp, attention, recompute)
-    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe, chip.execution == "xla")
+    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe, chip.compiled)
     kw = dict(groups=collective_groups(tp, moe), bytes_per_element=model.bytes_per_element, shares=modes)
     return op_tasks(g.fwd, chip, model.precision, eff, **kw), op_tasks(g.bwd, chip, model.precision, eff, **kw)
 

@@ -110,7 +110,7 @@ def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention
                 eff: Efficiency, moe: ExpertLayout | None = None) -> tuple[PhaseTime, PhaseTime]:
     """(forward, backward) sums of the layer's operator times, split by what bounds each op; for a
     mixture of experts with dense layers, the mean over its dense and MoE layers."""
-    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe, chip.execution == "xla")
+    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe, chip.compiled)
     groups = collective_groups(tp, moe)
     p = model.bytes_per_element
     fwd, bwd = (_sum_ops(g.fwd, chip, model.precision, eff, groups, p),
@@ -644,7 +644,7 @@ def _ring_exposed(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str)
     kv = 2 * p * plan.mbs * shard.seq_len * kv_width(model, tp)
     hop = collective_time("send", kv, 2, chip, max(1, tp * cp // 2), eff)
     hop2 = collective_time("send", 2 * kv, 2, chip, max(1, tp * cp // 2), eff)
-    g = layer_graph(shard, plan.mbs, tp, plan.sp, plan.attention, r, None, chip.execution == "xla")
+    g = layer_graph(shard, plan.mbs, tp, plan.sp, plan.attention, r, None, chip.compiled)
 
     def attention(ops, recomputed: bool) -> float:   # one ring step's share of the attention
         return sum(op_time(o, chip, model.precision, eff, bytes_per_element=p) for o in ops
@@ -773,8 +773,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
-    hw = sum(n * _layers_flops(model, r, chip.execution == "xla") for n, r in zip(counts, recs, strict=False))
-    hw /= model.layers
+    hw = sum(n * _layers_flops(model, r, chip.compiled) for n, r in zip(counts, recs, strict=False)) / model.layers
     hw = (hw + _edge_flops(model)) * global_batch
     stages = [StageMemory(s.stage, int(s.layers), float(s.weights_and_optimizer_bytes), float(s.activation_bytes),
                           float(s.transient_bytes))
