@@ -27,6 +27,7 @@ from .configio import ConfigError
 from .cost import IDEAL
 from .exact import Certificate
 from .framework import FRAMEWORKS, PLAN_KEYS, describe, framework, model_with, options_with, plan_with
+from .graph import reruns_needed
 from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
 from .placement import (
     MAX_AUTO_VP,
@@ -249,8 +250,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     out["execution"] = (f"{chip.execution}: " + {
         "eager": "the host dispatches each kernel (host and launch overhead per kernel)",
         "cuda-graphs": "kernels replayed from a CUDA graph (launch overhead per kernel, no host dispatch)",
-        "xla": "one compiled program (no per-kernel host or launch overhead; a full recompute "
-               "re-runs only what the backward reads)"}[chip.execution]
+        "xla": "one compiled program (no per-kernel host or launch overhead)"}[chip.execution]
+        + ("; a full recompute re-runs only what the backward reads" if reruns_needed(model, chip.compiled) else "")
         + ("" if getattr(args, "framework", None) else " (the chip's; --framework sets a framework's)"))
     if tp > model.kv_heads:
         out["kv_heads"] = (f"tp={tp} is more than the {model.kv_heads} KV heads: each KV head is replicated on "

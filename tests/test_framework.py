@@ -7,7 +7,8 @@ import dataclasses
 import json
 
 import pytest
-from test_validate import ok_cli, one_line_error, phaze_cli, synthetic, synthetic_case, write_csv
+import yaml
+from test_validate import ROOT, ok_cli, one_line_error, phaze_cli, synthetic, synthetic_case, write_csv
 
 from phaze import validate as v
 from phaze.arch import load_chip
@@ -495,6 +496,13 @@ def test_full_recompute_reruns_what_the_backward_reads_on_a_compiled_program(tmp
                            "--global-batch", "8", "--seq-len", "2048", "--framework", "maxtext", "--plan",
                            "tp=1,pp=1,mbs=1,recompute=full", "--format", "json"))
     assert "full recompute re-runs only what the backward reads" in json.loads(out.stdout)["assumptions"]["execution"]
+    whole = tmp_path / "whole.yaml"   # a workload that says whole is printed so on the same chip
+    whole.write_text(yaml.safe_dump(dict(yaml.safe_load((ROOT / "workloads" / "llama3-8b.yaml").read_text()),
+                                         recompute_rerun="whole")))
+    out = ok_cli(phaze_cli(tmp_path, "evaluate", "--workload", str(whole), "--arch", "tpuv4", "--devices", "8",
+                           "--global-batch", "8", "--seq-len", "2048", "--framework", "maxtext", "--plan",
+                           "tp=1,pp=1,mbs=1,recompute=full", "--format", "json"))
+    assert "re-runs only" not in json.loads(out.stdout)["assumptions"]["execution"]
     # ideal efficiency, one device: a GEMM takes its FLOPs at the peak, an element-wise op its bytes
     # at the HBM bandwidth; the needed re-run saves each layer's down projection (2 T f h FLOPs)
     # and residual add (two 2-byte reads and a write of T h elements)

@@ -279,8 +279,7 @@ def test_separate_bias_kernels_under_full_recompute_rerun_the_add():
 
 
 def _rerun(model, rerun: str):
-    from dataclasses import replace
-    return replace(model, recompute_rerun=rerun)
+    return dataclasses_replace(model, recompute_rerun=rerun)
 
 
 @pytest.mark.parametrize("tp, sp", [(1, False), (2, False), (2, True)])
