@@ -400,7 +400,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), IDEAL)
     pp, tp, m = plan.pp, plan.tp, costs.micro_batches
     counts = plan.stages or stage_layers(model.layers, pp, plan.vp)
-    recs = plan.stage_recompute or (plan.recompute,) * pp
+    recs, ks = plan.stage_modes()
     shard = _shard(model, plan)
     p = model.bytes_per_element
     emb, head = edge_activity(shard, chip, plan.mbs, tp, plan.sp, plan.loss)
@@ -408,8 +408,12 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     group = dp * plan.cp
     grad_bytes = 4 if plan.reduce_fp32 else p
     total = Activity()
-    for i, (n, r) in enumerate(zip(counts, recs, strict=True)):
-        per_mb = layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, r) * n
+    for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True)):
+        if r == "block":     # k layers re-run whole, the others nothing
+            per_mb = (layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "none") * (n - k)
+                      + layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "full") * k)
+        else:
+            per_mb = layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, r) * n
         if i == 0:
             per_mb = per_mb + emb
         if i == pp - 1:

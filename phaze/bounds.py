@@ -39,7 +39,7 @@ from .area import _sent_bytes, _step_activity, activity_energy_j, energy_coeffic
 from .cost import Efficiency
 from .graph import edge_graph, layer_graph
 from .placement import cp_values, place_bound, place_step_bounds
-from .plan import RECOMPUTE
+from .plan import layer_modes
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
 from .system import apply_system
 
@@ -164,7 +164,7 @@ def _layout_options(spec: WorkloadSpec):
     m, o = spec.model, spec.options
     if m.moe or m.context_parallel > 1 or max(cp_values(m, o)) > 1:
         return
-    modes = [r for r in RECOMPUTE if r in o.recompute]
+    modes = layer_modes(o.recompute)   # a block stage runs none and full layers
     for tp in sorted(set(o.tp)):
         if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:   # never placed
             continue
@@ -309,7 +309,7 @@ def _layouts_energy(spec: WorkloadSpec, chip: Chip, layouts, k: dict) -> float:
     plan's stage split does not change its activity (each stage's reduction and optimizer work is
     linear in its parameters, and every layer is counted once), and a plan recomputing by stage
     spends at least what the cheapest uniform mode does on each layer. 0 without layouts."""
-    modes = [r for r in RECOMPUTE if r in spec.options.recompute]
+    modes = layer_modes(spec.options.recompute)
     best = math.inf
     for base in layouts:
         for r in modes:

@@ -38,7 +38,7 @@ from .placement import (
     place,
     routing_values,
 )
-from .plan import RECOMPUTE, ROUTING, SEARCHED_RECOMPUTE
+from .plan import PLAN_RECOMPUTE, RECOMPUTE, ROUTING, SEARCHED_RECOMPUTE
 from .power import PoweredStep, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
 from .schedule import schedule_layer, sharing, write_gantt
@@ -615,8 +615,9 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def _recompute_list(text: str) -> tuple[str, ...]:
     values = tuple(x.strip().lower() for x in text.split(",") if x.strip())
-    if not values or any(v not in RECOMPUTE for v in values):
-        raise argparse.ArgumentTypeError(f"must be a comma-separated subset of {','.join(RECOMPUTE)}, got {text!r}")
+    if not values or any(v not in PLAN_RECOMPUTE for v in values):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated subset of {','.join(PLAN_RECOMPUTE)}, "
+                                         f"got {text!r}")
     return values
 
 
@@ -1064,7 +1065,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--devices", required=True, type=_devices, help="number of devices")
     ev.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
     ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
-                    "recompute (none/selective/op/full), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
+                    "recompute (none/selective/op/full/block), recompute_layers (block: layers re-run whole, one "
+                    "count or one per stage), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
                     "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "loss (torch/megatron), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
@@ -1121,8 +1123,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="context-parallel widths (default 1; from 16K tokens also every power of two leaving "
                          "4K tokens per rank)")
     pl.add_argument("--recompute", type=_recompute_list, default=None,
-                    help="recompute modes each stage may use (default none,selective,full; op: torchtitan's "
-                         "per-op policy)")
+                    help="recompute modes each stage may use (default none,selective,full,block; op: "
+                         "torchtitan's per-op policy; block: the fewest layers re-run whole that fit, the "
+                         "others nothing, Megatron's --recompute-method block)")
     pl.add_argument("--ep", type=_int_list, default=None,
                     help="expert-parallel widths of a mixture of experts (default: the powers of two dividing "
                          "the experts; 1 for a dense model)")

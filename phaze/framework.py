@@ -37,6 +37,8 @@ class Framework:
                                 # None: on (phaze's default, the recipes of NeMo and Megatron-Core)
     selective_recompute: bool = True   # offers a selective recompute (a row without recompute may use it)
     interleaving: bool = True   # has an interleaved pipeline schedule at all (``place`` searches vp)
+    block_recompute: bool = True    # can re-run some of a stage's layers whole and none of the rest
+                                    # (recompute=block; a row without recompute may use it)
     vocab_multiple: int = 0     # pads the vocabulary to a multiple of this per tensor-parallel rank
                                 # (Megatron's --make-vocab-size-divisible-by 128); 0: as the model has it
     flop_convention: str = ""   # how its throughput log counts FLOPs (TFLOP/s per GPU): a convention of
@@ -97,10 +99,12 @@ FRAMEWORKS = {f.name: f for f in (
                      "tensor_parallel/layers.py, NeMo 1.9's copy of its transformer.py); its unfused "
                      "attention is baddbmm (alpha 1/sqrt(d), whose derivative scales both gradients), "
                      "scale-mask-softmax, dropout, bmm and a permute to [s, b, h], and the split q, k, v "
-                     "are concatenated in the backward"),
+                     "are concatenated in the backward; --recompute-method block (v3.0; "
+                     "--activations-checkpoint-method block before it) re-runs --recompute-num-layers "
+                     "layers of each pipeline stage whole and none of the rest"),
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
-              vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False,
+              vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False, block_recompute=False,
               dp_overlap=False, loss="megatron", optimizer="adam-deepspeed", flop_convention="narayanan96",
               bias_kernels="separate", bf16_reduce_fp32=True, bf16_zero=1,
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
@@ -117,8 +121,10 @@ FRAMEWORKS = {f.name: f for f in (
                      "synchronisation, shards the fp32 weights and Adam state over data parallelism "
                      "(ZeRO-1) whatever the config says, and its pipeline engine all-reduces the fp32 "
                      "gradients: pipe/engine.py); DeepSpeed's pipeline engine has no interleaved "
-                     "schedule; its activation checkpointing re-runs whole layers (no selective "
-                     "recompute) and it has no Megatron sequence parallelism"),
+                     "schedule; its activation checkpointing re-runs whole layers, every "
+                     "activation_checkpoint_interval layers of the PipelineModule (no selective "
+                     "recompute, no count of layers left without it) and it has no Megatron sequence "
+                     "parallelism"),
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
@@ -133,7 +139,9 @@ FRAMEWORKS = {f.name: f for f in (
                      "spec (gpt_layer_specs.py: TELayerNormColumnParallelLinear for qkv and fc1) under "
                      "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8; "
                      "biases in the GEMM epilogues (Transformer Engine 1.13 module/linear.py: the weight-"
-                     "gradient GEMM returns the bias gradient, cpp_extensions/gemm.py grad=True, use_bias)"),
+                     "gradient GEMM returns the bias gradient, cpp_extensions/gemm.py grad=True, use_bias); "
+                     "--recompute-method block re-runs --recompute-num-layers layers of each pipeline stage "
+                     "whole and none of the rest (transformer_config.py, 0.16)"),
     Framework("nemo", attention="flash", tp_async=True, tp_overlap=True, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
@@ -141,21 +149,28 @@ FRAMEWORKS = {f.name: f for f in (
                      "Engine fused attention, tp_comm_overlap on for tensor-parallel runs, "
                      "grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins, the "
                      "distributed optimizer (Megatron's passes on each shard), no dropout, interleaved pipelines "
-                     "(virtual_pipeline_model_parallel_size in the recipes)"),
+                     "(virtual_pipeline_model_parallel_size in the recipes); recompute_method block re-runs "
+                     "recompute_num_layers layers of each stage whole and none of the rest (Megatron-Core "
+                     "0.16 transformer_config.py)"),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
+              block_recompute=False,
               fp8_casts="separate", bias_kernels="separate",
               source="pytorch/torchtitan defaults: FSDP2 (ZeRO-3) with param bf16 and reduce fp32, "
-                     "SDPA (FlashAttention-2 backend), selective activation checkpointing per op, async "
+                     "SDPA (FlashAttention-2 backend), selective activation checkpointing per op (its "
+                     "activation checkpointing is full, selective per op or a compiler memory budget: "
+                     "torchtitan 0.3 distributed/activation_checkpoint.py; no count of whole layers), async "
                      "TP opt-in, pipeline schedule 1F1B; float8 through torchao's Float8Linear with "
                      "dynamic (tensorwise) scaling: each linear casts its input and output gradient; "
                      "PyTorch's autograd reduces a bias gradient in a kernel of its own (its Llama models "
                      "have no biases; assumption: a biased model's qkv bias added apart, as in Megatron)"),
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
+              block_recompute=False,
               flop_convention="6n_12lqs",
               source="AI-Hypercomputer/maxtext base.yml: FSDP sharding (ZeRO-3), dropout 0, splash/flash "
-                     "attention kernels; assumption: its FSDP collectives move the bf16 compute copies of "
+                     "attention kernels, one remat_policy for every layer of its scanned stack (no count of layers "
+                     "left without it); assumption: its FSDP collectives move the bf16 compute copies of "
                      "the float32 weights (weight_dtype float32; the dtype on the wire is not published); "
                      "XLA schedules "
                      "collectives asynchronously beside compute (its latency-hiding scheduler); one "
@@ -170,7 +185,8 @@ FRAMEWORKS = {f.name: f for f in (
                      "(fp32 reduction), attn_impl flash (FlashAttention-2), no dropout; fp8 through "
                      "Transformer Engine's te.Linear (fc_type te); assumption: the norms stay separate "
                      "(its LayerNorm-fused te_ln_mlp FFN is opt-in), so each linear casts its input; "
-                     "biases as torchtitan's (its MPT models set no_bias)"),
+                     "biases as torchtitan's (its MPT models set no_bias); activation_checkpointing_target can "
+                     "checkpoint only some blocks (first-n, range-i-j: llm-foundry 0.22 models/utils/act_ckpt.py)"),
 )}
 
 # Spellings of each framework in a free ``framework`` column, tried in this order (a NeMo run
@@ -270,10 +286,13 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
         changes["sp"] = fw.sp
     if "vp" not in given and not fw.interleaving:
         changes["vp"] = (1,)
-    if "recompute" not in given and not fw.selective_recompute and "selective" in options.recompute:
-        changes["recompute"] = tuple(r for r in options.recompute if r != "selective")
-    if fw.selective == "op" and "selective" in options.recompute:
-        changes["recompute"] = tuple("op" if r == "selective" else r for r in options.recompute)
+    dropped = {r for r, offered in (("selective", fw.selective_recompute), ("block", fw.block_recompute))
+               if not offered}
+    if "recompute" not in given and dropped & set(options.recompute):
+        changes["recompute"] = tuple(r for r in options.recompute if r not in dropped)
+    recompute = changes.get("recompute", options.recompute)
+    if fw.selective == "op" and "selective" in recompute:
+        changes["recompute"] = tuple("op" if r == "selective" else r for r in recompute)
     return replace(options, **changes), changes
 
 

@@ -29,7 +29,7 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .memory import memory_reserve_bytes
-from .plan import RECOMPUTE, SEARCHED_RECOMPUTE, Plan
+from .plan import PLAN_RECOMPUTE, SEARCHED_RECOMPUTE, Plan, layer_modes
 from .step import (
     PhaseTime,
     StageCosts,
@@ -172,6 +172,7 @@ class _Options:
     fits: np.ndarray      # [pp, L+1, R] bool
     memory: np.ndarray    # [pp, L+1, R] bytes
     modes: tuple[str, ...]
+    full_layers: np.ndarray | None = None   # [pp, L+1] layers a ``block`` stage re-runs whole
 
 
 def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict | None = None) -> _Options:
@@ -179,7 +180,8 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     memory are linear in the layer count and accept an array of counts), so the DP scores exactly
     what :func:`phaze.step.evaluate` scores. Interior stages share times and tails. ``tails``: a
     cache of the tails over every layer count, shared by the interleaved variants of a layout
-    (a stage's tail does not depend on vp)."""
+    (a stage's tail does not depend on vp). A ``block`` stage re-runs the fewest of its layers
+    whole that fit it in memory (:func:`_block_layers`)."""
     pp, L = costs.plan.pp, costs.model.layers
     R = len(modes)
     shape = (pp, L + 1, R)
@@ -187,7 +189,24 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     ns = np.asarray(sorted(allowed_n), dtype=float)
     idx = ns.astype(int)
     layout = mode_layout(costs.plan)
+    reserve = memory_reserve_bytes(costs.chip, costs.plan.memory_reserve)
+    budget = costs.chip.hbm_bytes - reserve
+    full_layers = None
     for k, r in enumerate(modes):
+        if r == "block":
+            ks = _block_layers(costs, ns, budget)
+            full_layers = np.zeros((pp, L + 1), dtype=int)
+            full_layers[:, idx] = np.where(ks > 0, ks, 0)
+            for i in range(pp):
+                useful = ks[i] > 0
+                if not useful.any():
+                    continue
+                n_i, k_i, cols = ns[useful], ks[i][useful].astype(float), idx[useful]
+                t[i, cols, k] = costs.time(i, n_i, r, k_i).total
+                comm, opt = costs.tail(i, n_i, r, k_i)
+                tl[i, cols, k] = comm + opt
+            mem[:, idx, k] = costs.memory_table(r, ns, np.maximum(ks, 0).astype(float))
+            continue
         classes = {0, pp - 1} | ({1} if pp > 2 else set())
         for i in classes:
             t[i, idx, k] = costs.time(i, ns, r).total
@@ -203,8 +222,32 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
         if pp > 3:          # interior stages 2 .. pp-2 are stage 1's copies
             t[2:pp - 1, idx, k], tl[2:pp - 1, idx, k] = t[1, idx, k], tl[1, idx, k]
         mem[:, idx, k] = costs.memory_table(r, ns)
-    reserve = memory_reserve_bytes(costs.chip, costs.plan.memory_reserve)
-    return _Options(t, tl, mem + reserve <= costs.chip.hbm_bytes, mem, modes)
+    return _Options(t, tl, mem + reserve <= costs.chip.hbm_bytes, mem, modes, full_layers)
+
+
+def _block_layers(costs: StageCosts, ns: np.ndarray, budget: float) -> np.ndarray:
+    """[stages, len(ns)]: the fewest layers a ``block`` stage of each layer count re-runs whole to
+    fit in ``budget`` bytes (-1 where none is needed, as ``none`` fits, or where fewer than all of
+    them do not suffice, as then ``full`` is the same stage). Memory is linear in the count: each
+    layer re-run whole keeps its input instead of its activations; the count is then checked on
+    the exact table (rounding) and raised by one where it falls short. Fewest is fastest: a layer
+    re-run whole is never faster (only a longer backward window could hide more of the gradient
+    reduction, which the DP does not trade against it)."""
+    pp = costs.plan.pp
+    none = costs.memory_table("none", ns)
+    one = costs.memory_table("block", ns, np.ones((pp, len(ns))))
+    saved = (none + costs.full_act_bytes - one)          # bytes one layer re-run whole saves
+    need = none + costs.full_act_bytes - budget           # with the re-materialised layer
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ks = np.where(saved > 0, np.ceil(need / np.where(saved > 0, saved, 1.0)), np.inf)
+    ks = np.maximum(ks, 1.0)
+    ks = np.where(np.isfinite(ks) & (ks < ns), ks, -1.0)
+    ok = ks > 0
+    exact = costs.memory_table("block", ns, np.where(ok, ks, 0.0))
+    ks = np.where(ok & (exact > budget), ks + 1, ks)
+    ks = np.where(ok & (ks >= ns), -1.0, ks)
+    ks = np.where(none <= budget, -1.0, ks)
+    return ks.astype(int)
 
 
 def _min_plus(best: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -240,7 +283,8 @@ def _splits(ok: np.ndarray, L: int) -> bool:
 
 
 def _solve_layout(costs: StageCosts, opts: _Options, weights: tuple[float, float] | None = None):
-    """Exact optimum of one layout: (objective, counts, recomputes) or None if nothing fits.
+    """Exact optimum of one layout: (objective, counts, recomputes, layers each block stage
+    re-runs whole) or None if nothing fits.
     ``weights``: (a, v) replacing the layout's critical-stage weight and interleaving in the
     objective a T_max + sum T / v + tail (a bound over several vp: the smallest a, the largest v)."""
     pp, L = costs.plan.pp, costs.model.layers
@@ -302,7 +346,9 @@ def _solve_layout(costs: StageCosts, opts: _Options, weights: tuple[float, float
                 break
             sol = run(t_cap, lower[-1])
     counts, ks = best
-    return best_obj, tuple(counts), tuple(opts.modes[k] for k in ks)
+    fulls = tuple(int(opts.full_layers[i, n]) if opts.modes[k] == "block" and opts.full_layers is not None else 0
+                  for i, (n, k) in enumerate(zip(counts, ks, strict=True)))    # None: a bound's merged tables
+    return best_obj, tuple(counts), tuple(opts.modes[k] for k in ks), fulls
 
 
 # --- layouts -----------------------------------------------------------------------------------------
@@ -495,8 +541,10 @@ def _bound_costs(costs: StageCosts, modes: tuple[str, ...]) -> StageCosts:
     (:func:`phaze.step.mode_cost_bounds`): every stage assignment's step time under them is a
     lower bound of its step time with the optimal layer schedules."""
     key = mode_layout(costs.plan)
-    bound = {r: mode_cost_bounds(costs.model, costs.chip, costs.devices, key, costs.eff, r) for r in modes}
+    bound = {r: mode_cost_bounds(costs.model, costs.chip, costs.devices, key, costs.eff, r)
+             for r in layer_modes(modes)}
     return replace(costs, _modes=bound)
+
 
 
 def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float, float] | None = None) -> float:
@@ -508,7 +556,7 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float
     a = critical_weight(m, pp, v)
     if weights is not None:
         a, v = weights
-    layer = min(costs.mode(r).layer.total for r in modes)
+    layer = min(costs.mode(r).layer.total for r in layer_modes(modes))
     total = L * layer + pp * costs.send_s + costs.embedding.total + costs.head.total
     edge = layer + costs.send_s + max(costs.embedding.total, costs.head.total)
     return a * max(total / pp, edge if pp > 1 else total) + total / v
@@ -544,6 +592,8 @@ def _deferred_baseline(base: Plan, costs: StageCosts, sibling: list, modes, base
     reserve = memory_reserve_bytes(costs.chip, costs.plan.memory_reserve)
     lb = _bound_costs(costs, modes)         # activation bytes without solving a schedule
     for k, r in enumerate(modes):
+        if r == "block":      # not one mode for every stage
+            continue
         mem = lb.memory_table(r, ns)[rows, rows]
         if not (mem + reserve <= costs.chip.hbm_bytes).all():
             continue
@@ -567,9 +617,9 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     ``progress(done, total)``, if given, is called as layouts are solved or ruled out."""
     chip = chip.with_execution(options.execution)
     start = time.perf_counter()
-    modes = tuple(r for r in RECOMPUTE if r in options.recompute)
+    modes = tuple(r for r in PLAN_RECOMPUTE if r in options.recompute)
     if not modes:
-        raise ConfigError("--recompute", None, f"must list at least one of {', '.join(RECOMPUTE)}")
+        raise ConfigError("--recompute", None, f"must list at least one of {', '.join(PLAN_RECOMPUTE)}")
     keep = max(1, top)
     tokens = global_batch * model.seq_len
     exhaustive = options.exhaustive
@@ -603,13 +653,15 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         opts = _options(lb_costs, modes, allowed_n, tail_cache)     # memory does not depend on the bounds
         # the Megatron-style plan: even split, one recompute mode for every stage
         for k, r in enumerate(modes):
-            if opts.fits[np.arange(pp), even, k].all():
+            if r != "block" and opts.fits[np.arange(pp), even, k].all():
                 ts, tails = opts.time[np.arange(pp), even, k], opts.tail[np.arange(pp), even, k]
                 base_cands.append((_even_bound(ts, tails, lb_costs.micro_batches, pp, base.vp), considered,
                                    replace(base, recompute=r)))
                 break
         if not _fits_somehow(opts, L):
             for k, r in enumerate(modes):
+                if r == "block":    # between none and full: full is closer
+                    continue
                 i_max = max(range(pp), key=lambda i: opts.memory[i, even[i], k])
                 need = opts.memory[i_max, even[i_max], k]
                 if closest is None or need < closest[0]:
@@ -683,11 +735,13 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         # solve the layout exactly (its layer schedules)
         solved_n += 1
         opts = _options(costs, modes, allowed_n, tail_cache)
-        _, counts, recs = _solve_layout(costs, opts)
+        _, counts, recs, fulls = _solve_layout(costs, opts)
         uniform = len(set(recs)) == 1
+        blocks = {k for r, k in zip(recs, fulls, strict=True) if r == "block"}
         plan = replace(base, recompute=recs[0],
                        stages=() if counts == even else counts,
-                       stage_recompute=() if uniform else recs)
+                       stage_recompute=() if uniform else recs,
+                       recompute_layers=() if not blocks else (blocks.pop(),) if len(blocks) == 1 else fulls)
         res = evaluate(model, chip, devices, global_batch, plan, eff)
         heapq.heappush(heap, (res.tokens_per_s, idx, Placement(plan, res)))
         if len(heap) > keep:
@@ -751,7 +805,7 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
     Layouts are visited in order of their closed-form bound and skipped once that bound reaches
     the best found."""
     chip = chip.with_execution(options.execution)
-    modes = tuple(r for r in RECOMPUTE if r in options.recompute)
+    modes = tuple(r for r in PLAN_RECOMPUTE if r in options.recompute)
     cands = []
     for base in layouts(model, devices, global_batch, options):
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
@@ -800,13 +854,13 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
     least m * beta / (w + pp / v + tail / T_c) of the step (w the critical stage's weight in the
     1F1B step, T_c at least the mean stage time, the tail at most the largest upper-bound tail)."""
     chip = chip.with_execution(options.execution)
-    modes = tuple(r for r in RECOMPUTE if r in options.recompute)
+    modes = tuple(r for r in PLAN_RECOMPUTE if r in options.recompute)
     L = model.layers
     rows, late, flat = [], [], {}
     tail_cache: dict = {}
 
     def row(base, costs, lb_costs, opts, allowed):
-        up = {r: mode_cost_upper(model, chip, devices, mode_layout(base), eff, r) for r in modes}
+        up = {r: mode_cost_upper(model, chip, devices, mode_layout(base), eff, r) for r in layer_modes(modes)}
         ub_costs = replace(costs, _modes=up)
         ub_opts = _options(ub_costs, modes, allowed, tail_cache)
         ub = _solve_layout(ub_costs, ub_opts)
@@ -860,7 +914,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
         pp, m = base.pp, costs.micro_batches
         beta = 1.0
         tau = math.inf
-        for r in modes:
+        for r in layer_modes(modes):
             layer = lb_costs.mode(r).layer
             tau = min(tau, layer.total)
             b = (layer.compute + layer.memory) / layer.total if layer.total > 0 else 1.0

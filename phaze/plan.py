@@ -5,15 +5,28 @@ from dataclasses import dataclass, fields
 
 from .configio import ConfigError
 
+# what one layer re-runs in its backward pass: nothing, the attention core (Megatron's selective),
+# torchtitan's per-op policy, or its whole forward
 RECOMPUTE = ("none", "selective", "op", "full")
+# what a pipeline stage may do: a layer mode, or ``block``: its first ``recompute_layers`` layers
+# re-run their whole forward and the others nothing (Megatron's --recompute-granularity full
+# --recompute-method block --recompute-num-layers N; torchtitan's layer-wise checkpointing)
+PLAN_RECOMPUTE = RECOMPUTE + ("block",)
 # the modes the placement search tries by default (``op`` is torchtitan's policy, chosen explicitly)
-SEARCHED_RECOMPUTE = ("none", "selective", "full")
+SEARCHED_RECOMPUTE = ("none", "selective", "full", "block")
 ATTENTION = ("flash", "flash2", "standard")
 OPTIMIZERS = ("adam", "adam-megatron", "adam-deepspeed", "sgd")
 LOSSES = ("torch", "megatron")
 SCHEDULES = ("optimal", "sequential")
 ROUTING = ("forced", "dropless", "capacity")
 DISPATCHERS = ("alltoall", "deepep")
+
+
+def layer_modes(modes) -> tuple[str, ...]:
+    """The layer recompute modes (:data:`RECOMPUTE`, in its order) that stages under ``modes``
+    (:data:`PLAN_RECOMPUTE`) run: a ``block`` stage's layers run ``none`` or ``full``."""
+    wanted = set(modes) | ({"none", "full"} if "block" in modes else set())
+    return tuple(r for r in RECOMPUTE if r in wanted)
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,8 @@ class Plan:
     schedule: str = "optimal"              # layer time: CP-SAT schedule | sequential sum of ops
     stages: tuple[int, ...] = ()           # layers per pipeline stage (empty: even split)
     stage_recompute: tuple[str, ...] = ()  # recompute per stage (empty: ``recompute`` everywhere)
+    recompute_layers: tuple[int, ...] = ()  # layers a ``block`` stage re-runs whole: one count for
+                                            # every stage, or one per stage (0 where not block)
     memory_reserve: float | None = None    # bytes per device kept free (None: the chip's modelled reserve)
     ep: int = 1                            # expert parallel width (mixture of experts)
     etp: int = 1                           # expert tensor parallel width
@@ -83,6 +98,17 @@ class Plan:
         """Expert data parallelism: the devices of a stage left after etp x ep."""
         return devices // (self.pp * self.etp * self.ep)
 
+    def stage_modes(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """Each stage's recompute mode and the layers it re-runs whole (``block`` stages; 0 for the
+        others): ``recompute_layers`` gives one count for every block stage or one per stage."""
+        recs = self.stage_recompute or (self.recompute,) * self.pp
+        ks = self.recompute_layers
+        if len(ks) == 1:
+            ks = tuple(ks[0] if r == "block" else 0 for r in recs)
+        elif not ks:
+            ks = (0,) * len(recs)
+        return recs, ks
+
     def label(self) -> str:
         return (f"tp={self.tp},pp={self.pp},mbs={self.mbs},recompute={self.recompute}"
                 + (",sp=1" if self.sp and self.tp > 1 else "")
@@ -92,6 +118,7 @@ class Plan:
                 + (f",schedule={self.schedule}" if self.schedule != "optimal" else "")
                 + (",stages=" + ":".join(map(str, self.stages)) if self.stages else "")
                 + (",stage_recompute=" + ":".join(self.stage_recompute) if self.stage_recompute else "")
+                + (",recompute_layers=" + ":".join(map(str, self.recompute_layers)) if self.recompute_layers else "")
                 + (f",ep={self.ep}" if self.ep > 1 else "") + (f",etp={self.etp}" if self.etp > 1 else "")
                 + (f",routing={self.routing}" if self.routing else "")
                 + (f",dispatcher={self.dispatcher}" if self.dispatcher else "")
@@ -103,7 +130,8 @@ class Plan:
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp")
 _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a plan's text
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
-             "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "ep", "etp", "routing",
+             "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
+             "ep", "etp", "routing",
              "dispatcher", "ep_overlap", "loss")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
@@ -133,10 +161,16 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
             if not all(x.isascii() and x.isdigit() and int(x) > 0 for x in parts):
                 raise ConfigError(source, key, f"must be positive layer counts joined by ':', got {raw!r}")
             values[key] = tuple(int(x) for x in parts)
+        elif key == "recompute_layers":
+            parts = raw.split(":")
+            if not all(x.isascii() and x.isdigit() for x in parts):
+                raise ConfigError(source, key, f"must be layer counts (one, or one per stage) joined by ':', "
+                                               f"got {raw!r}")
+            values[key] = tuple(int(x) for x in parts)
         elif key == "stage_recompute":
             parts = tuple(x.strip().lower() for x in raw.split(":"))
-            if not all(x in RECOMPUTE for x in parts):
-                raise ConfigError(source, key, f"must be {'/'.join(RECOMPUTE)} per stage joined by ':', "
+            if not all(x in PLAN_RECOMPUTE for x in parts):
+                raise ConfigError(source, key, f"must be {'/'.join(PLAN_RECOMPUTE)} per stage joined by ':', "
                                                f"got {raw!r}")
             values[key] = parts
         elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap"):
@@ -144,7 +178,7 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = _BOOL[raw.lower()]
         else:
-            choices = {"recompute": RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
+            choices = {"recompute": PLAN_RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
                        "schedule": SCHEDULES, "routing": ROUTING,
                        "dispatcher": DISPATCHERS, "loss": LOSSES}[key]
             if raw.lower() not in choices:

@@ -542,6 +542,7 @@ def layer_schedules(study, meta: StudyMeta, row: pd.Series, cfg: SweepConfig | N
             continue
         plan = parse_plan(o["plan"], "plan")
         recompute = plan.stage_recompute[0] if plan.stage_recompute else plan.recompute
+        recompute = "none" if recompute == "block" else recompute      # most of a block stage's layers
         fwd, bwd = schedule_layer(model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention, recompute, eff)
         out.append((name, o["plan"], chip.name, fwd, bwd))
     return out, notes

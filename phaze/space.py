@@ -26,7 +26,7 @@ from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
-from .plan import OPTIMIZERS, RECOMPUTE
+from .plan import OPTIMIZERS, PLAN_RECOMPUTE
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model
@@ -592,8 +592,8 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
     if p is not None:
         rec = p._get("recompute", None)
         rec = d.recompute if rec is None else tuple(rec if isinstance(rec, list) else [rec])
-        if not rec or any(not isinstance(r, str) or r not in RECOMPUTE for r in rec):
-            raise p.error("recompute", f"must be a subset of {', '.join(RECOMPUTE)}, got {quote(rec)}")
+        if not rec or any(not isinstance(r, str) or r not in PLAN_RECOMPUTE for r in rec):
+            raise p.error("recompute", f"must be a subset of {', '.join(PLAN_RECOMPUTE)}, got {quote(rec)}")
         options = PlacementOptions(
             tp=_int_tuple(p, "tp", d.tp), mbs=_int_tuple(p, "mbs", d.mbs), pp=_int_tuple(p, "pp", d.pp),
             vp=_int_tuple(p, "vp", d.vp), cp=_int_tuple(p, "cp", d.cp), ep=_int_tuple(p, "ep", d.ep),

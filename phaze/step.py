@@ -327,6 +327,7 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if plan.stage_recompute and len(plan.stage_recompute) != plan.pp:
         raise ConfigError("--plan", "stage_recompute", f"must give one mode per stage (pp = {plan.pp}), "
                                                        f"got {len(plan.stage_recompute)}")
+    _check_block(model, plan)
     if (model.moe or model.mla) and "op" in (plan.recompute, *plan.stage_recompute):
         raise ConfigError("--plan", "recompute", "op (torchtitan's per-op policy) is modelled for dense "
                                                  "layers with standard attention projections; use none, "
@@ -336,6 +337,31 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if global_batch % (dp * plan.mbs):
         raise ConfigError("--global-batch", None, f"must be a multiple of dp*mbs = {dp}*{plan.mbs} "
                                                   f"= {dp * plan.mbs}, got {global_batch}")
+
+
+def _check_block(model: Model, plan: Plan) -> None:
+    """``recompute_layers``: one count, or one per stage; a ``block`` stage re-runs at least one of
+    its layers whole and at most all of them, and only a block stage has a count."""
+    recs = plan.stage_recompute or (plan.recompute,) * plan.pp
+    ks = plan.recompute_layers
+    if "block" not in recs:
+        if any(ks):
+            raise ConfigError("--plan", "recompute_layers", "counts the layers a recompute=block stage re-runs "
+                                                            "whole; no stage is block")
+        return
+    if len(ks) not in (1, plan.pp):
+        raise ConfigError("--plan", "recompute_layers", f"a block stage needs its count of layers re-run whole: "
+                                                        f"one count, or one per stage (pp = {plan.pp}), got "
+                                                        f"{':'.join(map(str, ks)) or 'none'}")
+    counts = plan.stages or stage_layers(model.layers, plan.pp, plan.vp)
+    _, per = plan.stage_modes()
+    for i, (r, n, k) in enumerate(zip(recs, counts, per, strict=True)):
+        if r == "block" and not 1 <= k <= n:
+            raise ConfigError("--plan", "recompute_layers", f"stage {i} (block, {n} layers) must re-run 1 to {n} "
+                                                            f"of its layers whole, got {k}")
+        if r != "block" and k:
+            raise ConfigError("--plan", "recompute_layers", f"stage {i} is {r}, not block: its count must be 0, "
+                                                            f"got {k}")
 
 
 def _check_experts(model: Model, plan: Plan, dp: int) -> None:
@@ -442,10 +468,22 @@ class StageCosts:
         """Seconds of one per-tensor pass over stage ``i``'s tensors (:func:`tensor_pass_time`)."""
         return tensor_pass_time(passes, self.tensors(i, n), self.params(i, n), self.chip, self.eff)
 
-    def time(self, i: int, n: int, r: str) -> PhaseTime:
-        """Stage ``i`` with ``n`` layers and recompute ``r``: one micro-batch forward + backward
-        (and, under ``adam-deepspeed``, its gradient accumulation, the mean over the micro-batches)."""
-        t = self.mode(r).layer * n + PhaseTime(communication=self.send_s)
+    def _layers(self, attr: str, n, r: str, k=0):
+        """``attr`` of ``n`` layers under ``r`` (``fwd``/``bwd``: their total seconds); a ``block``
+        stage's first ``k`` re-run whole (``full``), the rest nothing (``none``). ``n`` and ``k``
+        may be arrays."""
+        def one(mode):
+            x = getattr(self.mode(mode), attr)
+            return x.total if attr in ("fwd", "bwd") else x
+        if r != "block":
+            return one(r) * n
+        return one("none") * (n - k) + one("full") * k
+
+    def time(self, i: int, n: int, r: str, k=0) -> PhaseTime:
+        """Stage ``i`` with ``n`` layers and recompute ``r`` (``block``: ``k`` of them re-run whole):
+        one micro-batch forward + backward (and, under ``adam-deepspeed``, its gradient
+        accumulation, the mean over the micro-batches)."""
+        t = self._layers("layer", n, r, k) + PhaseTime(communication=self.send_s)
         if i == 0:
             t = t + self.embedding
         if i == self.plan.pp - 1:
@@ -457,9 +495,9 @@ class StageCosts:
             t = t + PhaseTime(memory=share * self._tensor_pass(accumulate, i, n))
         return t
 
-    def tail(self, i: int, n, r: str):
+    def tail(self, i: int, n, r: str, k=0):
         """(exposed data-parallel communication, optimizer step) after the stage's last backward;
-        ``n`` may be an array of layer counts."""
+        ``n`` (and a ``block`` stage's ``k``) may be arrays of layer counts."""
         plan, chip, eff = self.plan, self.chip, self.eff
         p = self.model.bytes_per_element
         dp = plan.dp(self.devices)
@@ -484,11 +522,11 @@ class StageCosts:
         exposed_s = 0.0 * params
         if (group > 1 or (self.model.moe and edp > 1)) and plan.zero < 3:
             # gradients accumulate over micro-batches: only the last backward can hide their reduction
-            bwd_window = self.mode(r).bwd.total * n if plan.dp_overlap else 0.0 * params
+            bwd_window = self._layers("bwd", n, r, k) if plan.dp_overlap else 0.0 * params
             if plan.zero >= 1:
                 # distributed optimizer: reduce-scatter the gradients under the last backward,
                 # all-gather the updated weights under the next step's first forward
-                fwd_window = self.mode(r).fwd.total * n if plan.dp_overlap else 0.0 * params
+                fwd_window = self._layers("fwd", n, r, k) if plan.dp_overlap else 0.0 * params
                 exposed_s = (exposed(coll("reduce_scatter", grad_bytes * params), bwd_window, eff)
                              + exposed(coll("all_gather", p * params), fwd_window, eff))
             else:
@@ -504,9 +542,10 @@ class StageCosts:
             opt_s = opt_s + self._tensor_pass(check, i, n) + self._tensor_pass(copies, i, n)
         return exposed_s, opt_s + kernel_overhead(chip, eff)
 
-    def memory_table(self, r: str, ns: np.ndarray) -> np.ndarray:
-        """``memory(i, n, r).total_bytes`` for every stage ``i`` (rows) and layer count in ``ns``
-        (columns), with the same floating-point operations in the same order."""
+    def memory_table(self, r: str, ns: np.ndarray, ks=0) -> np.ndarray:
+        """``memory(i, n, r, k).total_bytes`` for every stage ``i`` (rows) and layer count in ``ns``
+        (columns; ``ks``: a block stage's layers re-run whole, broadcast to [stages, counts]), with
+        the same floating-point operations in the same order."""
         plan, m = self.plan, self.model
         pp, v, tp = plan.pp, plan.vp, plan.tp
         i = np.arange(pp, dtype=float)[:, None]
@@ -516,21 +555,23 @@ class StageCosts:
         q[pp - 1] += m.head_params
         if m.tied_embeddings and pp > 1:
             q[pp - 1] += m.vocab * (m.embedding_projection_dim or m.hidden)
-        transient = np.full((pp, 1), self.full_act_bytes if r != "none" else 0.0)
+        rematerialised = (r != "none") if r != "block" else np.broadcast_to(np.asarray(ks) > 0, (pp, len(ns)))
+        transient = np.where(rematerialised, self.full_act_bytes, 0.0) * np.ones((pp, 1))
         transient[pp - 1] += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
         if plan.zero >= 3:
             transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp
         if m.moe:
             return (self.state_bytes_per_param * (q / tp + ns * self._expert_shift()) + ns * self._expert_state_shift()
-                    + ns * self.mode(r).act_bytes * inflight + transient)
-        return self.state_bytes_per_param * (q / tp) + ns * self.mode(r).act_bytes * inflight + transient
+                    + self._layers("act_bytes", ns, r, ks) * inflight + transient)
+        return self.state_bytes_per_param * (q / tp) + self._layers("act_bytes", ns, r, ks) * inflight + transient
 
-    def memory(self, i: int, n: int, r: str) -> StageMemory:
+    def memory(self, i: int, n: int, r: str, k: int = 0) -> StageMemory:
         """Peak bytes on a device of stage ``i``: under 1F1B it holds min(pp - i, m) micro-batches."""
         plan, m = self.plan, self.model
         pp, v = plan.pp, plan.vp
         inflight = inflight_micro_batches(pp, v, self.micro_batches, i)
-        transient = self.full_act_bytes if r != "none" else 0.0    # one layer re-materialised
+        recomputes = r != "none" and (r != "block" or k > 0)
+        transient = self.full_act_bytes if recomputes else 0.0    # one layer re-materialised
         if i == pp - 1:   # fp32 logits for the loss
             transient += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
         if plan.zero >= 3:
@@ -538,7 +579,7 @@ class StageCosts:
         weights = self.state_bytes_per_param * self.params(i, n)
         if m.moe:
             weights = weights + n * self._expert_state_shift()
-        return StageMemory(i, n, weights, n * self.mode(r).act_bytes * inflight, transient)
+        return StageMemory(i, n, weights, self._layers("act_bytes", n, r, k) * inflight, transient)
 
 
 def tensor_pass_time(passes: TensorPasses, tensors, params, chip: Chip, eff: Efficiency):
@@ -729,14 +770,16 @@ def layout_of(plan: Plan) -> Plan:
     return replace(plan, recompute="none", stages=(), stage_recompute=())
 
 
-def step_time_of(costs: StageCosts, counts, recomputes) -> tuple[float, int, int, list[float]]:
+def step_time_of(costs: StageCosts, counts, recomputes, full_layers=None) -> tuple[float, int, int, list[float]]:
     """Step time of a stage assignment under 1F1B: ``m * T_max + (sum T - T_max) / v`` plus the
     largest stage tail (data-parallel reduction not hidden, optimizer). Returns (seconds,
-    critical stage, tail stage, stage times). The placement DP minimises this same expression
-    over the same :class:`StageCosts` (its tests check the two agree)."""
+    critical stage, tail stage, stage times). ``full_layers``: the layers each ``block`` stage
+    re-runs whole. The placement DP minimises this same expression over the same
+    :class:`StageCosts` (its tests check the two agree)."""
     m, v = costs.micro_batches, costs.plan.vp
-    times = [costs.time(i, n, r).total for i, (n, r) in enumerate(zip(counts, recomputes, strict=False))]
-    tails = [sum(costs.tail(i, n, r)) for i, (n, r) in enumerate(zip(counts, recomputes, strict=False))]
+    stages = list(zip(counts, recomputes, full_layers or (0,) * len(counts), strict=True))
+    times = [costs.time(i, n, r, k).total for i, (n, r, k) in enumerate(stages)]
+    tails = [sum(costs.tail(i, n, r, k)) for i, (n, r, k) in enumerate(stages)]
     crit = max(range(len(times)), key=times.__getitem__)
     last = max(range(len(tails)), key=tails.__getitem__)
     return (critical_weight(m, len(times), v) * times[crit] + sum(times) / v + tails[last], crit, last,
@@ -758,12 +801,12 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     pp, v = plan.pp, plan.vp
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), eff)
     counts = plan.stages or stage_layers(model.layers, pp, v)
-    recs = plan.stage_recompute or (plan.recompute,) * pp
-    step, crit, last, times = step_time_of(costs, counts, recs)
-    per_mb = costs.time(crit, counts[crit], recs[crit])
+    recs, ks = plan.stage_modes()
+    step, crit, last, times = step_time_of(costs, counts, recs, ks)
+    per_mb = costs.time(crit, counts[crit], recs[crit], ks[crit])
     m = costs.micro_batches
     bubble = (sum(times) - times[crit]) / v + (critical_weight(m, pp, v) - m + 1.0 / v) * times[crit]
-    dp_exposed, t_opt = costs.tail(last, counts[last], recs[last])
+    dp_exposed, t_opt = costs.tail(last, counts[last], recs[last], ks[last])
     breakdown = {
         "compute_s": m * per_mb.compute,
         "memory_bound_s": m * per_mb.memory,
@@ -773,11 +816,13 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
-    hw = sum(n * _layers_flops(model, r, chip.compiled) for n, r in zip(counts, recs, strict=False)) / model.layers
+    hw = sum((n - k) * _layers_flops(model, "none" if r == "block" else r, chip.compiled)
+             + k * _layers_flops(model, "full", chip.compiled) for n, r, k in zip(counts, recs, ks, strict=True))
+    hw /= model.layers
     hw = (hw + _edge_flops(model)) * global_batch
     stages = [StageMemory(s.stage, int(s.layers), float(s.weights_and_optimizer_bytes), float(s.activation_bytes),
                           float(s.transient_bytes))
-              for s in (costs.memory(i, n, r) for i, (n, r) in enumerate(zip(counts, recs, strict=False)))]
+              for s in (costs.memory(i, n, r, k) for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True)))]
     worst = max(range(pp), key=lambda i: stages[i].total_bytes)
     need = stages[worst].total_bytes
     reserve = memory_reserve_bytes(chip, plan.memory_reserve)

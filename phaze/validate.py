@@ -59,7 +59,7 @@ from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
 from .plan import Plan
-from .step import check_plan, evaluate, model_flops_per_sample
+from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system
 from .workload import Model, load_model, with_seq_len, workload_dirs
 
@@ -200,7 +200,9 @@ def convention_flops_per_step(model: Model, global_batch: int, convention: str,
     attention, no recompute)."""
     B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
     if convention == "narayanan96":
-        if recompute == "full":
+        # assumption: a block recompute counts as full (the log's recompute factor reads the
+        # flag that turns whole-layer recompute on, not how many layers re-run)
+        if recompute in ("full", "block"):
             return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
         return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
     if convention == "6n_12lqs":
@@ -473,21 +475,46 @@ def _searched_layout(model: Model, chip: Chip, devices: int, batch: int, fw: Fra
 def _least_recompute(model: Model, chip: Chip, devices: int, batch: int, plan: Plan,
                      alternatives: tuple[Plan, ...], fw: Framework | None):
     """(plan, alternatives, recompute, chosen) for a row that does not state its recompute: the
-    first of none, the framework's selective policy (where it has one) and full with which the
-    plan or one of its alternatives fits in memory, since a run that fits must have recomputed
-    at least that much (``chosen``: anything but none); none when nothing fits. Memory does not
-    depend on the efficiency parameters, so the choice is the same for every fit."""
+    first of none, the framework's selective policy (where it has one), block (where it has it:
+    the fewest layers of each stage re-run whole, the same count in every stage as Megatron's
+    --recompute-num-layers) and full with which the plan or one of its alternatives fits in
+    memory, since a run that fits must have recomputed at least that much (``chosen``: anything
+    but none); none when nothing fits. Memory does not depend on the efficiency parameters, so the
+    choice is the same for every fit."""
     swap = dataclasses.replace
     selective = "op" if fw and fw.selective == "op" else "selective"
-    modes = ["none"] + ([selective] if not fw or fw.selective_recompute else []) + ["full"]
+    modes = (["none"] + ([selective] if not fw or fw.selective_recompute else [])
+             + (["block"] if not fw or fw.block_recompute else []) + ["full"])
+
+    def fits(p: Plan) -> bool:
+        return evaluate(model, chip, devices, batch, swap(p, schedule="sequential")).fits
+
     try:
         for r in modes:
-            plans = _valid_plans(model, devices, batch, [swap(p, recompute=r) for p in (plan, *alternatives)])
-            if any(evaluate(model, chip, devices, batch, swap(p, schedule="sequential")).fits for p in plans):
-                return swap(plan, recompute=r), tuple(swap(a, recompute=r) for a in alternatives), r, r != "none"
+            plans = [swap(p, recompute=r) for p in (plan, *alternatives)]
+            if r == "block":
+                plans = [_fewest_block_layers(model, devices, batch, p, fits) for p in plans]
+            if any(fits(p) for p in _valid_plans(model, devices, batch, plans)):
+                return plans[0], tuple(plans[1:]), r, r != "none"
     except ConfigError:   # the chip cannot run the row (its precision): the prediction says why
         pass
     return plan, alternatives, plan.recompute, False
+
+
+def _fewest_block_layers(model: Model, devices: int, batch: int, plan: Plan, fits) -> Plan:
+    """``plan`` (recompute block) with the fewest layers re-run whole in each stage with which it
+    fits (memory falls as the count grows); every layer of its smallest stage when none does."""
+    swap = dataclasses.replace
+    try:
+        check_plan(model, devices, batch, swap(plan, recompute="none"))
+    except ConfigError:
+        return swap(plan, recompute_layers=(1,))       # invalid whatever the count: the check says why
+    most = min(plan.stages or stage_layers(model.layers, plan.pp, plan.vp))
+    lo, hi = 1, most
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(swap(plan, recompute_layers=(mid,))) else (mid + 1, hi)
+    return swap(plan, recompute_layers=(lo,))
 
 
 def _valid_plans(model: Model, devices: int, batch: int, plans) -> list[Plan]:

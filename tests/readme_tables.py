@@ -28,7 +28,7 @@ PLACEMENTS = [
                                                          "--seq-len", "8192"]),
 ]
 RECOMPUTE = {"none": "no recompute", "selective": "selective recompute", "full": "full recompute",
-             "op": "per-op recompute"}
+             "op": "per-op recompute", "block": "block recompute"}
 
 
 def _place(args: list[str]) -> dict:
@@ -46,7 +46,13 @@ def _plan_words(label: str) -> str:
     if "cp" in kv:
         words.append(f"cp={kv['cp']}")
     words.append(f"mbs={kv['mbs']}")
-    words.append(RECOMPUTE.get(kv.get("recompute", "none"), kv.get("recompute")))
+    if "stage_recompute" in kv:
+        words.append(f"recompute by stage {kv['stage_recompute']}")
+    else:
+        words.append(RECOMPUTE.get(kv.get("recompute", "none"), kv.get("recompute")))
+    if "recompute_layers" in kv:     # a block stage's layers re-run whole
+        n = kv["recompute_layers"]
+        words.append(f"{n} layer{'' if n == '1' else 's'} re-run whole")
     if kv.get("zero", "0") != "0":
         words.append(f"ZeRO-{kv['zero']}")
     if "stages" in kv:

@@ -55,6 +55,20 @@ def test_plan_with_fills_only_what_the_user_did_not_set():
     assert "attention" not in changes and changes["execution"] == "eager"
 
 
+@pytest.mark.parametrize("name,offered", [("megatron-lm", True), ("megatron-core", True), ("nemo", True),
+                                          ("llm-foundry", True), ("megatron-deepspeed", False),
+                                          ("torchtitan", False), ("maxtext", False)])
+def test_block_recompute_is_searched_only_where_the_framework_has_it(name, offered):
+    # a count of layers re-run whole per stage: Megatron's --recompute-method block, llm-foundry's
+    # activation_checkpointing_target; not DeepSpeed's interval, torchtitan's AC modes, MaxText's
+    # one remat policy over a scanned stack
+    o, changes = options_with(FRAMEWORKS[name], PlacementOptions())
+    assert ("block" in o.recompute) == offered
+    assert "full" in o.recompute and "none" in o.recompute
+    given, _ = options_with(FRAMEWORKS[name], PlacementOptions(recompute=("none", "block")), {"recompute"})
+    assert given.recompute == ("none", "block")
+
+
 def test_options_with_fsdp_framework_searches_zero_3_only_unless_given():
     o, _ = options_with(FRAMEWORKS["llm-foundry"], PlacementOptions())
     assert o.zero_stages == (3,) and o.attention == "flash2" and o.reduce_fp32

@@ -241,3 +241,50 @@ def test_tp_async_hides_each_backward_collective_under_its_gemm():
     assert (mode_costs(m, tpu, 1024, replace(plan, tp_async=True), eff, "none").layer.total
             == mode_costs(m, tpu, 1024, plan, eff, "none").layer.total)
     assert parse_plan("tp=8,tp_async=true").tp_async and "tp_async=1" in replace(plan, tp_async=True).label()
+
+
+# --- recompute=block: some of a stage's layers re-run whole, the rest nothing -------------------
+def test_block_stage_is_the_layers_mix_by_hand(gpt3, a100):
+    # Megatron's --recompute-method block --recompute-num-layers 2 on a 6-layer stage: 2 layers at
+    # full recompute's time and stored input, 4 at none's, and one layer re-materialised at a time
+    from phaze.step import layout_of, stage_costs
+    base = Plan(tp=8, pp=16, mbs=1, attention="flash")
+    block = evaluate(gpt3, a100, 1024, 1536, replace(base, recompute="block", recompute_layers=(2,)))
+    costs = stage_costs(gpt3, a100, 1024, 1536, layout_of(base))
+    none, full = costs.mode("none"), costs.mode("full")
+    for m in block.stage_memory:
+        inflight = 16 - m.stage
+        assert m.activation_bytes == pytest.approx((4 * none.act_bytes + 2 * full.act_bytes) * inflight, rel=1e-12)
+        assert m.transient_bytes >= costs.full_act_bytes
+    t = costs.time(5, 6, "block", 2).total
+    assert t == pytest.approx(4 * none.layer.total + 2 * full.layer.total + costs.send_s, rel=1e-12)
+    # between none and full; every layer re-run whole is full itself
+    lo = evaluate(gpt3, a100, 1024, 1536, replace(base, recompute="none"))
+    hi = evaluate(gpt3, a100, 1024, 1536, replace(base, recompute="full"))
+    assert lo.step_time_s < block.step_time_s < hi.step_time_s
+    assert hi.memory_per_device_bytes < block.memory_per_device_bytes < lo.memory_per_device_bytes
+    assert lo.hfu < block.hfu < hi.hfu     # the re-run forward counts as hardware work
+    every = evaluate(gpt3, a100, 1024, 1536, replace(base, recompute="block", recompute_layers=(6,)))
+    assert every.step_time_s == pytest.approx(hi.step_time_s, rel=1e-12)
+    assert every.memory_per_device_bytes == pytest.approx(hi.memory_per_device_bytes, rel=1e-12)
+
+
+def test_block_counts_per_stage_and_their_errors(gpt3, a100):
+    from phaze.configio import ConfigError
+    plan = parse_plan("tp=8,pp=4,stage_recompute=block:block:none:full,recompute_layers=3:1:0:0")
+    assert plan.stage_modes() == (("block", "block", "none", "full"), (3, 1, 0, 0))
+    assert parse_plan(plan.label()) == plan
+    one = parse_plan("tp=8,pp=4,recompute=block,recompute_layers=2")
+    assert one.stage_modes() == (("block",) * 4, (2,) * 4)
+    evaluate(gpt3, a100, 256, 512, plan)
+    for text, words in [("tp=8,pp=4,recompute=block", "one count"),
+                        ("tp=8,pp=4,recompute=block,recompute_layers=25", "1 to 24"),
+                        ("tp=8,pp=4,recompute=none,recompute_layers=2", "no stage is block"),
+                        ("tp=8,pp=4,stage_recompute=block:none:none:none,recompute_layers=1:1:0:0", "not block"),
+                        ("tp=8,pp=4,recompute=block,recompute_layers=1:2", "one per stage")]:
+        with pytest.raises(ConfigError) as e:
+            evaluate(gpt3, a100, 256, 512, parse_plan(text))
+        assert e.value.field == "recompute_layers" and words in e.value.message
+    with pytest.raises(ConfigError) as e:
+        parse_plan("recompute=block,recompute_layers=two")
+    assert e.value.field == "recompute_layers"

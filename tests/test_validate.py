@@ -798,6 +798,26 @@ def test_recompute_spellings(text, mode):
     assert row_to_case(row).plan.recompute == mode
 
 
+def test_blank_recompute_takes_the_fewest_whole_layers_that_fit():
+    # R0010 at 4,096 tokens: selective does not fit, so the least recompute is a block re-running
+    # the fewest layers whole with which it fits (one fewer does not); a framework without a
+    # count of layers (Megatron-DeepSpeed) recomputes every layer
+    from phaze.validate import default_runs_path, read_runs, row_to_case
+    row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"), recompute="",
+               seq_len="4096")
+    c = row_to_case(row)
+    assert c.plan.recompute == "block" and c.layout_from == "searched"
+    (k,) = c.plan.recompute_layers
+
+    def fits(p):
+        p = dataclasses.replace(p, schedule="sequential")
+        return v.evaluate(c.model, c.chip, c.devices, c.global_batch, p).fits
+    assert 1 < k < c.model.layers
+    assert fits(c.plan) and not fits(dataclasses.replace(c.plan, recompute_layers=(k - 1,)))
+    assert not fits(dataclasses.replace(c.plan, recompute="selective", recompute_layers=()))
+    assert row_to_case(dict(row, framework="Megatron-DeepSpeed")).plan.recompute == "full"
+
+
 # --- 9. no free text reaches the model; MoE, pipelines, names -----------------------------------
 @pytest.mark.parametrize("rid", ["R0000", "R0010", "R0033", "R0255", "R0416", "R1000", "R1013", "R1061"])
 def test_notes_never_change_a_case(rid):
