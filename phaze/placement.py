@@ -37,6 +37,7 @@ from .step import (
     check_plan,
     critical_weight,
     evaluate,
+    inflight_micro_batches,
     layout_of,
     mode_cost_bounds,
     mode_cost_upper,
@@ -194,18 +195,24 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     full_layers = None
     for k, r in enumerate(modes):
         if r == "block":
-            ks = _block_layers(costs, ns, budget)
+            none = mem[:, idx, modes.index("none")] if "none" in modes[:k] else None
+            ks, table = _block_layers(costs, ns, budget, none)
             full_layers = np.zeros((pp, L + 1), dtype=int)
-            full_layers[:, idx] = np.where(ks > 0, ks, 0)
-            for i in range(pp):
-                useful = ks[i] > 0
-                if not useful.any():
+            useful = ks > 0
+            if table is None:
+                continue
+            full_layers[:, idx] = np.where(useful, ks, 0)
+            kf = np.where(useful, ks, 0).astype(float)
+            # the first and last stages, then every interior stage at once (rows: stages)
+            for rows in ([0], [pp - 1] if pp > 1 else [], list(range(1, pp - 1))):
+                if not rows or not useful[rows].any():
                     continue
-                n_i, k_i, cols = ns[useful], ks[i][useful].astype(float), idx[useful]
-                t[i, cols, k] = costs.time(i, n_i, r, k_i).total
-                comm, opt = costs.tail(i, n_i, r, k_i)
-                tl[i, cols, k] = comm + opt
-            mem[:, idx, k] = costs.memory_table(r, ns, np.maximum(ks, 0).astype(float))
+                n2 = np.broadcast_to(ns, (len(rows), len(ns)))
+                at = (np.asarray(rows)[:, None], idx[None, :], k)
+                t[at] = np.where(useful[rows], costs.time(rows[0], n2, r, kf[rows]).total, np.inf)
+                comm, opt = costs.tail(rows[0], n2, r, kf[rows])
+                tl[at] = np.where(useful[rows], comm + opt, np.inf)
+            mem[:, idx, k] = table
             continue
         classes = {0, pp - 1} | ({1} if pp > 2 else set())
         for i in classes:
@@ -225,29 +232,39 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     return _Options(t, tl, mem + reserve <= costs.chip.hbm_bytes, mem, modes, full_layers)
 
 
-def _block_layers(costs: StageCosts, ns: np.ndarray, budget: float) -> np.ndarray:
-    """[stages, len(ns)]: the fewest layers a ``block`` stage of each layer count re-runs whole to
-    fit in ``budget`` bytes (-1 where none is needed, as ``none`` fits, or where fewer than all of
-    them do not suffice, as then ``full`` is the same stage). Memory is linear in the count: each
-    layer re-run whole keeps its input instead of its activations; the count is then checked on
+def _block_layers(costs: StageCosts, ns: np.ndarray, budget: float,
+                  none: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """([stages, len(ns)]: the fewest layers a ``block`` stage of each layer count re-runs whole
+    to fit in ``budget`` bytes, -1 where none is needed, as ``none`` fits, or where fewer than all
+    of them do not suffice, as then ``full`` is the same stage; the memory table of those counts,
+    None when every count is -1). Memory is linear in the count: each layer re-run whole keeps its
+    input instead of its activations, in every micro-batch in flight; the count is then checked on
     the exact table (rounding) and raised by one where it falls short. Fewest is fastest: a layer
     re-run whole is never faster (only a longer backward window could hide more of the gradient
-    reduction, which the DP does not trade against it)."""
-    pp = costs.plan.pp
-    none = costs.memory_table("none", ns)
-    one = costs.memory_table("block", ns, np.ones((pp, len(ns))))
-    saved = (none + costs.full_act_bytes - one)          # bytes one layer re-run whole saves
+    reduction, which the DP does not trade against it). ``none``: the stages' memory without
+    recompute, when known."""
+    plan = costs.plan
+    if none is None:
+        none = costs.memory_table("none", ns)
+    over = none > budget
+    if not over.any():
+        return np.full(none.shape, -1), None
+    inflight = inflight_micro_batches(plan.pp, plan.vp, costs.micro_batches, np.arange(plan.pp, dtype=float))
+    saved = (costs.mode("none").act_bytes - costs.mode("full").act_bytes) * inflight[:, None]
     need = none + costs.full_act_bytes - budget           # with the re-materialised layer
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ks = np.where(saved > 0, np.ceil(need / np.where(saved > 0, saved, 1.0)), np.inf)
-    ks = np.maximum(ks, 1.0)
-    ks = np.where(np.isfinite(ks) & (ks < ns), ks, -1.0)
-    ok = ks > 0
-    exact = costs.memory_table("block", ns, np.where(ok, ks, 0.0))
-    ks = np.where(ok & (exact > budget), ks + 1, ks)
-    ks = np.where(ok & (ks >= ns), -1.0, ks)
-    ks = np.where(none <= budget, -1.0, ks)
-    return ks.astype(int)
+    if not (saved > 0).all():
+        return np.full(none.shape, -1), None
+    ks = np.maximum(np.ceil(need / saved), 1.0)
+    ok = over & (ks < ns)
+    table = costs.memory_table("block", ns, np.where(ok, ks, 0.0))
+    short = ok & (table > budget)
+    if short.any():
+        ks = ks + short
+        ok &= ks < ns
+        table = costs.memory_table("block", ns, np.where(ok, ks, 0.0))
+    if not ok.any():
+        return np.full(none.shape, -1), None
+    return np.where(ok, ks, -1.0).astype(int), table
 
 
 def _min_plus(best: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -414,6 +414,7 @@ class StageCosts:
     eff: Efficiency
 
     _modes: dict = field(default_factory=dict, repr=False, compare=False)
+    _affine: dict = field(default_factory=dict, repr=False, compare=False)   # collective -> (time of 1 B, slope)
 
     def mode(self, r: str) -> ModeCosts:
         """One layer's costs under recompute ``r`` (computed on first use, then kept)."""
@@ -472,18 +473,20 @@ class StageCosts:
         """``attr`` of ``n`` layers under ``r`` (``fwd``/``bwd``: their total seconds); a ``block``
         stage's first ``k`` re-run whole (``full``), the rest nothing (``none``). ``n`` and ``k``
         may be arrays."""
-        def one(mode):
-            x = getattr(self.mode(mode), attr)
-            return x.total if attr in ("fwd", "bwd") else x
         if r != "block":
-            return one(r) * n
-        return one("none") * (n - k) + one("full") * k
+            x = getattr(self.mode(r), attr)
+            return (x.total if attr in ("fwd", "bwd") else x) * n
+        a, b = getattr(self.mode("none"), attr), getattr(self.mode("full"), attr)
+        if attr in ("fwd", "bwd"):
+            a, b = a.total, b.total
+        return a * (n - k) + b * k
 
     def time(self, i: int, n: int, r: str, k=0) -> PhaseTime:
         """Stage ``i`` with ``n`` layers and recompute ``r`` (``block``: ``k`` of them re-run whole):
         one micro-batch forward + backward (and, under ``adam-deepspeed``, its gradient
         accumulation, the mean over the micro-batches)."""
-        t = self._layers("layer", n, r, k) + PhaseTime(communication=self.send_s)
+        t = (self.mode(r).layer * n if r != "block" else self._layers("layer", n, r, k)) \
+            + PhaseTime(communication=self.send_s)
         if i == 0:
             t = t + self.embedding
         if i == self.plan.pp - 1:
@@ -506,8 +509,12 @@ class StageCosts:
         grad_bytes = 4 if plan.reduce_fp32 else p
 
         def coll(kind, nbytes, group=group, stride=stride):   # affine in its size: slope + latency
-            one = collective_time(kind, 1.0, group, chip, stride, eff)
-            return (collective_time(kind, 2.0, group, chip, stride, eff) - one) * (nbytes - 1.0) + one
+            key = (kind, group, stride)
+            if key not in self._affine:
+                one = collective_time(kind, 1.0, group, chip, stride, eff)
+                self._affine[key] = (one, collective_time(kind, 2.0, group, chip, stride, eff) - one)
+            one, slope = self._affine[key]
+            return slope * (nbytes - 1.0) + one
 
         experts = self.expert_params(n) if self.model.moe else 0.0
         edp = plan.edp(self.devices)
@@ -555,8 +562,10 @@ class StageCosts:
         q[pp - 1] += m.head_params
         if m.tied_embeddings and pp > 1:
             q[pp - 1] += m.vocab * (m.embedding_projection_dim or m.hidden)
-        rematerialised = (r != "none") if r != "block" else np.broadcast_to(np.asarray(ks) > 0, (pp, len(ns)))
-        transient = np.where(rematerialised, self.full_act_bytes, 0.0) * np.ones((pp, 1))
+        if r != "block":
+            transient = np.full((pp, 1), self.full_act_bytes if r != "none" else 0.0)
+        else:       # a layer re-materialised where some re-run whole
+            transient = np.where(np.broadcast_to(np.asarray(ks) > 0, (pp, len(ns))), self.full_act_bytes, 0.0)
         transient[pp - 1] += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
         if plan.zero >= 3:
             transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp
