@@ -176,13 +176,17 @@ class _Options:
     full_layers: np.ndarray | None = None   # [pp, L+1] layers a ``block`` stage re-runs whole
 
 
-def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict | None = None) -> _Options:
+def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict | None = None,
+             bound: bool = False) -> _Options:
     """Evaluate every (stage, layers, recompute) through :class:`StageCosts` itself (its time and
     memory are linear in the layer count and accept an array of counts), so the DP scores exactly
     what :func:`phaze.step.evaluate` scores. Interior stages share times and tails. ``tails``: a
     cache of the tails over every layer count, shared by the interleaved variants of a layout
     (a stage's tail does not depend on vp). A ``block`` stage re-runs the fewest of its layers
-    whole that fit it in memory (:func:`_block_layers`)."""
+    whole that fit it in memory (:func:`_block_layers`). ``bound``: tables for lower bounds only,
+    where a block stage's tail is taken with all its layers' backward windows (a longer window
+    hides more, so no count has a smaller tail): an interleaved or other ZeRO variant of the
+    layout, whose memory sets another count, is then bounded too."""
     pp, L = costs.plan.pp, costs.model.layers
     R = len(modes)
     shape = (pp, L + 1, R)
@@ -210,7 +214,7 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
                 n2 = np.broadcast_to(ns, (len(rows), len(ns)))
                 at = (np.asarray(rows)[:, None], idx[None, :], k)
                 t[at] = np.where(useful[rows], costs.time(rows[0], n2, r, kf[rows]).total, np.inf)
-                comm, opt = costs.tail(rows[0], n2, r, kf[rows])
+                comm, opt = costs.tail(rows[0], n2, r, n2 if bound else kf[rows])
                 tl[at] = np.where(useful[rows], comm + opt, np.inf)
             mem[:, idx, k] = table
             continue
@@ -563,7 +567,6 @@ def _bound_costs(costs: StageCosts, modes: tuple[str, ...]) -> StageCosts:
     return replace(costs, _modes=bound)
 
 
-
 def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float, float] | None = None) -> float:
     """A closed-form lower bound of a layout's step time under bound costs (no DP, no memory):
     the stage times sum to at least every layer at its cheapest mode plus sends and edges, the
@@ -667,7 +670,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
             groups.setdefault(_variant_key(base, False), []).append(considered)
             continue
         lb_costs = costs if exhaustive else _bound_costs(costs, modes)
-        opts = _options(lb_costs, modes, allowed_n, tail_cache)     # memory does not depend on the bounds
+        opts = _options(lb_costs, modes, allowed_n, tail_cache, bound=True)   # memory does not depend on the bounds
         # the Megatron-style plan: even split, one recompute mode for every stage
         for k, r in enumerate(modes):
             if r != "block" and opts.fits[np.arange(pp), even, k].all():
@@ -741,7 +744,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
             continue
         if stage == 3:      # a variant whose closed-form bound can win: its tables, its DP bound
             if info[idx][5] is None:
-                o = _options(lb_costs, modes, allowed_n, tail_cache)
+                o = _options(lb_costs, modes, allowed_n, tail_cache, bound=True)
                 if not _fits_somehow(o, model.layers):
                     continue
                 feasible += 1
@@ -834,7 +837,7 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
             break
         L = model.layers
         allowed_n = _allowed_n(L, base.pp, base.vp)
-        opts = _options(lb_costs, modes, allowed_n)
+        opts = _options(lb_costs, modes, allowed_n, bound=True)
         if not _fits_somehow(opts, L):
             continue
         lb = _solve_layout(lb_costs, opts)
@@ -892,7 +895,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
         if base.vp > 1 and 1 in vp_values(model, base.pp, options):
             late.append((base, costs, lb_costs, allowed))      # after the vp = 1 layouts (below)
             continue
-        opts = _options(lb_costs, modes, allowed, tail_cache)
+        opts = _options(lb_costs, modes, allowed, tail_cache, bound=True)
         if not _fits_somehow(opts, L):
             continue
         if base.vp == 1:
@@ -912,7 +915,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
         through = _solve_layout(sib[0], sib[1], weights)
         if through is None or through[0] * _SLACK > ub_now:
             continue
-        opts = _options(lb_costs, modes, allowed, tail_cache)
+        opts = _options(lb_costs, modes, allowed, tail_cache, bound=True)
         if not _fits_somehow(opts, L):
             continue
         row(base, costs, lb_costs, opts, allowed)

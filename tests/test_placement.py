@@ -229,6 +229,36 @@ def test_bounded_search_equals_solving_every_layout(seed, monkeypatch, tmp_path)
 
 
 @pytest.mark.parametrize("seed", range(6))
+def test_bounded_search_equals_solving_every_layout_when_memory_binds(seed, monkeypatch, tmp_path):
+    """HBM below every layout's need without recompute, data parallelism, interleaving and ZeRO
+    variants: block stages (each at the fewest layers re-run whole that fit) are among the best
+    plans, and the bounds that prune layouts (a block stage's tail bounded over every count) still
+    return exactly what solving every layout returns."""
+    from phaze import schedule as S
+    from phaze.api import calibrated_efficiency
+    from phaze.placement import layouts
+    monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path))
+    rng = random.Random(2000 + seed)
+    chip = _random_chip(rng)
+    model = Model(name=f"bind{seed}", layers=rng.choice([12, 16]), hidden=4096, heads=32, ffn_hidden=11008,
+                  vocab=32000, seq_len=2048, precision="bf16")
+    options = PlacementOptions(tp=(2, 4), mbs=(1, 2), vp=(1, 2), zero=(0, 1))
+    eff = calibrated_efficiency(chip)
+    devices, batch = 64, 512
+    need = min(evaluate(model, chip, devices, batch, replace(b, recompute="none", schedule="sequential"))
+               .memory_per_device_bytes for b in layouts(model, devices, batch, options))
+    chip = replace(chip, hbm_bytes=int(memory_reserve_bytes(chip) + need * rng.uniform(0.75, 0.95)))
+    S.clear_memory_cache()
+    got = place(model, chip, devices, batch, options, eff, top=3)
+    S.clear_memory_cache()
+    want = place(model, chip, devices, batch, replace(options, exhaustive=True), eff, top=3)
+    assert any("block" in p.plan.stage_modes()[0] for p in want.top)
+    assert [p.plan for p in got.top] == [p.plan for p in want.top]
+    assert [p.result.step_time_s for p in got.top] == [p.result.step_time_s for p in want.top]
+    assert all(p.result.fits for p in got.top)
+
+
+@pytest.mark.parametrize("seed", range(6))
 def test_uneven_interleaved_layouts_equal_brute_force(seed):
     """Layers not dividing pp*vp: the search places chunks of c or c + 1 layers (a stage's vp
     chunks hold vp*c .. vp*c + vp layers) and scores exactly what evaluate scores for the best
