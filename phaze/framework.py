@@ -99,9 +99,10 @@ FRAMEWORKS = {f.name: f for f in (
                      "tensor_parallel/layers.py, NeMo 1.9's copy of its transformer.py); its unfused "
                      "attention is baddbmm (alpha 1/sqrt(d), whose derivative scales both gradients), "
                      "scale-mask-softmax, dropout, bmm and a permute to [s, b, h], and the split q, k, v "
-                     "are concatenated in the backward; --recompute-method block (v3.0; "
-                     "--activations-checkpoint-method block before it) re-runs --recompute-num-layers "
-                     "layers of each pipeline stage whole and none of the rest"),
+                     "are concatenated in the backward; --recompute-method block (v3.0) re-runs "
+                     "--recompute-num-layers layers of each pipeline stage whole and none of the rest "
+                     "(assumption: the 2021 v2.x releases had it as --activations-checkpoint-method block; "
+                     "their arguments.py was not at hand)"),
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False, block_recompute=False,

@@ -10,7 +10,7 @@ from .configio import ConfigError
 RECOMPUTE = ("none", "selective", "op", "full")
 # what a pipeline stage may do: a layer mode, or ``block``: its first ``recompute_layers`` layers
 # re-run their whole forward and the others nothing (Megatron's --recompute-granularity full
-# --recompute-method block --recompute-num-layers N; torchtitan's layer-wise checkpointing)
+# --recompute-method block --recompute-num-layers N; llm-foundry's activation_checkpointing_target)
 PLAN_RECOMPUTE = RECOMPUTE + ("block",)
 # the modes the placement search tries by default (``op`` is torchtitan's policy, chosen explicitly)
 SEARCHED_RECOMPUTE = ("none", "selective", "full", "block")
