@@ -22,9 +22,11 @@ that would give it) takes the tp, pp and cp of the best Megatron-style plan
 without its global batch is skipped: the step's size is unknown); a pipelined row without vp
 whose framework is not a preset is scored so over the vp values Megatron accepts, and one whose ZeRO stage and
 framework are both blank over ZeRO 0 and 1 (the distributed optimizer costs no time); recompute:
-the least of none, the framework's selective policy and full with which a plan the row allows
-fits (``selective`` is Megatron's core-attention recompute unless ``selective_recompute`` says
-``op``), ``searched`` when not none; sequence parallelism on when tp > 1 unless the preset says
+the least of none, the framework's selective policy, block (where the framework has it) and full
+with which a plan the row allows fits (``selective`` is Megatron's core-attention recompute unless
+``selective_recompute`` says ``op``; block re-runs the fewest layers of each stage whole that fit),
+``searched`` when not none; a row that says block without ``recompute_layers``: the fewest that
+fit, ``searched``; sequence parallelism on when tp > 1 unless the preset says
 off; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
 fp32 reduction; no tensor-parallel overlap and no asynchronous backward collectives; model-FLOP
 convention; MFU over the chip's 16-bit peak.
@@ -74,7 +76,7 @@ EXPLICIT_COLUMNS = (
     "flop_convention", "mfu_peak_tflops", "num_experts", "moe_top_k", "unconfirmed", "system_config",
     "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
-    "execution")
+    "execution", "recompute_layers")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -94,7 +96,7 @@ HELD_OUT_SOURCES = ("S05_nemo_2407",)
 DEFAULT_VOCAB = 51200   # GPT-2 BPE padded to a multiple of 1024 (Megatron's default); see module doc
 _TRUE = ("yes", "true", "1", "on", "y")
 _FALSE = ("no", "false", "0", "off", "n")
-_RECOMPUTE = {"full": "full", "uniform": "full", "block": "full", "selective": "selective",
+_RECOMPUTE = {"full": "full", "uniform": "full", "block": "block", "selective": "selective",
               "none": "none", **{t: "full" for t in _TRUE}, **{f: "none" for f in _FALSE}}
 # GPU names of the reference data and their usual spellings -> shipped chip file. Exact names
 # only: a GPU that is not listed (PCIe, NVL, H200, a power-limited variant, ...) is skipped with
@@ -358,7 +360,12 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     recompute_stated = bool(_text(row, "recompute"))
     recompute = _RECOMPUTE.get(_text(row, "recompute").lower() or "none")
     if recompute is None:
-        raise ValueError(f"column 'recompute' must be none, selective or full, got {row['recompute']!r}")
+        raise ValueError(f"column 'recompute' must be none, selective, block or full, got {row['recompute']!r}")
+    block_layers = _int(row, "recompute_layers")      # a block row's layers re-run whole per stage
+    if block_layers is not None and (recompute != "block" or block_layers < 1):
+        raise ValueError(f"column 'recompute_layers' counts the layers each stage of a recompute = block run "
+                         f"re-runs whole (at least 1), got {row['recompute_layers']!r} with recompute "
+                         f"{row['recompute']!r}")
     dp_col = _int(row, "dp")
     if dp_col and (tp is None) != (pp is None):   # the other one follows from dp: not searched
         rest, rem = divmod(devices, dp_col * (cp or 1) * (tp or pp))
@@ -368,8 +375,10 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if layout_searched:
         if model.moe:
             raise ValueError("parallel layout not published (tp or pp missing) for a mixture of experts")
+        # a block row's layout is searched as for full recompute (its count is set for the layout after)
         tp, pp, cp = _searched_layout(model, chip, devices, batch, fw, tp, pp, cp, mbs,
-                                      recompute if recompute_stated else "", _num(row, "zero_stage"), dp_col)
+                                      ({"block": "full"}.get(recompute, recompute)) if recompute_stated else "",
+                                      _num(row, "zero_stage"), dp_col)
     if recompute == "selective" and _choice(row, "selective_recompute", ("attention", "op"),
                                             fw.selective if fw else "attention") == "op":
         recompute = "op"   # torchtitan's per-op policy rather than Megatron's core-attention recompute
@@ -385,7 +394,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"column 'zero_stage' must be 0, 1, 2 or 3, got {row['zero_stage']!r}")
     plan = Plan(tp=tp, pp=pp, mbs=mbs or 1, recompute=recompute, sp=sp, vp=vp or 1, cp=cp or 1,
-                zero=int(zero),
+                zero=int(zero), recompute_layers=(block_layers or 1,) if recompute == "block" else (),
                 attention=_choice(row, "attention_kernel", ("flash", "flash2", "standard"), preset["attention"]),
                 tp_overlap=_flag(row, "tp_comm_overlap", preset["tp_overlap"]),
                 tp_async=_flag(row, "tp_async", preset["tp_async"]),
@@ -417,6 +426,10 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         alternatives = tuple(dataclasses.replace(a, ep=plan.ep, etp=plan.etp, routing=plan.routing,
                                                  dispatcher=plan.dispatcher, ep_overlap=plan.ep_overlap)
                              for a in alternatives)
+    if recompute == "block" and block_layers is None:   # the count not published: the fewest that fit
+        fits = _fits(model, chip, devices, batch)
+        plans = [_fewest_block_layers(model, devices, batch, p, fits) for p in (plan, *alternatives)]
+        plan, alternatives, layout_from = plans[0], tuple(plans[1:]), "searched"
     if not recompute_stated:   # not stated: the least recompute with which a plan the row allows fits
         plan, alternatives, recompute, chosen = _least_recompute(model, chip, devices, batch, plan, alternatives,
                                                                  fw)
@@ -485,9 +498,7 @@ def _least_recompute(model: Model, chip: Chip, devices: int, batch: int, plan: P
     selective = "op" if fw and fw.selective == "op" else "selective"
     modes = (["none"] + ([selective] if not fw or fw.selective_recompute else [])
              + (["block"] if not fw or fw.block_recompute else []) + ["full"])
-
-    def fits(p: Plan) -> bool:
-        return evaluate(model, chip, devices, batch, swap(p, schedule="sequential")).fits
+    fits = _fits(model, chip, devices, batch)
 
     try:
         for r in modes:
@@ -501,12 +512,19 @@ def _least_recompute(model: Model, chip: Chip, devices: int, batch: int, plan: P
     return plan, alternatives, plan.recompute, False
 
 
+def _fits(model: Model, chip: Chip, devices: int, batch: int):
+    """Whether a plan fits in memory (memory does not depend on the schedule or the efficiencies)."""
+    def fits(p: Plan) -> bool:
+        return evaluate(model, chip, devices, batch, dataclasses.replace(p, schedule="sequential")).fits
+    return fits
+
+
 def _fewest_block_layers(model: Model, devices: int, batch: int, plan: Plan, fits) -> Plan:
     """``plan`` (recompute block) with the fewest layers re-run whole in each stage with which it
     fits (memory falls as the count grows); every layer of its smallest stage when none does."""
     swap = dataclasses.replace
     try:
-        check_plan(model, devices, batch, swap(plan, recompute="none"))
+        check_plan(model, devices, batch, swap(plan, recompute="none", recompute_layers=()))
     except ConfigError:
         return swap(plan, recompute_layers=(1,))       # invalid whatever the count: the check says why
     most = min(plan.stages or stage_layers(model.layers, plan.pp, plan.vp))

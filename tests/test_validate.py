@@ -786,7 +786,7 @@ def test_gpu_names(gpu, chip):
     assert chip_for_gpu(gpu) == chip
 
 
-@pytest.mark.parametrize("text,mode", [("full", "full"), ("uniform", "full"), ("block", "full"),
+@pytest.mark.parametrize("text,mode", [("full", "full"), ("uniform", "full"), ("block", "block"),
                                        ("True", "full"), ("selective", "selective"), ("no", "none"),
                                        ("", "selective")])
 def test_recompute_spellings(text, mode):
@@ -816,6 +816,14 @@ def test_blank_recompute_takes_the_fewest_whole_layers_that_fit():
     assert fits(c.plan) and not fits(dataclasses.replace(c.plan, recompute_layers=(k - 1,)))
     assert not fits(dataclasses.replace(c.plan, recompute="selective", recompute_layers=()))
     assert row_to_case(dict(row, framework="Megatron-DeepSpeed")).plan.recompute == "full"
+    # a row that says block: its count when the column gives one, else the same fewest that fit
+    said = row_to_case(dict(row, recompute="block"))
+    assert said.plan.recompute_layers == (k,) and said.layout_from == "searched"
+    given = row_to_case(dict(row, recompute="block", recompute_layers="46"))
+    assert given.plan.recompute == "block" and given.plan.recompute_layers == (46,) and given.layout_from == "row"
+    for bad in (dict(row, recompute="full", recompute_layers="2"), dict(row, recompute="block", recompute_layers="0")):
+        skipped = row_to_case(bad)
+        assert isinstance(skipped, v.Skipped) and "recompute_layers" in skipped.reason
 
 
 # --- 9. no free text reaches the model; MoE, pipelines, names -----------------------------------
