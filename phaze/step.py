@@ -342,7 +342,7 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
 def _check_block(model: Model, plan: Plan) -> None:
     """``recompute_layers``: one count, or one per stage; a ``block`` stage re-runs at least one of
     its layers whole and at most all of them, and only a block stage has a count."""
-    recs = plan.stage_recompute or (plan.recompute,) * plan.pp
+    recs, per = plan.stage_modes()
     ks = plan.recompute_layers
     if "block" not in recs:
         if any(ks):
@@ -354,7 +354,6 @@ def _check_block(model: Model, plan: Plan) -> None:
                                                         f"one count, or one per stage (pp = {plan.pp}), got "
                                                         f"{':'.join(map(str, ks)) or 'none'}")
     counts = plan.stages or stage_layers(model.layers, plan.pp, plan.vp)
-    _, per = plan.stage_modes()
     for i, (r, n, k) in enumerate(zip(recs, counts, per, strict=True)):
         if r == "block" and not 1 <= k <= n:
             raise ConfigError("--plan", "recompute_layers", f"stage {i} (block, {n} layers) must re-run 1 to {n} "
@@ -485,8 +484,7 @@ class StageCosts:
         """Stage ``i`` with ``n`` layers and recompute ``r`` (``block``: ``k`` of them re-run whole):
         one micro-batch forward + backward (and, under ``adam-deepspeed``, its gradient
         accumulation, the mean over the micro-batches)."""
-        t = (self.mode(r).layer * n if r != "block" else self._layers("layer", n, r, k)) \
-            + PhaseTime(communication=self.send_s)
+        t = self._layers("layer", n, r, k) + PhaseTime(communication=self.send_s)
         if i == 0:
             t = t + self.embedding
         if i == self.plan.pp - 1:
