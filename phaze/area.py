@@ -25,7 +25,7 @@ from .arch import Chip, load_chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, tile_candidates
 from .graph import edge_graph, layer_graph, optimizer_op
-from .plan import Plan, parse_plan
+from .plan import Plan, graph_recompute, parse_plan
 from .step import _shard, check_plan, evaluate, layout_of, stage_costs, stage_layers
 from .validate import calibrated_efficiency
 from .workload import Model, load_model
@@ -413,7 +413,8 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             per_mb = (layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "none") * (n - k)
                       + layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "full") * k)
         else:
-            per_mb = layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, r) * n
+            per_mb = layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention,
+                                    graph_recompute(r, plan.recompute_modules)) * n
         if i == 0:
             per_mb = per_mb + emb
         if i == pp - 1:

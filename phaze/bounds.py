@@ -39,7 +39,7 @@ from .area import _sent_bytes, _step_activity, activity_energy_j, energy_coeffic
 from .cost import Efficiency
 from .graph import edge_graph, layer_graph
 from .placement import cp_values, place_bound, place_step_bounds
-from .plan import layer_modes
+from .plan import graph_recompute, layer_modes
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
 from .system import apply_system
 
@@ -170,7 +170,7 @@ def _layout_options(spec: WorkloadSpec):
             continue
         for mbs in sorted(set(o.mbs)):     # padding and fills do not scale with the micro-batch
             for r in modes:
-                yield tp, o.sp and tp > 1, mbs, r
+                yield tp, o.sp and tp > 1, mbs, graph_recompute(r, o.recompute_modules)
 
 
 @lru_cache(maxsize=4096)

@@ -16,7 +16,7 @@ from .arch import Chip
 from .area import silicon
 from .cost import Efficiency
 from .placement import place
-from .plan import layer_modes
+from .plan import graph_recompute, layer_modes
 from .power import within_limit
 from .schedule import schedule_layer
 from .space import CONSTRAINTS, WorkloadSpec, power_budget
@@ -136,7 +136,8 @@ def _schedule_quality(spec: WorkloadSpec, chip: Chip, plan, eff: Efficiency) -> 
     worst, gap = "OPTIMAL", 0.0
     recs = set(plan.stage_recompute or (plan.recompute,))
     for r in layer_modes(recs):
-        for s in schedule_layer(spec.model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention, r, eff):
+        for s in schedule_layer(spec.model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention,
+                                graph_recompute(r, plan.recompute_modules), eff):
             if STATUS_RANK.get(s.status, 3) > STATUS_RANK.get(worst, 3):
                 worst = s.status
             gap = max(gap, s.gap)

@@ -38,7 +38,7 @@ from .placement import (
     place,
     routing_values,
 )
-from .plan import PLAN_RECOMPUTE, RECOMPUTE, ROUTING, SEARCHED_RECOMPUTE
+from .plan import PLAN_RECOMPUTE, RECOMPUTE, RECOMPUTE_MODULES, ROUTING, SEARCHED_RECOMPUTE
 from .power import PoweredStep, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
 from .schedule import schedule_layer, sharing, write_gantt
@@ -233,7 +233,9 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + "; vp " + (','.join(map(str, o.vp)) if o.vp else
                                         f"every value Megatron accepts for the layers, up to {MAX_AUTO_VP}")
                            + f"; cp {','.join(map(str, cp_values(model, o)))}"
-                           + f"; recompute {'/'.join(o.recompute)} per stage; "
+                           + f"; recompute {'/'.join(o.recompute)} per stage"
+                           + (f" (selective: {'+'.join(o.recompute_modules)})"
+                              if o.recompute_modules and "selective" in o.recompute else "") + "; "
                            f"zero {','.join(map(str, o.zero_stages))}; attention {o.attention}; optimizer "
                            f"{o.optimizer}; sp {'on when tp > 1' if o.sp else 'off'}; "
                            f"dp_overlap {'on' if o.dp_overlap else 'off'}; "
@@ -621,6 +623,14 @@ def _recompute_list(text: str) -> tuple[str, ...]:
     return values
 
 
+def _modules_list(text: str) -> tuple[str, ...]:
+    values = [x.strip().lower() for x in text.split("+") if x.strip()]
+    if not values or any(v not in RECOMPUTE_MODULES for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"must be distinct modules of {', '.join(RECOMPUTE_MODULES)} joined by "
+                                         f"'+', got {text!r}")
+    return tuple(m for m in RECOMPUTE_MODULES if m in values)
+
+
 def _routing_list(text: str) -> tuple[str, ...]:
     values = tuple(x.strip().lower() for x in text.split(",") if x.strip())
     if not values or any(v not in ROUTING for v in values):
@@ -675,13 +685,14 @@ def cmd_place(args) -> int:
                                attention=args.attention or "flash",
                                memory_reserve=args.memory_reserve, reduce_fp32=args.reduce_fp32,
                                ep=args.ep or (), cp=args.cp or (), etp=args.etp or (),
-                               routing=args.routing or ())
+                               routing=args.routing or (), recompute_modules=args.recompute_modules or ())
     preset = None
     if args.framework:
         fw = framework(args.framework)
         given = {k for k, v in (("attention", args.attention), ("zero", args.zero),
                                 ("reduce_fp32", args.reduce_fp32), ("vp", args.vp),
-                                ("recompute", args.recompute)) if v}
+                                ("recompute", args.recompute),
+                                ("recompute_modules", args.recompute_modules)) if v}
         options, changes = options_with(fw, options, given, model.precision)
         model, set_on_model = model_with(fw, model)
         chip = chip.with_execution(options.execution)
@@ -1066,7 +1077,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
     ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
                     "recompute (none/selective/op/full/block), recompute_layers (block: layers re-run whole, one "
-                    "count or one per stage), sp, vp, cp, zero (0-3), attention (flash/flash2/standard), "
+                    "count or one per stage), recompute_modules (selective: Megatron-Core modules joined by '+', "
+                    "core_attn/moe_act/layernorm/mla_up_proj/mlp/moe/shared_experts), sp, vp, cp, zero (0-3), "
+                    "attention (flash/flash2/standard), "
                     "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "loss (torch/megatron), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
@@ -1126,6 +1139,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="recompute modes each stage may use (default none,selective,full,block; op: "
                          "torchtitan's per-op policy; block: the fewest layers re-run whole that fit, the "
                          "others nothing, Megatron's --recompute-method block)")
+    pl.add_argument("--recompute-modules", type=_modules_list, default=None, metavar="M+M",
+                    help="what a selective stage re-runs, Megatron-Core's --recompute-modules joined by '+' "
+                         "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts; default: "
+                         "the framework's, else Megatron-LM's selective recompute of an unfused core attention)")
     pl.add_argument("--ep", type=_int_list, default=None,
                     help="expert-parallel widths of a mixture of experts (default: the powers of two dividing "
                          "the experts; 1 for a dense model)")

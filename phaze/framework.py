@@ -55,6 +55,8 @@ class Framework:
                                  # (phaze.workload.BIAS_KERNELS): GEMM epilogues | separate kernels
     bf16_zero: int | None = None  # the ZeRO stage of a run that is not fp16, when its optimizer
                                   # shards whatever the config says; None: ``zero``
+    recompute_modules: tuple[str, ...] = ()   # what its selective recompute re-runs by default
+                                              # (Megatron-Core's --recompute-modules); empty: selective
 
     def zero_for(self, precision: str) -> int:
         """The ZeRO stage a run at ``precision`` gets by default."""
@@ -128,7 +130,7 @@ FRAMEWORKS = {f.name: f for f in (
                      "parallelism"),
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
-              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
+              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
               source="NVIDIA Megatron-Core (2023-): Transformer Engine fused attention, asynchronous "
                      "tensor-parallel collectives by default, gradients accumulated and reduced in fp32 "
                      "in bf16 and fp8 runs (arguments.py forces it for bf16; --grad-reduce-in-bf16 is "
@@ -142,17 +144,20 @@ FRAMEWORKS = {f.name: f for f in (
                      "biases in the GEMM epilogues (Transformer Engine 1.13 module/linear.py: the weight-"
                      "gradient GEMM returns the bias gradient, cpp_extensions/gemm.py grad=True, use_bias); "
                      "--recompute-method block re-runs --recompute-num-layers layers of each pipeline stage "
-                     "whole and none of the rest (transformer_config.py, 0.16)"),
+                     "whole and none of the rest (transformer_config.py, 0.16); its selective recompute "
+                     "re-runs --recompute-modules, by default core_attn, the core attention whatever its "
+                     "kernel (attention.py checkpoint_core_attention: a fused one too)"),
     Framework("nemo", attention="flash", tp_async=True, tp_overlap=True, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
-              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
+              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
               source="NVIDIA NeMo 2 LLM performance recipes (24.07-): Megatron-Core with Transformer "
                      "Engine fused attention, tp_comm_overlap on for tensor-parallel runs, "
                      "grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins, the "
                      "distributed optimizer (Megatron's passes on each shard), no dropout, interleaved pipelines "
                      "(virtual_pipeline_model_parallel_size in the recipes); recompute_method block re-runs "
                      "recompute_num_layers layers of each stage whole and none of the rest (Megatron-Core "
-                     "0.16 transformer_config.py)"),
+                     "0.16 transformer_config.py); selective recompute is Megatron-Core's, recompute_modules "
+                     "core_attn by default (the core attention, a fused kernel too)"),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
               block_recompute=False,
@@ -270,6 +275,8 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf
         changes["sp"] = fw.sp and plan.tp > 1
     if plan.recompute == "selective" and fw.selective == "op":
         changes["recompute"] = "op"
+    if fw.recompute_modules and "recompute_modules" not in given and "selective" in plan.stage_modes()[0]:
+        changes["recompute_modules"] = fw.recompute_modules
     return replace(plan, **changes), dict(changes, execution=fw.execution)
 
 
@@ -295,6 +302,8 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
     recompute = changes.get("recompute", options.recompute)
     if fw.selective == "op" and "selective" in recompute:
         changes["recompute"] = tuple("op" if r == "selective" else r for r in recompute)
+    if fw.recompute_modules and "recompute_modules" not in given and "selective" in recompute:
+        changes["recompute_modules"] = fw.recompute_modules
     return replace(options, **changes), changes
 
 

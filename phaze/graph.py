@@ -8,9 +8,10 @@ communication, its :class:`Collective`. FLOPs are the arithmetic the hardware pe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from .plan import recompute_modules_of
 from .workload import Model
 
 
@@ -51,6 +52,43 @@ class ExpertLayout:
         if self.nodes <= 1:
             return 1.0
         return 1.0 - math.comb(experts - experts // self.nodes, top_k) / math.comb(experts, top_k)
+
+    def nodes_per_token(self, experts: int, top_k: int, groups: int = 0, group_topk: int = 0) -> float:
+        """Expected nodes a token's top-k experts fall on (the copies DeepEP sends over the
+        network). ``groups``/``group_topk``: group-limited routing (:func:`grouped_nodes_per_token`)."""
+        if groups and self.nodes > 1:
+            return grouped_nodes_per_token(experts, top_k, self.nodes, groups, group_topk)
+        return self.nodes * self.node_share(experts, top_k)
+
+
+@lru_cache(maxsize=1024)
+def grouped_nodes_per_token(experts: int, top_k: int, nodes: int, groups: int, group_topk: int) -> float:
+    """Expected nodes a token reaches under group-limited routing (Megatron-Core's
+    ``group_limited_topk``, DeepSeek-V3's node-limited routing): the experts form ``groups`` equal
+    contiguous groups, the token's ``top_k`` experts come from ``group_topk`` of them, and the ep
+    ranks' nodes hold ``experts / nodes`` contiguous experts each. Assumption: the selected groups
+    are a uniform draw, and the top-k a uniform draw of distinct experts inside them (the scores
+    are not modelled). A node is missed when no pick falls on its experts in the selected groups;
+    the chance is summed over the ways the selected groups overlap the node (a count over the
+    groups the node touches, the others chosen freely). With one group per node and group_topk
+    4 of 8 nodes (DeepSeek-V3 on ep 64), 3.63 nodes per token, against 5.29 without the limit."""
+    size, per_node = experts // groups, experts // nodes
+    pool = group_topk * size                      # the experts a token may pick from
+    total = math.comb(groups, group_topk)
+    expected = 0.0
+    for j in range(nodes):
+        lo, hi = j * per_node, (j + 1) * per_node
+        touched = [min(hi, (g + 1) * size) - max(lo, g * size) for g in range(lo // size, (hi - 1) // size + 1)]
+        free = groups - len(touched)
+        ways = {(0, 0): 1}                        # (groups chosen among the touched, their experts here)
+        for o in touched:
+            for (t, c), w in list(ways.items()):
+                if t < group_topk:
+                    ways[t + 1, c + o] = ways.get((t + 1, c + o), 0) + w
+        missed = sum(w * math.comb(free, group_topk - t) * math.comb(pool - c, top_k)
+                     for (t, c), w in ways.items() if group_topk - t <= free)
+        expected += 1.0 - missed / (total * math.comb(pool, top_k))
+    return expected
 
 
 @dataclass(frozen=True)
@@ -236,7 +274,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     Tn = T // t if sp else T            # tokens each device holds outside the TP regions
     kv_t = kv_width(model, t)
     qkv_n = model.q_dim // t + 2 * kv_t
-    a_t, d = model.heads // t, model.head_dim
+    a_t, d, dv = model.heads // t, model.head_dim, model.v_head_dim
     ffn_out = model.ffn_hidden * (2 if model.activation == "swiglu" else 1) // t
     f_t = model.ffn_hidden // t
     fused = attention in ("flash", "flash2")
@@ -362,7 +400,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             if lay.nodes <= 1:
                 _coll(fb, n(f"{what}.all_to_all"), "all_to_all", "ep", p * lay.load * sent * h)
                 return
-            once = p * lay.load * Tm * h * lay.nodes * lay.node_share(E, k)
+            once = p * lay.load * Tm * h * lay.nodes_per_token(E, k, model.router_groups, model.router_group_topk)
             _coll(fb, n(f"{what}.internode"), "all_to_all", "ep_node", once)
 
         Tm = T // t                                    # tokens each rank routes
@@ -404,8 +442,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
     def _attention_core(fb: _Builder, n) -> None:
         if fused:
-            flops = 4.0 * b * a_t * s * s * d
-            # fused: S = Q.K^T and O = P.V per query tile, accumulating over the keys (K = s);
+            flops = 2.0 * b * a_t * s * s * (d + dv)
+            # fused: S = Q.K^T (query/key width d) and O = P.V (value width dv: MLA's differs) per
+            # query tile, accumulating over the keys (K = s; the tile model's N is d);
             # the online softmax takes one exp and ~5 FLOPs per score. Under context parallelism
             # one kernel per ring step of local queries against one s x s block of keys (ring_steps)
             scores = b * a_t * s * s
@@ -421,7 +460,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 fb.add(n(_ring_name(k)), "tensor+vector", flops=m * flops,
                        work_fraction=step_work, gemm=(m * b * a_t, s, s, d), elements=m * scores,
                        special=m * scores, vector_flops=5 * m * scores, bytes_read=m * p * T * qkv_n,
-                       bytes_written=m * p * T * a_t * d, core_attention=True, operand_reuse=reuse,
+                       bytes_written=m * p * T * a_t * dv, core_attention=True, operand_reuse=reuse,
                        ring=ring)
             return
         _gemm(fb, n("scores"), b * a_t, s, d, sk, p, weights=False, core_attention=True)
@@ -429,9 +468,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 special_per_element=1)
         if model.dropout:
             _vector(fb, n("attn_dropout"), b * a_t * s * sk, p, writes=1.5, core_attention=True)
-        _gemm(fb, n("context"), b * a_t, s, sk, d, p, weights=False, core_attention=True)
-        # [b * heads, s, d] -> [s, b, heads * d] for the output projection: permute().contiguous()
-        _vector(fb, n("context.permute"), T * a_t * d, p, flops_per_element=0, core_attention=True)
+        _gemm(fb, n("context"), b * a_t, s, sk, dv, p, weights=False, core_attention=True)
+        # [b * heads, s, dv] -> [s, b, heads * dv] for the output projection: permute().contiguous()
+        _vector(fb, n("context.permute"), T * a_t * dv, p, flops_per_element=0, core_attention=True)
 
     fb = _Builder("fwd")
     forward(fb)
@@ -460,7 +499,44 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             linear(fb, n("ffn_down"), T, f_t, h)
         _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
 
+    def module_rerun(bb: _Builder, mods) -> None:
+        """Megatron-Core's selective recompute (``--recompute-modules``): the forward ops of each
+        module in ``mods`` re-run in the backward pass. ``core_attn`` the core attention, fused
+        kernel or not (its checkpoint re-runs it whatever the kernel); ``layernorm`` the norms that
+        are modules of their own in its Transformer Engine layer spec (an MLA layer's input norm, an
+        MoE layer's pre-MLP norm; gpt_layer_specs.py); ``mla_up_proj`` MLA's up projections;
+        ``mlp`` a dense layer's FFN with the norm fused into its first linear; ``moe`` the whole
+        MoE layer, its all-to-alls included; ``moe_act`` the experts' activation;
+        ``shared_experts`` the shared experts' FFN."""
+        probe = _Builder("fwd")
+        (moe_ffn if model.moe else dense_ffn)(probe, lambda x: x)
+        ffn = {o.name for o in probe.ops}
+        wanted = set()
+        if "layernorm" in mods:
+            wanted |= ({"ln1"} if model.mla else set()) | ({"ln2"} if model.moe else set())
+        if "mla_up_proj" in mods and model.mla:
+            wanted |= {"q_up", "kv_up"}
+        if "mlp" in mods and not model.moe:
+            wanted |= ffn | {"ln2"}
+        if "moe" in mods and model.moe:
+            wanted |= ffn
+        if "moe_act" in mods and model.moe:
+            wanted.add("expert_" + model.activation)
+        if "shared_experts" in mods and model.moe:
+            wanted |= {x for x in ffn if x.startswith("shared")}
+        rerun = _Builder("bwd")
+        forward(rerun, "recompute.")
+        for op in rerun.ops:
+            base = op.name.removeprefix("recompute.").removesuffix(".fp8_cast").removesuffix(".bias")
+            if base in wanted or ("core_attn" in mods and op.core_attention):
+                bb.ops.append(replace(op, deps=bb.last))
+                bb.last = (op.name,)
+
     bb = _Builder("bwd")
+    # a fused attention's backward runs five products per tile: S = Q.K^T again, dV = P^T.dO and
+    # dP = dO.V^T (value width), dQ = dS.K and dK = dS^T.Q (query/key width): 2.5 forwards when
+    # the widths agree
+    bwd_passes = (3 * d + 2 * dv) / (d + dv)
     if recompute == "full":
         # a post-norm layer's last norm reads the residual sum, so nothing of its forward is dead
         forward(bb, "recompute.", tail=not reruns_needed(model, compiled) or model.norm_position != "pre")
@@ -468,6 +544,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         op_recompute(bb)
     elif recompute == "selective" and not fused:
         _attention_core(bb, lambda x: "recompute." + x)
+    elif recompute_modules_of(recompute):
+        module_rerun(bb, recompute_modules_of(recompute))
     grad = bb.last
 
     column = ""   # the column-parallel linear whose backward was built last (its input was gathered)
@@ -506,7 +584,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             bt, M, K, N = op.gemm
             for j in op.ring[::-1] if op.ring else (None,):
                 name = op.name if j is None else _ring_name(j)
-                grad = (bb.add(f"{name}.bwd", "tensor+vector", grad, flops=2.5 * op.flops / m,
+                grad = (bb.add(f"{name}.bwd", "tensor+vector", grad, flops=bwd_passes * op.flops / m,
                                work_fraction=op.work_fraction, gemm=(bt // m, M, K, N),
                                elements=op.elements / m, special=op.elements / m,
                                vector_flops=8 * op.elements / m, operand_reuse=op.operand_reuse,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .graph import fp8_fused_inputs, kv_width
+from .plan import recompute_modules_of
 from .workload import Model
 
 # fp32 master + m + v; SGD: none
@@ -44,7 +45,8 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     With ``attention="standard"``, dropout, ``ffn_hidden = 4h`` and multi-head attention this is
     exactly Korthikanti's ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` (``/t`` on the first term too with
     sequence parallelism); ``selective`` drops the ``5·a·s/h`` term, ``full`` keeps the layer
-    input ``2·s·b·h`` only.
+    input ``2·s·b·h`` only; ``selective+<modules>`` (Megatron-Core's modules) drops what each
+    re-runs (:func:`_modules_saved_bytes`). MLA also keeps its latents.
     """
     s, b, h, t = model.seq_len, mbs, model.hidden, tp
     p = model.bytes_per_element
@@ -65,9 +67,11 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     replicated = (p + saved["qkv"] + mask + p + saved["ffn_up"] + mask) * sb * h * rep
     # K and V as the tp ranks hold them together (a KV head replicated when tp > kv heads)
     q, kv, f = model.q_dim, kv_width(model, t) * t, model.ffn_hidden
+    v = kv * model.v_head_dim // model.head_dim          # the values' width (MLA's is narrower)
     act_inputs = 2 if model.activation == "swiglu" else 1
-    # Q, K, V, out-proj in, act in, down in
-    split = sb * (p * (q + kv + kv) + saved["attn_out"] * q + p * act_inputs * f + saved["ffn_down"] * f) / t
+    # Q, K, V, out-proj in (heads x value width), act in, down in
+    split = sb * (p * (q + kv + v) + saved["attn_out"] * model.o_dim + p * act_inputs * f
+                  + saved["ffn_down"] * f) / t
     if model.moe:
         split += moe_activation_bytes(model, sb, t) - p * sb * (act_inputs * f + f) / t
     a = model.heads
@@ -78,7 +82,52 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     else:
         # scores against every key of the sequence (a context-parallel shard's too)
         core = (p + (mask + p if model.dropout else 0.0)) * a * s * model.context_parallel * sb / t
+    if model.mla:
+        # MLA's latents: the down projections' outputs (the norms' inputs) and the normed latents
+        # (the up projections' inputs), replicated over tp (Megatron-Core's MLA)
+        replicated += 2 * p * sb * (model.q_lora_rank + model.kv_lora_rank) * rep
+    mods = recompute_modules_of(recompute)
+    if mods:
+        if "core_attn" in mods:   # the checkpointed core attention keeps only its inputs (Q, K, V)
+            core = 0.0
+        return replicated + split + core - _modules_saved_bytes(model, sb, t, rep, mods, saved, act_inputs)
     return replicated + split + core
+
+
+def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved: dict, act_inputs: int) -> float:
+    """Bytes per layer that Megatron-Core's selective recompute of ``mods`` does not keep (besides
+    the core attention's): ``layernorm`` discards the outputs of the norms that are modules of their
+    own in its Transformer Engine layer spec (gpt_layer_specs.py: an MLA layer's input norm, an MoE
+    layer's pre-MLP norm; the others are fused into the next linear), ``mla_up_proj`` MLA's Q, K
+    and V (the latents stay), ``mlp`` a dense layer's FFN (its input norm is fused into the first
+    linear), ``moe_act`` the experts' activation outputs, ``shared_experts`` the shared experts'
+    inputs to their activation and down projection, ``moe`` all of an MoE layer's (its input, the
+    pre-MLP norm's output, stays). An MoE model's dense layers weigh by their share."""
+    p, h = model.bytes_per_element, model.hidden
+    w_moe = model.moe_layers / model.layers if model.moe else 0.0
+    w_dense = 1.0 - w_moe
+    f = model.ffn_hidden
+    out = 0.0
+    if "layernorm" in mods:
+        out += (saved["qkv"] if model.mla else 0.0) * sb * h * rep + saved["ffn_up"] * sb * h * rep * w_moe
+    if "mla_up_proj" in mods and model.mla:
+        q, kv = model.q_dim, kv_width(model, t) * t
+        out += p * sb * (q + kv + kv * model.v_head_dim // model.head_dim) / t
+    if "mlp" in mods:
+        down = p if model.moe else saved["ffn_down"]
+        out += (saved["ffn_up"] * sb * h * rep + sb * (p * act_inputs * f + down * f) / t) * w_dense
+    if model.moe:
+        local, k, E = sb / t, model.top_k, model.experts
+        gate = 2 if model.activation == "swiglu" else 1
+        ef, sf = model.expert_ffn, model.shared_experts * model.shared_ffn
+        routed = 4 * local * E + p * local * k * (h + gate * ef + ef)
+        shared = p * sb * (gate * sf + sf) / t
+        if "moe" in mods:
+            out += (routed + shared) * w_moe
+        else:
+            out += ((p * local * k * ef if "moe_act" in mods else 0.0)
+                    + (shared if "shared_experts" in mods else 0.0)) * w_moe
+    return out
 
 
 def _op_checkpoint_bytes(model: Model, sb: int, t: int, rep: float, attention: str) -> float:

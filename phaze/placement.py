@@ -85,6 +85,8 @@ class PlacementOptions:
     dp_overlap: bool = True
     loss: str = "torch"
     execution: str = ""         # how the chip's work is issued (phaze.arch.EXECUTION; "": the chip's)
+    recompute_modules: tuple[str, ...] = ()   # what a selective stage re-runs (Megatron-Core's modules,
+                                              # phaze.plan.RECOMPUTE_MODULES; empty: Megatron-LM's)
 
     @property
     def zero_stages(self) -> tuple[int, ...]:
@@ -200,6 +202,7 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     for k, r in enumerate(modes):
         if r == "block":
             none = mem[:, idx, modes.index("none")] if "none" in modes[:k] else None
+            full = modes.index("full") if "full" in modes[:k] else None
             ks, table = _block_layers(costs, ns, budget, none)
             full_layers = np.zeros((pp, L + 1), dtype=int)
             useful = ks > 0
@@ -214,6 +217,9 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
                 n2 = np.broadcast_to(ns, (len(rows), len(ns)))
                 at = (np.asarray(rows)[:, None], idx[None, :], k)
                 t[at] = np.where(useful[rows], costs.time(rows[0], n2, r, kf[rows]).total, np.inf)
+                if bound and full is not None:    # every layer re-run whole: full's tail, to the digit
+                    tl[at] = np.where(useful[rows], tl[(at[0], at[1], full)], np.inf)
+                    continue
                 comm, opt = costs.tail(rows[0], n2, r, n2 if bound else kf[rows])
                 tl[at] = np.where(useful[rows], comm + opt, np.inf)
             mem[:, idx, k] = table
@@ -446,7 +452,7 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
                                     ep=ep, etp=etp, routing=routing, tp_async=options.tp_async,
                                     tp_overlap=options.tp_overlap, dp_overlap=options.dp_overlap,
-                                    loss=options.loss)
+                                    loss=options.loss, recompute_modules=options.recompute_modules)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:

@@ -20,6 +20,32 @@ LOSSES = ("torch", "megatron")
 SCHEDULES = ("optimal", "sequential")
 ROUTING = ("forced", "dropless", "capacity")
 DISPATCHERS = ("alltoall", "deepep")
+# Megatron-Core's selective recompute modules (--recompute-modules; transformer_config.py, 0.16):
+# the core attention, the experts' activation, the norms that are modules of their own, MLA's up
+# projections, a dense layer's MLP, the whole MoE layer, the shared experts
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+def graph_recompute(r: str, modules: tuple[str, ...]) -> str:
+    """What one layer's graph re-runs for a stage mode ``r``: a selective recompute of Megatron-Core
+    ``modules`` is ``selective+<module>+...``; plain ``selective`` (no modules) is Megatron-LM's
+    (the core attention when it is not a fused kernel); any other mode is itself."""
+    return "selective+" + "+".join(modules) if r == "selective" and modules else r
+
+
+def recompute_modules_of(recompute: str) -> frozenset[str] | None:
+    """The modules of a ``selective+...`` graph recompute (:func:`graph_recompute`); None for any
+    other recompute."""
+    if not recompute.startswith("selective+"):
+        return None
+    return frozenset(recompute.split("+")[1:])
+
+
+def is_layer_recompute(recompute: str) -> bool:
+    """Whether ``recompute`` is a layer graph's recompute: a :data:`RECOMPUTE` mode or a selective
+    recompute of known modules."""
+    mods = recompute_modules_of(recompute)
+    return recompute in RECOMPUTE or (mods is not None and bool(mods) and mods <= set(RECOMPUTE_MODULES))
 
 
 def layer_modes(modes) -> tuple[str, ...]:
@@ -86,6 +112,8 @@ class Plan:
     dispatcher: str = ""                   # MoE token dispatch: alltoall | deepep ("": alltoall)
     ep_overlap: bool = False               # MoE all-to-alls overlapped with another micro-batch's compute
     loss: str = "torch"                    # cross-entropy kernels: torch | megatron (LOSSES)
+    recompute_modules: tuple[str, ...] = ()  # what a selective stage re-runs, Megatron-Core's modules
+                                             # (RECOMPUTE_MODULES); empty: Megatron-LM's selective
 
     def __post_init__(self):
         if self.sp is None:
@@ -124,7 +152,9 @@ class Plan:
                 + (f",dispatcher={self.dispatcher}" if self.dispatcher else "")
                 + (",ep_overlap=1" if self.ep_overlap else "")
                 + (",dp_overlap=0" if not self.dp_overlap else "")
-                + (f",loss={self.loss}" if self.loss != "torch" else ""))
+                + (f",loss={self.loss}" if self.loss != "torch" else "")
+                + (",recompute_modules=" + "+".join(self.recompute_modules)
+                   if self.recompute_modules and "selective" in self.stage_modes()[0] else ""))
 
 
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp")
@@ -132,7 +162,7 @@ _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a pl
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
-             "dispatcher", "ep_overlap", "loss")
+             "dispatcher", "ep_overlap", "loss", "recompute_modules")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
 
@@ -173,6 +203,12 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 raise ConfigError(source, key, f"must be {'/'.join(PLAN_RECOMPUTE)} per stage joined by ':', "
                                                f"got {raw!r}")
             values[key] = parts
+        elif key == "recompute_modules":
+            parts = tuple(x.strip().lower() for x in raw.split("+"))
+            if not all(x in RECOMPUTE_MODULES for x in parts) or len(set(parts)) != len(parts):
+                raise ConfigError(source, key, f"must be distinct modules of {', '.join(RECOMPUTE_MODULES)} "
+                                               f"joined by '+', got {raw!r}")
+            values[key] = tuple(x for x in RECOMPUTE_MODULES if x in parts)
         elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap"):
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
@@ -184,4 +220,8 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()
-    return Plan(**values)
+    plan = Plan(**values)
+    if plan.recompute_modules and "selective" not in plan.stage_modes()[0]:
+        raise ConfigError(source, "recompute_modules", "says what a selective recompute re-runs: give it with "
+                                                      "recompute=selective (or a selective stage)")
+    return plan

@@ -22,7 +22,7 @@ from .arch import arch_dirs, load_chip
 from .configio import ConfigError
 from .exact import Certificate
 from .lazy import LazyModule
-from .plan import parse_plan
+from .plan import graph_recompute, parse_plan
 from .schedule import schedule_layer
 from .space import SweepConfig, build_chip
 from .storage import _optuna, make_storage, study_dir
@@ -542,7 +542,8 @@ def layer_schedules(study, meta: StudyMeta, row: pd.Series, cfg: SweepConfig | N
             continue
         plan = parse_plan(o["plan"], "plan")
         recompute = plan.stage_recompute[0] if plan.stage_recompute else plan.recompute
-        recompute = "none" if recompute == "block" else recompute      # most of a block stage's layers
+        # a block stage: most of its layers re-run nothing
+        recompute = "none" if recompute == "block" else graph_recompute(recompute, plan.recompute_modules)
         fwd, bwd = schedule_layer(model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention, recompute, eff)
         out.append((name, o["plan"], chip.name, fwd, bwd))
     return out, notes

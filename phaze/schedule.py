@@ -84,7 +84,7 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, op_time
 from .graph import Op, collective_groups, layer_graph
-from .plan import ATTENTION, RECOMPUTE
+from .plan import ATTENTION, RECOMPUTE, RECOMPUTE_MODULES, is_layer_recompute
 
 DEFAULT_SHARES = (1.0, 0.5, 0.25, 0.125)   # shares of a unit pool an op may run on
 TICK_RESOLUTION_EXP = 20                    # fastest-mode sum of a phase spans [2**20, 2**21) ticks
@@ -1051,8 +1051,9 @@ def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompu
                                         f"sequence length ({model.seq_len})")
     if attention not in ATTENTION:
         raise ConfigError("--attention", None, f"must be one of {', '.join(ATTENTION)}, got {attention!r}")
-    if recompute not in RECOMPUTE:
-        raise ConfigError("--recompute", None, f"must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    if not is_layer_recompute(recompute):
+        raise ConfigError("--recompute", None, f"must be one of {', '.join(RECOMPUTE)}, or selective+ Megatron-Core "
+                                               f"modules ({'+'.join(RECOMPUTE_MODULES)}), got {recompute!r}")
 
 
 @lru_cache(maxsize=1024)

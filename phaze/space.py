@@ -26,7 +26,7 @@ from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
-from .plan import OPTIMIZERS, PLAN_RECOMPUTE
+from .plan import OPTIMIZERS, PLAN_RECOMPUTE, RECOMPUTE_MODULES
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model
@@ -576,6 +576,19 @@ def _system(f: Fields, default: System | None) -> System | None:
     return default if name is None else _named(f, "system", load_system, "--system", name)
 
 
+def _modules(p: Fields) -> tuple[str, ...]:
+    """A placement's ``recompute_modules``: Megatron-Core modules, a list or joined by '+'."""
+    raw = p._get("recompute_modules", None)
+    if raw is None:
+        return ()
+    mods = raw.split("+") if isinstance(raw, str) else raw
+    if (not isinstance(mods, list) or not mods or any(m not in RECOMPUTE_MODULES for m in mods)
+            or len(set(mods)) != len(mods)):
+        raise p.error("recompute_modules", f"must be distinct modules of {', '.join(RECOMPUTE_MODULES)}, got "
+                                           f"{quote(raw)}")
+    return tuple(m for m in RECOMPUTE_MODULES if m in mods)
+
+
 def _workload(item, source: str, i: int, system: System | None = None) -> WorkloadSpec:
     f = Fields(item, source, f"workloads[{i}].") if isinstance(item, dict) else None
     if f is None:
@@ -599,13 +612,14 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             vp=_int_tuple(p, "vp", d.vp), cp=_int_tuple(p, "cp", d.cp), ep=_int_tuple(p, "ep", d.ep),
             etp=_int_tuple(p, "etp", d.etp), recompute=rec, zero=p.int("zero", d.zero, minimum=0),
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
-            optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer))
+            optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
+            recompute_modules=_modules(p))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
         if fw_name:
             fw = framework(fw_name, p.source, p.prefix + "framework")
-            given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer") if p.has(k)}
+            given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer", "recompute_modules") if p.has(k)}
             options = options_with(fw, options, given, model.precision)[0]
             model = model_with(fw, model)[0]
         p.finish()

@@ -31,7 +31,7 @@ from .graph import (
     tensor_flops,
 )
 from .memory import StageMemory, activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
-from .plan import Plan
+from .plan import Plan, graph_recompute
 from .schedule import layer_bounds, schedule_layer
 from .workload import Model, with_seq_len
 
@@ -636,7 +636,9 @@ def _shard(model: Model, plan: Plan) -> Model:
 @lru_cache(maxsize=65536)
 def mode_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficiency,
                r: str) -> ModeCosts:
-    """The costs of one layer of the layout ``plan`` under recompute ``r``."""
+    """The costs of one layer of the layout ``plan`` under recompute ``r`` (a selective one: the
+    plan's Megatron-Core modules, :func:`phaze.plan.graph_recompute`)."""
+    r = graph_recompute(r, plan.recompute_modules)
     fwd, bwd = layer_time(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
                           plan.schedule, expert_layout(model, plan, chip))
     f, b, total = _layer_costs(model, chip, devices, plan, eff, fwd, bwd, r)
@@ -652,6 +654,7 @@ def mode_cost_bounds(model: Model, chip: Chip, devices: int, plan: Plan, eff: Ef
     longer window hides more). A stage's time (monotone in the layer's phases) and its tail
     (non-increasing in the windows) are then at most their values with the optimal schedules,
     and so is the step time of every stage assignment."""
+    r = graph_recompute(r, plan.recompute_modules)
     lo, hi = layer_time_bounds(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
                                plan.schedule, expert_layout(model, plan, chip))
     _, _, total = _layer_costs(model, chip, devices, plan, eff, *lo, r)
@@ -666,6 +669,7 @@ def mode_cost_upper(model: Model, chip: Chip, devices: int, plan: Plan, eff: Eff
     (feasible schedules, so at least the optimum) and the windows that hide data-parallel traffic
     from the lower bounds (a shorter window hides less). Every stage assignment's step time under
     it is at least its step time with the optimal layer schedules."""
+    r = graph_recompute(r, plan.recompute_modules)
     lo, hi = layer_time_bounds(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
                                plan.schedule, expert_layout(model, plan, chip))
     _, _, total = _layer_costs(model, chip, devices, plan, eff, *hi, r)
@@ -682,10 +686,10 @@ def _act_bytes(model: Model, plan: Plan, r: str) -> float:
 def _ring_exposed(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -> float:
     """Exposed time of ring attention's K/V exchange, one layer and micro-batch. Each of the cp - 1
     ring steps sends the K and V block a rank holds to the next rank while the attention of the
-    step's block runs: forward once, backward K/V again plus dK/dV, and again in full recompute's
-    re-run forward; only the attention kernel of that step hides it. The cp ranks sit at stride
-    tp (Megatron's order: tp innermost, then cp), so the ring runs over the link level that holds
-    tp * cp devices."""
+    step's block runs: forward once, backward K/V again plus dK/dV, and again in a recompute's
+    re-run of the attention (full, Megatron-Core's core_attn); only the attention kernel of that
+    step hides it. The cp ranks sit at stride tp (Megatron's order: tp innermost, then cp), so the
+    ring runs over the link level that holds tp * cp devices."""
     tp, cp = plan.tp, plan.cp
     shard = _shard(model, plan)
     p = model.bytes_per_element
@@ -700,8 +704,9 @@ def _ring_exposed(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str)
 
     f, b = attention(g.fwd, False), attention(g.bwd, False)
     out = exposed(hop, f, eff) + exposed(hop2, b, eff)
-    if r == "full":
-        out += exposed(hop, attention(g.bwd, True), eff)
+    rerun = attention(g.bwd, True)
+    if rerun:   # a recompute that re-runs the attention (full, Megatron-Core's core_attn) re-exchanges K/V
+        out += exposed(hop, rerun, eff)
     return (cp - 1) * out
 
 
@@ -823,7 +828,8 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
-    hw = sum((n - k) * _layers_flops(model, "none" if r == "block" else r, chip.compiled)
+    hw = sum((n - k) * _layers_flops(model, "none" if r == "block" else graph_recompute(r, plan.recompute_modules),
+                                     chip.compiled)
              + k * _layers_flops(model, "full", chip.compiled) for n, r, k in zip(counts, recs, ks, strict=True))
     hw /= model.layers
     hw = (hw + _edge_flops(model)) * global_batch
@@ -854,7 +860,7 @@ def _edge_flops(model: Model) -> float:
 
 def _hardware_flops_per_sample(model: Model, plan: Plan) -> float:
     """FLOPs the hardware executes per sequence under a uniform recompute (for HFU)."""
-    return _layers_flops(model, plan.recompute) + _edge_flops(model)
+    return _layers_flops(model, graph_recompute(plan.recompute, plan.recompute_modules)) + _edge_flops(model)
 
 
 def clear_caches(workload_too: bool = False) -> None:

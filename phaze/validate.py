@@ -60,10 +60,10 @@ from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
-from .plan import Plan
+from .plan import RECOMPUTE_MODULES, Plan
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system
-from .workload import Model, load_model, with_seq_len, workload_dirs
+from .workload import Model, load_model, router_groups_error, with_seq_len, workload_dirs
 
 REQUIRED_COLUMNS = (
     "run_id", "source_id", "gpu", "gpu_count", "model", "layers", "hidden", "heads", "ffn_hidden",
@@ -76,7 +76,7 @@ EXPLICIT_COLUMNS = (
     "flop_convention", "mfu_peak_tflops", "num_experts", "moe_top_k", "unconfirmed", "system_config",
     "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
-    "execution", "recompute_layers")
+    "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -379,9 +379,9 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         tp, pp, cp = _searched_layout(model, chip, devices, batch, fw, tp, pp, cp, mbs,
                                       ({"block": "full"}.get(recompute, recompute)) if recompute_stated else "",
                                       _num(row, "zero_stage"), dp_col)
-    if recompute == "selective" and _choice(row, "selective_recompute", ("attention", "op"),
-                                            fw.selective if fw else "attention") == "op":
-        recompute = "op"   # torchtitan's per-op policy rather than Megatron's core-attention recompute
+    selective, modules = _selective_policy(row, fw)
+    if recompute == "selective":
+        recompute = selective   # torchtitan's per-op policy, or Megatron's selective recompute
     if fw and fw.vocab_multiple and not _int(row, "vocab"):   # the framework pads the vocabulary
         model = dataclasses.replace(model, vocab=padded_vocab(model.vocab, fw.vocab_multiple * tp))
     sp_text = _text(row, "sequence_parallel").lower()
@@ -399,7 +399,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 tp_overlap=_flag(row, "tp_comm_overlap", preset["tp_overlap"]),
                 tp_async=_flag(row, "tp_async", preset["tp_async"]),
                 dp_overlap=preset["dp_overlap"], loss=preset["loss"], optimizer=preset["optimizer"],
-                reduce_fp32=_flag(row, "grad_reduce_fp32", preset["reduce_fp32"]))
+                reduce_fp32=_flag(row, "grad_reduce_fp32", preset["reduce_fp32"]), recompute_modules=modules)
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
@@ -432,7 +432,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         plan, alternatives, layout_from = plans[0], tuple(plans[1:]), "searched"
     if not recompute_stated:   # not stated: the least recompute with which a plan the row allows fits
         plan, alternatives, recompute, chosen = _least_recompute(model, chip, devices, batch, plan, alternatives,
-                                                                 fw)
+                                                                 fw, selective)
         layout_from = "searched" if chosen else layout_from
     peak = _num(row, "mfu_peak_tflops")
     # blank: the datasheet's dense 16-bit peak as the chip file lists it
@@ -485,17 +485,36 @@ def _searched_layout(model: Model, chip: Chip, devices: int, batch: int, fw: Fra
     return best.plan.tp, best.plan.pp, best.plan.cp
 
 
+def _selective_policy(row: dict, fw: Framework | None) -> tuple[str, tuple[str, ...]]:
+    """What the row's selective recompute is: (``selective`` or torchtitan's ``op``, Megatron-Core's
+    modules, empty for Megatron-LM's). The ``selective_recompute`` column: ``op``; ``attention``,
+    the core attention (under a framework of Megatron-Core's, its ``core_attn`` module, which
+    re-runs a fused kernel too); Megatron-Core modules joined by '+'; blank: the framework's."""
+    text = _text(row, "selective_recompute").lower()
+    default = fw.recompute_modules if fw else ()
+    if not text:
+        return ("op", ()) if fw and fw.selective == "op" else ("selective", default)
+    if text == "op":
+        return "op", ()
+    if text == "attention":
+        return "selective", ("core_attn",) if default else ()
+    parts = [x.strip() for x in text.split("+")]
+    if not all(x in RECOMPUTE_MODULES for x in parts) or len(set(parts)) != len(parts):
+        raise ValueError(f"column 'selective_recompute' must be attention, op or distinct Megatron-Core modules "
+                         f"joined by '+' ({', '.join(RECOMPUTE_MODULES)}), got {row['selective_recompute']!r}")
+    return "selective", tuple(x for x in RECOMPUTE_MODULES if x in parts)
+
+
 def _least_recompute(model: Model, chip: Chip, devices: int, batch: int, plan: Plan,
-                     alternatives: tuple[Plan, ...], fw: Framework | None):
+                     alternatives: tuple[Plan, ...], fw: Framework | None, selective: str = "selective"):
     """(plan, alternatives, recompute, chosen) for a row that does not state its recompute: the
-    first of none, the framework's selective policy (where it has one), block (where it has it:
+    first of none, the row's selective policy (where its framework has one), block (where it has it:
     the fewest layers of each stage re-run whole, the same count in every stage as Megatron's
     --recompute-num-layers) and full with which the plan or one of its alternatives fits in
     memory, since a run that fits must have recomputed at least that much (``chosen``: anything
     but none); none when nothing fits. Memory does not depend on the efficiency parameters, so the
     choice is the same for every fit."""
     swap = dataclasses.replace
-    selective = "op" if fw and fw.selective == "op" else "selective"
     modes = (["none"] + ([selective] if not fw or fw.selective_recompute else [])
              + (["block"] if not fw or fw.block_recompute else []) + ["full"])
     fits = _fits(model, chip, devices, batch)
@@ -618,9 +637,18 @@ def _with_experts(row: dict, model: Model, shipped: Model | None) -> Model:
     capacity = _num(row, "moe_capacity_factor")
     if capacity is not None:
         changes["capacity_factor"] = capacity
+    for key, col in (("router_groups", "moe_router_groups"), ("router_group_topk", "moe_router_group_topk")):
+        v = _num(row, col)     # 0: no group-limited routing
+        if v is not None:
+            if v < 0 or not float(v).is_integer():
+                raise ValueError(f"column {col!r} must be a whole number >= 0, got {row[col]!r}")
+            changes[key] = int(v)
     out = dataclasses.replace(base, **changes)
     if not 1 <= out.top_k <= out.experts:
         raise ValueError(f"moe_top_k {out.top_k} must be between 1 and the experts ({out.experts})")
+    bad, message = router_groups_error(out)
+    if bad:
+        raise ValueError(f"column 'moe_{bad}': {message.replace('router_', 'moe_router_')}")
     return out
 
 

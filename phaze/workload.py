@@ -88,6 +88,11 @@ class Model:
     dense_layers: int = 0                # the first layers keep a dense FFN (DeepSeek-V3: 3)
     expert_bias: bool = False            # biases on the experts' and router's linear layers (GPT-OSS)
     capacity_factor: float = 0.0         # expert capacity / mean tokens per expert; 0 = dropless
+    # group-limited routing (DeepSeek-V3's node-limited routing; Megatron-Core's
+    # --moe-router-num-groups / --moe-router-group-topk): the experts in ``router_groups`` equal
+    # contiguous groups, each token's top-k taken from its best ``router_group_topk`` groups; 0: none
+    router_groups: int = 0
+    router_group_topk: int = 0
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -385,6 +390,8 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         dense_layers=f.int("dense_layers", 0, minimum=0),
         expert_bias=f.bool("expert_bias", False),
         capacity_factor=f.number("capacity_factor", 0.0, minimum=0.0, inclusive=True),
+        router_groups=f.int("router_groups", 0, minimum=0),
+        router_group_topk=f.int("router_group_topk", 0, minimum=0),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
@@ -407,6 +414,29 @@ def _check_moe(model: Model, source: str) -> None:
         raise ConfigError(source, "top_k", f"must be between 1 and experts ({model.experts}), got {model.top_k}")
     if model.dense_layers >= model.layers:
         raise ConfigError(source, "dense_layers", f"must be < layers ({model.layers}), got {model.dense_layers}")
+    bad, message = router_groups_error(model)
+    if bad:
+        raise ConfigError(source, bad, message)
+
+
+def router_groups_error(model: Model) -> tuple[str, str]:
+    """(field, what is allowed) for inconsistent group-limited routing, else ("", "") (Megatron-Core's
+    checks: the groups divide the experts, the selected groups are at most the groups and hold the
+    top-k experts)."""
+    g, gk = model.router_groups, model.router_group_topk
+    if not g and not gk:
+        return "", ""
+    if not g or not gk:
+        return ("router_groups" if not g else "router_group_topk",
+                "router_groups and router_group_topk are given together (or neither)")
+    if model.experts % g:
+        return "router_groups", f"must divide the experts ({model.experts}), got {g}"
+    if gk > g:
+        return "router_group_topk", f"must be at most router_groups ({g}), got {gk}"
+    if gk * (model.experts // g) < model.top_k:
+        return "router_group_topk", (f"the {gk} selected groups of {model.experts // g} experts must hold "
+                                     f"top_k ({model.top_k}) experts, got {gk}")
+    return "", ""
 
 
 def _first(cfg: dict, *keys, default=None):
@@ -441,9 +471,10 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
                    head_dim=int(cfg.get("qk_nope_head_dim", 0)) + int(cfg.get("qk_rope_head_dim", 0)),
                    v_head_dim=int(cfg.get("v_head_dim") or 0))
+        if int(cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):   # node-limited routing
+            out.update(router_groups=int(cfg["n_group"]), router_group_topk=int(cfg["topk_group"]))
         if cfg.get("num_nextn_predict_layers"):
             notes.append("multi-token prediction module not modelled (not part of the published 671B)")
-        notes.append("MLA attention core costed with the query/key head width for both products")
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
         kinds = cfg.get("layer_types") or []

@@ -177,3 +177,15 @@ def test_ring_crosses_nodes_when_tp_cp_exceeds_the_node():
     # tp = 2, cp = 4 fills one node: node bandwidth
     got = _ring_exposed(replace(model, seq_len=4096, kv_heads=16), a100, Plan(tp=2, cp=4), IDEAL, "none")
     assert got == pytest.approx(3 * 3 * kv / 1e6, rel=1e-3)
+
+
+def test_core_attn_recompute_re_exchanges_the_ring_as_full_recompute_does():
+    """Megatron-Core's core_attn checkpoint re-runs the ring attention's forward, K/V exchange
+    included: the same exposed exchange as a full recompute's re-run; Megatron-LM's selective with
+    a fused kernel re-runs nothing and exchanges nothing more."""
+    chip = load_chip("h100-sxm")
+    plan = Plan(tp=8, cp=4)
+    full = _ring_exposed(LLAMA8B, chip, plan, IDEAL, "full")
+    legacy = _ring_exposed(LLAMA8B, chip, plan, IDEAL, "selective")
+    core = _ring_exposed(LLAMA8B, chip, plan, IDEAL, "selective+core_attn")
+    assert core == full and legacy == _ring_exposed(LLAMA8B, chip, plan, IDEAL, "none") < core

@@ -612,3 +612,34 @@ def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
     with pytest.raises(ConfigError) as e:
         _deepspeed("fp16", zero=2)
     assert "zero" in str(e.value) and "allowed: zero 0-1" in str(e.value)
+
+
+def test_megatron_core_selective_recompute_is_its_modules():
+    """Megatron-Core and NeMo re-run --recompute-modules (core_attn by default, a fused kernel
+    too); Megatron-LM's selective stays the core attention only where it is not fused. What a plan
+    or a row says wins; torchtitan's selective stays its per-op policy."""
+    for name in ("megatron-core", "nemo"):
+        plan, changes = plan_with(FRAMEWORKS[name], Plan(tp=2, recompute="selective"))
+        assert plan.recompute_modules == ("core_attn",) and changes["recompute_modules"] == ("core_attn",)
+        assert "recompute_modules" not in plan_with(FRAMEWORKS[name], Plan(tp=2, recompute="full"))[1]
+        kept, _ = plan_with(FRAMEWORKS[name], Plan(tp=2, recompute="selective", recompute_modules=("moe",)),
+                            {"recompute_modules"})
+        assert kept.recompute_modules == ("moe",)
+        o, _ = options_with(FRAMEWORKS[name], PlacementOptions())
+        assert o.recompute_modules == ("core_attn",)
+    assert plan_with(FRAMEWORKS["megatron-lm"], Plan(tp=2, recompute="selective"))[0].recompute_modules == ()
+    c = synthetic_case(framework="Megatron-Core", recompute="selective")
+    assert (c.plan.recompute, c.plan.recompute_modules) == ("selective", ("core_attn",))
+    c = synthetic_case(framework="Megatron-Core", recompute="selective", selective_recompute="moe_act+layernorm")
+    assert c.plan.recompute_modules == ("moe_act", "layernorm")
+    c = synthetic_case(framework="Megatron-LM (2022)", recompute="selective", selective_recompute="attention")
+    assert c.plan.recompute_modules == ()
+    bad = v.row_to_case(synthetic(framework="Megatron-Core", recompute="selective", selective_recompute="norm+act"))
+    assert isinstance(bad, v.Skipped) and "column 'selective_recompute'" in bad.reason
+    # the fused kernel's re-run costs time: the same plan with and without its modules
+    chip = load_chip("h100-sxm")
+    m = load_model("llama3-8b", 8192)
+    legacy = v.evaluate(m, chip, 8, 64, Plan(tp=8, recompute="selective"))
+    modules = v.evaluate(m, chip, 8, 64, Plan(tp=8, recompute="selective", recompute_modules=("core_attn",)))
+    assert modules.step_time_s > legacy.step_time_s
+    assert modules.memory_per_device_bytes < legacy.memory_per_device_bytes

@@ -360,3 +360,100 @@ def test_recompute_rerun_bench_phaze_rows_match_the_docs():
         assert bench.phaze_reruns(rerun) == n
         assert f"| phaze, recompute_rerun: {rerun} | {n} |" in doc
     assert "| JAX 0.10.2 jax.checkpoint | 5 |" in doc       # what JAX measured: the down projection dropped
+
+
+# --- Megatron-Core's selective recompute modules ---------------------------------------------------
+def _reruns(model, recompute, tp=1, sp=False, moe=None):
+    g = layer_graph(model, 1, tp, sp, "flash", recompute, moe)
+    return [o.name.removeprefix("recompute.") for o in g.bwd if o.name.startswith("recompute.")]
+
+
+def test_core_attn_module_reruns_the_fused_kernel_and_keeps_no_log_sum_exp():
+    """Megatron-Core's core_attn checkpoint re-runs the core attention whatever its kernel: a fused
+    one's forward, same FLOPs, in the backward; Megatron-LM's selective has nothing to re-run then.
+    Memory: the kernel's fp32 log-sum-exp per query row and head (4 a s bytes) is not kept."""
+    from phaze.memory import activation_bytes_per_layer
+    m = load_model("llama3-8b", 4096)
+    g = layer_graph(m, 1, 1, False, "flash", "selective+core_attn")
+    fwd = {o.name: o for o in g.fwd}
+    assert _reruns(m, "selective+core_attn") == ["flash_attention"]
+    assert {o.name: o for o in g.bwd}["recompute.flash_attention"].flops == fwd["flash_attention"].flops
+    assert _reruns(m, "selective") == []
+    saved = (activation_bytes_per_layer(m, 1, 1, False, "selective", "flash")
+             - activation_bytes_per_layer(m, 1, 1, False, "selective+core_attn", "flash"))
+    assert saved == 4.0 * m.heads * m.seq_len
+
+
+def test_layernorm_module_reruns_only_norms_of_their_own():
+    """Megatron-Core's Transformer Engine layer spec fuses a dense GQA layer's norms into the next
+    linear (TELayerNormColumnParallelLinear): ``layernorm`` re-runs nothing there; an MoE layer's
+    pre-MLP norm is a module of its own (the router reads it), and so is an MLA layer's input norm.
+    Memory: each re-run norm's output (2 bytes per token and hidden unit) is not kept."""
+    from phaze.memory import activation_bytes_per_layer
+    llama, qwen = load_model("llama3-8b", 4096), load_model("qwen3-235b-a22b", 4096)
+    ds = load_model("deepseek-v3", 4096)
+    lay = ExpertLayout(ep=8)
+    assert _reruns(llama, "selective+layernorm") == []
+    assert _reruns(qwen, "selective+layernorm", moe=lay) == ["ln2"]
+    assert _reruns(ds, "selective+layernorm", moe=lay) == ["ln1", "ln2"]
+    act = activation_bytes_per_layer
+    assert act(llama, 1, 1, False, "selective+layernorm", "flash") == act(llama, 1, 1, False, "selective", "flash")
+    s, h = qwen.seq_len, qwen.hidden
+    drop = act(qwen, 1, 1, False, "selective", "flash") - act(qwen, 1, 1, False, "selective+layernorm", "flash")
+    assert drop == pytest.approx(2 * s * h)
+    # DeepSeek-V3: both norms, the pre-MLP one in its 58 MoE layers of 61
+    drop = act(ds, 1, 1, False, "selective", "flash") - act(ds, 1, 1, False, "selective+layernorm", "flash")
+    assert drop == pytest.approx(2 * s * ds.hidden * (1 + 58 / 61))
+
+
+def test_expert_modules_by_hand():
+    """``moe_act`` re-runs the experts' SwiGLU and drops its output (the down projection's input:
+    top_k copies of each token, expert width); ``moe`` re-runs the whole MoE layer, its all-to-alls
+    included, and keeps none of its tensors; ``shared_experts`` and ``mla_up_proj`` (DeepSeek-V3)."""
+    from phaze.memory import activation_bytes_per_layer as act
+    from phaze.memory import moe_activation_bytes
+    qwen, ds = load_model("qwen3-235b-a22b", 4096), load_model("deepseek-v3", 4096)
+    lay = ExpertLayout(ep=8)
+    assert _reruns(qwen, "selective+moe_act", moe=lay) == ["expert_swiglu"]
+    s, k, ef = qwen.seq_len, qwen.top_k, qwen.expert_ffn
+    base = act(qwen, 1, 1, False, "selective", "flash")
+    assert base - act(qwen, 1, 1, False, "selective+moe_act", "flash") == pytest.approx(2 * s * k * ef)
+    moe_ops = [o.name for o in layer_graph(qwen, 1, 1, False, "flash", "none", lay).fwd
+               if o.name.startswith(("router", "permute", "dispatch", "expert", "combine", "unpermute"))]
+    assert _reruns(qwen, "selective+moe", moe=lay) == moe_ops
+    assert "dispatch.all_to_all" in moe_ops and "combine.all_to_all" in moe_ops
+    assert base - act(qwen, 1, 1, False, "selective+moe", "flash") == pytest.approx(moe_activation_bytes(qwen, s, 1))
+    assert _reruns(ds, "selective+shared_experts", moe=lay) == ["shared_up", "shared_swiglu", "shared_down"]
+    assert _reruns(ds, "selective+mla_up_proj", moe=lay) == ["q_up", "kv_up"]
+    a = ds.heads
+    drop = act(ds, 1, 1, False, "selective", "flash") - act(ds, 1, 1, False, "selective+mla_up_proj", "flash")
+    assert drop == pytest.approx(2 * s * a * (192 + 192 + 128))      # Q, K, V; the latents stay
+
+
+def test_mlp_module_reruns_a_dense_ffn_with_its_fused_norm():
+    from phaze.memory import activation_bytes_per_layer as act
+    m = load_model("llama3-8b", 4096)
+    assert _reruns(m, "selective+mlp", tp=2, sp=True) == [
+        "ln2", "ln2.all_gather", "ffn_up", "swiglu", "ffn_down", "ffn_down.reduce_scatter"]
+    s, h, f = m.seq_len, m.hidden, m.ffn_hidden
+    # the norm's output, the SwiGLU's two inputs and the down projection's input
+    drop = act(m, 1, 1, False, "selective", "flash") - act(m, 1, 1, False, "selective+mlp", "flash")
+    assert drop == pytest.approx(2 * s * (h + 2 * f + f))
+    qwen = load_model("qwen3-235b-a22b", 4096)
+    assert _reruns(qwen, "selective+mlp", moe=ExpertLayout(ep=8)) == []     # no dense layer
+
+
+def test_recompute_modules_in_a_plan():
+    from phaze.configio import ConfigError
+    from phaze.plan import parse_plan
+    plan = parse_plan("tp=2,pp=2,recompute=selective,recompute_modules=moe+layernorm")
+    assert plan.recompute_modules == ("layernorm", "moe") and "recompute_modules=layernorm+moe" in plan.label()
+    assert parse_plan(plan.label()) == plan
+    staged = parse_plan("pp=2,stage_recompute=selective:full,recompute_modules=core_attn")
+    assert staged.recompute_modules == ("core_attn",)
+    for bad, field in (("recompute=selective,recompute_modules=attn", "recompute_modules"),
+                       ("recompute=selective,recompute_modules=moe+moe", "recompute_modules"),
+                       ("recompute=full,recompute_modules=moe", "recompute_modules")):
+        with pytest.raises(ConfigError) as err:
+            parse_plan(bad)
+        assert err.value.field == field

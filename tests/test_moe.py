@@ -7,6 +7,8 @@ Hugging Face configs), FLOP formulas and an all-to-all time written out by hand.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -76,7 +78,7 @@ def test_hf_configs_give_the_shipped_workloads():
                             kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                             vocab_size=129280, hidden_act="silu", rms_norm_eps=1e-6,
                             tie_word_embeddings=False, num_nextn_predict_layers=1,
-                            max_position_embeddings=163840),
+                            max_position_embeddings=163840, n_group=8, topk_group=4),
         "gpt-oss-120b": dict(model_type="gpt_oss", hidden_size=2880, num_hidden_layers=36, num_attention_heads=64,
                              num_key_value_heads=8, head_dim=64, intermediate_size=2880, num_local_experts=128,
                              experts_per_token=4, vocab_size=201088, sliding_window=128, attention_bias=True,
@@ -90,6 +92,12 @@ def test_hf_configs_give_the_shipped_workloads():
         slack = 36 * 5120 if name == "gpt-oss-120b" else 0
         assert abs(hf.params - shipped.params) <= slack, name
     assert any("multi-token prediction" in n for n in model_from_hf_config(configs["deepseek-v3"]).notes)
+    # node-limited routing from the config's n_group / topk_group (DeepSeek-V3's published 8 and 4)
+    ds, ds_shipped = model_from_hf_config(configs["deepseek-v3"]), load_model("deepseek-v3")
+    assert (ds.router_groups, ds.router_group_topk) == (ds_shipped.router_groups, ds_shipped.router_group_topk)
+    assert (ds.router_groups, ds.router_group_topk) == (8, 4)
+    plain = {k: v for k, v in configs["deepseek-v3"].items() if k not in ("n_group", "topk_group")}
+    assert model_from_hf_config(plain).router_groups == 0
     oss = model_from_hf_config(configs["gpt-oss-120b"])
     assert (oss.sliding_window, oss.window_layer_share) == (128, 0.5)        # every other layer (no layer_types)
     assert (shipped.sliding_window, shipped.window_layer_share) == (128, 0.5)
@@ -349,3 +357,93 @@ def test_per_op_recompute_is_refused_for_experts_and_latent_attention():
     full = evaluate(load_model("llama3-8b"), chip, 8, 8, Plan(recompute="full"))
     none = evaluate(load_model("llama3-8b"), chip, 8, 8, Plan(recompute="none"))
     assert none.step_time_s < dense.step_time_s < full.step_time_s
+
+
+def _brute_nodes_per_token(experts, top_k, nodes, groups, group_topk):
+    """Every selected group set, every top-k of the experts in it, equally likely: the mean of the
+    distinct nodes reached."""
+    size, per_node = experts // groups, experts // nodes
+    total = count = 0
+    for chosen in itertools.combinations(range(groups), group_topk):
+        pool = [e for g in chosen for e in range(g * size, (g + 1) * size)]
+        for picks in itertools.combinations(pool, top_k):
+            total += len({e // per_node for e in picks})
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("experts,top_k,nodes,groups,group_topk", [
+    (8, 2, 4, 4, 2), (8, 2, 2, 4, 2), (8, 3, 4, 2, 1), (12, 3, 3, 4, 2), (12, 2, 4, 6, 3), (16, 4, 8, 4, 3),
+    (12, 3, 4, 1, 1)])
+def test_node_limited_routing_equals_enumeration(experts, top_k, nodes, groups, group_topk):
+    """Expected nodes per token under group-limited routing against enumerating every choice:
+    groups per node, nodes per group, groups straddling nodes (12 experts, 3 nodes, 4 groups), and
+    no limit (one group: the closed form without groups)."""
+    got = ExpertLayout(nodes=nodes).nodes_per_token(experts, top_k, groups, group_topk)
+    assert got == pytest.approx(_brute_nodes_per_token(experts, top_k, nodes, groups, group_topk), rel=1e-12)
+    if groups == 1:
+        assert got == pytest.approx(ExpertLayout(nodes=nodes).nodes_per_token(experts, top_k), rel=1e-12)
+
+
+def test_deepseek_v3_deepep_sends_to_the_nodes_of_its_four_groups():
+    """DeepSeek-V3 on ep 64 (8 nodes of 32 experts, one routing group each): a token's 8 experts
+    come from 4 groups of 32, so it reaches each of those nodes unless all 8 picks miss it,
+    4 (1 - C(96,8)/C(128,8)) = 3.63 nodes, not 8 (1 - C(224,8)/C(256,8)) = 5.29; DeepEP's network
+    bytes fall by that ratio, and a row can switch the limit off (0 and 0) or get an error."""
+    from math import comb
+
+    from phaze.step import expert_layout
+    ds = load_model("deepseek-v3")
+    chip = load_chip("h100-sxm")
+    plan = Plan(tp=1, pp=16, ep=64, dispatcher="deepep")
+    lay = expert_layout(ds, plan, chip)
+    assert lay.nodes == 8
+    limited, free = 4 * (1 - comb(96, 8) / comb(128, 8)), 8 * (1 - comb(224, 8) / comb(256, 8))
+    assert lay.nodes_per_token(256, 8, 8, 4) == pytest.approx(limited) and limited == pytest.approx(3.629, abs=1e-3)
+
+    def internode(model):
+        return {o.name: o for o in layer_graph(model, 1, 1, False, "flash", "none", lay).fwd}[
+            "dispatch.internode"].collective.bytes
+
+    unlimited = replace(ds, router_groups=0, router_group_topk=0)
+    assert internode(ds) / internode(unlimited) == pytest.approx(limited / free)
+    assert internode(ds) == pytest.approx(2 * lay.load * ds.seq_len * ds.hidden * limited)
+    row = dict(_rows()["R1041"], model="DeepSeek-V3", layers="", hidden="", heads="", ffn_hidden="",
+               num_experts="", moe_top_k="", moe_ffn_hidden="", shared_experts="", vocab="", kv_heads="",
+               params_b="671")
+    assert row_to_case(row).model.router_groups == 8
+    off = row_to_case(dict(row, moe_router_groups="0", moe_router_group_topk="0"))
+    assert isinstance(off, Case) and off.model.router_groups == 0
+    for bad, field in ((dict(moe_router_groups="6", moe_router_group_topk="2"), "moe_router_groups"),
+                       (dict(moe_router_groups="8", moe_router_group_topk="0"), "moe_router_group_topk"),
+                       (dict(moe_router_groups="64", moe_router_group_topk="1"), "moe_router_group_topk")):
+        skipped = row_to_case(dict(row, **bad))
+        assert isinstance(skipped, Skipped) and f"column '{field}'" in skipped.reason, skipped.reason
+
+
+def test_mla_attention_core_uses_the_value_width_by_hand():
+    """DeepSeek-V3's MLA: queries and keys 192 wide, values 128. The fused kernel's forward is
+    S = Q.K^T (2 s^2 192 per head) and O = P.V (2 s^2 128); its backward re-forms S and runs dV,
+    dP (value width) and dQ, dK (query/key width): 2 s^2 (3 192 + 2 128). The unfused context
+    product is s x s x 128, and the saved V and out-projection input are 128 wide per head."""
+    from phaze.memory import activation_bytes_per_layer
+    ds = replace(load_model("deepseek-v3", 4096), dense_layers=0)
+    a, s = ds.heads, ds.seq_len
+    g = layer_graph(ds, 1, 1, False, "flash", "none", ExpertLayout())
+    fwd, bwd = ({o.name: o for o in ops} for ops in (g.fwd, g.bwd))
+    assert fwd["flash_attention"].flops == 2.0 * a * s * s * (192 + 128)
+    assert bwd["flash_attention.bwd"].flops == pytest.approx(2.0 * a * s * s * (3 * 192 + 2 * 128))
+    assert fwd["flash_attention"].bytes_written == 2 * s * a * 128
+    unfused = {o.name: o for o in layer_graph(ds, 1, 1, False, "standard", "none", ExpertLayout()).fwd}
+    assert unfused["context"].gemm == (a, s, s, 128) and unfused["scores"].gemm == (a, s, 192, s)
+    # as wide as the queries: the V and out-projection inputs grow by 2 bytes x 64 x heads per token each
+    wide = replace(ds, v_head_dim=192)
+    grow = activation_bytes_per_layer(wide, 1, 1, False, "none", "flash") - activation_bytes_per_layer(
+        ds, 1, 1, False, "none", "flash")
+    assert grow == pytest.approx(2 * 2 * s * a * 64)
+    # equal widths: the backward is 2.5 forwards, to the last bit
+    llama = load_model("llama3-8b")
+    lg = layer_graph(llama, 1, 1, False, "flash", "none")
+    f = {o.name: o for o in lg.fwd}["flash_attention"].flops
+    assert {o.name: o for o in lg.bwd}["flash_attention.bwd"].flops == 2.5 * f
+    assert f == 4.0 * llama.heads * llama.seq_len ** 2 * llama.head_dim

@@ -328,3 +328,29 @@ def test_long_sequences_search_context_parallelism():
     assert all(p.plan.cp in cp_values(model, PlacementOptions()) for p in res.top)
     no_cp = place(model, load_chip("h100-sxm"), 64, 64, PlacementOptions(cp=(1,)))
     assert no_cp.best is None or no_cp.best.result.step_time_s > res.best.result.step_time_s
+
+
+def test_bound_tables_take_a_block_stage_tail_over_all_its_layers():
+    """The bound tables' block tail is the tail with every layer's backward window (the longest,
+    so no count hides less): with ``full`` among the modes it is copied from full's column, which
+    must equal computing it, and without ``full`` it is computed."""
+    import numpy as np
+
+    from phaze.placement import _allowed_n, _bound_costs, _options
+    from phaze.step import stage_costs
+    gpt3 = load_model("gpt3-175b")
+    chip = load_chip("a100-80gb")
+    plan = Plan(tp=4, pp=8, mbs=1, zero=1)
+    costs = _bound_costs(stage_costs(gpt3, chip, 512, 1536, plan, calibrated_efficiency(chip)),
+                         ("none", "full", "block"))
+    allowed = _allowed_n(gpt3.layers, plan.pp, plan.vp)
+    ns = np.asarray(sorted(allowed), dtype=float)
+    for modes in (("none", "selective", "full", "block"), ("none", "block")):
+        opts = _options(costs, modes, allowed, {}, bound=True)
+        k = modes.index("block")
+        useful = np.isfinite(opts.time[:, ns.astype(int), k])
+        assert useful.any() and not useful.all()    # some counts fit without recompute
+        for i in range(plan.pp):
+            comm, opt = costs.tail(i, ns, "block", ns)
+            want = np.where(useful[i], comm + opt, np.inf)
+            assert np.array_equal(opts.tail[i, ns.astype(int), k], want)

@@ -62,7 +62,21 @@ BAD = [
      "workloads[0].placement.tp", "up to"),
     ({"workloads": [dict(SMALL_SWEEP["workloads"][0], placement={"recompute": [["full"]]})]},
      "workloads[0].placement.recompute", "subset of"),
+    ({"workloads": [dict(SMALL_SWEEP["workloads"][0], placement={"recompute_modules": "norm+act"})]},
+     "workloads[0].placement.recompute_modules", "distinct modules of"),
+    ({"workloads": [dict(SMALL_SWEEP["workloads"][0], placement={"recompute_modules": ["moe", "moe"]})]},
+     "workloads[0].placement.recompute_modules", "distinct modules of"),
 ]
+
+
+def test_placement_takes_recompute_modules_and_the_framework_does_not_override_them(tmp_path):
+    wl = dict(SMALL_SWEEP["workloads"][0], placement={"recompute_modules": "moe_act+layernorm",
+                                                       "framework": "megatron-core"})
+    options = load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options
+    assert options.recompute_modules == ("moe_act", "layernorm")
+    wl = dict(SMALL_SWEEP["workloads"][0], placement={"framework": "megatron-core"})
+    assert load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.recompute_modules \
+        == ("core_attn",)
 
 
 @pytest.mark.parametrize("change,field,words", BAD, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD)])
