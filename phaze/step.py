@@ -828,8 +828,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
-    hw = sum((n - k) * _layers_flops(model, "none" if r == "block" else graph_recompute(r, plan.recompute_modules),
-                                     chip.compiled)
+    hw = sum((n - k) * _layers_flops(model, _counted_recompute(r, plan), chip.compiled)
              + k * _layers_flops(model, "full", chip.compiled) for n, r, k in zip(counts, recs, ks, strict=True))
     hw /= model.layers
     hw = (hw + _edge_flops(model)) * global_batch
@@ -858,9 +857,18 @@ def _edge_flops(model: Model) -> float:
     return tensor_flops(e["embedding"] + e["head"])
 
 
+def _counted_recompute(r: str, plan: Plan) -> str:
+    """The recompute whose FLOPs HFU counts for a stage mode ``r`` (FLOPs are counted on the unfused
+    graph): a block stage's most layers (its whole re-runs are added apart) and Megatron-LM's
+    selective recompute of a fused attention, which has nothing to re-run, count none."""
+    if r == "block" or (r == "selective" and not plan.recompute_modules and plan.attention in ("flash", "flash2")):
+        return "none"
+    return graph_recompute(r, plan.recompute_modules)
+
+
 def _hardware_flops_per_sample(model: Model, plan: Plan) -> float:
     """FLOPs the hardware executes per sequence under a uniform recompute (for HFU)."""
-    return _layers_flops(model, graph_recompute(plan.recompute, plan.recompute_modules)) + _edge_flops(model)
+    return _layers_flops(model, _counted_recompute(plan.recompute, plan)) + _edge_flops(model)
 
 
 def clear_caches(workload_too: bool = False) -> None:

@@ -382,6 +382,13 @@ def test_core_attn_module_reruns_the_fused_kernel_and_keeps_no_log_sum_exp():
     saved = (activation_bytes_per_layer(m, 1, 1, False, "selective", "flash")
              - activation_bytes_per_layer(m, 1, 1, False, "selective+core_attn", "flash"))
     assert saved == 4.0 * m.heads * m.seq_len
+    # HFU counts what is re-run (on the unfused graph, non-causal): nothing for Megatron-LM's
+    # selective recompute of a fused kernel, one more attention forward (QK and PV) for core_attn
+    none = _hardware_flops_per_sample(m, Plan(recompute="none"))
+    assert _hardware_flops_per_sample(m, Plan(recompute="selective")) == none
+    core = _hardware_flops_per_sample(m, Plan(recompute="selective", recompute_modules=("core_attn",)))
+    assert core - none == pytest.approx(m.layers * 4.0 * m.heads * m.seq_len ** 2 * m.head_dim)
+    assert _hardware_flops_per_sample(m, Plan(recompute="selective", attention="standard")) == core
 
 
 def test_layernorm_module_reruns_only_norms_of_their_own():
