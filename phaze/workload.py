@@ -407,8 +407,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
 def _check_moe(model: Model, source: str) -> None:
     """One clear error for an inconsistent mixture of experts."""
     if not model.moe:
-        if model.top_k or model.shared_experts:
-            raise ConfigError(source, "experts", "must be > 0 when top_k or shared_experts is given")
+        if model.top_k or model.shared_experts or model.router_groups or model.router_group_topk:
+            raise ConfigError(source, "experts", "must be > 0 when top_k, shared_experts or router groups "
+                                                 "are given")
         return
     if not 1 <= model.top_k <= model.experts:
         raise ConfigError(source, "top_k", f"must be between 1 and experts ({model.experts}), got {model.top_k}")

@@ -447,3 +447,23 @@ def test_mla_attention_core_uses_the_value_width_by_hand():
     f = {o.name: o for o in lg.fwd}["flash_attention"].flops
     assert {o.name: o for o in lg.bwd}["flash_attention.bwd"].flops == 2.5 * f
     assert f == 4.0 * llama.heads * llama.seq_len ** 2 * llama.head_dim
+
+
+def test_router_groups_in_a_workload_file_are_checked(tmp_path):
+    """One clear error naming the field: the groups divide the experts, come with their top-k,
+    hold the top_k experts, and need experts at all."""
+    import yaml
+    base = dict(name="m", layers=4, hidden=256, heads=4, ffn_hidden=512, vocab=1000, seq_len=128, experts=16,
+                top_k=4, expert_ffn_hidden=128)
+    for changes, field in ((dict(router_groups=6, router_group_topk=2), "router_groups"),
+                           (dict(router_groups=4), "router_group_topk"),
+                           (dict(router_groups=8, router_group_topk=1), "router_group_topk"),
+                           (dict(router_groups=4, router_group_topk=8), "router_group_topk"),
+                           (dict(experts=0, top_k=0, router_groups=4, router_group_topk=2), "experts")):
+        path = tmp_path / "m.yaml"
+        path.write_text(yaml.safe_dump(dict(base, **changes)))
+        with pytest.raises(ConfigError) as exc:
+            load_model(str(path))
+        assert exc.value.field == field, (changes, str(exc.value))
+    path.write_text(yaml.safe_dump(dict(base, router_groups=4, router_group_topk=2)))
+    assert (load_model(str(path)).router_groups, load_model(str(path)).router_group_topk) == (4, 2)
