@@ -38,7 +38,7 @@ from .placement import (
     place,
     routing_values,
 )
-from .plan import PLAN_RECOMPUTE, RECOMPUTE, RECOMPUTE_MODULES, ROUTING, SEARCHED_RECOMPUTE
+from .plan import PLAN_RECOMPUTE, RECOMPUTE, RECOMPUTE_MODULES, ROUTING, SEARCHED_RECOMPUTE, ordered_modules
 from .power import PoweredStep, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
 from .schedule import schedule_layer, sharing, write_gantt
@@ -624,11 +624,11 @@ def _recompute_list(text: str) -> tuple[str, ...]:
 
 
 def _modules_list(text: str) -> tuple[str, ...]:
-    values = [x.strip().lower() for x in text.split("+") if x.strip()]
-    if not values or any(v not in RECOMPUTE_MODULES for v in values) or len(set(values)) != len(values):
+    mods = ordered_modules(x.strip().lower() for x in text.split("+") if x.strip())
+    if mods is None:
         raise argparse.ArgumentTypeError(f"must be distinct modules of {', '.join(RECOMPUTE_MODULES)} joined by "
                                          f"'+', got {text!r}")
-    return tuple(m for m in RECOMPUTE_MODULES if m in values)
+    return mods
 
 
 def _routing_list(text: str) -> tuple[str, ...]:

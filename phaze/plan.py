@@ -26,6 +26,15 @@ DISPATCHERS = ("alltoall", "deepep")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 
 
+def ordered_modules(names) -> tuple[str, ...] | None:
+    """``names`` in :data:`RECOMPUTE_MODULES` order, or None unless there is at least one and each is
+    a known module named once (callers say the error in their own terms)."""
+    names = list(names)
+    if not names or any(m not in RECOMPUTE_MODULES for m in names) or len(set(names)) != len(names):
+        return None
+    return tuple(m for m in RECOMPUTE_MODULES if m in names)
+
+
 def graph_recompute(r: str, modules: tuple[str, ...]) -> str:
     """What one layer's graph re-runs for a stage mode ``r``: a selective recompute of Megatron-Core
     ``modules`` is ``selective+<module>+...``; plain ``selective`` (no modules) is Megatron-LM's
@@ -204,11 +213,11 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                                                f"got {raw!r}")
             values[key] = parts
         elif key == "recompute_modules":
-            parts = tuple(x.strip().lower() for x in raw.split("+"))
-            if not all(x in RECOMPUTE_MODULES for x in parts) or len(set(parts)) != len(parts):
+            mods = ordered_modules(x.strip().lower() for x in raw.split("+"))
+            if mods is None:
                 raise ConfigError(source, key, f"must be distinct modules of {', '.join(RECOMPUTE_MODULES)} "
                                                f"joined by '+', got {raw!r}")
-            values[key] = tuple(x for x in RECOMPUTE_MODULES if x in parts)
+            values[key] = mods
         elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap"):
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")

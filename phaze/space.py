@@ -26,7 +26,7 @@ from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
-from .plan import OPTIMIZERS, PLAN_RECOMPUTE, RECOMPUTE_MODULES
+from .plan import OPTIMIZERS, PLAN_RECOMPUTE, RECOMPUTE_MODULES, ordered_modules
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model
@@ -582,11 +582,11 @@ def _modules(p: Fields) -> tuple[str, ...]:
     if raw is None:
         return ()
     mods = raw.split("+") if isinstance(raw, str) else raw
-    if (not isinstance(mods, list) or not mods or any(m not in RECOMPUTE_MODULES for m in mods)
-            or len(set(mods)) != len(mods)):
+    ordered = ordered_modules(mods) if isinstance(mods, list) else None
+    if ordered is None:
         raise p.error("recompute_modules", f"must be distinct modules of {', '.join(RECOMPUTE_MODULES)}, got "
                                            f"{quote(raw)}")
-    return tuple(m for m in RECOMPUTE_MODULES if m in mods)
+    return ordered
 
 
 def _workload(item, source: str, i: int, system: System | None = None) -> WorkloadSpec:

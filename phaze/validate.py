@@ -60,7 +60,7 @@ from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
-from .plan import RECOMPUTE_MODULES, Plan
+from .plan import RECOMPUTE_MODULES, Plan, ordered_modules
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system
 from .workload import Model, load_model, router_groups_error, with_seq_len, workload_dirs
@@ -498,11 +498,11 @@ def _selective_policy(row: dict, fw: Framework | None) -> tuple[str, tuple[str, 
         return "op", ()
     if text == "attention":
         return "selective", ("core_attn",) if default else ()
-    parts = [x.strip() for x in text.split("+")]
-    if not all(x in RECOMPUTE_MODULES for x in parts) or len(set(parts)) != len(parts):
+    mods = ordered_modules(x.strip() for x in text.split("+"))
+    if mods is None:
         raise ValueError(f"column 'selective_recompute' must be attention, op or distinct Megatron-Core modules "
                          f"joined by '+' ({', '.join(RECOMPUTE_MODULES)}), got {row['selective_recompute']!r}")
-    return "selective", tuple(x for x in RECOMPUTE_MODULES if x in parts)
+    return "selective", mods
 
 
 def _least_recompute(model: Model, chip: Chip, devices: int, batch: int, plan: Plan,
