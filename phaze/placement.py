@@ -279,15 +279,16 @@ def _block_layers(costs: StageCosts, ns: np.ndarray, budget: float,
 
 def _min_plus(best: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """new[j] = min over n >= 1 of best[j - n] + cost[n], with the arg-min n (``cost[0]`` must be
-    inf). A strided view of the padded ``best`` gives every best[j - n] without a gather."""
+    inf; where no n reaches j, new[j] is inf and its arg-min meaningless). Only the counts whose
+    cost is finite are tried (a stage's caps leave few), the smallest n among equals."""
     L = len(best) - 1
+    cols = np.flatnonzero(cost < np.inf)
+    if not len(cols):
+        return np.full(L + 1, np.inf), np.zeros(L + 1, dtype=int)
     padded = np.concatenate((np.full(L, np.inf), best))
-    step = padded.strides[0]
-    window = np.lib.stride_tricks.as_strided(padded[L:], shape=(L + 1, L + 1), strides=(step, -step),
-                                             writeable=False)       # [j, n] = padded[L + j - n]
-    total = window + cost[None, :]
+    total = padded[(L + np.arange(L + 1))[:, None] - cols[None, :]] + cost[cols]   # [j, c]: best[j - n_c] + cost
     arg = np.argmin(total, axis=1)
-    return total[np.arange(L + 1), arg], arg
+    return total[np.arange(L + 1), arg], cols[arg]
 
 
 def _splits(ok: np.ndarray, L: int) -> bool:
@@ -307,6 +308,25 @@ def _splits(ok: np.ndarray, L: int) -> bool:
             nxt[n:] |= reach[:L + 1 - n]
         reach = nxt
     return bool(reach[L])
+
+
+def _smallest_cap(fastest: np.ndarray, t_caps: np.ndarray, L: int) -> int:
+    """The index in ``t_caps`` (sorted, some cap feasible) of the smallest stage-time cap under
+    which the ``L`` layers still split over the stages, ``fastest[i, n]`` being stage ``i``'s
+    fastest time with ``n`` layers (inf where nothing fits). Where each stage's time does not
+    fall as it takes more layers, the counts a cap allows are a prefix of each row, and the
+    smallest cap is read off directly: every stage must take one layer, and the caps must allow
+    ``L`` (stage, count) cells in all, the L-th smallest time. Otherwise feasibility, which
+    only grows with the cap, is bisected."""
+    rows = fastest[:, 1:]
+    if (rows[:, 1:] >= rows[:, :-1]).all():
+        cells = np.sort(rows, axis=None)
+        return int(np.searchsorted(t_caps, max(rows[:, 0].max(), cells[L - 1])))
+    lo, hi = 0, len(t_caps) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _splits(fastest <= t_caps[mid], L) else (mid + 1, hi)
+    return lo
 
 
 def _solve_layout(costs: StageCosts, opts: _Options, weights: tuple[float, float] | None = None):
@@ -348,13 +368,9 @@ def _solve_layout(costs: StageCosts, opts: _Options, weights: tuple[float, float
 
     t_caps = np.unique(opts.time[ok])
     tails = np.unique(opts.tail[ok])
-    # feasibility only grows with the time cap: bisect for the smallest feasible one
-    lo, hi = 0, len(t_caps) - 1
     if not _splits(ok.any(axis=2), L):
         return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if _splits((ok & (opts.time <= t_caps[mid])).any(axis=2), L) else (mid + 1, hi)
+    lo = _smallest_cap(np.where(ok, opts.time, np.inf).min(axis=2), t_caps, L)
     widest = run(t_caps[-1], math.inf)
     floor = widest[0] / v + tails[0]          # no solution has a smaller sum or tail
     best_obj, best = math.inf, None

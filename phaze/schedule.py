@@ -572,9 +572,8 @@ def bounds(tasks: Sequence[Task], capacities: dict, *, tick_s: float | None = No
 
 
 def _phase_lower_bounds(P: _Prepared, capacities) -> list[float]:
-    return [_longest_path(P.order, P.deps, P.fd)] + [
-        _energy_bound(P.order, P.deps, P.succ, P.fd, P.dur, P.dem, r, c, False)
-        for r, c in capacities.items() if c > 0]
+    return [_longest_path(P.order, P.deps, P.fd)] + _energy_bounds(P.order, P.deps, P.succ, P.fd, P.dur, P.dem,
+                                                                    capacities, False)
 
 
 _segments: OrderedDict[str, tuple] = OrderedDict()   # proven segment optima, by content
@@ -711,11 +710,10 @@ def _segment_prep(seg, deps, succ, D, dur, dem, fast, capacities) -> dict:
     for i in reversed(seg):
         tail[i] = fD[i] + max((tail[k] for k in ssucc[i]), default=0)
     lb = max([head[i] + fD[i] for i in seg]
-             + [_energy_bound(seg, sdeps, ssucc, fD, D, dem, r, c, True) for r, c in capacities.items() if c > 0])
+             + _energy_bounds(seg, sdeps, ssucc, fD, D, dem, capacities, True))
     fd = {i: dur[i][fast[i]] for i in seg}
     lb_s = max([_longest_path(seg, sdeps, fd)]
-               + [_energy_bound(seg, sdeps, ssucc, fd, dur, dem, r, c, False)
-                  for r, c in capacities.items() if c > 0])
+               + _energy_bounds(seg, sdeps, ssucc, fd, dur, dem, capacities, False))
     mode = {i: fast[i] for i in seg}
     start = _sgs(seg, {i: D[i][mode[i]] for i in seg}, {i: dem[i][mode[i]] for i in seg}, sdeps, capacities)
     ub = max(start[i] + D[i][mode[i]] for i in seg)
@@ -740,30 +738,38 @@ def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num
     return "HEURISTIC", mode, start, lb, lb_s, f"CP-SAT returned {res[0]}; list schedule"
 
 
-def _energy_bound(order, deps, succ, fast, dur, dem, r, cap, integral):
-    """Lower bound on the makespan from resource ``r``: the ops that cannot start before ``h``
-    and leave at least ``q`` of dependent work after they end must fit their least energy
-    (duration x units, over their modes) into [h, makespan - q]; the best over all (h, q).
-    Ops are the ids in ``order`` (topological); the other arguments are indexed by id."""
+def _energy_bounds(order, deps, succ, fast, dur, dem, capacities, integral) -> list:
+    """Lower bounds on the makespan, one per resource ``r`` of capacity ``cap`` > 0: the ops that
+    cannot start before ``h`` and leave at least ``q`` of dependent work after they end must fit
+    their least energy on ``r`` (duration x units, over their modes) into [h, makespan - q]; the
+    best over all (h, q). Ops are the ids in ``order`` (topological); the other arguments are
+    indexed by id; ``integral``: energies in whole ticks, rounded up per unit."""
     head, after = {}, {}
     for i in order:
         head[i] = max((head[j] + fast[j] for j in deps[i]), default=0)
     for i in reversed(order):
         after[i] = max((after[k] + fast[k] for k in succ[i]), default=0)
-    items = []
-    for i in order:
-        e = min(d * x.get(r, 0) for d, x in zip(dur[i], dem[i], strict=False))
-        if e > 0:
-            items.append((head[i], after[i], e))
-    best = 0
-    for h in sorted({it[0] for it in items}):
-        group = sorted((it for it in items if it[0] >= h), key=lambda it: -it[1])
-        energy = 0
-        for _, q, e in group:
-            energy += e
-            need = -(-energy // cap) if integral else energy / cap
-            best = max(best, h + need + q)
-    return best
+    out = []
+    for r, cap in capacities.items():
+        if cap <= 0:
+            continue
+        items = []
+        for i in order:
+            e = min(d * x.get(r, 0) for d, x in zip(dur[i], dem[i], strict=False))
+            if e > 0:
+                items.append((head[i], after[i], e))
+        items.sort(key=lambda it: -it[1])      # stable: equal tails keep their order
+        best = 0
+        for h in sorted({it[0] for it in items}):
+            energy = 0
+            for start, q, e in items:      # the ops from h on, the longest tail first
+                if start < h:
+                    continue
+                energy += e
+                need = -(-energy // cap) if integral else energy / cap
+                best = max(best, h + need + q)
+        out.append(best)
+    return out
 
 
 def _longest_path(order, deps, d) -> float:

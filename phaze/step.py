@@ -414,6 +414,7 @@ class StageCosts:
 
     _modes: dict = field(default_factory=dict, repr=False, compare=False)
     _affine: dict = field(default_factory=dict, repr=False, compare=False)   # collective -> (time of 1 B, slope)
+    _tails: dict = field(default_factory=dict, repr=False, compare=False)    # :meth:`_tail_parts`, by (stage, counts)
 
     def mode(self, r: str) -> ModeCosts:
         """One layer's costs under recompute ``r`` (computed on first use, then kept)."""
@@ -498,7 +499,28 @@ class StageCosts:
 
     def tail(self, i: int, n, r: str, k=0):
         """(exposed data-parallel communication, optimizer step) after the stage's last backward;
-        ``n`` (and a ``block`` stage's ``k``) may be arrays of layer counts."""
+        ``n`` (and a ``block`` stage's ``k``) may be arrays of layer counts. Only the windows that
+        hide the reduction depend on the recompute (:meth:`_tail_parts` keeps the rest)."""
+        params, colls, opt_s = self._tail_parts(i, n)
+        if colls is None:
+            return 0.0 * params, opt_s
+        # gradients accumulate over micro-batches: only the last backward can hide their reduction
+        bwd_window = self._layers("bwd", n, r, k) if self.plan.dp_overlap else 0.0 * params
+        if len(colls) == 2:
+            # distributed optimizer: reduce-scatter the gradients under the last backward,
+            # all-gather the updated weights under the next step's first forward
+            fwd_window = self._layers("fwd", n, r, k) if self.plan.dp_overlap else 0.0 * params
+            return exposed(colls[0], bwd_window, self.eff) + exposed(colls[1], fwd_window, self.eff), opt_s
+        return exposed(colls[0], bwd_window, self.eff), opt_s
+
+    def _tail_parts(self, i: int, n):
+        """(parameters, the data-parallel collectives' times or None, optimizer seconds) of stage
+        ``i`` with ``n`` layers: what :meth:`tail` needs that no recompute mode changes, kept per
+        (stage, counts) as the placement asks for them under every mode."""
+        key = (i, n.shape, n.tobytes()) if isinstance(n, np.ndarray) else (i, n)
+        hit = self._tails.get(key)
+        if hit is not None:
+            return hit
         plan, chip, eff = self.plan, self.chip, self.eff
         p = self.model.bytes_per_element
         dp = plan.dp(self.devices)
@@ -524,18 +546,12 @@ class StageCosts:
                 return (dense_coll(kind, per * (params - experts))
                         + dense_coll(kind, per * experts, edp, plan.etp * plan.ep))
 
-        exposed_s = 0.0 * params
+        colls = None
         if (group > 1 or (self.model.moe and edp > 1)) and plan.zero < 3:
-            # gradients accumulate over micro-batches: only the last backward can hide their reduction
-            bwd_window = self._layers("bwd", n, r, k) if plan.dp_overlap else 0.0 * params
             if plan.zero >= 1:
-                # distributed optimizer: reduce-scatter the gradients under the last backward,
-                # all-gather the updated weights under the next step's first forward
-                fwd_window = self._layers("fwd", n, r, k) if plan.dp_overlap else 0.0 * params
-                exposed_s = (exposed(coll("reduce_scatter", grad_bytes * params), bwd_window, eff)
-                             + exposed(coll("all_gather", p * params), fwd_window, eff))
+                colls = (coll("reduce_scatter", grad_bytes * params), coll("all_gather", p * params))
             else:
-                exposed_s = exposed(coll("all_reduce", grad_bytes * params), bwd_window, eff)
+                colls = (coll("all_reduce", grad_bytes * params),)
         opt = optimizer_op(1.0, plan.optimizer, self.model.precision)   # per parameter: element-wise
         updated = params / (group if plan.zero >= 1 else 1)
         if self.model.moe and plan.zero >= 1:
@@ -545,7 +561,8 @@ class StageCosts:
         if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
             _, check, copies = deepspeed_tensor_passes(self.model.precision)
             opt_s = opt_s + self._tensor_pass(check, i, n) + self._tensor_pass(copies, i, n)
-        return exposed_s, opt_s + kernel_overhead(chip, eff)
+        hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff))
+        return hit
 
     def memory_table(self, r: str, ns: np.ndarray, ks=0) -> np.ndarray:
         """``memory(i, n, r, k).total_bytes`` for every stage ``i`` (rows) and layer count in ``ns``

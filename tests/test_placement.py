@@ -3,6 +3,7 @@ import itertools
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from conftest import toy_chip
 
@@ -10,7 +11,7 @@ from phaze.api import calibrated_efficiency
 from phaze.arch import load_chip
 from phaze.configio import ConfigError
 from phaze.memory import activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
-from phaze.placement import PlacementOptions, layouts, place
+from phaze.placement import PlacementOptions, _smallest_cap, _splits, layouts, place
 from phaze.plan import Plan
 from phaze.step import evaluate
 from phaze.workload import Model, load_model, with_seq_len
@@ -354,3 +355,24 @@ def test_bound_tables_take_a_block_stage_tail_over_all_its_layers():
             comm, opt = costs.tail(i, ns, "block", ns)
             want = np.where(useful[i], comm + opt, np.inf)
             assert np.array_equal(opts.tail[i, ns.astype(int), k], want)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_smallest_feasible_cap_equals_brute_force(seed):
+    """The smallest stage-time cap under which the layers still split, read off directly when
+    stage times grow with the layer count, equals trying every cap (also on rows whose time
+    falls, where it bisects)."""
+    rng = np.random.default_rng(seed)
+    pp, L = int(rng.integers(1, 5)), int(rng.integers(4, 12))
+    t = np.full((pp, L + 1), np.inf)
+    for i in range(pp):
+        cap = int(rng.integers(1, L + 1))           # counts beyond it do not fit
+        row = np.cumsum(rng.integers(1, 4, cap)).astype(float) if seed % 2 else rng.integers(1, 9, cap) * 1.0
+        t[i, 1:cap + 1] = row
+        if seed % 5 == 0:
+            t[i, rng.integers(1, L + 1)] = np.inf   # a count that does not fit between two that do
+    if not _splits(np.isfinite(t), L):
+        return
+    caps = np.unique(t[np.isfinite(t)])
+    brute = next(k for k, c in enumerate(caps) if _splits(t <= c, L))
+    assert _smallest_cap(t, caps, L) == brute
