@@ -298,7 +298,7 @@ def _splits(ok: np.ndarray, L: int) -> bool:
     then a split exists iff every c >= 1 and they sum to at least ``L``."""
     ok = ok[:, 1:]
     caps = ok.sum(axis=1)
-    if all(ok[i, :c].all() for i, c in enumerate(caps)):
+    if not (ok[:, 1:] & ~ok[:, :-1]).any():        # no count allowed after one that is not
         return bool((caps >= 1).all() and caps.sum() >= L)
     reach = np.zeros(L + 1, dtype=bool)            # general case: reachability over the stages
     reach[0] = True
@@ -677,16 +677,17 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     late_base: list = []    # interleaved layouts whose Megatron-style candidate is built on demand
     for base in layouts(model, devices, global_batch, options):
         considered += 1
-        costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
         L, pp = model.layers, base.pp
+        interleaved = base.vp > 1 and not exhaustive and 1 in vp_values(model, pp, options)
+        if interleaved and _variant_key(base, True) not in flat:
+            continue            # nothing fits even without interleaving: nothing fits with it
+        costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
         even = stage_layers(L, pp, base.vp)
         allowed_n = _allowed_n(L, pp, base.vp)
-        if base.vp > 1 and not exhaustive and 1 in vp_values(model, pp, options):
+        if interleaved:
             # interleaved: bounded through its vp = 1 sibling, its tables built only if that bound
             # can win (the sibling's times are no larger, its memory no larger, its splits a superset)
-            sib = flat.get(_variant_key(base, True))
-            if sib is None:
-                continue        # nothing fits even without interleaving: nothing fits with it
+            sib = flat[_variant_key(base, True)]
             late_base.append((base, costs, sib, considered))
             info[considered] = [base, costs, None, allowed_n, even, None]
             groups.setdefault(_variant_key(base, False), []).append(considered)

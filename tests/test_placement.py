@@ -357,11 +357,19 @@ def test_bound_tables_take_a_block_stage_tail_over_all_its_layers():
             assert np.array_equal(opts.tail[i, ns.astype(int), k], want)
 
 
+def _can_split(ok, L: int) -> bool:
+    """Brute force: the stages take 1.. layers each where ``ok[i, n]``, summing to ``L``."""
+    reach = {0}
+    for row in ok:
+        reach = {j + n for j in reach for n in range(1, L + 1 - j) if row[n]}
+    return L in reach
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_smallest_feasible_cap_equals_brute_force(seed):
-    """The smallest stage-time cap under which the layers still split, read off directly when
-    stage times grow with the layer count, equals trying every cap (also on rows whose time
-    falls, where it bisects)."""
+    """Whether the layers split over the stages, and the smallest stage-time cap under which they
+    still do (read off directly when stage times grow with the layer count), equal trying every
+    split and every cap (also on rows whose time falls, or that skip a count, where it bisects)."""
     rng = np.random.default_rng(seed)
     pp, L = int(rng.integers(1, 5)), int(rng.integers(4, 12))
     t = np.full((pp, L + 1), np.inf)
@@ -371,8 +379,10 @@ def test_smallest_feasible_cap_equals_brute_force(seed):
         t[i, 1:cap + 1] = row
         if seed % 5 == 0:
             t[i, rng.integers(1, L + 1)] = np.inf   # a count that does not fit between two that do
-    if not _splits(np.isfinite(t), L):
-        return
     caps = np.unique(t[np.isfinite(t)])
-    brute = next(k for k, c in enumerate(caps) if _splits(t <= c, L))
+    for c in caps:
+        assert _splits(t <= c, L) == _can_split(t <= c, L)
+    if not _can_split(np.isfinite(t), L):
+        return
+    brute = next(k for k, c in enumerate(caps) if _can_split(t <= c, L))
     assert _smallest_cap(t, caps, L) == brute
