@@ -150,7 +150,7 @@ def evaluate_workload(spec: WorkloadSpec, chip: Chip, eff: Efficiency,
     if it has one). The plan is chosen at the nominal clock, then throttled (:mod:`phaze.power`)."""
     chip = apply_system(chip, spec.system).with_execution(spec.options.execution)
     head = dict(workload=spec.model.name, devices=spec.devices, global_batch=spec.global_batch)
-    res = place(spec.model, chip, spec.devices, spec.global_batch, spec.options, eff, top=1)
+    res = place(spec.model, chip, spec.devices, spec.global_batch, spec.options, eff, top=1, with_baseline=False)
     if res.best is None:
         return WorkloadOutcome(**head, feasible=False, reason=res.infeasible_reason,
                                layouts_considered=res.layouts_considered, layouts_solved=res.layouts_solved,

@@ -649,14 +649,16 @@ def _deferred_baseline(base: Plan, costs: StageCosts, sibling: list, modes, base
 
 def place(model: Model, chip: Chip, devices: int, global_batch: int,
           options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL,
-          top: int = 5, progress=None) -> PlacementResult:
+          top: int = 5, progress=None, with_baseline: bool = True) -> PlacementResult:
     """The best plan (and the ``top`` best, one per layout) of ``model`` on ``devices`` chips.
 
     Bound first, solve what can win: every layout gets a lower bound of its best step time from
     lower bounds of the layer schedules (no solver); layouts are then solved exactly, best
     bound first, until no remaining bound can reach the ``top`` best found (nor the baseline).
     The result is exactly what solving every layout returns (``options.exhaustive`` does that).
-    ``progress(done, total)``, if given, is called as layouts are solved or ruled out."""
+    ``progress(done, total)``, if given, is called as layouts are solved or ruled out.
+    ``with_baseline``: also score the Megatron-style baseline (a design search, which keeps only
+    the best plan, leaves it out: it may need layer schedules of its own)."""
     chip = chip.with_execution(options.execution)
     start = time.perf_counter()
     modes = tuple(r for r in PLAN_RECOMPUTE if r in options.recompute)
@@ -795,34 +797,36 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         progress(feasible, feasible)
     ranked = tuple(p for _, _, p in sorted(heap, key=lambda x: (-x[0], x[1])))
 
-    # the baseline, Megatron-style: tensor parallelism over the node (the first link level, up
-    # to its width; the widest valid tp on a one-level network), an even split and one recompute
-    # mode for every stage; the best such plan (the earliest layout among equals)
-    node = chip.links[0].devices if chip.links and chip.links[0].devices > 0 else devices
-    # the widest tp within the node that has a candidate (else the narrowest that has one); the
-    # interleaved layouts' candidates are built for the widths examined only
-    all_tps = sorted({b.tp for b, _, _, _ in late_base} | {plan.tp for _, _, plan in base_cands})
-    order = [t for t in reversed(all_tps) if t <= node] + [t for t in all_tps if t > node]
-    node_tp = 0
-    for t in order:
-        for b, c, sib, k in late_base:
-            if b.tp == t:
-                _deferred_baseline(b, c, info[sib], modes, base_cands, k)
-        if any(plan.tp == t for _, _, plan in base_cands):
-            node_tp = t
-            break
-    base_cands = [c for c in base_cands if c[2].tp == node_tp]
-    kind = (f"Megatron-style: tp={node_tp} (tensor parallelism over the {node}-chip node), an even split "
-            f"and one recompute mode for every stage, the best such plan" if node < devices else
-            f"Megatron-style: tp={node_tp} (the widest that fits the options), an even split and one "
-            f"recompute mode for every stage, the best such plan")
-    baseline, best_key = None, None
-    for bound, idx, plan in sorted(base_cands, key=lambda c: (c[0], c[1])):
-        if best_key is not None and not exhaustive and bound * _SLACK > best_key[0]:
-            break
-        res = evaluate(model, chip, devices, global_batch, plan, eff)
-        if best_key is None or (res.step_time_s, idx) < best_key:
-            best_key, baseline = (res.step_time_s, idx), Placement(plan, res)
+    baseline, kind = None, ""
+    if with_baseline:
+        # the baseline, Megatron-style: tensor parallelism over the node (the first link level, up
+        # to its width; the widest valid tp on a one-level network), an even split and one recompute
+        # mode for every stage; the best such plan (the earliest layout among equals)
+        node = chip.links[0].devices if chip.links and chip.links[0].devices > 0 else devices
+        # the widest tp within the node that has a candidate (else the narrowest that has one); the
+        # interleaved layouts' candidates are built for the widths examined only
+        all_tps = sorted({b.tp for b, _, _, _ in late_base} | {plan.tp for _, _, plan in base_cands})
+        order = [t for t in reversed(all_tps) if t <= node] + [t for t in all_tps if t > node]
+        node_tp = 0
+        for t in order:
+            for b, c, sib, k in late_base:
+                if b.tp == t:
+                    _deferred_baseline(b, c, info[sib], modes, base_cands, k)
+            if any(plan.tp == t for _, _, plan in base_cands):
+                node_tp = t
+                break
+        base_cands = [c for c in base_cands if c[2].tp == node_tp]
+        kind = (f"Megatron-style: tp={node_tp} (tensor parallelism over the {node}-chip node), an even split "
+                f"and one recompute mode for every stage, the best such plan" if node < devices else
+                f"Megatron-style: tp={node_tp} (the widest that fits the options), an even split and one "
+                f"recompute mode for every stage, the best such plan")
+        baseline, best_key = None, None
+        for bound, idx, plan in sorted(base_cands, key=lambda c: (c[0], c[1])):
+            if best_key is not None and not exhaustive and bound * _SLACK > best_key[0]:
+                break
+            res = evaluate(model, chip, devices, global_batch, plan, eff)
+            if best_key is None or (res.step_time_s, idx) < best_key:
+                best_key, baseline = (res.step_time_s, idx), Placement(plan, res)
     reason, source = "", ""
     if not ranked:
         if closest is None:

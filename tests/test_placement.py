@@ -90,6 +90,10 @@ def test_every_result_fits_and_scores_like_evaluate():
     # the DP never loses to the even-split, one-mode baseline it is compared with
     assert res.best.result.step_time_s <= res.baseline.result.step_time_s
     assert res.gain_over_baseline >= 0
+    # a design search leaves the baseline out: the same plans, no baseline
+    lean = place(model, chip, 256, 512, PlacementOptions(tp=(4, 8), mbs=(1, 2)), top=5, with_baseline=False)
+    assert [p.plan for p in lean.top] == [p.plan for p in res.top]
+    assert lean.baseline is None and lean.baseline_kind == "" and lean.gain_over_baseline is None
 
 
 def test_mixed_recompute_stage_memory_hand_count():
