@@ -175,7 +175,7 @@ class _Options:
     fits: np.ndarray      # [pp, L+1, R] bool
     memory: np.ndarray    # [pp, L+1, R] bytes
     modes: tuple[str, ...]
-    full_layers: np.ndarray | None = None   # [pp, L+1] layers a ``block`` stage re-runs whole
+    full_layers: np.ndarray | None = None   # [pp, L+1, R] layers a ``block`` column re-runs whole
 
 
 def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict | None = None,
@@ -188,7 +188,9 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     whole that fit it in memory (:func:`_block_layers`). ``bound``: tables for lower bounds only,
     where a block stage's tail is taken with all its layers' backward windows (a longer window
     hides more, so no count has a smaller tail): an interleaved or other ZeRO variant of the
-    layout, whose memory sets another count, is then bounded too."""
+    layout, whose memory sets another count, is then bounded too. Otherwise a block stage may also
+    re-run more of its layers, where that can pay (:func:`_longer_blocks`): more ``block`` columns,
+    appended after ``modes``."""
     pp, L = costs.plan.pp, costs.model.layers
     R = len(modes)
     shape = (pp, L + 1, R)
@@ -199,16 +201,17 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     reserve = memory_reserve_bytes(costs.chip, costs.plan.memory_reserve)
     budget = costs.chip.hbm_bytes - reserve
     full_layers = None
+    longer: list = []       # more block columns: (time, tail, memory, layers re-run whole)
     for k, r in enumerate(modes):
         if r == "block":
             none = mem[:, idx, modes.index("none")] if "none" in modes[:k] else None
             full = modes.index("full") if "full" in modes[:k] else None
             ks, table = _block_layers(costs, ns, budget, none)
-            full_layers = np.zeros((pp, L + 1), dtype=int)
+            full_layers = np.zeros(shape, dtype=int)
             useful = ks > 0
             if table is None:
                 continue
-            full_layers[:, idx] = np.where(useful, ks, 0)
+            full_layers[:, idx, k] = np.where(useful, ks, 0)
             kf = np.where(useful, ks, 0).astype(float)
             # the first and last stages, then every interior stage at once (rows: stages)
             for rows in ([0], [pp - 1] if pp > 1 else [], list(range(1, pp - 1))):
@@ -223,6 +226,8 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
                 comm, opt = costs.tail(rows[0], n2, r, n2 if bound else kf[rows])
                 tl[at] = np.where(useful[rows], comm + opt, np.inf)
             mem[:, idx, k] = table
+            if not bound:
+                longer = _longer_blocks(costs, ns, kf, useful, t[:, idx, k], tl[:, idx, k])
             continue
         classes = {0, pp - 1} | ({1} if pp > 2 else set())
         for i in classes:
@@ -239,7 +244,62 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
         if pp > 3:          # interior stages 2 .. pp-2 are stage 1's copies
             t[2:pp - 1, idx, k], tl[2:pp - 1, idx, k] = t[1, idx, k], tl[1, idx, k]
         mem[:, idx, k] = costs.memory_table(r, ns)
+    if longer:
+        cols = [[], [], [], []]     # the extra columns of time, tail, memory and count, [pp, L+1, 1] each
+        for col in longer:
+            for j, a in enumerate(col):
+                c = np.full((pp, L + 1), 0 if j == 3 else np.inf)
+                c[:, idx] = a
+                cols[j].append(c[:, :, None])
+        t, tl, mem = (np.concatenate([x] + c, axis=2) for x, c in zip((t, tl, mem), cols[:3], strict=True))
+        full_layers = np.concatenate([full_layers] + cols[3], axis=2).astype(int)
+        modes = modes + ("block",) * len(longer)
     return _Options(t, tl, mem + reserve <= costs.chip.hbm_bytes, mem, modes, full_layers)
+
+
+def _longer_blocks(costs: StageCosts, ns: np.ndarray, kf: np.ndarray, useful: np.ndarray,
+                   time0: np.ndarray, tail0: np.ndarray) -> list[tuple]:
+    """The further counts a ``block`` stage may re-run whole, beyond the fewest that fit (``kf``,
+    where ``useful``; ``time0``, ``tail0`` its times and tails; all [stages, len(ns)]): one column
+    per count more, each (time, tail, memory, count), inf where it cannot pay. One more layer
+    re-run whole adds dT to the stage's time, so at least dT / v to the step
+    (a T_max + sum T / v + tail_max), and lengthens the windows that hide the data-parallel
+    reduction, which shortens the stage's tail by dL, at most what the step gains; dL does not
+    grow with the count (exposed time is convex in its window). So a count pays only while
+    dL > dT / v, and the first that does not loses to the one before, as does every larger
+    count, whatever the other stages hold. Nothing when no count can pay: dT / v at least
+    (1 - overlap_slowdown) times the windows' growth per layer (exposed time falls at most that
+    fast), as on every pipeline without interleaving."""
+    pp, v = costs.plan.pp, costs.plan.vp
+    none, full = costs.mode("none"), costs.mode("full")
+    grow = max(0.0, full.bwd.total - none.bwd.total) + max(0.0, full.fwd.total - none.fwd.total)
+    if not costs.plan.dp_overlap or (full.layer.total - none.layer.total) / v >= (
+            max(0.0, 1.0 - costs.eff.overlap_slowdown) * grow):
+        return []
+    out, alive = [], useful.copy()
+    last_t, last_tail, j = time0.copy(), tail0.copy(), 1
+    while True:
+        kj = kf + j
+        alive &= kj <= ns - 1
+        if not alive.any():
+            return out
+        tt, tail = np.full(alive.shape, np.inf), np.full(alive.shape, np.inf)
+        for rows in ([0], [pp - 1] if pp > 1 else [], list(range(1, pp - 1))):
+            if not rows or not alive[rows].any():
+                continue
+            n2 = np.broadcast_to(ns, (len(rows), len(ns)))
+            kk = np.where(alive[rows], kj[rows], 0.0)
+            tt[rows] = costs.time(rows[0], n2, "block", kk).total
+            comm, opt = costs.tail(rows[0], n2, "block", kk)
+            tail[rows] = comm + opt
+        with np.errstate(invalid="ignore"):     # inf - inf where a count is out of play
+            alive &= (last_tail - tail) > (tt - last_t) / v
+        if not alive.any():
+            return out
+        counts = np.where(alive, kj, 0.0)
+        out.append((np.where(alive, tt, np.inf), np.where(alive, tail, np.inf),
+                    np.where(alive, costs.memory_table("block", ns, counts), np.inf), counts.astype(int)))
+        last_t, last_tail, j = np.where(alive, tt, last_t), np.where(alive, tail, last_tail), j + 1
 
 
 def _block_layers(costs: StageCosts, ns: np.ndarray, budget: float,
@@ -389,7 +449,7 @@ def _solve_layout(costs: StageCosts, opts: _Options, weights: tuple[float, float
                 break
             sol = run(t_cap, lower[-1])
     counts, ks = best
-    fulls = tuple(int(opts.full_layers[i, n]) if opts.modes[k] == "block" and opts.full_layers is not None else 0
+    fulls = tuple(int(opts.full_layers[i, n, k]) if opts.modes[k] == "block" and opts.full_layers is not None else 0
                   for i, (n, k) in enumerate(zip(counts, ks, strict=True)))    # None: a bound's merged tables
     return best_obj, tuple(counts), tuple(opts.modes[k] for k in ks), fulls
 
