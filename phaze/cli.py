@@ -17,7 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from . import validate as val
 from .api import as_chip, as_model, as_plan, calibrated_efficiency
@@ -28,6 +27,7 @@ from .cost import IDEAL
 from .exact import Certificate
 from .framework import FRAMEWORKS, PLAN_KEYS, describe, framework, model_with, options_with, plan_with
 from .graph import reruns_needed
+from .lazy import LazyModule
 from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
 from .placement import (
     MAX_AUTO_VP,
@@ -49,6 +49,8 @@ from .storage import mask_password
 from .study_files import compare_studies, write_study_files
 from .system import apply_system, as_system, system_note, with_nics
 from .validate import params_for
+
+tqdm = LazyModule("tqdm")   # deferred: 19 ms to import (it reads its package metadata); evaluate and place show no bar
 
 GiB = 2.0 ** 30
 
@@ -434,7 +436,7 @@ def cmd_validate(args) -> int:
             [p.error for p in ok if p.source.startswith(prefixes)])
     loso_preds = []
     if not args.no_loso and cases:
-        with tqdm(total=val.loso_fits(cases), desc="leave-one-source-out", unit="fit") as bar:
+        with tqdm.tqdm(total=val.loso_fits(cases), desc="leave-one-source-out", unit="fit") as bar:
             loso, loso_preds = val.leave_one_source_out(
                 cases, progress=lambda what: (bar.set_postfix_str(what, refresh=False), bar.update(1)))
         for name, prefixes in groups.items():
@@ -582,7 +584,7 @@ def cmd_calibrate(args) -> int:
     cases = [c for c in val.split_held_out(items, hold)[0] if isinstance(c, val.Case)]
     if not cases:
         raise ConfigError(runs_paths[0], None, "no run could be expressed; nothing to calibrate on")
-    with tqdm(total=len(val.fit_groups(cases)), desc="calibrate", unit="fit") as bar:
+    with tqdm.tqdm(total=len(val.fit_groups(cases)), desc="calibrate", unit="fit") as bar:
         params = val.calibrate_cases(cases, progress=lambda _: bar.update(1))
     fitted = {fam: val.summarize(val.predict_all([c for c in cases if val.in_group(c, fam)],
                                              {"default": e}))["overall"]
@@ -650,7 +652,7 @@ class _Ticker:
     the elapsed time, and the count when ``update`` is called; for calls that give no progress."""
 
     def __init__(self, desc: str, total: int | None = None, unit: str = "it", delay: float = 2.0):
-        self.bar = tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=False, disable=None,
+        self.bar = tqdm.tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=False, disable=None,
                         file=sys.stderr, dynamic_ncols=True)
         self.delay, self._stop = delay, threading.Event()
         self._thread = threading.Thread(target=self._tick, daemon=True)

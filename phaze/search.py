@@ -27,14 +27,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from . import schedule as _schedule
 from .arch import load_chip
 from .area import silicon
 from .candidate import evaluate_chip
 from .configio import ConfigError
 from .exact import ExactSampler, certificate, make_exact_sampler
+from .lazy import LazyModule
 from .norepeat import make_norepeat
 from .space import CONSTRAINTS, SweepConfig, build_chip, chip_values, design_key
 from .storage import (  # noqa: F401  (re-exported: phaze.search is where users find them)
@@ -49,6 +48,8 @@ from .storage import (  # noqa: F401  (re-exported: phaze.search is where users 
     study_dir,
 )
 from .study_files import write_study_files
+
+tqdm = LazyModule("tqdm")   # deferred: 19 ms to import (it reads its package metadata); evaluate and place show no bar
 
 # toward --trials: done, in flight on some worker, or queued (the template; a dead worker's retry)
 STATES_COUNTED = ("COMPLETE", "RUNNING", "WAITING")
@@ -293,7 +294,7 @@ def evaluate_baselines(cfg: SweepConfig, study, progress: bool = False) -> dict:
     With ``progress``, a bar over the chips not scored yet (their schedules take seconds each)."""
     stored = dict(study.user_attrs.get("baselines", {}))
     todo = [name for name in cfg.baselines if name not in stored]
-    for name in tqdm(todo, desc="baselines", unit="chip", disable=not (progress and todo), dynamic_ncols=True,
+    for name in tqdm.tqdm(todo, desc="baselines", unit="chip", disable=not (progress and todo), dynamic_ncols=True,
                      leave=False):
         chip = load_chip(name)
         ev = evaluate_chip(chip, cfg.workloads, constraints=cfg.constraints, skip_if_over_budget=False)
@@ -310,7 +311,7 @@ class _Progress:
 
     def __init__(self, cfg: SweepConfig, study, total: int, enabled: bool):
         self.cfg, self.total = cfg, total
-        self.bar = tqdm(total=total, initial=min(total, count(study, ("COMPLETE",))), unit="trial",
+        self.bar = tqdm.tqdm(total=total, initial=min(total, count(study, ("COMPLETE",))), unit="trial",
                         desc=f"search {study.study_name}", disable=not enabled, dynamic_ncols=True)
         self.update(study)
 
@@ -759,7 +760,7 @@ def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: b
     done = {_key(t.params) for t in study.get_trials(deepcopy=False)
             if t.state == optuna.trial.TrialState.COMPLETE}
     todo = [c for _, c in points if _key(c) not in done]
-    bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="design",
+    bar = tqdm.tqdm(total=len(points), initial=len(points) - len(todo), unit="design",
                desc=f"sweep {name}", disable=not progress, dynamic_ncols=True)
     try:
         for choices in todo:
