@@ -209,10 +209,13 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
             ks, table = _block_layers(costs, ns, budget, none)
             full_layers = np.zeros(shape, dtype=int)
             useful = ks > 0
+            kf = np.where(useful, ks, 0).astype(float)
+            if not bound:       # from the fewest that fit, or from none where the stage fits without
+                fits = (costs.memory_table("none", ns) if none is None else none) <= budget
+                longer = _longer_blocks(costs, ns, kf, useful | fits)
             if table is None:
                 continue
             full_layers[:, idx, k] = np.where(useful, ks, 0)
-            kf = np.where(useful, ks, 0).astype(float)
             # the first and last stages, then every interior stage at once (rows: stages)
             for rows in ([0], [pp - 1] if pp > 1 else [], list(range(1, pp - 1))):
                 if not rows or not useful[rows].any():
@@ -226,8 +229,6 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
                 comm, opt = costs.tail(rows[0], n2, r, n2 if bound else kf[rows])
                 tl[at] = np.where(useful[rows], comm + opt, np.inf)
             mem[:, idx, k] = table
-            if not bound:
-                longer = _longer_blocks(costs, ns, kf, useful, t[:, idx, k], tl[:, idx, k])
             continue
         classes = {0, pp - 1} | ({1} if pp > 2 else set())
         for i in classes:
@@ -257,41 +258,47 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     return _Options(t, tl, mem + reserve <= costs.chip.hbm_bytes, mem, modes, full_layers)
 
 
-def _longer_blocks(costs: StageCosts, ns: np.ndarray, kf: np.ndarray, useful: np.ndarray,
-                   time0: np.ndarray, tail0: np.ndarray) -> list[tuple]:
-    """The further counts a ``block`` stage may re-run whole, beyond the fewest that fit (``kf``,
-    where ``useful``; ``time0``, ``tail0`` its times and tails; all [stages, len(ns)]): one column
-    per count more, each (time, tail, memory, count), inf where it cannot pay. One more layer
-    re-run whole adds dT to the stage's time, so at least dT / v to the step
+def _longer_blocks(costs: StageCosts, ns: np.ndarray, k0: np.ndarray, start: np.ndarray) -> list[tuple]:
+    """The counts a ``block`` stage may re-run whole beyond ``k0`` (the fewest that fit, or 0 where
+    the stage fits without recompute; where ``start``; [stages, len(ns)]): one column per count
+    more, each (time, tail, memory, count) [stages, len(ns)], inf where it cannot pay. One more
+    layer re-run whole adds dT to the stage's time, so at least dT / v to the step
     (a T_max + sum T / v + tail_max), and lengthens the windows that hide the data-parallel
-    reduction, which shortens the stage's tail by dL, at most what the step gains; dL does not
-    grow with the count (exposed time is convex in its window). So a count pays only while
+    reduction, which shortens the stage's tail by dL, the most the step can gain from it; dL does
+    not grow with the count (exposed time is convex in its window). So a count pays only while
     dL > dT / v, and the first that does not loses to the one before, as does every larger
     count, whatever the other stages hold. Nothing when no count can pay: dT / v at least
     (1 - overlap_slowdown) times the windows' growth per layer (exposed time falls at most that
-    fast), as on every pipeline without interleaving."""
+    fast), as on a pipeline without interleaving whose windows grow no faster than its time."""
     pp, v = costs.plan.pp, costs.plan.vp
     none, full = costs.mode("none"), costs.mode("full")
     grow = max(0.0, full.bwd.total - none.bwd.total) + max(0.0, full.fwd.total - none.fwd.total)
-    if not costs.plan.dp_overlap or (full.layer.total - none.layer.total) / v >= (
+    if not costs.plan.dp_overlap or not start.any() or (full.layer.total - none.layer.total) / v >= (
             max(0.0, 1.0 - costs.eff.overlap_slowdown) * grow):
         return []
-    out, alive = [], useful.copy()
-    last_t, last_tail, j = time0.copy(), tail0.copy(), 1
-    while True:
-        kj = kf + j
-        alive &= kj <= ns - 1
-        if not alive.any():
-            return out
+
+    def at(counts, alive):
+        """The stages' times and tails with ``counts`` layers re-run whole, where ``alive``."""
         tt, tail = np.full(alive.shape, np.inf), np.full(alive.shape, np.inf)
         for rows in ([0], [pp - 1] if pp > 1 else [], list(range(1, pp - 1))):
             if not rows or not alive[rows].any():
                 continue
             n2 = np.broadcast_to(ns, (len(rows), len(ns)))
-            kk = np.where(alive[rows], kj[rows], 0.0)
+            kk = np.where(alive[rows], counts[rows], 0.0)
             tt[rows] = costs.time(rows[0], n2, "block", kk).total
             comm, opt = costs.tail(rows[0], n2, "block", kk)
             tail[rows] = comm + opt
+        return tt, tail
+
+    out, alive = [], start.copy()
+    last_t, last_tail = at(k0, alive)
+    j = 1
+    while True:
+        kj = k0 + j
+        alive &= kj <= ns - 1
+        if not alive.any():
+            return out
+        tt, tail = at(kj, alive)
         with np.errstate(invalid="ignore"):     # inf - inf where a count is out of play
             alive &= (last_tail - tail) > (tt - last_t) / v
         if not alive.any():
@@ -309,10 +316,9 @@ def _block_layers(costs: StageCosts, ns: np.ndarray, budget: float,
     of them do not suffice, as then ``full`` is the same stage; the memory table of those counts,
     None when every count is -1). Memory is linear in the count: each layer re-run whole keeps its
     input instead of its activations, in every micro-batch in flight; the count is then checked on
-    the exact table (rounding) and raised by one where it falls short. Fewest is fastest: a layer
-    re-run whole is never faster (only a longer backward window could hide more of the gradient
-    reduction, which the DP does not trade against it). ``none``: the stages' memory without
-    recompute, when known."""
+    the exact table (rounding) and raised by one where it falls short. Fewest is fastest, but for
+    a longer backward window hiding more of the gradient reduction (:func:`_longer_blocks`).
+    ``none``: the stages' memory without recompute, when known."""
     plan = costs.plan
     if none is None:
         none = costs.memory_table("none", ns)

@@ -1,11 +1,12 @@
 """Benchmark: what the block stages' longer counts change (placement exactness, 2026-12-03).
 
-The placement DP gives a block stage the fewest layers re-run whole that fit, and more where a
-longer backward hides enough more of an exposed gradient reduction to pay
-(``phaze.placement._longer_blocks``). On random placements (GPT-3 175B, GPT-2 XL, Llama-2 7B on
-A100, H100 and TPU v4 with 25-100 % of their memory, 16-512 devices, one to four micro-batches per
-replica, recompute none / full / block), every layout solved exactly, this prints how many
-layouts' optimum improves over the fewest counts alone, and by how much; never worse.
+The placement DP gives a block stage the fewest layers re-run whole that fit, and more (also from
+none where the stage fits without recompute) where a longer backward hides enough more of an
+exposed gradient reduction to pay (``phaze.placement._longer_blocks``). On random placements
+(GPT-3 175B, GPT-2 XL, Llama-2 7B on A100, H100 and TPU v4 with 25-100 % of their memory, 16-512
+devices, one to four micro-batches per replica, recompute none / full / block), every layout
+solved exactly, this prints how many layouts' optimum improves over the fewest counts alone, and
+by how much; never worse.
 
 Run: python tests/bench/bench_block_counts.py [--cases 3000] [--seed 0]   (about 4 min)
 """
