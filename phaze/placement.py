@@ -210,25 +210,19 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
             full_layers = np.zeros(shape, dtype=int)
             useful = ks > 0
             kf = np.where(useful, ks, 0).astype(float)
+            if table is not None:
+                full_layers[:, idx, k] = np.where(useful, ks, 0)
+                mem[:, idx, k] = table
+                if not bound:
+                    t[:, idx, k], tl[:, idx, k] = _block_rows(costs, ns, kf, useful, kf)
+                elif full is not None:      # every layer re-run whole: full's tail, to the digit
+                    t[:, idx, k] = _block_rows(costs, ns, kf, useful)[0]
+                    tl[:, idx, k] = np.where(useful, tl[:, idx, full], np.inf)
+                else:
+                    t[:, idx, k], tl[:, idx, k] = _block_rows(costs, ns, kf, useful, np.broadcast_to(ns, kf.shape))
             if not bound:       # from the fewest that fit, or from none where the stage fits without
                 fits = (costs.memory_table("none", ns) if none is None else none) <= budget
-                longer = _longer_blocks(costs, ns, kf, useful | fits)
-            if table is None:
-                continue
-            full_layers[:, idx, k] = np.where(useful, ks, 0)
-            # the first and last stages, then every interior stage at once (rows: stages)
-            for rows in ([0], [pp - 1] if pp > 1 else [], list(range(1, pp - 1))):
-                if not rows or not useful[rows].any():
-                    continue
-                n2 = np.broadcast_to(ns, (len(rows), len(ns)))
-                at = (np.asarray(rows)[:, None], idx[None, :], k)
-                t[at] = np.where(useful[rows], costs.time(rows[0], n2, r, kf[rows]).total, np.inf)
-                if bound and full is not None:    # every layer re-run whole: full's tail, to the digit
-                    tl[at] = np.where(useful[rows], tl[(at[0], at[1], full)], np.inf)
-                    continue
-                comm, opt = costs.tail(rows[0], n2, r, n2 if bound else kf[rows])
-                tl[at] = np.where(useful[rows], comm + opt, np.inf)
-            mem[:, idx, k] = table
+                longer = _longer_blocks(costs, ns, kf, useful | fits, t[:, idx, k], tl[:, idx, k])
             continue
         classes = {0, pp - 1} | ({1} if pp > 2 else set())
         for i in classes:
@@ -245,23 +239,43 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
         if pp > 3:          # interior stages 2 .. pp-2 are stage 1's copies
             t[2:pp - 1, idx, k], tl[2:pp - 1, idx, k] = t[1, idx, k], tl[1, idx, k]
         mem[:, idx, k] = costs.memory_table(r, ns)
-    if longer:
-        cols = [[], [], [], []]     # the extra columns of time, tail, memory and count, [pp, L+1, 1] each
-        for col in longer:
-            for j, a in enumerate(col):
-                c = np.full((pp, L + 1), 0 if j == 3 else np.inf)
-                c[:, idx] = a
-                cols[j].append(c[:, :, None])
-        t, tl, mem = (np.concatenate([x] + c, axis=2) for x, c in zip((t, tl, mem), cols[:3], strict=True))
-        full_layers = np.concatenate([full_layers] + cols[3], axis=2).astype(int)
+    if longer:      # the extra block columns, after the modes' own
+        extra = [np.full((pp, L + 1, len(longer)), fill) for fill in (np.inf, np.inf, np.inf, 0)]
+        for j, parts in enumerate(zip(*longer, strict=True)):      # time, tail, memory, count
+            extra[j][:, idx, :] = np.stack(parts, axis=-1)
+        t, tl, mem, full_layers = (np.concatenate((a, b), axis=2) for a, b in zip((t, tl, mem, full_layers), extra,
+                                                                                    strict=True))
+        full_layers = full_layers.astype(int)
         modes = modes + ("block",) * len(longer)
     return _Options(t, tl, mem + reserve <= costs.chip.hbm_bytes, mem, modes, full_layers)
 
 
-def _longer_blocks(costs: StageCosts, ns: np.ndarray, k0: np.ndarray, start: np.ndarray) -> list[tuple]:
+def _block_rows(costs: StageCosts, ns: np.ndarray, counts: np.ndarray, alive: np.ndarray,
+                tail_counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Time and tail ([stages, len(ns)], inf where not ``alive``) of block stages re-running
+    ``counts`` of their layers whole, the first and last stages, then every interior stage at once;
+    the tail with the windows of ``tail_counts`` layers re-run whole (None: no tail)."""
+    pp = costs.plan.pp
+    tt = np.full(alive.shape, np.inf)
+    tail = None if tail_counts is None else np.full(alive.shape, np.inf)
+    for rows in ([0], [pp - 1] if pp > 1 else [], list(range(1, pp - 1))):
+        if not rows or not alive[rows].any():
+            continue
+        n2 = np.broadcast_to(ns, (len(rows), len(ns)))
+        on = alive[rows]
+        tt[rows] = np.where(on, costs.time(rows[0], n2, "block", np.where(on, counts[rows], 0.0)).total, np.inf)
+        if tail is not None:
+            comm, opt = costs.tail(rows[0], n2, "block", np.where(on, tail_counts[rows], 0.0))
+            tail[rows] = np.where(on, comm + opt, np.inf)
+    return tt, tail
+
+
+def _longer_blocks(costs: StageCosts, ns: np.ndarray, k0: np.ndarray, start: np.ndarray,
+                   time0: np.ndarray, tail0: np.ndarray) -> list[tuple]:
     """The counts a ``block`` stage may re-run whole beyond ``k0`` (the fewest that fit, or 0 where
-    the stage fits without recompute; where ``start``; [stages, len(ns)]): one column per count
-    more, each (time, tail, memory, count) [stages, len(ns)], inf where it cannot pay. One more
+    the stage fits without recompute; where ``start``; [stages, len(ns)]; ``time0``, ``tail0``:
+    the fewest's times and tails, inf where there are none): one column per count more, each
+    (time, tail, memory, count) [stages, len(ns)], inf where it cannot pay. One more
     layer re-run whole adds dT to the stage's time, so at least dT / v to the step
     (a T_max + sum T / v + tail_max), and lengthens the windows that hide the data-parallel
     reduction, which shortens the stage's tail by dL, the most the step can gain from it; dL does
@@ -270,35 +284,23 @@ def _longer_blocks(costs: StageCosts, ns: np.ndarray, k0: np.ndarray, start: np.
     count, whatever the other stages hold. Nothing when no count can pay: dT / v at least
     (1 - overlap_slowdown) times the windows' growth per layer (exposed time falls at most that
     fast), as on a pipeline without interleaving whose windows grow no faster than its time."""
-    pp, v = costs.plan.pp, costs.plan.vp
+    v = costs.plan.vp
     none, full = costs.mode("none"), costs.mode("full")
     grow = max(0.0, full.bwd.total - none.bwd.total) + max(0.0, full.fwd.total - none.fwd.total)
     if not costs.plan.dp_overlap or not start.any() or (full.layer.total - none.layer.total) / v >= (
             max(0.0, 1.0 - costs.eff.overlap_slowdown) * grow):
         return []
-
-    def at(counts, alive):
-        """The stages' times and tails with ``counts`` layers re-run whole, where ``alive``."""
-        tt, tail = np.full(alive.shape, np.inf), np.full(alive.shape, np.inf)
-        for rows in ([0], [pp - 1] if pp > 1 else [], list(range(1, pp - 1))):
-            if not rows or not alive[rows].any():
-                continue
-            n2 = np.broadcast_to(ns, (len(rows), len(ns)))
-            kk = np.where(alive[rows], counts[rows], 0.0)
-            tt[rows] = costs.time(rows[0], n2, "block", kk).total
-            comm, opt = costs.tail(rows[0], n2, "block", kk)
-            tail[rows] = comm + opt
-        return tt, tail
-
     out, alive = [], start.copy()
-    last_t, last_tail = at(k0, alive)
+    fresh = start & ~np.isfinite(time0)         # from none: no recompute yet
+    t_none, tail_none = _block_rows(costs, ns, k0, fresh, k0)
+    last_t, last_tail = np.where(fresh, t_none, time0), np.where(fresh, tail_none, tail0)
     j = 1
     while True:
         kj = k0 + j
         alive &= kj <= ns - 1
         if not alive.any():
             return out
-        tt, tail = at(kj, alive)
+        tt, tail = _block_rows(costs, ns, kj, alive, kj)
         with np.errstate(invalid="ignore"):     # inf - inf where a count is out of play
             alive &= (last_tail - tail) > (tt - last_t) / v
         if not alive.any():
