@@ -27,7 +27,7 @@ from .cost import IDEAL
 from .exact import Certificate
 from .framework import FRAMEWORKS, PLAN_KEYS, describe, framework, model_with, options_with, plan_with
 from .graph import reruns_needed
-from .lazy import LazyModule
+from .lazy import tqdm
 from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
 from .placement import (
     MAX_AUTO_VP,
@@ -49,8 +49,6 @@ from .storage import mask_password
 from .study_files import compare_studies, write_study_files
 from .system import apply_system, as_system, system_note, with_nics
 from .validate import params_for
-
-tqdm = LazyModule("tqdm")   # deferred: 19 ms to import (it reads its package metadata); evaluate and place show no bar
 
 GiB = 2.0 ** 30
 

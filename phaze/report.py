@@ -21,15 +21,13 @@ import numpy as np
 from .arch import arch_dirs, load_chip
 from .configio import ConfigError
 from .exact import Certificate
-from .lazy import LazyModule
+from .lazy import pd
 from .plan import graph_recompute, parse_plan
 from .schedule import schedule_layer
 from .space import SweepConfig, build_chip
 from .storage import _optuna, make_storage, study_dir
 from .validate import calibrated_efficiency
 from .workload import load_model, with_seq_len, workload_dirs
-
-pd = LazyModule("pandas")   # deferred: 0.15 s to import, and evaluate and place never need it
 
 BREAKDOWN = ("compute_s", "memory_bound_s", "communication_exposed_s", "pipeline_bubble_s", "optimizer_s")
 

@@ -33,7 +33,7 @@ from .area import silicon
 from .candidate import evaluate_chip
 from .configio import ConfigError
 from .exact import ExactSampler, certificate, make_exact_sampler
-from .lazy import LazyModule
+from .lazy import tqdm
 from .norepeat import make_norepeat
 from .space import CONSTRAINTS, SweepConfig, build_chip, chip_values, design_key
 from .storage import (  # noqa: F401  (re-exported: phaze.search is where users find them)
@@ -48,8 +48,6 @@ from .storage import (  # noqa: F401  (re-exported: phaze.search is where users 
     study_dir,
 )
 from .study_files import write_study_files
-
-tqdm = LazyModule("tqdm")   # deferred: 19 ms to import (it reads its package metadata); evaluate and place show no bar
 
 # toward --trials: done, in flight on some worker, or queued (the template; a dead worker's retry)
 STATES_COUNTED = ("COMPLETE", "RUNNING", "WAITING")
