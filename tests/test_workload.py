@@ -436,3 +436,27 @@ def test_unknown_workload_suggests_the_nearest(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as err:
         load_model("llama3.1-450b")
     assert "did you mean 'llama3.1-405b'" in str(err.value)
+
+
+@pytest.mark.parametrize("loader", ["CSafeLoader", "SafeLoader"])
+def test_yaml_aliases_are_bounded_under_either_parser(tmp_path, monkeypatch, loader):
+    # libyaml's parser where PyYAML has it, the pure-Python one otherwise: the same data, and the
+    # same refusals of a recursive alias (line 2) and of aliases expanding past MAX_YAML_NODES
+    # (10^6 values from 6 lines), while shared aliases that stay small load
+    from phaze import configio
+    if not hasattr(yaml, loader):
+        pytest.skip("PyYAML built without libyaml")
+    monkeypatch.setattr(configio, "_LOADER", getattr(yaml, loader))
+    ok = _write(tmp_path, "a: &x [1, 2]\nb: {c: *x, d: *x}\n")
+    assert configio.read_mapping(ok) == {"a": [1, 2], "b": {"c": [1, 2], "d": [1, 2]}}
+    rec = _write(tmp_path, "a: 1\nb: &r {c: *r}\n")
+    with pytest.raises(ConfigError, match="line 2: recursive alias"):
+        configio.read_mapping(rec)
+    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 6)]
+    bomb = _write(tmp_path, "\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match="aliases expand to more than 100,000 values"):
+        configio.read_mapping(bomb)
+    # two levels fewer: 10^4 values and the lists holding them, 11,111 nodes in all, load
+    small = _write(tmp_path, "\n".join(lines[:4]) + "\n")
+    assert len(configio.read_mapping(small)["l3"]) == 10
