@@ -7,6 +7,7 @@ labelled where they are drawn.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import html
@@ -16,8 +17,6 @@ import os
 import re
 import signal
 import textwrap
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -487,8 +486,9 @@ def _draw_all(jobs: list, out_dir: Path, workers: int | None) -> dict[str, dict]
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and \
             not multiprocessing.current_process().daemon:
         try:
-            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                       initializer=_drawer_init, initargs=(os.getpid(),))
+            # concurrent.futures loads its process pool (and multiprocessing's pipes) on first use
+            pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                                          initializer=_drawer_init, initargs=(os.getpid(),))
         except OSError:                         # no process to spare: draw them here
             pool = None
         if pool is not None:
@@ -497,7 +497,7 @@ def _draw_all(jobs: list, out_dir: Path, workers: int | None) -> dict[str, dict]
                 files = {name: f.result() for name, f in futures.items()}
                 pool.shutdown()
                 return files
-            except (OSError, BrokenProcessPool):
+            except (OSError, concurrent.futures.BrokenExecutor):   # BrokenProcessPool's base
                 _stop(pool)
             except BaseException:               # Ctrl-C: stop the drawers at once, then go on ending
                 _stop(pool)

@@ -577,6 +577,28 @@ def test_drawing_processes_die_with_a_killed_parent(tmp_path):
     out, err = p.communicate(timeout=10)    # the pipes close: nobody holds them any more
 
 
+def test_a_drawer_that_dies_leaves_the_figures_to_this_process(tmp_path, monkeypatch):
+    """A drawing process that dies (the kernel's OOM killer, a crash in a native library) breaks
+    the pool; the figures are then drawn here, and each one once."""
+    import os
+
+    import matplotlib.figure
+
+    import phaze.plots as P
+    parent = os.getpid()
+
+    def fragile(label):
+        if os.getpid() != parent:
+            os._exit(1)
+        fig = matplotlib.figure.Figure(figsize=(1, 1))
+        fig.add_subplot().set_title(label)
+        return fig
+    monkeypatch.setitem(P.DRAW, "fragile", fragile)
+    files = P._draw_all([("a", "fragile", ("a",)), ("b", "fragile", ("b",))], tmp_path, 2)
+    assert set(files) == {"a", "b"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "a.svg", "b.png", "b.svg"]
+
+
 @pytest.mark.parametrize("table,column,junk", [("study_user_attributes", "value_json", "1e999"),
                                                ("trial_user_attributes", "value_json", "1e999"),
                                                ("trial_user_attributes", "value_json", "1.5"),
