@@ -25,9 +25,11 @@ framework are both blank over ZeRO 0 and 1 (the distributed optimizer costs no t
 the least of none, the framework's selective policy, block (where the framework has it) and full
 with which a plan the row allows fits (``selective`` is Megatron's core-attention recompute unless
 ``selective_recompute`` says ``op``; block re-runs the fewest layers of each stage whole that fit),
-``searched`` when not none; a row that says block without ``recompute_layers``: the fewest that
-fit, ``searched``; sequence parallelism on when tp > 1 unless the preset says
-off; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
+``searched`` when not none, and each other plan the row allows competes with the least recompute
+with which it fits (a tuned run recomputes more where that lets a faster interleaving or
+micro-batch fit), except where the measured FLOPs count the recompute (``narayanan96``); a row that says block without
+``recompute_layers``: the fewest that fit, ``searched``; sequence parallelism on when tp > 1
+unless the preset says off; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
 fp32 reduction; no tensor-parallel overlap and no asynchronous backward collectives; model-FLOP
 convention; MFU over the chip's 16-bit peak.
 A row without a shape that names a shipped workload is resolved to it.
@@ -86,6 +88,7 @@ MODEL_COLUMNS = REQUIRED_COLUMNS + EXPLICIT_COLUMNS + OPTIONAL_COLUMNS
 PARAMS_GUARD = 1.5
 METRICS = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "tokens_per_s_total", "step_time_s")
 CONVENTIONS = ("model", "narayanan96", "6n_12lqs")
+RECOMPUTE_CONVENTIONS = ("narayanan96",)   # those that count a full recompute's FLOPs
 # a row that does not state its micro-batch: these are tried, the fastest that fits counts
 SEARCHED_MICRO_BATCHES = (1, 2, 4, 8)
 # The frozen held-out split (issue 21): sources set aside on 2026-12-01, before the round of
@@ -430,18 +433,20 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         fits = _fits(model, chip, devices, batch)
         plans = [_fewest_block_layers(model, devices, batch, p, fits) for p in (plan, *alternatives)]
         plan, alternatives, layout_from = plans[0], tuple(plans[1:]), "searched"
+    # blank: the framework's own throughput log counts TFLOP/s per GPU its way (an MFU is a
+    # paper's or a report's figure: model FLOPs unless the row says otherwise)
+    convention = _choice(row, "flop_convention", CONVENTIONS,
+                         (fw.flop_convention if fw and metric == "tflops_per_gpu" else "") or "model")
     if not recompute_stated:   # not stated: the least recompute with which a plan the row allows fits
+        # (more, where it buys a faster plan, unless the measured FLOPs count the recompute)
+        more = not (metric in ("tflops_per_gpu", "mfu") and convention in RECOMPUTE_CONVENTIONS)
         plan, alternatives, recompute, chosen = _least_recompute(model, chip, devices, batch, plan, alternatives,
-                                                                 fw, selective)
+                                                                 fw, selective, more)
         layout_from = "searched" if chosen else layout_from
     peak = _num(row, "mfu_peak_tflops")
     # blank: the datasheet's dense 16-bit peak as the chip file lists it
     listed = dict(chip.peak_flops_per_s)
     peak = peak * 1e12 if peak else (listed.get("bf16") or listed.get("fp16") or chip.peak_flops("bf16"))
-    # blank: the framework's own throughput log counts TFLOP/s per GPU its way (an MFU is a
-    # paper's or a report's figure: model FLOPs unless the row says otherwise)
-    convention = _choice(row, "flop_convention", CONVENTIONS,
-                         (fw.flop_convention if fw and metric == "tflops_per_gpu" else "") or "model")
     step = measured_step_time(metric, value, model, devices, batch, convention, recompute, peak)
     if not (math.isfinite(step) and step > 0):
         raise ValueError(f"measured_value {value:g} ({metric}) gives a step time of {step:g} s; "
@@ -506,26 +511,41 @@ def _selective_policy(row: dict, fw: Framework | None) -> tuple[str, tuple[str, 
 
 
 def _least_recompute(model: Model, chip: Chip, devices: int, batch: int, plan: Plan,
-                     alternatives: tuple[Plan, ...], fw: Framework | None, selective: str = "selective"):
+                     alternatives: tuple[Plan, ...], fw: Framework | None, selective: str = "selective",
+                     more: bool = True):
     """(plan, alternatives, recompute, chosen) for a row that does not state its recompute: the
     first of none, the row's selective policy (where its framework has one), block (where it has it:
     the fewest layers of each stage re-run whole, the same count in every stage as Megatron's
     --recompute-num-layers) and full with which the plan or one of its alternatives fits in
     memory, since a run that fits must have recomputed at least that much (``chosen``: anything
-    but none); none when nothing fits. Memory does not depend on the efficiency parameters, so the
-    choice is the same for every fit."""
+    but none); none when nothing fits. With ``more``, each other plan the row allows joins the
+    alternatives with the least recompute with which it fits, where that is more: a tuned run
+    recomputes more where that lets a faster plan fit (a deeper interleaving, a larger
+    micro-batch), and the fastest that fits counts. Without it (the measured FLOPs count the
+    recompute, so it must be the least one) they do not. Memory does not depend on the efficiency
+    parameters, so the choice is the same for every fit."""
     swap = dataclasses.replace
     modes = (["none"] + ([selective] if not fw or fw.selective_recompute else [])
              + (["block"] if not fw or fw.block_recompute else []) + ["full"])
     fits = _fits(model, chip, devices, batch)
 
     try:
+        least, later, settled = None, [], set()   # settled: the allowed plans that fit with less
         for r in modes:
             plans = [swap(p, recompute=r) for p in (plan, *alternatives)]
             if r == "block":
                 plans = [_fewest_block_layers(model, devices, batch, p, fits) for p in plans]
-            if any(fits(p) for p in _valid_plans(model, devices, batch, plans)):
-                return plans[0], tuple(plans[1:]), r, r != "none"
+            valid = set(_valid_plans(model, devices, batch, plans))
+            fitting = {i for i, p in enumerate(plans) if i not in settled and p in valid and fits(p)}
+            if fitting and least is None:
+                least = plans[0], tuple(plans[1:]), r, r != "none"
+                if not more:
+                    break
+            else:
+                later += [plans[i] for i in sorted(fitting)]
+            settled |= fitting
+        if least is not None:
+            return least[0], least[1] + tuple(later), least[2], least[3]
     except ConfigError:   # the chip cannot run the row (its precision): the prediction says why
         pass
     return plan, alternatives, plan.recompute, False

@@ -974,3 +974,32 @@ def test_validation_plot_says_whether_it_is_held_out(tmp_path, monkeypatch, held
     cli._plot(str(tmp_path / "p.png"), preds, held_out=held_out)
     assert (tmp_path / "p.png").stat().st_size > 0
     assert ("leave-one-source-out" in titles[0]) == held_out and ("IN-SAMPLE" in titles[0]) == (not held_out)
+
+
+def test_blank_recompute_may_recompute_more_where_that_buys_a_faster_plan():
+    # R0029 (GPT-119B on 1,536 H100s, tp 8, pp 4; micro-batch, vp and recompute not stated): its
+    # least recompute is none, but a block recompute lets a larger micro-batch fit, and that plan is
+    # faster than every plan that fits without recompute; a tuned run takes it. Oracle: the row's
+    # grid (micro-batch x vp) under none, Megatron-Core's selective and full, evaluated apart; the
+    # block plan's count is the fewest that fits. A log that counts the recompute's FLOPs
+    # (narayanan96) keeps the least recompute: its measured step depends on it.
+    from phaze.placement import PlacementOptions, vp_values
+    row = dict(next(r for r in v.read_runs(v.default_runs_path()) if r["run_id"] == "R0029"))
+    c = v.row_to_case(row)
+    eff = v.calibrated_efficiency(c.chip)
+    assert c.plan.recompute == "none" and c.layout_from == "searched"
+    plan, step = v.scored_plan(c, eff)
+    assert plan.recompute == "block"
+
+    def result(p):
+        return v.evaluate(c.model, c.chip, c.devices, c.global_batch, p, eff)
+    (k,) = plan.recompute_layers
+    assert not result(dataclasses.replace(plan, recompute_layers=(k - 1,))).fits
+    grid = [dataclasses.replace(c.plan, mbs=b, vp=u, recompute=r)
+            for b in v.SEARCHED_MICRO_BATCHES for u in vp_values(c.model, c.plan.pp, PlacementOptions())
+            for r in ("none", "selective", "full")]
+    times = [r.step_time_s for r in map(result, v._valid_plans(c.model, c.devices, c.global_batch, grid)) if r.fits]
+    assert len(times) > 10 and step < min(times)
+    counted = v.row_to_case(dict(row, flop_convention="narayanan96"))
+    assert {p.recompute for p in (counted.plan, *counted.alternatives)} == {"none"}
+    assert v.scored_plan(counted, eff)[0].recompute == "none"
