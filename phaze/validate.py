@@ -27,11 +27,11 @@ with which a plan the row allows fits (``selective`` is Megatron's core-attentio
 ``selective_recompute`` says ``op``; block re-runs the fewest layers of each stage whole that fit),
 ``searched`` when not none, and each other plan the row allows competes with the least recompute
 with which it fits (a tuned run recomputes more where that lets a faster interleaving or
-micro-batch fit), except where the measured FLOPs count the recompute (``narayanan96``); a row that says block without
-``recompute_layers``: the fewest that fit, ``searched``; sequence parallelism on when tp > 1
-unless the preset says off; ZeRO stage 0; attention ``flash`` (the framework's fused kernel); no dropout; no
-fp32 reduction; no tensor-parallel overlap and no asynchronous backward collectives; model-FLOP
-convention; MFU over the chip's 16-bit peak.
+micro-batch fit), except where the measured FLOPs count the recompute (``narayanan96``); a row
+that says block without ``recompute_layers``: the fewest that fit, ``searched``; sequence
+parallelism on when tp > 1 unless the preset says off; ZeRO stage 0; attention ``flash`` (the
+framework's fused kernel); no dropout; no fp32 reduction; no tensor-parallel overlap and no
+asynchronous backward collectives; model-FLOP convention; MFU over the chip's 16-bit peak.
 A row without a shape that names a shipped workload is resolved to it.
 
 Mixture of experts: a row whose ``model`` names a shipped MoE workload is an MoE case with that
