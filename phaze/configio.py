@@ -41,13 +41,11 @@ def _check_aliases(root) -> None:
     every consumer of the data (a billion-laughs file of a few hundred bytes)."""
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
-    stack = [(root, False)]
+    stack: list = [(root, None)]      # (node, its children once they are on the stack above it)
     while stack:
-        node, done = stack.pop()
+        node, children = stack.pop()
         key = id(node)
-        if done:
-            children = ([c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode)
-                        else node.value)
+        if children is not None:        # every child sized: the node's expanded size
             size = 1 + sum(sizes[id(c)] for c in children)
             if size > MAX_YAML_NODES:
                 raise yaml.composer.ComposerError(
@@ -62,10 +60,10 @@ def _check_aliases(root) -> None:
                 sizes[key] = 1
                 continue
             open_nodes.add(key)
-            stack.append((node, True))
             children = ([c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode)
                         else node.value)
-            stack.extend((c, False) for c in reversed(children))
+            stack.append((node, children))
+            stack.extend((c, None) for c in reversed(children))
 
 
 def _load_yaml(text: str):

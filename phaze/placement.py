@@ -204,7 +204,8 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     longer: list = []       # more block columns: (time, tail, memory, layers re-run whole)
     for k, r in enumerate(modes):
         if r == "block":
-            none = mem[:, idx, modes.index("none")] if "none" in modes[:k] else None
+            # the stages' memory without recompute (the none column's, when built before)
+            none = mem[:, idx, modes.index("none")] if "none" in modes[:k] else costs.memory_table("none", ns)
             full = modes.index("full") if "full" in modes[:k] else None
             ks, table = _block_layers(costs, ns, budget, none)
             full_layers = np.zeros(shape, dtype=int)
@@ -221,8 +222,7 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
                 else:
                     t[:, idx, k], tl[:, idx, k] = _block_rows(costs, ns, kf, useful, np.broadcast_to(ns, kf.shape))
             if not bound:       # from the fewest that fit, or from none where the stage fits without
-                fits = (costs.memory_table("none", ns) if none is None else none) <= budget
-                longer = _longer_blocks(costs, ns, kf, useful | fits, t[:, idx, k], tl[:, idx, k])
+                longer = _longer_blocks(costs, ns, kf, useful | (none <= budget), t[:, idx, k], tl[:, idx, k])
             continue
         classes = {0, pp - 1} | ({1} if pp > 2 else set())
         for i in classes:
@@ -312,7 +312,7 @@ def _longer_blocks(costs: StageCosts, ns: np.ndarray, k0: np.ndarray, start: np.
 
 
 def _block_layers(costs: StageCosts, ns: np.ndarray, budget: float,
-                  none: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                  none: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """([stages, len(ns)]: the fewest layers a ``block`` stage of each layer count re-runs whole
     to fit in ``budget`` bytes, -1 where none is needed, as ``none`` fits, or where fewer than all
     of them do not suffice, as then ``full`` is the same stage; the memory table of those counts,
@@ -320,10 +320,8 @@ def _block_layers(costs: StageCosts, ns: np.ndarray, budget: float,
     input instead of its activations, in every micro-batch in flight; the count is then checked on
     the exact table (rounding) and raised by one where it falls short. Fewest is fastest, but for
     a longer backward window hiding more of the gradient reduction (:func:`_longer_blocks`).
-    ``none``: the stages' memory without recompute, when known."""
+    ``none``: the stages' memory without recompute ([stages, len(ns)])."""
     plan = costs.plan
-    if none is None:
-        none = costs.memory_table("none", ns)
     over = none > budget
     if not over.any():
         return np.full(none.shape, -1), None
