@@ -83,6 +83,14 @@ def with_nics(system: System, nics_per_node: int, source: str = "--nics-per-node
     return replace(system, nics_per_node=nics_per_node)
 
 
+def with_devices_per_node(system: System, devices_per_node: int) -> System:
+    """The system with another node (or pod slice) size. A network quoted per device keeps its
+    bandwidth per device (one "NIC" each); a node's NICs are shared by its new device count."""
+    per_device = system.nics_per_node == system.devices_per_node
+    return replace(system, devices_per_node=devices_per_node,
+                   nics_per_node=devices_per_node if per_device else system.nics_per_node)
+
+
 def _system_from_yaml(data: dict, source: str) -> System:
     f = Fields(data, source)
     name, per_node = f.str("name"), f.int("devices_per_node")

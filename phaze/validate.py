@@ -64,7 +64,7 @@ from .framework import Framework, model_with, options_with, padded_vocab, plan_s
 from .placement import PlacementOptions, place, vp_values
 from .plan import RECOMPUTE_MODULES, Plan, ordered_modules
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
-from .system import apply_system, load_system
+from .system import apply_system, load_system, with_devices_per_node
 from .workload import Model, load_model, router_groups_error, with_seq_len, workload_dirs
 
 REQUIRED_COLUMNS = (
@@ -78,7 +78,7 @@ EXPLICIT_COLUMNS = (
     "flop_convention", "mfu_peak_tflops", "num_experts", "moe_top_k", "unconfirmed", "system_config",
     "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
-    "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk")
+    "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -93,9 +93,11 @@ RECOMPUTE_CONVENTIONS = ("narayanan96",)   # those that count a full recompute's
 SEARCHED_MICRO_BATCHES = (1, 2, 4, 8)
 # The frozen held-out split (issue 21): sources set aside on 2026-12-01, before the round of
 # modelling that followed, and never fitted on nor printed until scored once at the end
-# (``phaze validate --score-held-out``). A discipline of the bundled sets, not a model input:
-# the cost model never sees a source id. ``--hold-out`` on calibrate and validate overrides it.
-HELD_OUT_SOURCES = ("S05_nemo_2407",)
+# (``phaze validate --score-held-out``). S25 (MaxText on TPU v5e and v5p, chips phaze has no fit
+# for) was set aside on 2026-12-03, the day it was added, before any prediction of it was made. A
+# discipline of the bundled sets, not a model input: the cost model never sees a source id.
+# ``--hold-out`` on calibrate and validate overrides it.
+HELD_OUT_SOURCES = ("S05_nemo_2407", "S25_maxtext_tpuv5")
 DEFAULT_VOCAB = 51200   # GPT-2 BPE padded to a multiple of 1024 (Megatron's default); see module doc
 _TRUE = ("yes", "true", "1", "on", "y")
 _FALSE = ("no", "false", "0", "off", "n")
@@ -319,14 +321,20 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         chips[chip_name] = load_chip(chip_name)
     chip = chips[chip_name]
     system_name = _text(row, "system_config")
+    per_node = _int(row, "devices_per_node")
+    if per_node is not None and not system_name:
+        raise ValueError(f"column 'devices_per_node' resizes the nodes (or pod slices) of the row's "
+                         f"system_config, got {row['devices_per_node']!r} without one")
     if system_name:     # the row's cluster: the chip with that system's links, cached by (chip, system)
-        if (chip_name, system_name) not in chips:
+        key = (chip_name, system_name) if per_node is None else (chip_name, system_name, per_node)
+        if key not in chips:
             try:
-                chips[chip_name, system_name] = apply_system(chip, load_system(system_name))
+                system = load_system(system_name)
+                chips[key] = apply_system(chip, system if per_node is None else with_devices_per_node(system, per_node))
             except ConfigError as exc:
                 raise ValueError(f"column 'system_config': {exc.message if exc.source == '--system' else exc}"
                                  ) from None
-        chip = chips[chip_name, system_name]
+        chip = chips[key]
     fw = resolve_framework(_text(row, "framework"))
     # how the run issued its work (its column, else its framework's), not the chip's default; after
     # the cache, which holds each chip and system once whatever the rows' frameworks
@@ -361,6 +369,9 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if batch is None:
         raise ValueError("global_batch not published: the step's size is unknown")
     recompute_stated = bool(_text(row, "recompute"))
+    if _text(row, "recompute").lower() == "offload":
+        raise ValueError("recompute = offload: activations moved to host memory in the forward pass and "
+                         "back for the backward are not modelled (phaze's chips have no host-memory level)")
     recompute = _RECOMPUTE.get(_text(row, "recompute").lower() or "none")
     if recompute is None:
         raise ValueError(f"column 'recompute' must be none, selective, block or full, got {row['recompute']!r}")
@@ -754,9 +765,10 @@ def display_path(path: str | Path) -> str:
 
 
 def default_runs_paths() -> list[Path]:
-    """The bundled reference sets: ``training_runs.csv`` and ``training_runs_2.csv``."""
+    """The bundled reference sets: ``training_runs.csv`` and ``training_runs_2.csv`` (copied from the
+    project's reference collection) and ``training_runs_3.csv`` (transcribed by the project)."""
     ref = Path(__file__).resolve().parent / "data" / "reference"
-    return [ref / "training_runs.csv", ref / "training_runs_2.csv"]
+    return [ref / "training_runs.csv", ref / "training_runs_2.csv", ref / "training_runs_3.csv"]
 
 
 def default_runs_path() -> Path:

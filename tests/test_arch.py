@@ -117,6 +117,22 @@ def test_tpuv4_units_match_docs():
     assert chip.tdp_w == spec("tpuv4", "tdp_w")
 
 
+@pytest.mark.parametrize("name, cores, mxus, tflops, hbm_gib, hbm_gb_s, ici_gbit_s", [
+    ("tpuv5e", 1, 4, 197, 16, 819, 1600),      # Cloud TPU docs, TPU v5e specifications
+    ("tpuv5p", 2, 4, 459, 95, 2765, 4800),     # Cloud TPU docs, TPU v5p specifications
+])
+def test_tpuv5_units_match_docs(name, cores, mxus, tflops, hbm_gib, hbm_gb_s, ici_gbit_s):
+    """The Cloud docs give no clock: the file's clock is the one at which the MXUs reach the bf16
+    peak (cores x 4 MXUs x 128 x 128 MACs x 2 FLOP per cycle)."""
+    chip = load_chip(name)
+    assert (chip.kind, chip.execution, chip.tensor.count, chip.tensor.rows) == ("accelerator", "xla", cores * mxus, 128)
+    assert chip.tensor.count * 128 * 128 * 2 * chip.clock_hz == pytest.approx(tflops * 1e12, rel=1e-4)
+    assert dict(chip.peak_flops_per_s)["bf16"] == tflops * 1e12
+    assert chip.hbm_bytes == hbm_gib * GiB and chip.hbm_bandwidth_bytes_per_s == hbm_gb_s * 1e9
+    assert chip.links[0].bandwidth_bytes_per_s == ici_gbit_s * 1e9 / 8
+    assert chip.tdp_w is None and chip.area_mm2 is None    # not published: no power limit, no area
+
+
 def test_v100_units_match_its_datasheet():
     """V100-SXM2 (V100 datasheet and whitepaper; no device_specs.csv row): 80 SMs x 512 FP16 MAC
     per clock x 2 x 1.53 GHz = 125.3 TFLOP/s tensor (datasheet 125), 80 x 64 lanes x 2 x 1.53 GHz =

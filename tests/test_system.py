@@ -21,7 +21,7 @@ from phaze.candidate import evaluate_chip
 from phaze.configio import ConfigError
 from phaze.cost import collective_time
 from phaze.space import load_sweep
-from phaze.system import System, apply_system, load_system
+from phaze.system import System, apply_system, load_system, with_devices_per_node
 
 ROOT = Path(__file__).resolve().parent.parent
 NCCL_START = 14e-6   # the A100 chip file's fixed start-up of one NCCL collective (NCCL's LL128 ring base latency)
@@ -253,6 +253,30 @@ def test_validation_rows_name_their_system():
     assert v.predict_case(slow) > v.predict_case(plain)
     bad = v.row_to_case(_row(system_config="nosuch"))
     assert isinstance(bad, v.Skipped) and "system_config" in bad.reason and "unknown system" in bad.reason
+
+
+def test_a_row_sets_its_slice_size_and_keeps_the_per_chip_network():
+    """``devices_per_node`` resizes the row's system: 64-chip TPU v5p slices keep DCN's 25 Gbit/s
+    per chip (a network quoted per device), a GPU node's NICs are shared by its new device count."""
+    chips: dict = {}
+    base = dict(gpu="TPUv5p", chip="tpuv5p", gpu_count="128", system_config="tpuv5p-multislice", tp="4", pp="1")
+    c = v.row_to_case(_row(**base, devices_per_node="64"), chips)
+    ici, dcn = c.chip.links
+    assert (ici.name, ici.devices, ici.bandwidth_bytes_per_s) == ("ici", 64, 600e9)
+    assert dcn.devices == 0 and dcn.bandwidth_bytes_per_s == pytest.approx(25e9 / 8)
+    whole = v.row_to_case(_row(**base), chips)          # the file's 256-chip slices: one slice here
+    assert whole.chip.links[0].devices == 256 and ("tpuv5p", "tpuv5p-multislice") in chips
+    assert ("tpuv5p", "tpuv5p-multislice", 64) in chips
+    assert v.predict_case(c) > v.predict_case(whole)    # the two slices' traffic crosses DCN
+    gpu = with_devices_per_node(load_system("cluster-100g"), 4)
+    old = load_system("cluster-100g")
+    assert gpu.nics_per_node == old.nics_per_node
+    assert gpu.inter_node_bandwidth_bytes_per_s == pytest.approx(
+        old.inter_node_bandwidth_bytes_per_s * old.devices_per_node / 4)
+    for bad, why in (("0", "positive integer"), ("64", "without one")):
+        skipped = v.row_to_case(_row(**dict(base, system_config="" if bad == "64" else base["system_config"]),
+                                     devices_per_node=bad))
+        assert isinstance(skipped, v.Skipped) and "devices_per_node" in skipped.reason and why in skipped.reason
 
 
 def test_intra_node_level_defaults_to_the_chips_first_link_level():
