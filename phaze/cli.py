@@ -428,6 +428,8 @@ def cmd_validate(args) -> int:
                            "parameters_fitted_without_them": set(hold) <= fitted_without}
     if held_preds:
         summary["held_out"].update(val.summarize(held_preds))
+        summary["held_out"]["skipped"] = [{"run_id": p.run_id, "reason": p.reason}
+                                          for p in held_preds if p.status == "skipped"]
     ok = [p for p in preds if p.status == "ok"]
     for name, prefixes in groups.items():
         summary["in_sample"].setdefault("groups", {})[name] = val.error_stats(
@@ -480,8 +482,9 @@ def cmd_validate(args) -> int:
                 print(line(f"group {name}" if key == "groups" else name, sub))
 
     o = summary["overall"]
-    print(f"phaze validate: {o['expressed']} of {o['total']} runs expressed, {o['skipped']} skipped "
-          f"({', '.join(summary['runs'])})")
+    h = summary["held_out"]
+    print(f"phaze validate: {o['expressed']} of {o['total']} runs expressed, {o['skipped']} skipped"
+          + (f", {h['rows']} more held out" if h["rows"] else "") + f" ({', '.join(summary['runs'])})")
     print(f"parameters: {summary['params']}")
     print(f"  {'':<34} {'rows':>5}  {'MAPE':>6}  {'bias':>7}  {'median':>6}  {'max':>6}  {'<=10%':>6}")
     if "leave_one_source_out" in summary:
@@ -489,15 +492,17 @@ def cmd_validate(args) -> int:
         table(summary["leave_one_source_out"])
     print("in-sample (parameters fitted on these same runs; not a measure of accuracy on new runs):")
     table(summary["in_sample"])
-    h = summary["held_out"]
     if h["sources"] and not h["scored"]:
         print(f"held out: {h['rows']} rows of {', '.join(h['sources'])} (the frozen split; not fitted on, "
               f"not scored here; --score-held-out scores them once)")
     elif h["scored"]:
         print(("HELD OUT" if h["parameters_fitted_without_them"] else
                "NOT HELD OUT (the parameters were fitted on these rows)") +
-              f": {', '.join(h['sources'])}, scored with {summary['params']}:")
+              f": {', '.join(h['sources'])}, scored with {summary['params']} "
+              f"({h['overall']['expressed']} of {h['overall']['total']} rows expressed):")
         table(h)
+        for s in h["skipped"]:
+            print(f"  skipped {s['run_id']}: {s['reason']}")
     if summary.get("unseen_gpu", {}).get("overall", {}).get("rows"):
         u = summary["unseen_gpu"]
         print(f"unseen GPU, NOT CLEAN (calibrated on {u['train']} only, predicting {u['test']}; the "

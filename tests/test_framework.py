@@ -348,9 +348,13 @@ def test_held_out_source_is_neither_fitted_nor_scored_by_default(tmp_path):
     assert s["held_out"] == {"sources": ["S2_b"], "rows": 2, "scored": False,
                              "parameters_fitted_without_them": False}
     assert s["in_sample"]["overall"]["rows"] == 2
+    skipped = synthetic(run_id="B9", source_id="S2_b", recompute="offload")
+    runs = write_csv(tmp_path / "runs.csv", a + b + [skipped])
     out = ok_cli(phaze_cli(tmp_path, "validate", "--runs", str(runs), "--no-loso", "--unseen", "",
                            "--hold-out", "S2_b", "--score-held-out"))
+    assert out.stdout.startswith("phaze validate: 2 of 2 runs expressed, 0 skipped, 3 more held out")
     assert "NOT HELD OUT (the parameters were fitted on these rows)" in out.stdout
+    assert "(2 of 3 rows expressed)" in out.stdout and "  skipped B9: recompute = offload" in out.stdout
     line = one_line_error(phaze_cli(tmp_path, "validate", "--runs", str(runs), "--hold-out", "S3_c"),
                           "--hold-out", "S3_c")
     assert "S1_a" in line

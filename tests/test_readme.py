@@ -97,6 +97,19 @@ def test_validation_headline_is_the_tracked_summary():
             f"| {_max[:-1]} % | {within[:-1]} % |") in page
 
 
+def test_held_out_tpu_figure_is_the_tracked_scoring():
+    text = (ROOT / "results" / "validation" / "held_out_s25.txt").read_text()
+    assert "HELD OUT: S25_maxtext_tpuv5" in text     # scored with parameters fitted without it
+    expressed, total = re.search(r"\((\d+) of (\d+) rows expressed\)", text).groups()
+    stats = {name: re.search(rf"^  {name} +\d+ +([\d.]+)% +([+-][\d.]+)%", text, flags=re.M).groups()
+             for name in ("all expressed runs", "tpuv5e", "tpuv5p")}
+    flat = " ".join(README.split())
+    assert f"({expressed} of {total} expressed;" in flat
+    mape, bias = stats["all expressed runs"]
+    assert f"**{mape} %**, bias {bias} % (v5e {stats['tpuv5e'][0]} % / {stats['tpuv5e'][1]} %, " \
+           f"v5p {stats['tpuv5p'][0]} % / {stats['tpuv5p'][1]} %;" in flat
+
+
 def test_readme_fuzz_count_is_the_benchmarks_page():
     bench, flat = " ".join(_page("benchmarks.md").split()), " ".join(README.split())
     cases, bad = re.search(r"\*\*([\d,]+) cases, (\d+) bad endings\*\*", bench).groups()
