@@ -47,7 +47,7 @@ from .space import MAX_BATCH, MAX_DEVICES, MAX_NAME, MAX_SEQ_LEN, load_sweep, ov
 from .step import StepResult, evaluate
 from .storage import mask_password
 from .study_files import compare_studies, write_study_files
-from .system import apply_system, as_system, system_note, with_nics
+from .system import apply_system, as_system, system_note, with_devices_per_node, with_nics
 from .validate import params_for
 
 GiB = 2.0 ** 30
@@ -175,8 +175,15 @@ def efficiency_for(chip, args):
 
 
 def system_for(args):
-    """The cluster of ``--system`` (with ``--nics-per-node``), or None: the chip file's links."""
+    """The cluster of ``--system`` (with ``--devices-per-node`` and ``--nics-per-node``), or None:
+    the chip file's links."""
     system = as_system(getattr(args, "system", None))
+    per_node = getattr(args, "devices_per_node", None)
+    if per_node is not None:
+        if system is None:
+            raise ConfigError("--devices-per-node", None, "needs --system: the cluster whose nodes (or pod "
+                                                          "slices) it resizes")
+        system = with_devices_per_node(system, per_node)
     nics = getattr(args, "nics_per_node", None)
     if nics is not None:
         if system is None:
@@ -1066,8 +1073,12 @@ def _power_args(p) -> None:
 
 def _system_args(p) -> None:
     p.add_argument("--system", default=None, metavar="NAME|PATH",
-                   help="cluster: shipped system (dgx-a100-superpod, dgx-h100-superpod, cluster-100g) or a "
-                        "YAML path (default: the chip file's links)")
+                   help="cluster: shipped system (dgx-a100-superpod, dgx-h100-superpod, cluster-100g, "
+                        "tpuv4-multislice, tpuv5e-multislice, tpuv5p-multislice) or a YAML path (default: the "
+                        "chip file's links)")
+    p.add_argument("--devices-per-node", type=_positive_int, default=None, metavar="N",
+                   help="override the system's devices per node (a pod slice's chips); a network quoted per "
+                        "device keeps its bandwidth per device")
     p.add_argument("--nics-per-node", type=_positive_int, default=None, metavar="N",
                    help="override the system's NICs per node")
 

@@ -42,7 +42,7 @@ GOOD = {
     "validate": ["validate", "--no-loso", "--unseen", ""],
 }
 NUMERIC = {"--devices", "--global-batch", "--seq-len", "--top", "--tp", "--mbs", "--pp", "--vp", "--zero",
-           "--memory-reserve", "--time-limit", "--ep", "--nics-per-node"}
+           "--memory-reserve", "--time-limit", "--ep", "--nics-per-node", "--devices-per-node"}
 
 
 def files(root: Path) -> dict[str, Path]:
@@ -124,7 +124,8 @@ def make_case(rng: random.Random, root: Path, bad: dict[str, Path]) -> list[str]
         argv += rng.choice([["--seq-len", rng.choice(BAD_NUMBERS)], ["--memory-reserve", rng.choice(BAD_NUMBERS)],
                             ["--format", rng.choice(["xml", "", "JSON"])], ["--gantt", str(root)],
                             ["--out", str(root / "no" / "such.csv")], ["--top", rng.choice(BAD_NUMBERS)],
-                            ["--system", rng.choice(BAD_NAMES)], ["--nics-per-node", rng.choice(BAD_NUMBERS)]])
+                            ["--system", rng.choice(BAD_NAMES)], ["--nics-per-node", rng.choice(BAD_NUMBERS)],
+                            ["--devices-per-node", rng.choice(BAD_NUMBERS)]])
     return argv
 
 

@@ -89,6 +89,8 @@ def test_cli_errors_are_one_line_exit_2_fast(tmp_path):
              (["--system", str(tmp_path / "missing.yaml")], "file not found"),
              (["--system", ""], "--system"),
              (["--nics-per-node", "2"], "needs --system"),
+             (["--devices-per-node", "2"], "needs --system"),
+             (["--system", "cluster-100g", "--devices-per-node", "-1"], "--devices-per-node"),
              (["--system", "cluster-100g", "--nics-per-node", "0"], "--nics-per-node")]
     for extra, words in cases:
         t0 = time.monotonic()
@@ -170,6 +172,18 @@ def test_evaluate_with_a_system_end_to_end(tmp_path):
     assert default["step_time_s"] < slow["step_time_s"] < slower["step_time_s"]
     text = phaze_cli(tmp_path, "evaluate", *SMALL_RUN, *plan, "--system", "cluster-100g")
     assert text.returncode == 0 and "system             cluster-100g: 16 chips" in text.stdout
+
+
+def test_devices_per_node_resizes_a_pods_slices(tmp_path):
+    """Two 64-chip TPU v5p slices: 25 Gbit/s of DCN per chip kept, data parallelism over DCN."""
+    run = ("evaluate", "--workload", "mpt-1b", "--arch", "tpuv5p", "--devices", "128", "--global-batch", "256",
+           "--plan", "tp=1,pp=1,mbs=2,zero=3,recompute=full", "--system", "tpuv5p-multislice", "--format", "json")
+    one, two = (json.loads(ok.stdout) for ok in (phaze_cli(tmp_path, *run), phaze_cli(tmp_path, *run,
+                                                                                     "--devices-per-node", "64")))
+    for out, n in ((one, 256), (two, 64)):
+        assert out["assumptions"]["system"].startswith(f"tpuv5p-multislice: 128 chips, {n} devices per node (or "
+                                                       f"slice), 25 Gb/s")
+    assert two["step_time_s"] > one["step_time_s"]      # the second slice's share crosses DCN
 
 
 def test_place_with_a_system(tmp_path):
