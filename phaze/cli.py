@@ -1045,7 +1045,7 @@ def cmd_area(args) -> int:
         print(json.dumps(out, indent=2, default=float))
         return 0
     print(f"{chip.name} ({chip.process_node_nm:g} nm): die {si.area_mm2:.1f} mm²"
-          + (f" (published {chip.area_mm2:g} mm²)" if chip.area_mm2 else ""))
+          + (f" (published {chip.area_mm2:g} mm²)" if chip.area_mm2 else " (modelled; no published area)"))
     for k, v in si.area_breakdown_mm2.items():
         print(f"    {k:<14} {v:8.1f} mm²  {100 * v / si.area_mm2:5.1f} %")
     print(f"  cost {si.cost_usd:,.0f} USD: " + ", ".join(f"{k} {v:,.0f}" for k, v in si.cost_breakdown_usd.items())

@@ -277,6 +277,13 @@ def test_cli_area_with_workload(capsys):
     assert e["tokens_per_joule"] == pytest.approx(1536 * 2048 / (1024 * e["energy_per_step_j"]))
 
 
+def test_cli_area_says_whether_the_die_area_is_published(capsys):
+    assert cli.main(["area", "--arch", "tpuv4"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("(published 600 mm²)")
+    assert cli.main(["area", "--arch", "tpuv5e"]) == 0      # Google publishes no TPU v5e die area
+    assert capsys.readouterr().out.splitlines()[0].endswith("mm² (modelled; no published area)")
+
+
 def test_cli_area_bad_arch_exits_2(capsys):
     assert cli.main(["area", "--arch", "no-such-chip"]) == 2
     assert "no-such-chip" in capsys.readouterr().err
