@@ -173,11 +173,15 @@ FRAMEWORKS = {f.name: f for f in (
                      "have no biases; assumption: a biased model's qkv bias added apart, as in Megatron)"),
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
-              block_recompute=False,
+              block_recompute=False, recompute_modules=("core_attn",),
               flop_convention="6n_12lqs",
               source="AI-Hypercomputer/maxtext base.yml: FSDP sharding (ZeRO-3), dropout 0, splash/flash "
                      "attention kernels, one remat_policy for every layer of its scanned stack (no count of layers "
-                     "left without it); assumption: its FSDP collectives move the bf16 compute copies of "
+                     "left without it); its selective policy, remat_policy minimal, saves the projections' "
+                     "outputs and not the attention's (maxtext 0.2.5 layers/nnx_decoders.py minimal_policy: "
+                     "query_proj, key_proj, value_proj, out_proj, mlpwi_0, mlpwi_1, mlpwo; no 'context'), "
+                     "so the flash kernel re-runs in the backward (core_attn); assumption: its FSDP "
+                     "collectives move the bf16 compute copies of "
                      "the float32 weights (weight_dtype float32; the dtype on the wire is not published); "
                      "XLA schedules "
                      "collectives asynchronously beside compute (its latency-hiding scheduler); one "

@@ -55,6 +55,20 @@ def test_plan_with_fills_only_what_the_user_did_not_set():
     assert "attention" not in changes and changes["execution"] == "eager"
 
 
+def test_maxtexts_selective_policy_reruns_the_flash_kernel():
+    """MaxText's remat_policy minimal saves the projections, not the attention context: its flash
+    kernel runs again in the backward, which a fused kernel under Megatron-LM's rule would not."""
+    from phaze.step import evaluate
+    plan, _ = plan_with(FRAMEWORKS["maxtext"], Plan(tp=1, mbs=2, recompute="selective"))
+    assert plan.recompute_modules == ("core_attn",) and plan.attention == "flash"
+    model, chip = load_model("llama2-7b", 4096), load_chip("tpuv4").with_execution("xla")
+    times = {r: evaluate(model, chip, 64, 128, dataclasses.replace(plan, recompute=r)).step_time_s
+             for r in ("none", "selective")}
+    megatron = evaluate(model, chip, 64, 128, dataclasses.replace(plan, recompute_modules=())).step_time_s
+    assert megatron == pytest.approx(times["none"], rel=1e-9)      # a fused kernel: nothing to re-run
+    assert times["selective"] > times["none"] * 1.01                # the flash forward again
+
+
 @pytest.mark.parametrize("name,offered", [("megatron-lm", True), ("megatron-core", True), ("nemo", True),
                                           ("llm-foundry", True), ("megatron-deepspeed", False),
                                           ("torchtitan", False), ("maxtext", False)])
