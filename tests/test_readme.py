@@ -108,6 +108,15 @@ def test_held_out_tpu_figure_is_the_tracked_scoring():
     mape, bias = stats["all expressed runs"]
     assert f"**{mape} %**, bias {bias} % (v5e {stats['tpuv5e'][0]} % / {stats['tpuv5e'][1]} %, " \
            f"v5p {stats['tpuv5p'][0]} % / {stats['tpuv5p'][1]} %;" in flat
+    # the validation page's table of it is the same scoring
+    page = _page("validation.md")
+    for name, label in (("all expressed runs", "all expressed runs"), ("tpuv5e", "TPU v5e"), ("tpuv5p", "TPU v5p")):
+        rows, *cells = re.search(rf"^  {name} +(\d+) +([\d.]+)% +([+-][\d.]+)% +([\d.]+)% +([\d.]+)% +(\d+)%",
+                                 text, flags=re.M).groups()
+        m, b, med, mx, within = cells
+        m = f"**{m} %**" if name == "all expressed runs" else f"{m} %"
+        assert re.search(rf"^\| {re.escape(label)}[^|]* \| {rows} \| {re.escape(m)} \| {re.escape(b)} % \| "
+                         rf"{med} % \| {mx} % \| {within} % \|$", page, flags=re.M), name
 
 
 def test_readme_fuzz_count_is_the_benchmarks_page():
