@@ -83,9 +83,11 @@ def with_nics(system: System, nics_per_node: int, source: str = "--nics-per-node
     return replace(system, nics_per_node=nics_per_node)
 
 
-def with_devices_per_node(system: System, devices_per_node: int) -> System:
+def with_devices_per_node(system: System, devices_per_node: int, source: str = "--devices-per-node") -> System:
     """The system with another node (or pod slice) size. A network quoted per device keeps its
     bandwidth per device (one "NIC" each); a node's NICs are shared by its new device count."""
+    if isinstance(devices_per_node, bool) or not isinstance(devices_per_node, int) or devices_per_node < 1:
+        raise ConfigError(source, None, f"must be a positive integer, got {devices_per_node!r}")
     per_device = system.nics_per_node == system.devices_per_node
     return replace(system, devices_per_node=devices_per_node,
                    nics_per_node=devices_per_node if per_device else system.nics_per_node)

@@ -325,12 +325,14 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if per_node is not None and not system_name:
         raise ValueError(f"column 'devices_per_node' resizes the nodes (or pod slices) of the row's "
                          f"system_config, got {row['devices_per_node']!r} without one")
-    if system_name:     # the row's cluster: the chip with that system's links, cached by (chip, system)
+    if system_name:     # the row's cluster: the chip with that system's links, cached by (chip, system[, size])
         key = (chip_name, system_name) if per_node is None else (chip_name, system_name, per_node)
         if key not in chips:
             try:
                 system = load_system(system_name)
-                chips[key] = apply_system(chip, system if per_node is None else with_devices_per_node(system, per_node))
+                if per_node is not None:
+                    system = with_devices_per_node(system, per_node, "devices_per_node")
+                chips[key] = apply_system(chip, system)
             except ConfigError as exc:
                 raise ValueError(f"column 'system_config': {exc.message if exc.source == '--system' else exc}"
                                  ) from None

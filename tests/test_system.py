@@ -282,6 +282,9 @@ def test_a_row_sets_its_slice_size_and_keeps_the_per_chip_network():
     assert whole.chip.links[0].devices == 256 and ("tpuv5p", "tpuv5p-multislice") in chips
     assert ("tpuv5p", "tpuv5p-multislice", 64) in chips
     assert v.predict_case(c) > v.predict_case(whole)    # the two slices' traffic crosses DCN
+    with pytest.raises(ConfigError) as e:
+        with_devices_per_node(load_system("cluster-100g"), 0)
+    assert e.value.source == "--devices-per-node" and "positive integer" in str(e.value)
     gpu = with_devices_per_node(load_system("cluster-100g"), 4)
     old = load_system("cluster-100g")
     assert gpu.nics_per_node == old.nics_per_node
