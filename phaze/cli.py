@@ -152,9 +152,9 @@ def format_result(r: StepResult, model=None) -> str:
 def format_power(ps: PoweredStep) -> str:
     """The power lines of a plan run within its chip's power limit."""
     e = ps.energy
-    limit = (f"{ps.power_limit_w:g} W limit" + (" (the TDP)" if ps.power_limit_w == ps.tdp_w else "")
-             if ps.power_limit_w else "no power limit")
-    lines = [f"  power per device   {e.power_w:,.1f} W of a {limit}; {ps.energy_per_token_j * 1e3:,.3f} mJ per token "
+    limit = (f" of a {ps.power_limit_w:g} W limit" + (" (the TDP)" if ps.power_limit_w == ps.tdp_w else "")
+             if ps.power_limit_w else "")
+    lines = [f"  power per device   {e.power_w:,.1f} W{limit}; {ps.energy_per_token_j * 1e3:,.3f} mJ per token "
              f"({e.tokens_per_joule:,.2f} tokens/J)",
              f"  clock              {ps.note()}"]
     return "\n".join(lines)

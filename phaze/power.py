@@ -86,6 +86,8 @@ class PoweredStep:
             return (f"throttled to {ghz:.2f} GHz ({100 * self.clock_hz / self.nominal_clock_hz:.0f} % of the nominal "
                     f"{self.nominal_clock_hz / 1e9:.2f} GHz) to fit the {lim} limit: {self.nominal_power_w:.0f} W at "
                     f"the nominal clock")
+        if not self.power_limit_w:
+            return f"at the nominal {ghz:.2f} GHz (no power limit: the chip file gives no TDP)"
         return f"at the nominal {ghz:.2f} GHz, within the {lim} limit"
 
     def to_dict(self) -> dict:

@@ -119,3 +119,18 @@ def test_cli_evaluate_says_the_plan_was_throttled(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(args + ["--power-limit", "0"])
     assert exc.value.code == 2 and "--power-limit" in capsys.readouterr().err
+
+
+def test_cli_evaluate_says_when_a_chip_has_no_power_limit(capsys):
+    # Google publishes no TPU v5e TDP: its file has none, so nothing throttles it, and the printout
+    # says why instead of naming a limit
+    args = ["evaluate", "--workload", "llama2-7b", "--arch", "tpuv5e", "--devices", "256", "--global-batch",
+            "256", "--plan", "tp=1,pp=1,mbs=1,zero=3,recompute=full"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    power = next(line for line in out.splitlines() if line.strip().startswith("power per device"))
+    assert " W; " in power and "limit" not in power
+    assert "(no power limit: the chip file gives no TDP)" in out
+    assert cli.main(args + ["--power-limit", "50"]) == 0        # a limit the user sets still holds
+    out = capsys.readouterr().out
+    assert "of a 50 W limit" in out and "throttled to" in out
