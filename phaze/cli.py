@@ -435,8 +435,7 @@ def cmd_validate(args) -> int:
                            "parameters_fitted_without_them": set(hold) <= fitted_without}
     if held_preds:
         summary["held_out"].update(val.summarize(held_preds))
-        summary["held_out"]["skipped"] = [{"run_id": p.run_id, "reason": p.reason}
-                                          for p in held_preds if p.status == "skipped"]
+        summary["held_out"]["skipped"] = _skipped(held_preds)
     ok = [p for p in preds if p.status == "ok"]
     for name, prefixes in groups.items():
         summary["in_sample"].setdefault("groups", {})[name] = val.error_stats(
@@ -462,7 +461,7 @@ def cmd_validate(args) -> int:
     if args.plot:
         _plot(args.plot, loso_preds or preds, held_out=bool(loso_preds))
     summary["overall"] = summary["in_sample"]["overall"]   # totals: expressed / skipped / total
-    summary["skipped"] = [{"run_id": p.run_id, "reason": p.reason} for p in preds if p.status == "skipped"]
+    summary["skipped"] = _skipped(preds)
     summary["runs"] = [val.display_path(p) for p in runs_paths]
     summary["params"] = val.display_path(args.params or val.shipped_params_path())
     if args.format == "json":
@@ -526,6 +525,11 @@ def cmd_validate(args) -> int:
         for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
             print(f"  {n:>4}  {reason}")
     return 0
+
+
+def _skipped(preds) -> list[dict]:
+    """The rows among ``preds`` that were not expressed, with the reason."""
+    return [{"run_id": p.run_id, "reason": p.reason} for p in preds if p.status == "skipped"]
 
 
 def _write_predictions(path, preds, loso_preds=()) -> None:

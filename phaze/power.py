@@ -78,7 +78,9 @@ class PoweredStep:
     def note(self) -> str:
         """One line: the clock, the power and the limit."""
         ghz = self.clock_hz / 1e9
-        lim = f"{self.power_limit_w:.0f} W" if self.power_limit_w else "no limit"
+        if not self.power_limit_w:      # nothing to fit: never throttled
+            return f"at the nominal {ghz:.2f} GHz (no power limit: the chip file gives no TDP)"
+        lim = f"{self.power_limit_w:.0f} W"
         if not self.fits_limit:
             return (f"{self.nominal_power_w:.0f} W at the nominal {self.nominal_clock_hz / 1e9:.2f} GHz; over the "
                     f"{lim} limit even at {ghz:.2f} GHz ({self.energy.power_w:.0f} W)")
@@ -86,8 +88,6 @@ class PoweredStep:
             return (f"throttled to {ghz:.2f} GHz ({100 * self.clock_hz / self.nominal_clock_hz:.0f} % of the nominal "
                     f"{self.nominal_clock_hz / 1e9:.2f} GHz) to fit the {lim} limit: {self.nominal_power_w:.0f} W at "
                     f"the nominal clock")
-        if not self.power_limit_w:
-            return f"at the nominal {ghz:.2f} GHz (no power limit: the chip file gives no TDP)"
         return f"at the nominal {ghz:.2f} GHz, within the {lim} limit"
 
     def to_dict(self) -> dict:

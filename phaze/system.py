@@ -76,18 +76,22 @@ def apply_system(chip: Chip, system: System | None) -> Chip:
     return chip if system is None else replace(chip, links=system.levels(chip))
 
 
+def _check_count(value, source: str) -> None:
+    """A count of NICs or devices per node: a whole number of at least one, else one clear error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(source, None, f"must be a positive integer, got {value!r}")
+
+
 def with_nics(system: System, nics_per_node: int, source: str = "--nics-per-node") -> System:
     """The system with another NIC count per node."""
-    if isinstance(nics_per_node, bool) or not isinstance(nics_per_node, int) or nics_per_node < 1:
-        raise ConfigError(source, None, f"must be a positive integer, got {nics_per_node!r}")
+    _check_count(nics_per_node, source)
     return replace(system, nics_per_node=nics_per_node)
 
 
 def with_devices_per_node(system: System, devices_per_node: int, source: str = "--devices-per-node") -> System:
     """The system with another node (or pod slice) size. A network quoted per device keeps its
     bandwidth per device (one "NIC" each); a node's NICs are shared by its new device count."""
-    if isinstance(devices_per_node, bool) or not isinstance(devices_per_node, int) or devices_per_node < 1:
-        raise ConfigError(source, None, f"must be a positive integer, got {devices_per_node!r}")
+    _check_count(devices_per_node, source)
     per_device = system.nics_per_node == system.devices_per_node
     return replace(system, devices_per_node=devices_per_node,
                    nics_per_node=devices_per_node if per_device else system.nics_per_node)

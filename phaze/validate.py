@@ -370,11 +370,12 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     batch = _int(row, "global_batch")
     if batch is None:
         raise ValueError("global_batch not published: the step's size is unknown")
-    recompute_stated = bool(_text(row, "recompute"))
-    if _text(row, "recompute").lower() == "offload":
+    recompute_text = _text(row, "recompute").lower()
+    recompute_stated = bool(recompute_text)
+    if recompute_text == "offload":
         raise ValueError("recompute = offload: activations moved to host memory in the forward pass and "
                          "back for the backward are not modelled (phaze's chips have no host-memory level)")
-    recompute = _RECOMPUTE.get(_text(row, "recompute").lower() or "none")
+    recompute = _RECOMPUTE.get(recompute_text or "none")
     if recompute is None:
         raise ValueError(f"column 'recompute' must be none, selective, block or full, got {row['recompute']!r}")
     block_layers = _int(row, "recompute_layers")      # a block row's layers re-run whole per stage
