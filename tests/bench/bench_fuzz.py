@@ -312,6 +312,11 @@ def main() -> None:
     for (surface, kind), cases in sorted(bad.items(), key=lambda kv: -len(kv[1])):
         what, verdict = cases[0]
         print(f"BAD {surface} x{len(cases)}: {kind}\n    e.g. {verdict}: {what!r}"[:1500])
+    os.chdir(HERE)
+    if bad:
+        print(f"cases' files kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
