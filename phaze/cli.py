@@ -245,7 +245,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                               if o.recompute_modules and "selective" in o.recompute else "") + "; "
                            f"zero {','.join(map(str, o.zero_stages))}; attention {o.attention}; optimizer "
                            f"{o.optimizer}; sp {'on when tp > 1' if o.sp else 'off'}; "
-                           f"dp_overlap {'on' if o.dp_overlap else 'off'}; "
+                           "dp_overlap " + ("off" if not o.dp_overlap else "on without pp and sp"
+                                            if o.dp_overlap_flat else "on") + "; "
                            f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients"
                            + ("; tp_async on" if o.tp_async else "") + ("; tp_overlap on" if o.tp_overlap else "")
                            + (f"; loss {o.loss}" if o.loss != "torch" else ""))

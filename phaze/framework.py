@@ -45,6 +45,8 @@ class Framework:
                                 # phaze.validate.CONVENTIONS; "": model FLOPs
     dp_overlap: bool = True     # the data-parallel gradient reduction runs under the last backward
                                 # pass (False: after it, exposed)
+    dp_overlap_flat: bool = False   # ... only in a run without pipeline and sequence parallelism
+                                    # (after the backward in the others)
     loss: str = "torch"         # its cross-entropy kernels (phaze.plan.LOSSES)
     optimizer: str = "adam"     # its optimizer step's kernels (phaze.plan.OPTIMIZERS)
     bf16_reduce_fp32: bool = False   # a run that is not fp16 accumulates and reduces its gradients
@@ -128,6 +130,28 @@ FRAMEWORKS = {f.name: f for f in (
                      "activation_checkpoint_interval layers of the PipelineModule (no selective "
                      "recompute, no count of layers left without it) and it has no Megatron sequence "
                      "parallelism"),
+    Framework("nemo-megatron", attention="standard", tp_async=True, tp_overlap=False, zero=0,
+              reduce_fp32=True, dropout=True, selective="attention", execution="eager", interleave=False,
+              vocab_multiple=128, sp=False, dp_overlap_flat=True, loss="megatron", optimizer="adam-megatron",
+              interleaving=False, bias_kernels="separate",
+              source="NVIDIA NeMo-Megatron (NeMo 1.x, 2022; the NeMo-Megatron launcher's GPT-3 recipes), "
+                     "read from nemo_toolkit 1.11.0 (August 2022): NeMo's own Megatron-style transformer "
+                     "(modules/common/megatron/transformer.py; Transformer Engine and FlashAttention came "
+                     "later): CoreAttention is baddbmm, apex's fused scale-mask-softmax, dropout, bmm and a "
+                     "permute (the unfused attention of megatron-lm), hidden and attention dropout 0.1, "
+                     "the qkv bias added after its GEMM and each bias gradient reduced apart (apex's "
+                     "tensor-parallel linears, Megatron's), the asynchronous tensor-parallel all-reduce "
+                     "(no_async_tensor_model_parallel_allreduce only without tp or with sequence "
+                     "parallelism; assumption: apex's sequence-parallel backward overlaps its all-gather "
+                     "and reduce-scatter as Megatron-LM 2022's), sequence_parallel off unless set, "
+                     "make_vocab_size_divisible_by 128, apex's vocab-parallel cross entropy, no "
+                     "interleaved pipeline, activations_checkpoint_method block; assumption: bf16 with "
+                     "megatron_amp_O2 (the launcher's recipes): MainParamsOptimizerWrapper's fp32 main "
+                     "gradients, the gradient norm, Adam and the copy back (Megatron's passes), the fp32 "
+                     "gradients all-reduced under the backward only without pipeline and sequence "
+                     "parallelism (megatron_gpt_model.py training_step: after the backward otherwise); "
+                     "fp16 cannot run O2 there and autocasts fp32 weights, whose gradients are fp32 too "
+                     "(assumption: its optimizer step costed as bf16's)"),
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
@@ -206,6 +230,7 @@ _ALIASES = (
     ("torchtitan", ("torchtitan",)),
     ("maxtext", ("maxtext",)),
     ("llm-foundry", ("llm-foundry", "llmfoundry", "foundry", "composer", "mosaicml")),
+    ("nemo-megatron", ("nemo-megatron", "nemo megatron", "nemo_megatron")),
     ("nemo", ("nemo",)),
     ("megatron-deepspeed", ("megatron-deepspeed", "megatron deepspeed", "deepspeed")),
     ("megatron-core", ("megatron-core", "megatron core", "mcore")),
@@ -216,7 +241,8 @@ _ALIASES = (
 def resolve_framework(text: str) -> Framework | None:
     """The preset a ``framework`` value names, or None when it names none of them. Canonical
     names and their usual spellings are matched (case-insensitive); Megatron-LM from 2023 on is
-    built on Megatron-Core, so ``Megatron-LM`` with a year of 2023 or later is ``megatron-core``."""
+    built on Megatron-Core, so ``Megatron-LM`` with a year of 2023 or later is ``megatron-core``,
+    and NeMo of 2022 or before is NeMo-Megatron (``nemo-megatron``)."""
     t = text.strip().lower()
     if not t:
         return None
@@ -224,10 +250,11 @@ def resolve_framework(text: str) -> Framework | None:
         return FRAMEWORKS[t]
     for name, spellings in _ALIASES:
         if any(s in t for s in spellings):
-            if name == "megatron-lm":
-                years = [int(y) for y in re.findall(r"\b(20\d\d)\b", t)]
-                if years and max(years) >= 2023:
-                    name = "megatron-core"
+            years = [int(y) for y in re.findall(r"\b(20\d\d)\b", t)]
+            if name == "megatron-lm" and years and max(years) >= 2023:
+                name = "megatron-core"
+            if name == "nemo" and years and max(years) <= 2022:
+                name = "nemo-megatron"
             return FRAMEWORKS[name]
     return None
 
@@ -277,6 +304,8 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf
     changes = {k: x for k, x in plan_settings(fw, precision).items() if k not in given}
     if fw.sp is not None and "sp" not in given:
         changes["sp"] = fw.sp and plan.tp > 1
+    if fw.dp_overlap_flat and "dp_overlap" not in given:
+        changes["dp_overlap"] = fw.dp_overlap and plan.pp == 1 and not changes.get("sp", plan.sp)
     if plan.recompute == "selective" and fw.selective == "op":
         changes["recompute"] = "op"
     if fw.recompute_modules and "recompute_modules" not in given and "selective" in plan.stage_modes()[0]:
@@ -293,6 +322,8 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
     # the plan keys a preset sets, as in a plan (the searched ZeRO stages below)
     changes: dict = {k: x for k, x in plan_settings(fw, precision).items() if k != "zero" and k not in given}
     changes["execution"] = fw.execution
+    if fw.dp_overlap_flat and "dp_overlap" not in given:
+        changes["dp_overlap_flat"] = True
     if "zero" not in given and (fw.zero == 3 or fw.zero_for(precision) != fw.zero):
         changes["zero"] = (fw.zero_for(precision),)
     if "sp" not in given and fw.sp is not None:

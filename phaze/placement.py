@@ -83,6 +83,7 @@ class PlacementOptions:
     tp_async: bool = False      # every plan's tp_async, tp_overlap, dp_overlap and loss (a framework's defaults)
     tp_overlap: bool = False
     dp_overlap: bool = True
+    dp_overlap_flat: bool = False   # dp_overlap only in plans without pipeline and sequence parallelism
     loss: str = "torch"
     execution: str = ""         # how the chip's work is issued (phaze.arch.EXECUTION; "": the chip's)
     recompute_modules: tuple[str, ...] = ()   # what a selective stage re-runs (Megatron-Core's modules,
@@ -529,11 +530,13 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                     for vp, mbs, ep, etp, routing in itertools.product(
                             vp_values(model, pp, options), sorted(set(options.mbs)), expert_widths(model, options),
                             etp_values(model, tp, options), routing_values(model, options)):
-                        plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=options.sp and tp > 1,
+                        sp = options.sp and tp > 1
+                        plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=sp,
                                     attention=options.attention, optimizer=options.optimizer,
                                     reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
                                     ep=ep, etp=etp, routing=routing, tp_async=options.tp_async,
-                                    tp_overlap=options.tp_overlap, dp_overlap=options.dp_overlap,
+                                    tp_overlap=options.tp_overlap,
+                                    dp_overlap=options.dp_overlap and not (options.dp_overlap_flat and (pp > 1 or sp)),
                                     loss=options.loss, recompute_modules=options.recompute_modules)
                         try:
                             check_plan(model, devices, global_batch, plan)

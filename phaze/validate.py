@@ -415,7 +415,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 attention=_choice(row, "attention_kernel", ("flash", "flash2", "standard"), preset["attention"]),
                 tp_overlap=_flag(row, "tp_comm_overlap", preset["tp_overlap"]),
                 tp_async=_flag(row, "tp_async", preset["tp_async"]),
-                dp_overlap=preset["dp_overlap"], loss=preset["loss"], optimizer=preset["optimizer"],
+                dp_overlap=preset["dp_overlap"] and not (fw is not None and fw.dp_overlap_flat and (pp > 1 or sp)),
+                loss=preset["loss"], optimizer=preset["optimizer"],
                 reduce_fp32=_flag(row, "grad_reduce_fp32", preset["reduce_fp32"]), recompute_modules=modules)
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")

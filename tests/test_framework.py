@@ -16,7 +16,7 @@ from phaze.configio import ConfigError
 from phaze.cost import Efficiency, gemm_time, op_time, vector_time
 from phaze.framework import FRAMEWORKS, framework, model_with, options_with, plan_with, resolve_framework
 from phaze.graph import Op
-from phaze.placement import PlacementOptions, place
+from phaze.placement import PlacementOptions, layouts, place
 from phaze.plan import Plan
 from phaze.system import load_system
 from phaze.workload import load_model
@@ -29,7 +29,9 @@ EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, 
     ("Megatron-Core MoE (Megatron-MoE-ModelZoo)", "megatron-core"), ("Megatron-LM (2021)", "megatron-lm"),
     ("Megatron-LM core_r0.9 (2024)", "megatron-core"), ("Megatron-DeepSpeed", "megatron-deepspeed"),
     ("torchtitan (PyTorch FSDP2/TP/PP/CP)", "torchtitan"), ("MaxText (JAX/XLA)", "maxtext"),
-    ("llm-foundry / Composer (PyTorch FSDP)", "llm-foundry"), ("LLM-Foundry", "llm-foundry")])
+    ("llm-foundry / Composer (PyTorch FSDP)", "llm-foundry"), ("LLM-Foundry", "llm-foundry"),
+    ("NeMo-Megatron launcher (2022-23)", "nemo-megatron"), ("NeMo (2022)", "nemo-megatron"),
+    ("NeMo 2 (2024)", "nemo"), ("nemo_megatron", "nemo-megatron")])
 def test_framework_names_and_spellings(text, name):
     assert resolve_framework(text).name == name
 
@@ -234,7 +236,8 @@ def test_megatron_cross_entropy_makes_its_passes_over_the_fp32_logits():
     megatron = evaluate(model, chip, 1, 4, Plan(mbs=1, loss="megatron"), ideal)
     by_hand = 4 * 20 * 1024 * model.vocab / chip.hbm_bandwidth_bytes_per_s
     assert megatron.step_time_s - torch.step_time_s == pytest.approx(by_hand, rel=1e-3)
-    assert {n for n, f in FRAMEWORKS.items() if f.loss == "megatron"} == {"megatron-lm", "megatron-deepspeed"}
+    assert {n for n, f in FRAMEWORKS.items() if f.loss == "megatron"} == {"megatron-lm", "megatron-deepspeed",
+                                                                          "nemo-megatron"}
     assert synthetic_case(framework="megatron-lm").plan.loss == "megatron"
     assert plan_with(FRAMEWORKS["megatron-deepspeed"], Plan())[0].loss == "megatron"
     assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].loss == "megatron"
@@ -250,7 +253,7 @@ def test_megatron_optimizer_makes_its_passes_around_fused_adam():
     assert optimizer_op(1.0, "adam").bytes == 28
     assert optimizer_op(1.0, "adam-megatron", "bf16").bytes == 38
     assert optimizer_op(1.0, "adam-megatron", "fp16").bytes == 52
-    megatron = {"megatron-lm", "megatron-core", "nemo"}
+    megatron = {"megatron-lm", "megatron-core", "nemo", "nemo-megatron"}
     assert {n for n, f in FRAMEWORKS.items() if f.optimizer == "adam-megatron"} == megatron
     assert plan_with(FRAMEWORKS["nemo"], Plan())[0].optimizer == "adam-megatron"
     assert plan_with(FRAMEWORKS["nemo"], Plan(), {"optimizer"})[0].optimizer == "adam"
@@ -508,7 +511,7 @@ def test_bias_kernels_follow_the_framework_unless_the_model_says():
     # of their own; Transformer Engine (Megatron-Core, NeMo) and XLA fuse them into the GEMMs
     gpt = load_model("gpt2-xl", 1024)
     assert gpt.bias and gpt.bias_kernels == ""
-    separate = {"megatron-lm", "megatron-deepspeed", "torchtitan", "llm-foundry"}
+    separate = {"megatron-lm", "megatron-deepspeed", "torchtitan", "llm-foundry", "nemo-megatron"}
     for name, fw in FRAMEWORKS.items():
         model, changes = model_with(fw, gpt)
         assert model.bias_kernels == changes["bias_kernels"] == ("separate" if name in separate else "fused")
@@ -661,3 +664,38 @@ def test_megatron_core_selective_recompute_is_its_modules():
     modules = v.evaluate(m, chip, 8, 64, Plan(tp=8, recompute="selective", recompute_modules=("core_attn",)))
     assert modules.step_time_s > legacy.step_time_s
     assert modules.memory_per_device_bytes < legacy.memory_per_device_bytes
+
+
+def test_nemo_megatron_2022_runs_its_own_megatron_transformer():
+    """NeMo 1.11 (2022): unfused attention with dropout, the qkv bias apart, Megatron's loss and
+    optimizer passes, no interleaving, sequence parallelism opt-in, fp32 gradients; the 2024 NeMo
+    preset differs in each of these."""
+    old, new = FRAMEWORKS["nemo-megatron"], FRAMEWORKS["nemo"]
+    case = synthetic_case(framework="NeMo-Megatron launcher (2022)")
+    assert case.plan.attention == "standard" and case.plan.loss == "megatron" and case.plan.sp is False
+    assert case.plan.optimizer == "adam-megatron" and case.plan.reduce_fp32 and case.plan.zero == 0
+    assert case.model.dropout and synthetic_case(framework="nemo").model.dropout is False
+    assert (old.interleaving, new.interleaving) == (False, True) and old.bias_kernels == "separate"
+    o = options_with(old, PlacementOptions())[0]
+    assert o.vp == (1,) and o.attention == "standard" and o.sp is False
+
+
+def test_nemo_megatron_hides_the_gradient_reduction_only_without_pipeline_and_sequence_parallelism():
+    """NeMo 1.11's training_step overlaps the data-parallel all-reduce with the backward only
+    without pipeline and sequence parallelism; otherwise it all-reduces after the backward.
+    A row, ``--plan`` and the placement search each follow the rule; a given dp_overlap wins."""
+    fw = FRAMEWORKS["nemo-megatron"]
+    assert synthetic_case(framework="nemo-megatron").plan.dp_overlap is True              # tp 2, no sp
+    assert synthetic_case(framework="nemo-megatron", sequence_parallel="yes").plan.dp_overlap is False
+    assert synthetic_case(framework="nemo-megatron", tp="1", pp="2").plan.dp_overlap is False
+    assert synthetic_case(framework="nemo", pp="2").plan.dp_overlap is True
+    assert plan_with(fw, Plan(tp=2))[0].dp_overlap is True
+    assert plan_with(fw, Plan(tp=2, pp=2))[0].dp_overlap is False
+    assert plan_with(fw, Plan(tp=2, sp=True), {"sp"})[0].dp_overlap is False
+    assert plan_with(fw, Plan(tp=2, pp=2, dp_overlap=True), {"dp_overlap"})[0].dp_overlap is True
+    model = load_model("gpt2-xl", 1024)
+    options = options_with(fw, PlacementOptions(tp=(1, 2), pp=(1, 2), sp=True, mbs=(1,)), {"sp"})[0]
+    plans = list(layouts(model, 16, 64, options))
+    assert {(p.pp > 1 or p.sp) for p in plans} == {True, False}
+    assert all(p.dp_overlap is (p.pp == 1 and not p.sp) for p in plans)
+    assert options_with(fw, PlacementOptions(), {"dp_overlap"})[0].dp_overlap_flat is False
