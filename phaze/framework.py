@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
-from .plan import LOSSES, OPTIMIZERS, Plan
+from .plan import LOSSES, OPTIMIZERS, Plan, hides_dp_reduction
 from .workload import BIAS_KERNELS, FP8_CASTS, Model
 
 
@@ -305,7 +305,7 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf
     if fw.sp is not None and "sp" not in given:
         changes["sp"] = fw.sp and plan.tp > 1
     if fw.dp_overlap_flat and "dp_overlap" not in given:
-        changes["dp_overlap"] = fw.dp_overlap and plan.pp == 1 and not changes.get("sp", plan.sp)
+        changes["dp_overlap"] = hides_dp_reduction(fw.dp_overlap, True, plan.pp, changes.get("sp", plan.sp))
     if plan.recompute == "selective" and fw.selective == "op":
         changes["recompute"] = "op"
     if fw.recompute_modules and "recompute_modules" not in given and "selective" in plan.stage_modes()[0]:

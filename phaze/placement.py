@@ -29,7 +29,7 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .memory import memory_reserve_bytes
-from .plan import PLAN_RECOMPUTE, SEARCHED_RECOMPUTE, Plan, layer_modes
+from .plan import PLAN_RECOMPUTE, SEARCHED_RECOMPUTE, Plan, hides_dp_reduction, layer_modes
 from .step import (
     PhaseTime,
     StageCosts,
@@ -536,7 +536,7 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
                                     ep=ep, etp=etp, routing=routing, tp_async=options.tp_async,
                                     tp_overlap=options.tp_overlap,
-                                    dp_overlap=options.dp_overlap and not (options.dp_overlap_flat and (pp > 1 or sp)),
+                                    dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
                                     loss=options.loss, recompute_modules=options.recompute_modules)
                         try:
                             check_plan(model, devices, global_batch, plan)

@@ -50,6 +50,13 @@ def recompute_modules_of(recompute: str) -> frozenset[str] | None:
     return frozenset(recompute.split("+")[1:])
 
 
+def hides_dp_reduction(overlap: bool, flat_only: bool, pp: int, sp: bool) -> bool:
+    """Whether a plan's data-parallel gradient reduction runs under the backward: ``overlap``,
+    unless the framework hides it only in runs without pipeline and sequence parallelism
+    (``flat_only``, NeMo 1.x) and this one has either."""
+    return overlap and not (flat_only and (pp > 1 or sp))
+
+
 def is_layer_recompute(recompute: str) -> bool:
     """Whether ``recompute`` is a layer graph's recompute: a :data:`RECOMPUTE` mode or a selective
     recompute of known modules."""

@@ -62,7 +62,7 @@ from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
-from .plan import RECOMPUTE_MODULES, Plan, ordered_modules
+from .plan import RECOMPUTE_MODULES, Plan, hides_dp_reduction, ordered_modules
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import Model, load_model, router_groups_error, with_seq_len, workload_dirs
@@ -415,7 +415,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 attention=_choice(row, "attention_kernel", ("flash", "flash2", "standard"), preset["attention"]),
                 tp_overlap=_flag(row, "tp_comm_overlap", preset["tp_overlap"]),
                 tp_async=_flag(row, "tp_async", preset["tp_async"]),
-                dp_overlap=preset["dp_overlap"] and not (fw is not None and fw.dp_overlap_flat and (pp > 1 or sp)),
+                dp_overlap=hides_dp_reduction(preset["dp_overlap"], fw is not None and fw.dp_overlap_flat, pp, sp),
                 loss=preset["loss"], optimizer=preset["optimizer"],
                 reduce_fp32=_flag(row, "grad_reduce_fp32", preset["reduce_fp32"]), recompute_modules=modules)
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
