@@ -304,8 +304,9 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf
     changes = {k: x for k, x in plan_settings(fw, precision).items() if k not in given}
     if fw.sp is not None and "sp" not in given:
         changes["sp"] = fw.sp and plan.tp > 1
-    if fw.dp_overlap_flat and "dp_overlap" not in given:
-        changes["dp_overlap"] = hides_dp_reduction(fw.dp_overlap, True, plan.pp, changes.get("sp", plan.sp))
+    if "dp_overlap" not in given:
+        changes["dp_overlap"] = hides_dp_reduction(fw.dp_overlap, fw.dp_overlap_flat, plan.pp,
+                                                   changes.get("sp", plan.sp))
     if plan.recompute == "selective" and fw.selective == "op":
         changes["recompute"] = "op"
     if fw.recompute_modules and "recompute_modules" not in given and "selective" in plan.stage_modes()[0]:
