@@ -28,12 +28,13 @@ from .cost import IDEAL, Efficiency
 # throughput, A100, head dim 128, 512 to 16k tokens, about 90 to 200 TFLOP/s, follows
 # w*s / (w*s + k) with k ~ 250-350 key steps, w = 1/2 the causal share). host_overhead_s 20 us ~
 # what an eager framework's host spends per op phaze models (Python, the framework's modules and
-# autograd functions, PyTorch's dispatcher), measured by tests/bench/bench_host_overhead.py with
-# PyTorch 2.13 on a 2-core Xeon, without the CUDA launch call: Megatron-LM's layer code (apex's
-# autograd functions, the tensor-parallel regions, the RNG tracker) 15-19 us per modelled op on
-# the idle machine, 21-25 us with its other core busy, 2-5 us more with a GPU's launch call; plain
-# torch.nn layers, the floor without a framework, 6-11 us per kernel-launching aten op;
-# up to 50 us, a slow host.
+# autograd functions, PyTorch's dispatcher; the 5-20 us per op of framework overhead studies, e.g.
+# "Making Deep Learning Go Brrrr", count PyTorch alone), measured by
+# tests/bench/bench_host_overhead.py with PyTorch 2.13 on a 2-core Xeon, without the CUDA launch
+# call: Megatron-LM's layer code (apex's autograd functions, the tensor-parallel regions, the RNG
+# tracker) 15-19 us per modelled op on the idle machine, 21-25 us with its other core busy, 2-5 us
+# more with a GPU's launch call; plain torch.nn layers, the floor without a framework, 6-11 us per
+# kernel-launching aten op; up to 50 us, a slow host.
 BOUNDS = {
     "tensor_fraction": (0.3, 1.0, 0.8),
     "attention_fraction": (0.1, 1.0, 0.5),
