@@ -32,7 +32,7 @@ from .cost import IDEAL, Efficiency
 # "Making Deep Learning Go Brrrr", count PyTorch alone), measured by
 # tests/bench/bench_host_overhead.py with PyTorch 2.13 on a 2-core Xeon, without the CUDA launch
 # call: Megatron-LM's layer code (apex's autograd functions, the tensor-parallel regions, the RNG
-# tracker) 15-19 us per modelled op on the idle machine, 21-25 us with its other core busy, 2-5 us
+# tracker) 14-19 us per modelled op on the idle machine, 21-25 us with its other core busy, 2-5 us
 # more with a GPU's launch call; plain torch.nn layers, the floor without a framework, 6-11 us per
 # kernel-launching aten op; up to 50 us, a slow host.
 BOUNDS = {

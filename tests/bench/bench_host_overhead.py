@@ -57,6 +57,21 @@ def count(step) -> tuple[int, int]:
     return c.ops, c.kernels
 
 
+def timed(step, steps: int = 200) -> tuple[float, int, int]:
+    """(median seconds of one call of ``step`` over five runs of ``steps`` calls, after 20 to warm
+    up; aten ops and kernel-launching aten ops of one call)."""
+    for _ in range(20):
+        step()
+    ops, kernels = count(step)
+    runs = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(steps):
+            step()
+        runs.append((time.perf_counter() - t) / steps)
+    return statistics.median(runs), ops, kernels
+
+
 def measure(layers: int, hidden: int, heads: int = 4, tokens: int = 16, steps: int = 200):
     """Seconds per forward-backward step, aten ops per step, kernel-launching ops per step."""
     import torch
@@ -86,16 +101,7 @@ def measure(layers: int, hidden: int, heads: int = 4, tokens: int = 16, steps: i
     torch.set_num_threads(1)
     model = nn.Sequential(*[Layer() for _ in range(layers)])
     x = torch.randn(tokens, 1, hidden, requires_grad=True)
-    for _ in range(20):
-        model(x).sum().backward()
-    ops, kernels = count(lambda: model(x).sum().backward())
-    runs = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(steps):
-            model(x).sum().backward()
-        runs.append((time.perf_counter() - t) / steps)
-    return statistics.median(runs), ops, kernels
+    return timed(lambda: model(x).sum().backward(), steps)
 
 
 def megatron_stack(layers: int, hidden: int, heads: int):
@@ -272,16 +278,7 @@ def measure_megatron(hidden: int, heads: int = 4, tokens: int = 32, steps: int =
         def step(model=model, x=x):
             model.zero_grad(set_to_none=True)
             model(x).sum().backward()
-        for _ in range(20):
-            step()
-        kernels[layers] = count(step)[1]
-        runs = []
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(steps):
-                step()
-            runs.append((time.perf_counter() - t) / steps)
-        per[layers] = statistics.median(runs)
+        per[layers], _, kernels[layers] = timed(step, steps)
     return (per[8] - per[4]) / 4, (kernels[8] - kernels[4]) // 4
 
 
