@@ -226,10 +226,13 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "attention": "attention=flash", "optimizer": "optimizer=adam",
                     "dp_overlap": "dp_overlap on", "tp_overlap": "tp_overlap off", "tp_async": "tp_async off",
                     "reduce_fp32": "reduce_fp32 off (16-bit gradients)",
+                    "grad_accum_fusion": "grad_accum_fusion on (adam-megatron's weight-gradient GEMMs add into "
+                                         "the main gradients)",
                     "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
                     "stages": "an even split of the layers",
                     "schedule": "schedule=optimal"}
-        unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)]
+        unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)
+                 and not (k == "grad_accum_fusion" and plan.optimizer != "adam-megatron")]
         if unset:
             out["plan_defaults"] = ", ".join(unset)
         tp = plan.tp
@@ -249,7 +252,9 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                                             if o.dp_overlap_flat else "on") + "; "
                            f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients"
                            + ("; tp_async on" if o.tp_async else "") + ("; tp_overlap on" if o.tp_overlap else "")
-                           + (f"; loss {o.loss}" if o.loss != "torch" else ""))
+                           + (f"; loss {o.loss}" if o.loss != "torch" else "")
+                           + ("; grad_accum_fusion off" if not o.grad_accum_fusion and o.optimizer == "adam-megatron"
+                              else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
                       for r in routing_values(model, o)]
@@ -1102,7 +1107,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "core_attn/moe_act/layernorm/mla_up_proj/mlp/moe/shared_experts), sp, vp, cp, zero (0-3), "
                     "attention (flash/flash2/standard), "
                     "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
-                    "loss (torch/megatron), schedule (optimal/sequential), "
+                    "loss (torch/megatron), grad_accum_fusion (adam-megatron), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
                     "ep_overlap; default tp=1,pp=1,mbs=1")

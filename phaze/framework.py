@@ -59,6 +59,8 @@ class Framework:
                                   # shards whatever the config says; None: ``zero``
     recompute_modules: tuple[str, ...] = ()   # what its selective recompute re-runs by default
                                               # (Megatron-Core's --recompute-modules); empty: selective
+    grad_accum_fusion: bool = True  # adam-megatron: the weight-gradient GEMMs add into the fp32 main
+                                    # gradients (False: a hook adds each micro-batch's, tensor by tensor)
 
     def zero_for(self, precision: str) -> int:
         """The ZeRO stage a run at ``precision`` gets by default."""
@@ -82,6 +84,7 @@ FRAMEWORKS = {f.name: f for f in (
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, dp_overlap=False, loss="megatron", optimizer="adam-megatron",
               bf16_reduce_fp32=True, flop_convention="narayanan96", bias_kernels="separate",
+              grad_accum_fusion=False,
               source="Megatron-LM 2021-22 (v2.x-v3.0) arguments.py defaults: hidden and attention dropout "
                      "0.1, no distributed optimizer, the gradient all-reduce in fp16 for fp16 runs and in "
                      "fp32 for bf16 ones (arguments.py forces --accumulate-allreduce-grads-in-fp32 for "
@@ -93,7 +96,16 @@ FRAMEWORKS = {f.name: f for f in (
                      "vocab-parallel cross entropy on the fp32-upcast logits, one kernel per step "
                      "(mpu/cross_entropy.py), the mixed-precision optimizer's passes around apex FusedAdam "
                      "(optimizer/optimizer.py: main-gradient copy and unscale in fp16, the gradient "
-                     "norm, the copy of the fp32 weights back), no interleaving unless "
+                     "norm, the copy of the fp32 weights back); its local DDP keeps contiguous main "
+                     "gradients (16-bit, fp32 with fp32 accumulation), zeroed each step, into which a "
+                     "backward hook adds each micro-batch's gradient tensor by tensor "
+                     "(param.main_grad.add_(param.grad.data), model/distributed.py; the weight-gradient "
+                     "GEMMs that add into them themselves, --gradient-accumulation-fusion, came later; "
+                     "assumption: with the asynchronous tensor-parallel all-reduce, as the one autograd "
+                     "function that carries both in Megatron-Core 0.16 says, "
+                     "linear_with_grad_accumulation_and_async_allreduce: a 2022 run says "
+                     "grad_accum_fusion), no "
+                     "interleaving unless "
                      "--num-layers-per-virtual-pipeline-stage; the asynchronous tensor-parallel all-reduce "
                      "was an option until 2022 (a run that used it says so); sequence parallelism is the opt-in "
                      "--sequence-parallel (from v3.0, 2022; none before); its tensor-parallel layers add "
@@ -133,7 +145,7 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("nemo-megatron", attention="standard", tp_async=True, tp_overlap=False, zero=0,
               reduce_fp32=True, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, dp_overlap_flat=True, loss="megatron", optimizer="adam-megatron",
-              interleaving=False, bias_kernels="separate",
+              interleaving=False, bias_kernels="separate", grad_accum_fusion=False,
               source="NVIDIA NeMo-Megatron (NeMo 1.x, 2022; the NeMo-Megatron launcher's GPT-3 recipes), "
                      "read from nemo_toolkit 1.11.0 (August 2022): NeMo's own Megatron-style transformer "
                      "(modules/common/megatron/transformer.py; Transformer Engine and FlashAttention came "
@@ -147,7 +159,11 @@ FRAMEWORKS = {f.name: f for f in (
                      "make_vocab_size_divisible_by 128, apex's vocab-parallel cross entropy, no "
                      "interleaved pipeline, activations_checkpoint_method block; assumption: bf16 with "
                      "megatron_amp_O2 (the launcher's recipes): MainParamsOptimizerWrapper's fp32 main "
-                     "gradients, the gradient norm, Adam and the copy back (Megatron's passes), the fp32 "
+                     "gradients, the gradient norm, Adam and the copy back (Megatron's passes), each "
+                     "micro-batch's gradients added into the fp32 main gradients tensor by tensor "
+                     "(optimizer_with_main_params.py _make_param_hook: gradient_accumulation_fusion "
+                     "defaults to False and is forced off without O2 or pipeline parallelism: "
+                     "megatron_base_model.py), the fp32 "
                      "gradients all-reduced under the backward only without pipeline and sequence "
                      "parallelism (megatron_gpt_model.py training_step: after the backward otherwise); "
                      "fp16 cannot run O2 there and autocasts fp32 weights, whose gradients are fp32 too "
@@ -274,7 +290,8 @@ def padded_vocab(vocab: int, multiple: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
-PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer")
+PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer",
+             "grad_accum_fusion")
 
 
 def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:

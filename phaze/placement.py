@@ -85,6 +85,7 @@ class PlacementOptions:
     dp_overlap: bool = True
     dp_overlap_flat: bool = False   # dp_overlap only in plans without pipeline and sequence parallelism
     loss: str = "torch"
+    grad_accum_fusion: bool = True   # adam-megatron's weight-gradient GEMMs add into the main gradients
     execution: str = ""         # how the chip's work is issued (phaze.arch.EXECUTION; "": the chip's)
     recompute_modules: tuple[str, ...] = ()   # what a selective stage re-runs (Megatron-Core's modules,
                                               # phaze.plan.RECOMPUTE_MODULES; empty: Megatron-LM's)
@@ -537,7 +538,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     ep=ep, etp=etp, routing=routing, tp_async=options.tp_async,
                                     tp_overlap=options.tp_overlap,
                                     dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
-                                    loss=options.loss, recompute_modules=options.recompute_modules)
+                                    loss=options.loss, recompute_modules=options.recompute_modules,
+                                    grad_accum_fusion=options.grad_accum_fusion)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:

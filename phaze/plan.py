@@ -100,7 +100,10 @@ class Plan:
     ``--overlap-moe-expert-parallel-comm``, the "1F1B overlap" of its MoE guide). ``loss``: how
     the cross entropy runs over the logits, ``torch`` (PyTorch's on the fp32-upcast logits: one
     log-softmax pass) or ``megatron`` (Megatron-LM's vocab-parallel cross entropy: upcast, then
-    max, subtract, exp, sum and divide, each a pass over the fp32 logits)."""
+    max, subtract, exp, sum and divide, each a pass over the fp32 logits). ``grad_accum_fusion``
+    (``optimizer=adam-megatron`` only): the weight-gradient GEMMs add into the main gradients
+    themselves (Megatron's gradient-accumulation fusion); without it each micro-batch's 16-bit
+    gradients are added into them tensor by tensor (the data-parallel wrapper's backward hook)."""
 
     tp: int = 1
     pp: int = 1
@@ -130,6 +133,7 @@ class Plan:
     loss: str = "torch"                    # cross-entropy kernels: torch | megatron (LOSSES)
     recompute_modules: tuple[str, ...] = ()  # what a selective stage re-runs, Megatron-Core's modules
                                              # (RECOMPUTE_MODULES); empty: Megatron-LM's selective
+    grad_accum_fusion: bool = True         # weight-gradient GEMMs accumulate into the main gradients
 
     def __post_init__(self):
         if self.sp is None:
@@ -169,6 +173,7 @@ class Plan:
                 + (",ep_overlap=1" if self.ep_overlap else "")
                 + (",dp_overlap=0" if not self.dp_overlap else "")
                 + (f",loss={self.loss}" if self.loss != "torch" else "")
+                + (",grad_accum_fusion=0" if not self.grad_accum_fusion and self.optimizer == "adam-megatron" else "")
                 + (",recompute_modules=" + "+".join(self.recompute_modules)
                    if self.recompute_modules and "selective" in self.stage_modes()[0] else ""))
 
@@ -178,7 +183,7 @@ _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a pl
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
-             "dispatcher", "ep_overlap", "loss", "recompute_modules")
+             "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
 
@@ -225,7 +230,7 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 raise ConfigError(source, key, f"must be distinct modules of {', '.join(RECOMPUTE_MODULES)} "
                                                f"joined by '+', got {raw!r}")
             values[key] = mods
-        elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap"):
+        elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap", "grad_accum_fusion"):
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = _BOOL[raw.lower()]

@@ -454,16 +454,42 @@ class StageCosts:
                                     4 if plan.reduce_fp32 else p)
         return self.expert_params(1) * (edp - self.state_bytes_per_param)
 
-    def tensors(self, i: int, n):
+    def tensors(self, i: int, n, hooked: bool = False):
         """Parameter tensors one device of stage ``i`` holds with ``n`` layers (each sharded over
-        tp, each expert whole on its ep rank)."""
+        tp, each expert whole on its ep rank); ``hooked``: only those no weight-gradient GEMM
+        adds into the main gradients (:meth:`phaze.workload.Model.layer_tensors`; the head's
+        weight, or the last stage's copy of a tied table, is a GEMM's)."""
         m, pp = self.model, self.plan.pp
-        q = n * m.layer_tensors(m.experts / self.plan.ep if m.moe else None)
+        q = n * m.layer_tensors(m.experts / self.plan.ep if m.moe else None, hooked)
         if i == 0:
             q = q + m.embedding_tensors
         if i == pp - 1:
-            q = q + m.head_tensors + (1 if m.tied_embeddings and pp > 1 else 0)
+            gemm = (0 if m.tied_embeddings else 1) if hooked else 0
+            q = q + m.head_tensors - gemm + (1 if m.tied_embeddings and pp > 1 and not hooked else 0)
         return q
+
+    def accumulation(self, i: int, n):
+        """Seconds per micro-batch of adding its gradients into the main gradients, stage ``i``
+        with ``n`` layers. ``adam-deepspeed``: :func:`deepspeed_tensor_passes` (fp16 keeps the
+        first micro-batch's; the mean over the micro-batches). ``adam-megatron``: a backward hook
+        adds each tensor's 16-bit gradient into its main gradient (read 2 and the main gradient's
+        bytes, write those); under gradient-accumulation fusion only the tensors no GEMM adds
+        into (norms, biases, the router, the embedding tables: their bytes; the norms' and
+        biases' few thousand values each are not counted, their kernels are)."""
+        m, plan = self.model, self.plan
+        if plan.optimizer == "adam-deepspeed":
+            k = self.micro_batches
+            share = (k - 1) / k if m.precision == "fp16" else 1.0   # fp16: the first is kept
+            return share * self._tensor_pass(deepspeed_tensor_passes(m.precision)[0], i, n)
+        if plan.optimizer != "adam-megatron":
+            return 0.0 * n
+        p = m.bytes_per_element
+        g = 4 if plan.reduce_fp32 else p
+        passes = TensorPasses(1, float(p + g), float(g))
+        if not plan.grad_accum_fusion:
+            return self._tensor_pass(passes, i, n)
+        params = (m.embedding_params / plan.tp if i == 0 else 0.0) + 0.0 * n
+        return tensor_pass_time(passes, self.tensors(i, n, hooked=True), params, self.chip, self.eff)
 
     def _tensor_pass(self, passes: TensorPasses, i: int, n):
         """Seconds of one per-tensor pass over stage ``i``'s tensors (:func:`tensor_pass_time`)."""
@@ -483,18 +509,14 @@ class StageCosts:
 
     def time(self, i: int, n: int, r: str, k=0) -> PhaseTime:
         """Stage ``i`` with ``n`` layers and recompute ``r`` (``block``: ``k`` of them re-run whole):
-        one micro-batch forward + backward (and, under ``adam-deepspeed``, its gradient
-        accumulation, the mean over the micro-batches)."""
+        one micro-batch forward + backward and its gradient accumulation (:meth:`accumulation`)."""
         t = self._layers("layer", n, r, k) + PhaseTime(communication=self.send_s)
         if i == 0:
             t = t + self.embedding
         if i == self.plan.pp - 1:
             t = t + self.head
-        if self.plan.optimizer == "adam-deepspeed":
-            m = self.micro_batches
-            share = (m - 1) / m if self.model.precision == "fp16" else 1.0   # fp16: the first is kept
-            accumulate = deepspeed_tensor_passes(self.model.precision)[0]
-            t = t + PhaseTime(memory=share * self._tensor_pass(accumulate, i, n))
+        if self.plan.optimizer in ("adam-deepspeed", "adam-megatron"):
+            t = t + PhaseTime(memory=self.accumulation(i, n))
         return t
 
     def tail(self, i: int, n, r: str, k=0):
@@ -561,6 +583,8 @@ class StageCosts:
         if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
             _, check, copies = deepspeed_tensor_passes(self.model.precision)
             opt_s = opt_s + self._tensor_pass(check, i, n) + self._tensor_pass(copies, i, n)
+        elif plan.optimizer == "adam-megatron":   # the whole main-gradient buffer zeroed, one kernel
+            opt_s = opt_s + grad_bytes * params / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
         hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff))
         return hit
 

@@ -273,13 +273,15 @@ class Model:
         return frozenset(names)
 
     # --- parameter tensors (the per-tensor kernels of an eager optimizer) ---------------------
-    def layer_tensors(self, experts: float | None = None) -> float:
+    def layer_tensors(self, experts: float | None = None, hooked: bool = False) -> float:
         """Parameter tensors of one layer as Megatron lays them out (one fused qkv weight, one
         gated FFN weight), with ``experts`` routed experts held (default all); for a mixture of
-        experts the mean over its dense and MoE layers."""
+        experts the mean over its dense and MoE layers. ``hooked``: only those whose gradient
+        a weight-gradient GEMM does not add into the main gradients under gradient-accumulation
+        fusion (norms, biases and the router, a plain matmul in Megatron-Core)."""
         def linear(biased: bool) -> int:
-            return 2 if biased else 1
-        norm = linear(self.norm == "layernorm" and self.bias)
+            return (1 if biased else 0) + (0 if hooked else 1)
+        norm = 2 if self.norm == "layernorm" and self.bias else 1
         n = 2 * norm + (2 if self.qk_norm else 0) + (1 if self.attention_sinks else 0)
         if self.mla:   # q down (or full), q norm, q up, kv down, kv norm, kv up, output
             n += ((2 * linear(self.bias) + norm) if self.q_lora_rank else linear(self.bias))
@@ -291,7 +293,8 @@ class Model:
             return n + dense
         b = self.bias or self.expert_bias
         held = self.experts if experts is None else experts
-        moe = linear(b) + held * 2 * linear(b) + (2 * linear(b) if self.shared_experts else 0)
+        router = 2 if b else 1
+        moe = router + held * 2 * linear(b) + (2 * linear(b) if self.shared_experts else 0)
         return n + (self.dense_layers * dense + self.moe_layers * moe) / self.layers
 
     @property

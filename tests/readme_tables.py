@@ -79,7 +79,7 @@ def placement_table() -> str:
 # the Megatron-LM 2021-22 preset's settings, each against phaze's default (docs/frameworks.md)
 FRAMEWORK_MODELS = (("mpt-125m", "MPT-125M"), ("opt-350m", "OPT-350M"), ("gpt2-xl", "GPT-2 XL"))
 FRAMEWORK_DEFAULTS = (("loss=megatron", {"loss": "torch"}), ("reduction after the backward", {"dp_overlap": True}),
-                      ("optimizer passes", {"optimizer": "adam"}))
+                      ("optimizer passes and gradient hook", {"optimizer": "adam"}))
 
 
 def framework_effects_table() -> str:

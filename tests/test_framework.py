@@ -17,7 +17,7 @@ from phaze.cost import Efficiency, gemm_time, op_time, vector_time
 from phaze.framework import FRAMEWORKS, framework, model_with, options_with, plan_with, resolve_framework
 from phaze.graph import Op
 from phaze.placement import PlacementOptions, layouts, place
-from phaze.plan import Plan
+from phaze.plan import Plan, parse_plan
 from phaze.system import load_system
 from phaze.workload import load_model
 
@@ -265,9 +265,43 @@ def test_megatron_optimizer_makes_its_passes_around_fused_adam():
     fused = evaluate(model, chip, 1, 4, Plan(mbs=1), ideal)
     passes = evaluate(model, chip, 1, 4, Plan(mbs=1, optimizer="adam-megatron"), ideal)
     assert model.precision == "bf16"
-    by_hand = 10 * model.params / chip.hbm_bandwidth_bytes_per_s
+    # ... and the whole 16-bit main-gradient buffer zeroed each step (write 2)
+    by_hand = (10 + 2) * model.params / chip.hbm_bandwidth_bytes_per_s
     assert passes.breakdown_s["optimizer_s"] - fused.breakdown_s["optimizer_s"] == pytest.approx(by_hand, rel=1e-6)
-    assert passes.step_time_s - fused.step_time_s == pytest.approx(by_hand, rel=1e-6)
+    # each of the 4 micro-batches: the hook adds the embedding tables' gradients (no GEMM computes
+    # them) into the main gradients (read 2 + 2, write 2)
+    hooked = 4 * 6 * model.embedding_params / chip.hbm_bandwidth_bytes_per_s
+    assert passes.step_time_s - fused.step_time_s == pytest.approx(by_hand + hooked, rel=1e-6)
+
+
+def test_megatron_hook_adds_each_micro_batch_without_gradient_accumulation_fusion():
+    # Megatron-LM's local DDP of 2021 (model/distributed.py) and NeMo 1.x's
+    # MainParamsOptimizerWrapper register a backward hook that adds each micro-batch's 16-bit
+    # gradient into the fp32 main gradient, tensor by tensor (read 2 + 4, write 4); with
+    # gradient-accumulation fusion the weight-gradient GEMMs add into it themselves, which leaves
+    # the hook the norms, the biases and the embedding tables. 4 micro-batches, one device.
+    from phaze.step import evaluate, stage_costs
+    model, chip = load_model("gpt2-xl", 1024), load_chip("a100-80gb")
+    ideal = Efficiency()
+    plan = Plan(mbs=1, optimizer="adam-megatron", reduce_fp32=True)
+    fused = evaluate(model, chip, 1, 4, plan, ideal)
+    hooked = evaluate(model, chip, 1, 4, dataclasses.replace(plan, grad_accum_fusion=False), ideal)
+    by_hand = 4 * 10 * (model.params - model.embedding_params) / chip.hbm_bandwidth_bytes_per_s
+    assert hooked.step_time_s - fused.step_time_s == pytest.approx(by_hand, rel=1e-6)
+    # one kernel per tensor: GPT-2's 48 layers hold 12 each (qkv, projection, two FFN weights,
+    # their four biases, two layer norms' weight and bias), the embedding stage 2 tables and the
+    # final norm 2; under fusion the 8 vectors a layer and the tables are left to the hook
+    costs = stage_costs(model, chip, 1, 4, plan, ideal)
+    assert costs.tensors(0, 48) == 48 * 12 + 2 + 2
+    assert costs.tensors(0, 48, hooked=True) == 48 * 8 + 2 + 2
+    # Megatron-LM of 2021 and NeMo 1.x hook; Megatron-Core and NeMo 2 fuse; a key that says wins
+    assert not plan_with(FRAMEWORKS["megatron-lm"], Plan())[0].grad_accum_fusion
+    assert not plan_with(FRAMEWORKS["nemo-megatron"], Plan())[0].grad_accum_fusion
+    assert plan_with(FRAMEWORKS["megatron-core"], Plan())[0].grad_accum_fusion
+    assert plan_with(FRAMEWORKS["nemo"], Plan())[0].grad_accum_fusion
+    assert plan_with(FRAMEWORKS["megatron-lm"], Plan(), {"grad_accum_fusion"})[0].grad_accum_fusion
+    assert not options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].grad_accum_fusion
+    assert parse_plan("optimizer=adam-megatron,grad_accum_fusion=no").label().endswith(",grad_accum_fusion=0")
 
 
 def test_megatron_reduces_bf16_gradients_in_fp32():
@@ -575,6 +609,10 @@ def test_layer_tensors_by_hand():
     assert (gpt.layer_tensors(), gpt.embedding_tensors, gpt.head_tensors) == (12, 2, 2)
     assert (llama.layer_tensors(), llama.embedding_tensors, llama.head_tensors) == (6, 1, 2)
     assert (mixtral.layer_tensors(), mixtral.layer_tensors(2)) == (21, 9)
+    # left to the gradient hook under gradient-accumulation fusion: GPT's 4 biases and 4 norm
+    # vectors, Llama's 2 norms, Mixtral's 2 norms and its router (a plain matmul's weight)
+    assert (gpt.layer_tensors(hooked=True), llama.layer_tensors(hooked=True)) == (8, 2)
+    assert mixtral.layer_tensors(hooked=True) == mixtral.layer_tensors(2, hooked=True) == 3
 
 
 def _deepspeed(precision: str, optimizer: str = "adam-deepspeed", m: int = 4, zero: int = 0):
@@ -590,17 +628,21 @@ def test_deepspeed_fp16_optimizer_by_hand():
     # two kernels and a copy to the host, synchronised: 3 x (20 + 5) us a tensor plus 10 bytes a
     # parameter; the copies to fp32 and back, two kernels a tensor issued ahead: the longer of
     # 2 x 20 us and 2 x 5 us + 12 bytes a parameter; the flat passes 48 bytes against Megatron's
-    # fp16 52. Each micro-batch after the first: autograd adds each 16-bit gradient (the longer of
-    # 20 us and 5 us + 6 bytes a parameter).
+    # fp16 52 and its buffer of 16-bit main gradients zeroed (2). Each micro-batch after the
+    # first: autograd adds each 16-bit gradient (the longer of 20 us and 5 us + 6 bytes a
+    # parameter); Megatron's hook, fused, adds the 4 x 8 vectors' and the 2 tables' and final
+    # norm's 36 tensors every micro-batch (the longer of 20 us and 5 us a tensor + 6 bytes a
+    # parameter of the tables).
     model, ds = _deepspeed("fp16")
     _, megatron = _deepspeed("fp16", "adam-megatron")
     bw = load_chip("a100-80gb").hbm_bandwidth_bytes_per_s
-    n, q = 52, model.params
+    n, q, e = 52, model.params, model.embedding_params
     check = n * 3 * 25e-6 + 10 * q / bw
     copies = max(n * 2 * 20e-6, n * 2 * 5e-6 + 12 * q / bw)
-    by_hand = check + copies + (48 - 52) * q / bw
+    by_hand = check + copies + (48 - 52 - 2) * q / bw
     assert ds.breakdown_s["optimizer_s"] - megatron.breakdown_s["optimizer_s"] == pytest.approx(by_hand, rel=1e-9)
-    accumulate = 3 * max(n * 20e-6, n * 5e-6 + 6 * q / bw)     # 4 micro-batches, 3 add
+    hooked = 4 * max(36 * 20e-6, 36 * 5e-6 + 6 * e / bw)
+    accumulate = 3 * max(n * 20e-6, n * 5e-6 + 6 * q / bw) - hooked     # 4 micro-batches, 3 add
     assert ds.breakdown_s["memory_bound_s"] - megatron.breakdown_s["memory_bound_s"] == pytest.approx(accumulate,
                                                                                                       rel=1e-9)
     assert ds.step_time_s - megatron.step_time_s == pytest.approx(by_hand + accumulate, rel=1e-9)
@@ -609,15 +651,16 @@ def test_deepspeed_fp16_optimizer_by_hand():
 def test_deepspeed_bf16_optimizer_by_hand():
     # BF16_Optimizer: every micro-batch adds each gradient into its fp32 copy (two kernels a
     # tensor, 18 bytes a parameter); the step takes each fp32 gradient's norm with .item() (one
-    # kernel and the copy, synchronised, 4 bytes); flat passes 38 bytes, as Megatron's bf16 ones
+    # kernel and the copy, synchronised, 4 bytes); flat passes 38 bytes, as Megatron's bf16 ones,
+    # which zero their main gradients too (2 bytes: this plan's are 16-bit) and hook 36 tensors
     model, ds = _deepspeed("bf16")
     _, megatron = _deepspeed("bf16", "adam-megatron")
     bw = load_chip("a100-80gb").hbm_bandwidth_bytes_per_s
-    n, q = 52, model.params
+    n, q, e = 52, model.params, model.embedding_params
     assert ds.breakdown_s["optimizer_s"] - megatron.breakdown_s["optimizer_s"] == pytest.approx(
-        n * 2 * 25e-6 + 4 * q / bw, rel=1e-9)
+        n * 2 * 25e-6 + (4 - 2) * q / bw, rel=1e-9)
     assert ds.breakdown_s["memory_bound_s"] - megatron.breakdown_s["memory_bound_s"] == pytest.approx(
-        4 * max(n * 2 * 20e-6, n * 2 * 5e-6 + 18 * q / bw), rel=1e-9)
+        4 * max(n * 2 * 20e-6, n * 2 * 5e-6 + 18 * q / bw) - 4 * max(36 * 20e-6, 36 * 5e-6 + 6 * e / bw), rel=1e-9)
 
 
 def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
