@@ -302,6 +302,10 @@ def test_megatron_hook_adds_each_micro_batch_without_gradient_accumulation_fusio
     assert plan_with(FRAMEWORKS["megatron-lm"], Plan(), {"grad_accum_fusion"})[0].grad_accum_fusion
     assert not options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].grad_accum_fusion
     assert parse_plan("optimizer=adam-megatron,grad_accum_fusion=no").label().endswith(",grad_accum_fusion=0")
+    # a row's column: blank takes the preset's, a stated value wins
+    assert not synthetic_case(framework="megatron-lm").plan.grad_accum_fusion
+    assert synthetic_case(framework="megatron-lm", grad_accum_fusion="yes").plan.grad_accum_fusion
+    assert not synthetic_case(framework="megatron-core", grad_accum_fusion="no").plan.grad_accum_fusion
 
 
 def test_megatron_reduces_bf16_gradients_in_fp32():
