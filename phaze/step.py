@@ -464,8 +464,10 @@ class StageCosts:
         if i == 0:
             q = q + m.embedding_tensors
         if i == pp - 1:
-            gemm = (0 if m.tied_embeddings else 1) if hooked else 0
-            q = q + m.head_tensors - gemm + (1 if m.tied_embeddings and pp > 1 and not hooked else 0)
+            if hooked:   # less the head's weight
+                q = q + m.head_tensors - (0 if m.tied_embeddings else 1)
+            else:        # and the last stage's copy of a tied table
+                q = q + m.head_tensors + (1 if m.tied_embeddings and pp > 1 else 0)
         return q
 
     def accumulation(self, i: int, n):
