@@ -26,7 +26,7 @@ from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, tile_candidates
 from .graph import edge_graph, layer_graph, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
-from .step import _shard, check_plan, evaluate, layout_of, stage_costs, stage_layers
+from .step import _shard, check_plan, evaluate, layout_of, shard_ranks, stage_costs, stage_layers
 from .validate import calibrated_efficiency
 from .workload import Model, load_model
 
@@ -404,8 +404,9 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     shard = _shard(model, plan)
     p = model.bytes_per_element
     emb, head = edge_activity(shard, chip, plan.mbs, tp, plan.sp, plan.loss)
-    dp = plan.dp(devices)
-    group = dp * plan.cp
+    shard_dp = shard_ranks(plan, devices, chip)
+    group = shard_dp * plan.cp    # a ZeRO shard group (every data-parallel rank unless hybrid)
+    replicas = plan.dp(devices) // shard_dp
     grad_bytes = 4 if plan.reduce_fp32 else p
     total = Activity()
     for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True)):
@@ -431,6 +432,8 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
                 + _sent_bytes("all_gather", p * params, group)
         else:
             sent = _sent_bytes("all_reduce", grad_bytes * params, group)
+        if plan.zero and replicas > 1:   # hybrid sharding: each shard's gradients over the replicas
+            sent += _sent_bytes("all_reduce", grad_bytes * params / group, replicas)
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
         opt = optimizer_op(params / (group if plan.zero >= 1 else 1), plan.optimizer, model.precision)

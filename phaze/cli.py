@@ -38,7 +38,15 @@ from .placement import (
     place,
     routing_values,
 )
-from .plan import PLAN_RECOMPUTE, RECOMPUTE, RECOMPUTE_MODULES, ROUTING, SEARCHED_RECOMPUTE, ordered_modules
+from .plan import (
+    DP_SHARD_NODE,
+    PLAN_RECOMPUTE,
+    RECOMPUTE,
+    RECOMPUTE_MODULES,
+    ROUTING,
+    SEARCHED_RECOMPUTE,
+    ordered_modules,
+)
 from .power import PoweredStep, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
 from .schedule import schedule_layer, sharing, write_gantt
@@ -124,7 +132,9 @@ def format_result(r: StepResult, model=None) -> str:
     lines = [
         f"{r.workload} on {r.devices} x {r.chip}, global batch {r.global_batch}",
         *([f"  parameters         {params_text(model)}"] if model is not None else []),
-        f"  plan               {r.plan}, dp={r.dp}, {r.micro_batches} micro-batches per step",
+        f"  plan               {r.plan}, dp={r.dp}, {r.micro_batches} micro-batches per step"
+        + (f"; ZeRO shard groups of {r.zero_group_ranks} data-parallel ranks, {r.dp // r.zero_group_ranks} "
+           "replicas" if 0 < r.zero_group_ranks < r.dp else ""),
         f"  step time          {r.step_time_s:.3f} s",
         f"  throughput         {r.samples_per_s:,.2f} samples/s   {r.tokens_per_s:,.0f} tokens/s (cluster), "
         f"{r.tokens_per_s_per_device:,.0f} tokens/s per device",
@@ -226,13 +236,15 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "attention": "attention=flash", "optimizer": "optimizer=adam",
                     "dp_overlap": "dp_overlap on", "tp_overlap": "tp_overlap off", "tp_async": "tp_async off",
                     "reduce_fp32": "reduce_fp32 off (16-bit gradients)",
+                    "dp_shard": "dp_shard=all (ZeRO shards over every data-parallel rank)",
                     "grad_accum_fusion": "grad_accum_fusion on (adam-megatron's weight-gradient GEMMs add into "
                                          "the main gradients)",
                     "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
                     "stages": "an even split of the layers",
                     "schedule": "schedule=optimal"}
         unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)
-                 and not (k == "grad_accum_fusion" and plan.optimizer != "adam-megatron")]
+                 and not (k == "grad_accum_fusion" and plan.optimizer != "adam-megatron")
+                 and not (k == "dp_shard" and not plan.zero)]
         if unset:
             out["plan_defaults"] = ", ".join(unset)
         tp = plan.tp
@@ -254,6 +266,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + ("; tp_async on" if o.tp_async else "") + ("; tp_overlap on" if o.tp_overlap else "")
                            + (f"; loss {o.loss}" if o.loss != "torch" else "")
                            + ("; grad_accum_fusion off" if not o.grad_accum_fusion and o.optimizer == "adam-megatron"
+                              else "")
+                           + (f"; dp_shard {'node' if o.dp_shard == DP_SHARD_NODE else o.dp_shard}" if o.dp_shard
                               else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
@@ -667,6 +681,16 @@ def _zero_list(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in values}))
 
 
+def _dp_shard(text: str) -> int:
+    word = text.strip().lower()
+    if word in ("all", "node"):
+        return 0 if word == "all" else DP_SHARD_NODE
+    if word.isascii() and word.isdigit() and int(word) > 0:
+        return int(word)
+    raise argparse.ArgumentTypeError(f"must be all, node or a positive integer (data-parallel ranks per ZeRO "
+                                     f"shard group), got {text[:40]!r}")
+
+
 class _Ticker:
     """A progress bar on stderr (a terminal only) that appears after ``delay`` seconds and shows
     the elapsed time, and the count when ``update`` is called; for calls that give no progress."""
@@ -707,14 +731,16 @@ def cmd_place(args) -> int:
                                attention=args.attention or "flash",
                                memory_reserve=args.memory_reserve, reduce_fp32=args.reduce_fp32,
                                ep=args.ep or (), cp=args.cp or (), etp=args.etp or (),
-                               routing=args.routing or (), recompute_modules=args.recompute_modules or ())
+                               routing=args.routing or (), recompute_modules=args.recompute_modules or (),
+                               dp_shard=args.dp_shard or 0)
     preset = None
     if args.framework:
         fw = framework(args.framework)
         given = {k for k, v in (("attention", args.attention), ("zero", args.zero),
                                 ("reduce_fp32", args.reduce_fp32), ("vp", args.vp),
                                 ("recompute", args.recompute),
-                                ("recompute_modules", args.recompute_modules)) if v}
+                                ("recompute_modules", args.recompute_modules),
+                                ("dp_shard", args.dp_shard is not None)) if v}
         options, changes = options_with(fw, options, given, model.precision)
         model, set_on_model = model_with(fw, model)
         chip = chip.with_execution(options.execution)
@@ -1107,7 +1133,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "core_attn/moe_act/layernorm/mla_up_proj/mlp/moe/shared_experts), sp, vp, cp, zero (0-3), "
                     "attention (flash/flash2/standard), "
                     "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
-                    "loss (torch/megatron), grad_accum_fusion (adam-megatron), schedule (optimal/sequential), "
+                    "loss (torch/megatron), grad_accum_fusion (adam-megatron), dp_shard (all/node/N, zero 1-3), "
+                    "schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
                     "ep_overlap; default tp=1,pp=1,mbs=1")
@@ -1178,6 +1205,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="MoE routings to search: forced, dropless, capacity (default: the model's own)")
     pl.add_argument("--zero", type=_zero_list, default=None,
                     help="ZeRO stages to search (default 0,1: none and the distributed optimizer; 0,1,2,3 all)")
+    pl.add_argument("--dp-shard", type=_dp_shard, default=None, metavar="all/node/N",
+                    help="data-parallel ranks of a ZeRO shard group (zero 1-3): all (default), node (those inside "
+                         "one node or pod slice: hybrid sharding, replicated across nodes) or N")
     pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default=None,
                     help="attention kernel (default flash)")
     pl.add_argument("--reduce-fp32", action="store_true", help="fp32 gradients and reduction (Megatron's "

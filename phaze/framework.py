@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
-from .plan import LOSSES, OPTIMIZERS, Plan, hides_dp_reduction
+from .plan import DP_SHARD_NODE, LOSSES, OPTIMIZERS, Plan, hides_dp_reduction
 from .workload import BIAS_KERNELS, FP8_CASTS, Model
 
 
@@ -61,6 +61,8 @@ class Framework:
                                               # (Megatron-Core's --recompute-modules); empty: selective
     grad_accum_fusion: bool = True  # adam-megatron: the weight-gradient GEMMs add into the fp32 main
                                     # gradients (False: a hook adds each micro-batch's, tensor by tensor)
+    dp_shard: int = 0           # data-parallel ranks of a ZeRO shard group (phaze.plan.Plan.dp_shard):
+                                # 0 every rank, DP_SHARD_NODE a node's or pod slice's (hybrid sharding)
 
     def zero_for(self, precision: str) -> int:
         """The ZeRO stage a run at ``precision`` gets by default."""
@@ -214,8 +216,12 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
               block_recompute=False, recompute_modules=("core_attn",),
-              flop_convention="6n_12lqs",
-              source="AI-Hypercomputer/maxtext base.yml: FSDP sharding (ZeRO-3), dropout 0, splash/flash "
+              flop_convention="6n_12lqs", dp_shard=DP_SHARD_NODE,
+              source="AI-Hypercomputer/maxtext base.yml: FSDP sharding (ZeRO-3) over a slice's chips and data "
+                     "parallelism across slices (maxtext 0.2.5 configs/base.yml: ici_fsdp_parallelism -1, "
+                     "dcn_data_parallelism -1, dcn_fsdp_parallelism 1: the weights and optimizer state are "
+                     "sharded within a slice, replicated across slices, whose gradients are all-reduced over "
+                     "the data-centre network; dp_shard=node), dropout 0, splash/flash "
                      "attention kernels, one remat_policy for every layer of its scanned stack (no count of layers "
                      "left without it); its selective policy, remat_policy minimal, saves the projections' "
                      "outputs and not the attention's (maxtext 0.2.5 layers/nnx_decoders.py minimal_policy: "
@@ -291,7 +297,7 @@ def padded_vocab(vocab: int, multiple: int) -> int:
 
 
 PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer",
-             "grad_accum_fusion")
+             "grad_accum_fusion", "dp_shard")
 
 
 def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
@@ -362,6 +368,8 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
 
 def describe(fw: Framework, changes: dict) -> str:
     """One line: the preset and what it set."""
-    def fmt(v):
+    def fmt(k, v):
+        if k == "dp_shard":
+            return "node" if v == DP_SHARD_NODE else "all" if not v else str(v)
         return "on" if v is True else "off" if v is False else ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    return f"{fw.name}: " + ", ".join(f"{k}={fmt(v)}" for k, v in changes.items()) + f" ({fw.source})"
+    return f"{fw.name}: " + ", ".join(f"{k}={fmt(k, v)}" for k, v in changes.items()) + f" ({fw.source})"

@@ -71,6 +71,9 @@ def layer_modes(modes) -> tuple[str, ...]:
     return tuple(r for r in RECOMPUTE if r in wanted)
 
 
+DP_SHARD_NODE = -1   # Plan.dp_shard: the data-parallel ranks inside one node or pod slice
+
+
 @dataclass(frozen=True)
 class Plan:
     """Tensor (``tp``), pipeline (``pp``) and context (``cp``) parallel widths; data parallelism
@@ -103,7 +106,14 @@ class Plan:
     max, subtract, exp, sum and divide, each a pass over the fp32 logits). ``grad_accum_fusion``
     (``optimizer=adam-megatron`` only): the weight-gradient GEMMs add into the main gradients
     themselves (Megatron's gradient-accumulation fusion); without it each micro-batch's 16-bit
-    gradients are added into them tensor by tensor (the data-parallel wrapper's backward hook)."""
+    gradients are added into them tensor by tensor (the data-parallel wrapper's backward hook).
+    ``dp_shard`` (``zero`` 1-3): the data-parallel ranks one ZeRO shard group spans, hybrid
+    sharding when fewer than dp (HSDP: the state is sharded inside each group, replicated across
+    the groups, whose gradients are all-reduced once per step; FSDP's ``HYBRID_SHARD``,
+    torchtitan's ``data_parallel_replicate_degree``, Megatron-Core's
+    ``--num-distributed-optimizer-instances``, MaxText's FSDP over a slice's ICI with data
+    parallelism over the data-centre network): 0 (``all``) every rank, :data:`DP_SHARD_NODE`
+    (``node``) the ranks inside one node or pod slice, N the N adjacent ranks."""
 
     tp: int = 1
     pp: int = 1
@@ -134,6 +144,8 @@ class Plan:
     recompute_modules: tuple[str, ...] = ()  # what a selective stage re-runs, Megatron-Core's modules
                                              # (RECOMPUTE_MODULES); empty: Megatron-LM's selective
     grad_accum_fusion: bool = True         # weight-gradient GEMMs accumulate into the main gradients
+    dp_shard: int = 0                      # data-parallel ranks of a ZeRO shard group: 0 all,
+                                           # DP_SHARD_NODE a node's (pod slice's), N adjacent ranks
 
     def __post_init__(self):
         if self.sp is None:
@@ -174,6 +186,8 @@ class Plan:
                 + (",dp_overlap=0" if not self.dp_overlap else "")
                 + (f",loss={self.loss}" if self.loss != "torch" else "")
                 + (",grad_accum_fusion=0" if not self.grad_accum_fusion and self.optimizer == "adam-megatron" else "")
+                + (f",dp_shard={'node' if self.dp_shard == DP_SHARD_NODE else self.dp_shard}"
+                   if self.dp_shard and self.zero else "")
                 + (",recompute_modules=" + "+".join(self.recompute_modules)
                    if self.recompute_modules and "selective" in self.stage_modes()[0] else ""))
 
@@ -183,7 +197,7 @@ _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a pl
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
-             "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion")
+             "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
 
@@ -207,6 +221,15 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 what = "0, 1, 2 or 3" if key == "zero" else "a positive integer"
                 raise ConfigError(source, key, f"must be {what}, got {raw!r}")
             values[key] = int(raw)
+        elif key == "dp_shard":
+            word = raw.lower()
+            if word in ("all", "node"):
+                values[key] = 0 if word == "all" else DP_SHARD_NODE
+            elif raw.isascii() and raw.isdigit() and int(raw) > 0:
+                values[key] = int(raw)
+            else:
+                raise ConfigError(source, key, f"must be all, node or a positive integer (data-parallel "
+                                               f"ranks per shard group), got {raw!r}")
         elif key == "stages":
             parts = raw.split(":")
             if not all(x.isascii() and x.isdigit() and int(x) > 0 for x in parts):

@@ -26,7 +26,7 @@ from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
-from .plan import OPTIMIZERS, PLAN_RECOMPUTE, RECOMPUTE_MODULES, ordered_modules
+from .plan import DP_SHARD_NODE, OPTIMIZERS, PLAN_RECOMPUTE, RECOMPUTE_MODULES, ordered_modules
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model
@@ -613,18 +613,31 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             etp=_int_tuple(p, "etp", d.etp), recompute=rec, zero=p.int("zero", d.zero, minimum=0),
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
             optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
-            recompute_modules=_modules(p))
+            recompute_modules=_modules(p), dp_shard=_dp_shard(p))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
         if fw_name:
             fw = framework(fw_name, p.source, p.prefix + "framework")
-            given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer", "recompute_modules") if p.has(k)}
+            given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer", "recompute_modules", "dp_shard")
+                     if p.has(k)}
             options = options_with(fw, options, given, model.precision)[0]
             model = model_with(fw, model)[0]
         p.finish()
     f.finish()
     return WorkloadSpec(model, devices, batch, weight, options, source, system)
+
+
+def _dp_shard(p: Fields) -> int:
+    """A workload's ``placement.dp_shard``: ``all`` (default), ``node`` or a positive count
+    (:attr:`phaze.plan.Plan.dp_shard`)."""
+    raw = p._get("dp_shard", "all")
+    if raw in ("all", "node"):
+        return 0 if raw == "all" else DP_SHARD_NODE
+    if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw <= MAX_DEVICES:
+        return raw
+    raise p.error("dp_shard", f"must be all, node or a positive integer up to {MAX_DEVICES:,} (data-parallel "
+                              f"ranks per ZeRO shard group), got {quote(raw)}")
 
 
 def study_name_ok(name: str) -> bool:

@@ -31,7 +31,7 @@ from .graph import (
     tensor_flops,
 )
 from .memory import StageMemory, activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
-from .plan import Plan, graph_recompute
+from .plan import DP_SHARD_NODE, Plan, graph_recompute
 from .schedule import layer_bounds, schedule_layer
 from .workload import Model, with_seq_len
 
@@ -239,6 +239,8 @@ class StepResult:
     model_flops_per_s_per_device: float = 0.0     # the model's FLOPs (MFU's count) per second and device
     hardware_flops_per_s_per_device: float = 0.0  # recompute included (HFU's count, Megatron's TFLOP/s)
     clock_hz: float = 0.0               # the clock the step ran at
+    zero_group_ranks: int = 0           # data-parallel ranks one ZeRO shard group spans (0: no ZeRO);
+                                        # fewer than dp: hybrid sharding over dp / it replicas
 
     @property
     def tokens_per_s_per_device(self) -> float:
@@ -279,6 +281,29 @@ class StepResult:
         body = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
                        f"{escape(v)}</td></tr>" for k, v in rows)
         return f"<table>{body}</table>"
+
+
+def shard_ranks(plan: Plan, devices: int, chip: Chip) -> int:
+    """Data-parallel ranks one ZeRO shard group spans (:attr:`phaze.plan.Plan.dp_shard`): every
+    rank, the given count, or for ``node`` those inside one node or pod slice (the chip's first
+    link level: ranks are ordered tp, cp, dp, so a node holds node / (tp * cp) of them, at least
+    one). Fewer than dp: hybrid sharding, the groups are replicas of one another."""
+    dp = plan.dp(devices)
+    if not plan.zero or not plan.dp_shard:
+        return dp
+    if plan.dp_shard != DP_SHARD_NODE:
+        return math.gcd(dp, plan.dp_shard)
+    node = chip.links[0].devices if chip.links else 0
+    return math.gcd(dp, max(1, node // (plan.tp * plan.cp))) if node else dp
+
+
+def expert_shard(plan: Plan, devices: int, chip: Chip) -> tuple[int, int]:
+    """(ranks, replicas) of a routed expert's ZeRO shard group: the expert data-parallel group
+    (:meth:`phaze.plan.Plan.edp`) split into as many replicas as the dense shard groups have,
+    where it divides."""
+    edp = plan.edp(devices)
+    replicas = math.gcd(plan.dp(devices) // shard_ranks(plan, devices, chip), edp)
+    return edp // replicas, replicas
 
 
 def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> None:
@@ -333,6 +358,10 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                                                  "layers with standard attention projections; use none, "
                                                  f"selective or full for {model.name}")
     dp = devices // width
+    if plan.zero and plan.dp_shard > 0 and dp % plan.dp_shard and plan.dp_shard % dp:
+        raise ConfigError("--plan", "dp_shard", f"must divide the data-parallel ranks (dp = {dp}) or be a "
+                                                f"multiple of them (every rank), got {plan.dp_shard}; allowed: "
+                                                f"{divisors(dp)}, a multiple of {dp}, all or node")
     _check_experts(model, plan, dp)
     if global_batch % (dp * plan.mbs):
         raise ConfigError("--global-batch", None, f"must be a multiple of dp*mbs = {dp}*{plan.mbs} "
@@ -450,7 +479,7 @@ class StageCosts:
         gradients and optimizer state are sharded over the expert data-parallel group."""
         plan, m = self.plan, self.model
         p = m.bytes_per_element
-        edp = state_bytes_per_param(plan.optimizer, plan.zero, plan.edp(self.devices), p,
+        edp = state_bytes_per_param(plan.optimizer, plan.zero, expert_shard(plan, self.devices, self.chip)[0], p,
                                     4 if plan.reduce_fp32 else p)
         return self.expert_params(1) * (edp - self.state_bytes_per_param)
 
@@ -549,7 +578,9 @@ class StageCosts:
         p = self.model.bytes_per_element
         dp = plan.dp(self.devices)
         params = self.params(i, n)
-        group, stride = dp * plan.cp, plan.tp   # rank order tp, cp, dp, pp (Megatron, torchtitan)
+        shard = shard_ranks(plan, self.devices, chip)
+        replicas = dp // shard     # hybrid sharding: each shard group's gradients all-reduced over them
+        group, stride = shard * plan.cp, plan.tp   # rank order tp, cp, dp, pp (Megatron, torchtitan)
         grad_bytes = 4 if plan.reduce_fp32 else p
 
         def coll(kind, nbytes, group=group, stride=stride):   # affine in its size: slope + latency
@@ -561,7 +592,17 @@ class StageCosts:
             return slope * (nbytes - 1.0) + one
 
         experts = self.expert_params(n) if self.model.moe else 0.0
-        edp = plan.edp(self.devices)
+        edp, e_replicas = expert_shard(plan, self.devices, chip)
+        base = coll
+
+        def across(per_param):   # each shard group's gradients all-reduced over its replicas
+            out = 0.0 * params
+            if replicas > 1:
+                out = out + base("all_reduce", per_param * (params - experts) / group, replicas, stride * group)
+            if self.model.moe and e_replicas > 1:
+                out = out + base("all_reduce", per_param * experts / edp, e_replicas, plan.etp * plan.ep * edp)
+            return out
+
         if self.model.moe:   # dense gradients over dp x cp, the experts' over the expert-DP group
             dense_coll = coll
 
@@ -576,6 +617,9 @@ class StageCosts:
                 colls = (coll("reduce_scatter", grad_bytes * params), coll("all_gather", p * params))
             else:
                 colls = (coll("all_reduce", grad_bytes * params),)
+        # hybrid sharding: under the last backward, after the reduce-scatter
+        if plan.zero and (replicas > 1 or (self.model.moe and e_replicas > 1)):
+            colls = (across(grad_bytes),) if colls is None else (colls[0] + across(grad_bytes), *colls[1:])
         opt = optimizer_op(1.0, plan.optimizer, self.model.precision)   # per parameter: element-wise
         updated = params / (group if plan.zero >= 1 else 1)
         if self.model.moe and plan.zero >= 1:
@@ -757,7 +801,7 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
                  bwd: PhaseTime, r: str = "none") -> tuple[PhaseTime, PhaseTime, PhaseTime]:
     """(forward, backward, forward + backward with exposed FSDP / ring traffic) of one layer whose
     phases take ``fwd`` and ``bwd``; every part is monotone in them."""
-    tp, dp = plan.tp, plan.dp(devices)
+    tp = plan.tp
     p = model.bytes_per_element
     if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
         fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
@@ -768,7 +812,8 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
     total = fwd + bwd
     if plan.cp > 1:
         total = total + PhaseTime(communication=_ring_exposed(model, chip, plan, eff, r))
-    shards = dp * plan.cp    # weights shard over the data- and context-parallel ranks (stride tp)
+    # weights shard over the data- and context-parallel ranks (stride tp) of a shard group
+    shards = shard_ranks(plan, devices, chip) * plan.cp
     if plan.zero >= 3 and shards > 1:
         # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
         # layer's forward; in backward they are gathered again and the gradients
@@ -808,7 +853,8 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     # 18 bytes per parameter with Adam, 6 + 12/d with the distributed optimizer)
     grad_bytes = 4 if plan.reduce_fp32 else p
     return StageCosts(model, plan, devices, global_batch // (dp * plan.mbs), full_act, emb, head, send,
-                      state_bytes_per_param(plan.optimizer, plan.zero, dp * plan.cp, p, grad_bytes), chip, eff)
+                      state_bytes_per_param(plan.optimizer, plan.zero, shard_ranks(plan, devices, chip) * plan.cp, p,
+                                            grad_bytes), chip, eff)
 
 
 def mode_layout(plan: Plan) -> Plan:
@@ -891,7 +937,8 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         binding_stage=worst, breakdown_s={k: float(v) for k, v in breakdown.items()}, stage_memory=tuple(stages),
         memory_reserve_bytes=reserve, headroom_bytes=float(chip.hbm_bytes - reserve - need),
         model_flops_per_s_per_device=float(flops / (step * devices)),
-        hardware_flops_per_s_per_device=float(hw / (step * devices)), clock_hz=float(chip.clock_hz))
+        hardware_flops_per_s_per_device=float(hw / (step * devices)), clock_hz=float(chip.clock_hz),
+        zero_group_ranks=shard_ranks(plan, devices, chip) if plan.zero else 0)
 
 
 @lru_cache(maxsize=4096)

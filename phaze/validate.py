@@ -419,7 +419,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 dp_overlap=hides_dp_reduction(preset["dp_overlap"], fw is not None and fw.dp_overlap_flat, pp, sp),
                 loss=preset["loss"], optimizer=preset["optimizer"],
                 reduce_fp32=_flag(row, "grad_reduce_fp32", preset["reduce_fp32"]), recompute_modules=modules,
-                grad_accum_fusion=_flag(row, "grad_accum_fusion", preset["grad_accum_fusion"]))
+                grad_accum_fusion=_flag(row, "grad_accum_fusion", preset["grad_accum_fusion"]),
+                dp_shard=preset["dp_shard"])
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)

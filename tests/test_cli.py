@@ -340,11 +340,16 @@ def timed_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     ([*PLACE, "--baseline", "tp=7"], ["--baseline", "field 'tp'", "must divide the heads"]),
     ([*PLACE, "--baseline", "tp=8,warp=9"], ["--baseline", "field 'warp'", "unknown key"]),
     ([*PLACE, "--zero", "4"], ["--zero", "0,1,2,3"]),
+    ([*PLACE, "--dp-shard", "half"], ["--dp-shard", "all, node or a positive integer"]),
+    (["evaluate", *GPT3, "--devices", "1024", "--global-batch", "1536", "--plan", "tp=8,pp=16,zero=1,dp_shard=3"],
+     ["--plan", "field 'dp_shard'", "must divide the data-parallel ranks (dp = 8)",
+      "allowed: 1, 2, 4, 8, a multiple of 8, all or node"]),
     ([*PLACE, "--memory-reserve", "-1"], ["--memory-reserve", "GiB >= 0"]),
     ([*PLACE, "--memory-reserve", "90"], ["--arch", "nothing fits", "reserve", "--memory-reserve"]),
 ], ids=["place-1e12-devices", "evaluate-1e12-devices", "evaluate-1e30-batch", "place-1e30-batch",
         "huge-seq-len", "batch-1537", "pp-128", "tp-3", "2^20-devices", "bad-baseline-plan",
-        "bad-baseline-key", "zero-4", "negative-reserve", "reserve-larger-than-hbm"])
+        "bad-baseline-key", "zero-4", "bad-dp-shard", "dp-shard-3", "negative-reserve",
+        "reserve-larger-than-hbm"])
 def test_bad_sizes_and_layouts_name_the_flag(tmp_path, args, needles):
     line = one_line_error(timed_cli(tmp_path, *args), *needles)
     assert "no valid layout: no tp in the options" not in line

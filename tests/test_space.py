@@ -165,3 +165,23 @@ def test_an_unknown_name_in_a_sweep_config_names_its_file_and_field(tmp_path, ch
         load_sweep(path)
     text = str(err.value)
     assert str(path) in text and f"field {field}" in text and words in text and "--" not in text, text
+
+
+@pytest.mark.parametrize("value, expect", [("node", -1), ("all", 0), (16, 16), (None, 0)])
+def test_placement_takes_dp_shard(tmp_path, value, expect):
+    placement = {} if value is None else {"dp_shard": value}
+    wl = dict(SMALL_SWEEP["workloads"][0], placement=placement)
+    assert load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.dp_shard == expect
+    # the maxtext preset shards within a slice unless the config says otherwise
+    wl = dict(SMALL_SWEEP["workloads"][0], placement=dict(placement, framework="maxtext"))
+    got = load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.dp_shard
+    assert got == (-1 if value is None else expect)
+
+
+@pytest.mark.parametrize("value", ["half", 0, -2, True, 2.5])
+def test_bad_dp_shard_names_the_field(tmp_path, value):
+    wl = dict(SMALL_SWEEP["workloads"][0], placement={"dp_shard": value})
+    with pytest.raises(ConfigError) as e:
+        load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl])))
+    assert e.value.field == "workloads[0].placement.dp_shard"
+    assert "all, node or a positive integer" in e.value.message
