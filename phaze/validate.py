@@ -62,7 +62,7 @@ from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
-from .plan import RECOMPUTE_MODULES, Plan, hides_dp_reduction, ordered_modules
+from .plan import DP_SHARD_NODE, RECOMPUTE_MODULES, Plan, hides_dp_reduction, ordered_modules
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import Model, load_model, router_groups_error, with_seq_len, workload_dirs
@@ -79,7 +79,7 @@ EXPLICIT_COLUMNS = (
     "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
-    "grad_accum_fusion")
+    "grad_accum_fusion", "dp_shard")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -188,6 +188,20 @@ def _flag(row: dict, key: str, default: bool = False) -> bool:
     if raw in _FALSE:
         return False
     raise ValueError(f"column {key!r} must be yes or no, got {row[key]!r}")
+
+
+def _dp_shard(row: dict, default: int) -> int:
+    """The ``dp_shard`` column: ``all``, ``node`` or a positive count (:attr:`phaze.plan.Plan.dp_shard`);
+    blank: ``default`` (the framework's)."""
+    raw = _text(row, "dp_shard").lower()
+    if not raw:
+        return default
+    if raw in ("all", "node"):
+        return 0 if raw == "all" else DP_SHARD_NODE
+    if raw.isascii() and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    raise ValueError(f"column 'dp_shard' must be all, node or a positive integer (data-parallel ranks per ZeRO "
+                     f"shard group), got {row['dp_shard']!r}")
 
 
 def _choice(row: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
@@ -420,7 +434,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 loss=preset["loss"], optimizer=preset["optimizer"],
                 reduce_fp32=_flag(row, "grad_reduce_fp32", preset["reduce_fp32"]), recompute_modules=modules,
                 grad_accum_fusion=_flag(row, "grad_accum_fusion", preset["grad_accum_fusion"]),
-                dp_shard=preset["dp_shard"])
+                dp_shard=_dp_shard(row, preset["dp_shard"]))
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
