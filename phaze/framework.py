@@ -212,7 +212,12 @@ FRAMEWORKS = {f.name: f for f in (
                      "TP opt-in, pipeline schedule 1F1B; float8 through torchao's Float8Linear with "
                      "dynamic (tensorwise) scaling: each linear casts its input and output gradient; "
                      "PyTorch's autograd reduces a bias gradient in a kernel of its own (its Llama models "
-                     "have no biases; assumption: a biased model's qkv bias added apart, as in Megatron)"),
+                     "have no biases; assumption: a biased model's qkv bias added apart, as in Megatron); "
+                     "its context parallelism is PyTorch's, whose default rotater (torch 2.13 "
+                     "_cp_options.rotate_method ALL_GATHER; torchtitan 0.3 leaves it) all-gathers each "
+                     "layer's K and V once in the forward: phaze costs it as a ring of one step at a time "
+                     "whose sends hide under each step's kernel (not modelled: the all-gather hides only "
+                     "under the first step's)"),
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
               block_recompute=False, recompute_modules=("core_attn",),

@@ -632,8 +632,8 @@ def _dp_shard(p: Fields) -> int:
     """A workload's ``placement.dp_shard``: ``all`` (default), ``node`` or a positive count
     (:attr:`phaze.plan.Plan.dp_shard`)."""
     raw = p._get("dp_shard", "all")
-    if raw in ("all", "node"):
-        return 0 if raw == "all" else DP_SHARD_NODE
+    if isinstance(raw, str) and raw.strip().lower() in ("all", "node"):
+        return 0 if raw.strip().lower() == "all" else DP_SHARD_NODE
     if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw <= MAX_DEVICES:
         return raw
     raise p.error("dp_shard", f"must be all, node or a positive integer up to {MAX_DEVICES:,} (data-parallel "

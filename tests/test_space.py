@@ -167,7 +167,7 @@ def test_an_unknown_name_in_a_sweep_config_names_its_file_and_field(tmp_path, ch
     assert str(path) in text and f"field {field}" in text and words in text and "--" not in text, text
 
 
-@pytest.mark.parametrize("value, expect", [("node", -1), ("all", 0), (16, 16), (None, 0)])
+@pytest.mark.parametrize("value, expect", [("node", -1), ("all", 0), ("Node", -1), (16, 16), (None, 0)])
 def test_placement_takes_dp_shard(tmp_path, value, expect):
     placement = {} if value is None else {"dp_shard": value}
     wl = dict(SMALL_SWEEP["workloads"][0], placement=placement)
