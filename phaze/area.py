@@ -432,7 +432,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
                 + _sent_bytes("all_gather", p * params, group)
         else:
             sent = _sent_bytes("all_reduce", grad_bytes * params, group)
-        if plan.zero and replicas > 1:   # hybrid sharding: each shard's gradients over the replicas
+        if replicas > 1:   # hybrid sharding (ZeRO 1-3): each shard's gradients over the replicas
             sent += _sent_bytes("all_reduce", grad_bytes * params / group, replicas)
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp

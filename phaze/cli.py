@@ -39,12 +39,14 @@ from .placement import (
     routing_values,
 )
 from .plan import (
-    DP_SHARD_NODE,
+    DP_SHARD_ALLOWED,
     PLAN_RECOMPUTE,
     RECOMPUTE,
     RECOMPUTE_MODULES,
     ROUTING,
     SEARCHED_RECOMPUTE,
+    dp_shard_text,
+    dp_shard_value,
     ordered_modules,
 )
 from .power import PoweredStep, within_limit
@@ -267,8 +269,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + (f"; loss {o.loss}" if o.loss != "torch" else "")
                            + ("; grad_accum_fusion off" if not o.grad_accum_fusion and o.optimizer == "adam-megatron"
                               else "")
-                           + (f"; dp_shard {'node' if o.dp_shard == DP_SHARD_NODE else o.dp_shard}" if o.dp_shard
-                              else ""))
+                           + (f"; dp_shard {dp_shard_text(o.dp_shard)}" if o.dp_shard else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
                       for r in routing_values(model, o)]
@@ -682,13 +683,10 @@ def _zero_list(text: str) -> tuple[int, ...]:
 
 
 def _dp_shard(text: str) -> int:
-    word = text.strip().lower()
-    if word in ("all", "node"):
-        return 0 if word == "all" else DP_SHARD_NODE
-    if word.isascii() and word.isdigit() and int(word) > 0:
-        return int(word)
-    raise argparse.ArgumentTypeError(f"must be all, node or a positive integer (data-parallel ranks per ZeRO "
-                                     f"shard group), got {text[:40]!r}")
+    value = dp_shard_value(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be {DP_SHARD_ALLOWED}, got {text[:40]!r}")
+    return value
 
 
 class _Ticker:

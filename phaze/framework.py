@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
-from .plan import DP_SHARD_NODE, LOSSES, OPTIMIZERS, Plan, hides_dp_reduction
+from .plan import DP_SHARD_NODE, LOSSES, OPTIMIZERS, Plan, dp_shard_text, hides_dp_reduction
 from .workload import BIAS_KERNELS, FP8_CASTS, Model
 
 
@@ -375,6 +375,6 @@ def describe(fw: Framework, changes: dict) -> str:
     """One line: the preset and what it set."""
     def fmt(k, v):
         if k == "dp_shard":
-            return "node" if v == DP_SHARD_NODE else "all" if not v else str(v)
+            return dp_shard_text(v)
         return "on" if v is True else "off" if v is False else ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
     return f"{fw.name}: " + ", ".join(f"{k}={fmt(k, v)}" for k, v in changes.items()) + f" ({fw.source})"

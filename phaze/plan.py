@@ -72,6 +72,24 @@ def layer_modes(modes) -> tuple[str, ...]:
 
 
 DP_SHARD_NODE = -1   # Plan.dp_shard: the data-parallel ranks inside one node or pod slice
+DP_SHARD_ALLOWED = "all, node or a positive integer (data-parallel ranks per ZeRO shard group)"
+
+
+def dp_shard_value(raw) -> int | None:
+    """A ``dp_shard`` as a plan key, a flag, a sweep key or a CSV cell gives it: ``all`` -> 0,
+    ``node`` -> :data:`DP_SHARD_NODE` (either case), a positive count (text or integer) -> itself;
+    None for anything else (each caller says its own error, :data:`DP_SHARD_ALLOWED`)."""
+    if isinstance(raw, str):
+        word = raw.strip().lower()
+        if word in ("all", "node"):
+            return 0 if word == "all" else DP_SHARD_NODE
+        return int(word) if word.isascii() and word.isdigit() and int(word) > 0 else None
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else None
+
+
+def dp_shard_text(value: int) -> str:
+    """``all``, ``node`` or the count: a ``dp_shard`` as plans and printouts write it."""
+    return "node" if value == DP_SHARD_NODE else "all" if not value else str(value)
 
 
 @dataclass(frozen=True)
@@ -186,8 +204,7 @@ class Plan:
                 + (",dp_overlap=0" if not self.dp_overlap else "")
                 + (f",loss={self.loss}" if self.loss != "torch" else "")
                 + (",grad_accum_fusion=0" if not self.grad_accum_fusion and self.optimizer == "adam-megatron" else "")
-                + (f",dp_shard={'node' if self.dp_shard == DP_SHARD_NODE else self.dp_shard}"
-                   if self.dp_shard and self.zero else "")
+                + (f",dp_shard={dp_shard_text(self.dp_shard)}" if self.dp_shard and self.zero else "")
                 + (",recompute_modules=" + "+".join(self.recompute_modules)
                    if self.recompute_modules and "selective" in self.stage_modes()[0] else ""))
 
@@ -222,14 +239,9 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 raise ConfigError(source, key, f"must be {what}, got {raw!r}")
             values[key] = int(raw)
         elif key == "dp_shard":
-            word = raw.lower()
-            if word in ("all", "node"):
-                values[key] = 0 if word == "all" else DP_SHARD_NODE
-            elif raw.isascii() and raw.isdigit() and int(raw) > 0:
-                values[key] = int(raw)
-            else:
-                raise ConfigError(source, key, f"must be all, node or a positive integer (data-parallel "
-                                               f"ranks per shard group), got {raw!r}")
+            values[key] = dp_shard_value(raw)
+            if values[key] is None:
+                raise ConfigError(source, key, f"must be {DP_SHARD_ALLOWED}, got {raw!r}")
         elif key == "stages":
             parts = raw.split(":")
             if not all(x.isascii() and x.isdigit() and int(x) > 0 for x in parts):

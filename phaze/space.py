@@ -26,7 +26,7 @@ from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
-from .plan import DP_SHARD_NODE, OPTIMIZERS, PLAN_RECOMPUTE, RECOMPUTE_MODULES, ordered_modules
+from .plan import DP_SHARD_ALLOWED, OPTIMIZERS, PLAN_RECOMPUTE, RECOMPUTE_MODULES, dp_shard_value, ordered_modules
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model
@@ -629,15 +629,13 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
 
 
 def _dp_shard(p: Fields) -> int:
-    """A workload's ``placement.dp_shard``: ``all`` (default), ``node`` or a positive count
-    (:attr:`phaze.plan.Plan.dp_shard`)."""
+    """A workload's ``placement.dp_shard``: ``all`` (default), ``node`` or a positive count up to
+    ``MAX_DEVICES`` (:attr:`phaze.plan.Plan.dp_shard`)."""
     raw = p._get("dp_shard", "all")
-    if isinstance(raw, str) and raw.strip().lower() in ("all", "node"):
-        return 0 if raw.strip().lower() == "all" else DP_SHARD_NODE
-    if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw <= MAX_DEVICES:
-        return raw
-    raise p.error("dp_shard", f"must be all, node or a positive integer up to {MAX_DEVICES:,} (data-parallel "
-                              f"ranks per ZeRO shard group), got {quote(raw)}")
+    value = dp_shard_value(raw)
+    if value is None or value > MAX_DEVICES:
+        raise p.error("dp_shard", f"must be {DP_SHARD_ALLOWED}, up to {MAX_DEVICES:,}, got {quote(raw)}")
+    return value
 
 
 def study_name_ok(name: str) -> bool:

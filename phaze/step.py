@@ -617,8 +617,8 @@ class StageCosts:
                 colls = (coll("reduce_scatter", grad_bytes * params), coll("all_gather", p * params))
             else:
                 colls = (coll("all_reduce", grad_bytes * params),)
-        # hybrid sharding: under the last backward, after the reduce-scatter
-        if plan.zero and (replicas > 1 or (self.model.moe and e_replicas > 1)):
+        # hybrid sharding (no replicas without ZeRO): under the last backward, after the reduce-scatter
+        if replicas > 1 or (self.model.moe and e_replicas > 1):
             colls = (across(grad_bytes),) if colls is None else (colls[0] + across(grad_bytes), *colls[1:])
         opt = optimizer_op(1.0, plan.optimizer, self.model.precision)   # per parameter: element-wise
         updated = params / (group if plan.zero >= 1 else 1)

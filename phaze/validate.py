@@ -62,7 +62,7 @@ from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
-from .plan import DP_SHARD_NODE, RECOMPUTE_MODULES, Plan, hides_dp_reduction, ordered_modules
+from .plan import DP_SHARD_ALLOWED, RECOMPUTE_MODULES, Plan, dp_shard_value, hides_dp_reduction, ordered_modules
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import Model, load_model, router_groups_error, with_seq_len, workload_dirs
@@ -191,17 +191,15 @@ def _flag(row: dict, key: str, default: bool = False) -> bool:
 
 
 def _dp_shard(row: dict, default: int) -> int:
-    """The ``dp_shard`` column: ``all``, ``node`` or a positive count (:attr:`phaze.plan.Plan.dp_shard`);
-    blank: ``default`` (the framework's)."""
-    raw = _text(row, "dp_shard").lower()
+    """The ``dp_shard`` column (:func:`phaze.plan.dp_shard_value`); blank: ``default`` (the
+    framework's)."""
+    raw = _text(row, "dp_shard")
     if not raw:
         return default
-    if raw in ("all", "node"):
-        return 0 if raw == "all" else DP_SHARD_NODE
-    if raw.isascii() and raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    raise ValueError(f"column 'dp_shard' must be all, node or a positive integer (data-parallel ranks per ZeRO "
-                     f"shard group), got {row['dp_shard']!r}")
+    value = dp_shard_value(raw)
+    if value is None:
+        raise ValueError(f"column 'dp_shard' must be {DP_SHARD_ALLOWED}, got {row['dp_shard']!r}")
+    return value
 
 
 def _choice(row: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
