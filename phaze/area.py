@@ -26,7 +26,7 @@ from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, tile_candidates
 from .graph import edge_graph, layer_graph, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
-from .step import _shard, check_plan, evaluate, layout_of, shard_ranks, stage_costs, stage_layers
+from .step import _shard, check_plan, cp_sent_bytes, evaluate, layout_of, shard_ranks, stage_costs, stage_layers
 from .validate import calibrated_efficiency
 from .workload import Model, load_model
 
@@ -434,6 +434,13 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             sent = _sent_bytes("all_reduce", grad_bytes * params, group)
         if replicas > 1:   # hybrid sharding (ZeRO 1-3): each shard's gradients over the replicas
             sent += _sent_bytes("all_reduce", grad_bytes * params / group, replicas)
+        if plan.cp > 1:   # context parallelism's K/V exchange, per layer and micro-batch
+            if r == "block":
+                per_layer = (cp_sent_bytes(model, plan, "none", chip.compiled) * (n - k)
+                             + cp_sent_bytes(model, plan, "full", chip.compiled) * k)
+            else:
+                per_layer = cp_sent_bytes(model, plan, graph_recompute(r, plan.recompute_modules), chip.compiled) * n
+            sent += m * per_layer
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
         opt = optimizer_op(params / (group if plan.zero >= 1 else 1), plan.optimizer, model.precision)

@@ -39,6 +39,7 @@ from .placement import (
     routing_values,
 )
 from .plan import (
+    CP_COMMS,
     DP_SHARD_ALLOWED,
     PLAN_RECOMPUTE,
     RECOMPUTE,
@@ -134,7 +135,8 @@ def format_result(r: StepResult, model=None) -> str:
     lines = [
         f"{r.workload} on {r.devices} x {r.chip}, global batch {r.global_batch}",
         *([f"  parameters         {params_text(model)}"] if model is not None else []),
-        f"  plan               {r.plan}, dp={r.dp}, {r.micro_batches} micro-batches per step"
+        f"  plan               {r.plan}, dp={r.dp}, {r.micro_batches} "
+        f"micro-batch{'es' if r.micro_batches != 1 else ''} per step"
         + (f"; ZeRO shard groups of {r.zero_group_ranks} data-parallel ranks, {r.dp // r.zero_group_ranks} "
            "replicas" if 0 < r.zero_group_ranks < r.dp else ""),
         f"  step time          {r.step_time_s:.3f} s",
@@ -239,6 +241,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "dp_overlap": "dp_overlap on", "tp_overlap": "tp_overlap off", "tp_async": "tp_async off",
                     "reduce_fp32": "reduce_fp32 off (16-bit gradients)",
                     "dp_shard": "dp_shard=all (ZeRO shards over every data-parallel rank)",
+                    "cp_comm": "cp_comm=p2p (a ring of K/V sends, each under one step's attention)",
                     "grad_accum_fusion": "grad_accum_fusion on (adam-megatron's weight-gradient GEMMs add into "
                                          "the main gradients)",
                     "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
@@ -246,7 +249,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "schedule": "schedule=optimal"}
         unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)
                  and not (k == "grad_accum_fusion" and plan.optimizer != "adam-megatron")
-                 and not (k == "dp_shard" and not plan.zero)]
+                 and not (k == "dp_shard" and not plan.zero) and not (k == "cp_comm" and plan.cp == 1)]
         if unset:
             out["plan_defaults"] = ", ".join(unset)
         tp = plan.tp
@@ -269,7 +272,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + (f"; loss {o.loss}" if o.loss != "torch" else "")
                            + ("; grad_accum_fusion off" if not o.grad_accum_fusion and o.optimizer == "adam-megatron"
                               else "")
-                           + (f"; dp_shard {dp_shard_text(o.dp_shard)}" if o.dp_shard else ""))
+                           + (f"; dp_shard {dp_shard_text(o.dp_shard)}" if o.dp_shard else "")
+                           + (f"; cp_comm {o.cp_comm}" if o.cp_comm != "p2p" else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
                       for r in routing_values(model, o)]
@@ -730,7 +734,7 @@ def cmd_place(args) -> int:
                                memory_reserve=args.memory_reserve, reduce_fp32=args.reduce_fp32,
                                ep=args.ep or (), cp=args.cp or (), etp=args.etp or (),
                                routing=args.routing or (), recompute_modules=args.recompute_modules or (),
-                               dp_shard=args.dp_shard or 0)
+                               dp_shard=args.dp_shard or 0, cp_comm=args.cp_comm or "p2p")
     preset = None
     if args.framework:
         fw = framework(args.framework)
@@ -738,7 +742,7 @@ def cmd_place(args) -> int:
                                 ("reduce_fp32", args.reduce_fp32), ("vp", args.vp),
                                 ("recompute", args.recompute),
                                 ("recompute_modules", args.recompute_modules),
-                                ("dp_shard", args.dp_shard is not None)) if v}
+                                ("dp_shard", args.dp_shard is not None), ("cp_comm", args.cp_comm)) if v}
         options, changes = options_with(fw, options, given, model.precision)
         model, set_on_model = model_with(fw, model)
         chip = chip.with_execution(options.execution)
@@ -1128,7 +1132,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plan", default="", help="e.g. tp=8,pp=16,mbs=1,recompute=full; keys: tp, pp, mbs, "
                     "recompute (none/selective/op/full/block), recompute_layers (block: layers re-run whole, one "
                     "count or one per stage), recompute_modules (selective: Megatron-Core modules joined by '+', "
-                    "core_attn/moe_act/layernorm/mla_up_proj/mlp/moe/shared_experts), sp, vp, cp, zero (0-3), "
+                    "core_attn/moe_act/layernorm/mla_up_proj/mlp/moe/shared_experts), sp, vp, cp, cp_comm "
+                    "(p2p/all_gather/a2a/torch), zero (0-3), "
                     "attention (flash/flash2/standard), "
                     "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "loss (torch/megatron), grad_accum_fusion (adam-megatron), dp_shard (all/node/N, zero 1-3), "
@@ -1206,6 +1211,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dp-shard", type=_dp_shard, default=None, metavar="all/node/N",
                     help="data-parallel ranks of a ZeRO shard group (zero 1-3): all (default), node (those inside "
                          "one node or pod slice: hybrid sharding, replicated across nodes) or N")
+    pl.add_argument("--cp-comm", choices=CP_COMMS, default=None,
+                    help="how context parallelism exchanges K and V: p2p (default; a ring), all_gather, a2a "
+                         "(Ulysses) or torch (PyTorch's context parallel)")
     pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default=None,
                     help="attention kernel (default flash)")
     pl.add_argument("--reduce-fp32", action="store_true", help="fp32 gradients and reduction (Megatron's "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
-from .plan import DP_SHARD_NODE, LOSSES, OPTIMIZERS, Plan, dp_shard_text, hides_dp_reduction
+from .plan import CP_COMMS, DP_SHARD_NODE, LOSSES, OPTIMIZERS, Plan, dp_shard_text, hides_dp_reduction
 from .workload import BIAS_KERNELS, FP8_CASTS, Model
 
 
@@ -63,6 +63,7 @@ class Framework:
                                     # gradients (False: a hook adds each micro-batch's, tensor by tensor)
     dp_shard: int = 0           # data-parallel ranks of a ZeRO shard group (phaze.plan.Plan.dp_shard):
                                 # 0 every rank, DP_SHARD_NODE a node's or pod slice's (hybrid sharding)
+    cp_comm: str = "p2p"        # how its context parallelism exchanges K and V (phaze.plan.CP_COMMS)
 
     def zero_for(self, precision: str) -> int:
         """The ZeRO stage a run at ``precision`` gets by default."""
@@ -78,6 +79,7 @@ class Framework:
         assert self.optimizer in OPTIMIZERS, self.optimizer
         assert self.fp8_casts in FP8_CASTS, self.fp8_casts
         assert self.bias_kernels in BIAS_KERNELS, self.bias_kernels
+        assert self.cp_comm in CP_COMMS, self.cp_comm
 
 
 
@@ -203,7 +205,7 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
               block_recompute=False,
-              fp8_casts="separate", bias_kernels="separate",
+              fp8_casts="separate", bias_kernels="separate", cp_comm="torch",
               source="pytorch/torchtitan defaults: FSDP2 (ZeRO-3) with param bf16 and reduce fp32, "
                      "SDPA (FlashAttention-2 backend), selective activation checkpointing per op (its "
                      "activation checkpointing is full, selective per op or a compiler memory budget: "
@@ -213,11 +215,11 @@ FRAMEWORKS = {f.name: f for f in (
                      "dynamic (tensorwise) scaling: each linear casts its input and output gradient; "
                      "PyTorch's autograd reduces a bias gradient in a kernel of its own (its Llama models "
                      "have no biases; assumption: a biased model's qkv bias added apart, as in Megatron); "
-                     "its context parallelism is PyTorch's, whose default rotater (torch 2.13 "
-                     "_cp_options.rotate_method ALL_GATHER; torchtitan 0.3 leaves it) all-gathers each "
-                     "layer's K and V once in the forward: phaze costs it as a ring of one step at a time "
-                     "whose sends hide under each step's kernel (not modelled: the all-gather hides only "
-                     "under the first step's)"),
+                     "its context parallelism is PyTorch's (cp_comm=torch): the default rotater (torch "
+                     "2.6 and 2.13 _cp_options.rotate_method ALL_GATHER; torchtitan 0.3 leaves it) "
+                     "all-gathers each layer's K and V under the first step's attention, in the forward "
+                     "and again in the backward, which passes the fp32 dK and dV round the ring "
+                     "(convert_to_f32)"),
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
               block_recompute=False, recompute_modules=("core_attn",),
@@ -302,7 +304,7 @@ def padded_vocab(vocab: int, multiple: int) -> int:
 
 
 PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer",
-             "grad_accum_fusion", "dp_shard")
+             "grad_accum_fusion", "dp_shard", "cp_comm")
 
 
 def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:

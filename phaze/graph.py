@@ -448,12 +448,23 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             # the online softmax takes one exp and ~5 FLOPs per score. Under context parallelism
             # one kernel per ring step of local queries against one s x s block of keys (ring_steps)
             scores = b * a_t * s * s
+            if cp > 1 and model.context_parallel_comm in ("all_gather", "a2a"):
+                # no ring: Transformer Engine's all-gather runs the local queries against the
+                # gathered keys (its two halves side by side on two streams: one op), and Ulysses
+                # the whole sequence's queries and keys for a cp-th of the heads: cp blocks either way
+                heads, rows = (a_t // cp, s * cp) if model.context_parallel_comm == "a2a" else (a_t, s)
+                kv_read = 2 * kv_t * (cp if model.context_parallel_comm == "all_gather" else 1)
+                fb.add(n(_ring_name(0)), "tensor+vector", flops=cp * flops, work_fraction=work,
+                       gemm=(b * heads, rows, sk, d), elements=cp * scores, special=cp * scores,
+                       vector_flops=5 * cp * scores, bytes_read=p * T * (a_t * d + kv_read),
+                       bytes_written=p * T * a_t * dv, core_attention=True, operand_reuse=reuse)
+                return
             steps, step_work = ring_steps(model, work)
             # the framework's fused kernel (Transformer Engine's ring attention) alternates its
             # forward steps between two CUDA streams, so that two steps' kernels share the SMs
-            # (against each half block's wave quantisation); the flash-attn library's ring
-            # (PyTorch's context parallel) runs them one after another
-            side = 2 if attention == "flash" and steps > 1 else 1
+            # (against each half block's wave quantisation); the flash-attn library's ring and
+            # PyTorch's context parallel run them one after another
+            side = 2 if attention == "flash" and model.context_parallel_comm == "p2p" and steps > 1 else 1
             for k in range(0, steps, side):
                 ring = tuple(range(k, min(steps, k + side))) if steps > 1 else ()
                 m = max(1, len(ring))

@@ -87,6 +87,7 @@ class PlacementOptions:
     loss: str = "torch"
     grad_accum_fusion: bool = True   # adam-megatron's weight-gradient GEMMs add into the main gradients
     dp_shard: int = 0           # data-parallel ranks of a ZeRO shard group (phaze.plan.Plan.dp_shard)
+    cp_comm: str = "p2p"        # context parallelism's K/V exchange (phaze.plan.Plan.cp_comm)
     execution: str = ""         # how the chip's work is issued (phaze.arch.EXECUTION; "": the chip's)
     recompute_modules: tuple[str, ...] = ()   # what a selective stage re-runs (Megatron-Core's modules,
                                               # phaze.plan.RECOMPUTE_MODULES; empty: Megatron-LM's)
@@ -540,7 +541,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     tp_overlap=options.tp_overlap,
                                     dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
                                     loss=options.loss, recompute_modules=options.recompute_modules,
-                                    grad_accum_fusion=options.grad_accum_fusion, dp_shard=options.dp_shard)
+                                    grad_accum_fusion=options.grad_accum_fusion, dp_shard=options.dp_shard,
+                                    cp_comm=options.cp_comm)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:

@@ -20,6 +20,9 @@ LOSSES = ("torch", "megatron")
 SCHEDULES = ("optimal", "sequential")
 ROUTING = ("forced", "dropless", "capacity")
 DISPATCHERS = ("alltoall", "deepep")
+# how context parallelism exchanges K and V (Plan.cp_comm): Transformer Engine's --cp-comm-type
+# p2p / all_gather / a2a (Megatron-Core, NeMo), or PyTorch's context parallel (torchtitan)
+CP_COMMS = ("p2p", "all_gather", "a2a", "torch")
 # Megatron-Core's selective recompute modules (--recompute-modules; transformer_config.py, 0.16):
 # the core attention, the experts' activation, the norms that are modules of their own, MLA's up
 # projections, a dense layer's MLP, the whole MoE layer, the shared experts
@@ -131,7 +134,13 @@ class Plan:
     torchtitan's ``data_parallel_replicate_degree``, Megatron-Core's
     ``--num-distributed-optimizer-instances``, MaxText's FSDP over a slice's ICI with data
     parallelism over the data-centre network): 0 (``all``) every rank, :data:`DP_SHARD_NODE`
-    (``node``) the ranks inside one node or pod slice, N the N adjacent ranks."""
+    (``node``) the ranks inside one node or pod slice, N the N adjacent ranks. ``cp_comm``: how
+    context parallelism exchanges K and V (:data:`CP_COMMS`): ``p2p`` a ring whose each send
+    hides under one step's attention (Transformer Engine's default), ``all_gather`` K and V
+    gathered before the attention and their gradients reduce-scattered after it, exposed,
+    ``a2a`` Ulysses' all-to-alls of Q, K, V and the output between sequence and head shards,
+    exposed, ``torch`` PyTorch's context parallel (its default all-gather rotater: the gather
+    under the first step's attention, the fp32 K/V gradients passed round the ring)."""
 
     tp: int = 1
     pp: int = 1
@@ -164,6 +173,7 @@ class Plan:
     grad_accum_fusion: bool = True         # weight-gradient GEMMs accumulate into the main gradients
     dp_shard: int = 0                      # data-parallel ranks of a ZeRO shard group: 0 all,
                                            # DP_SHARD_NODE a node's (pod slice's), N adjacent ranks
+    cp_comm: str = "p2p"                   # context parallelism's K/V exchange (CP_COMMS)
 
     def __post_init__(self):
         if self.sp is None:
@@ -191,6 +201,7 @@ class Plan:
         return (f"tp={self.tp},pp={self.pp},mbs={self.mbs},recompute={self.recompute}"
                 + (",sp=1" if self.sp and self.tp > 1 else "")
                 + (f",vp={self.vp}" if self.vp > 1 else "") + (f",cp={self.cp}" if self.cp > 1 else "")
+                + (f",cp_comm={self.cp_comm}" if self.cp > 1 and self.cp_comm != "p2p" else "")
                 + (f",zero={self.zero}" if self.zero else "") + f",attention={self.attention}"
                 + (",tp_overlap=1" if self.tp_overlap else "") + (",tp_async=1" if self.tp_async else "")
                 + (f",schedule={self.schedule}" if self.schedule != "optimal" else "")
@@ -214,7 +225,7 @@ _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a pl
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
-             "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard")
+             "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard", "cp_comm")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
 
@@ -269,10 +280,14 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = _BOOL[raw.lower()]
+        elif key == "cp_comm" and raw.lower() == "a2a+p2p":
+            raise ConfigError(source, key, "a2a+p2p (Megatron-Core's hierarchical context parallelism: "
+                                           "all-to-all inside --hierarchical-context-parallel-sizes groups, "
+                                           f"a ring across them) is not modelled; allowed: {', '.join(CP_COMMS)}")
         else:
             choices = {"recompute": PLAN_RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
                        "schedule": SCHEDULES, "routing": ROUTING,
-                       "dispatcher": DISPATCHERS, "loss": LOSSES}[key]
+                       "dispatcher": DISPATCHERS, "loss": LOSSES, "cp_comm": CP_COMMS}[key]
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()

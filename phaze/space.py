@@ -26,7 +26,15 @@ from .arch import Chip, load_chip
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
-from .plan import DP_SHARD_ALLOWED, OPTIMIZERS, PLAN_RECOMPUTE, RECOMPUTE_MODULES, dp_shard_value, ordered_modules
+from .plan import (
+    CP_COMMS,
+    DP_SHARD_ALLOWED,
+    OPTIMIZERS,
+    PLAN_RECOMPUTE,
+    RECOMPUTE_MODULES,
+    dp_shard_value,
+    ordered_modules,
+)
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model
@@ -613,14 +621,15 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             etp=_int_tuple(p, "etp", d.etp), recompute=rec, zero=p.int("zero", d.zero, minimum=0),
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
             optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
-            recompute_modules=_modules(p), dp_shard=_dp_shard(p))
+            recompute_modules=_modules(p), dp_shard=_dp_shard(p),
+            cp_comm=p.choice("cp_comm", CP_COMMS, d.cp_comm))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
         if fw_name:
             fw = framework(fw_name, p.source, p.prefix + "framework")
-            given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer", "recompute_modules", "dp_shard")
-                     if p.has(k)}
+            given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer", "recompute_modules", "dp_shard",
+                                "cp_comm") if p.has(k)}
             options = options_with(fw, options, given, model.precision)[0]
             model = model_with(fw, model)[0]
         p.finish()

@@ -343,6 +343,12 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                                           f"the sequence length ({model.seq_len})")
     if model.seq_len % plan.cp:
         raise ConfigError("--plan", "cp", f"must divide the sequence length ({model.seq_len})")
+    if plan.cp > 1 and plan.cp_comm == "a2a":
+        heads, kv_heads = model.heads // plan.tp, kv_width(model, plan.tp) // model.head_dim
+        if heads % plan.cp or kv_heads % plan.cp:
+            raise ConfigError("--plan", "cp_comm", f"a2a splits each rank's heads over cp: cp ({plan.cp}) must "
+                                                   f"divide the query heads ({heads}) and kv heads ({kv_heads}) "
+                                                   f"per tensor-parallel rank; allowed: p2p, all_gather or torch")
     if plan.stages and (len(plan.stages) != plan.pp or sum(plan.stages) != model.layers):
         raise ConfigError("--plan", "stages", f"must give pp = {plan.pp} layer counts summing to the "
                                               f"layers ({model.layers}), got {':'.join(map(str, plan.stages))}")
@@ -652,6 +658,7 @@ class StageCosts:
         else:       # a layer re-materialised where some re-run whole
             transient = np.where(np.broadcast_to(np.asarray(ks) > 0, (pp, len(ns))), self.full_act_bytes, 0.0)
         transient[pp - 1] += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
+        transient += cp_transient_bytes(m, plan)
         if plan.zero >= 3:
             transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp
         if m.moe:
@@ -668,6 +675,7 @@ class StageCosts:
         transient = self.full_act_bytes if recomputes else 0.0    # one layer re-materialised
         if i == pp - 1:   # fp32 logits for the loss
             transient += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
+        transient += cp_transient_bytes(m, plan)
         if plan.zero >= 3:
             transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp   # gathered layer weights
         weights = self.state_bytes_per_param * self.params(i, n)
@@ -717,7 +725,8 @@ def _shard(model: Model, plan: Plan) -> Model:
     whose queries attend over the whole sequence's keys (``Model.context_parallel``)."""
     if plan.cp == 1:
         return model
-    return replace(with_seq_len(model, model.seq_len // plan.cp), context_parallel=plan.cp)
+    return replace(with_seq_len(model, model.seq_len // plan.cp), context_parallel=plan.cp,
+                   context_parallel_comm=plan.cp_comm)
 
 
 @lru_cache(maxsize=65536)
@@ -769,29 +778,105 @@ def _act_bytes(model: Model, plan: Plan, r: str) -> float:
     return activation_bytes_per_layer(_shard(model, plan), plan.mbs, plan.tp, plan.sp, r, plan.attention)
 
 
+def _cp_blocks(model: Model, plan: Plan) -> tuple[float, float, float]:
+    """Bytes one context-parallel rank holds per layer and micro-batch: its K and V, its Q, and
+    its attention output (``tp``'s share of the heads, ``seq/cp`` tokens, 16-bit)."""
+    tokens = model.bytes_per_element * plan.mbs * (model.seq_len // plan.cp)
+    return (2 * tokens * kv_width(model, plan.tp), tokens * (model.q_dim // plan.tp),
+            tokens * (model.o_dim // plan.tp))
+
+
+def cp_transient_bytes(model: Model, plan: Plan) -> float:
+    """Bytes context parallelism holds for the layer in flight beyond the ring's blocks: the
+    gathered K and V of ``all_gather`` and ``torch``, and ``torch``'s fp32 dQ, dK, dV accumulators
+    and received dK, dV."""
+    if plan.cp == 1 or plan.cp_comm not in ("all_gather", "torch"):
+        return 0.0
+    kv, q, _ = _cp_blocks(model, plan)
+    extra = (q + 2 * kv) * 4 / model.bytes_per_element if plan.cp_comm == "torch" else 0.0
+    return plan.cp * kv + extra
+
+
+def cp_sent_bytes(model: Model, plan: Plan, r: str, compiled: bool = False) -> float:
+    """Bytes a device sends for context parallelism per layer and micro-batch, forward and
+    backward (and a recompute's re-run of the attention), under ``plan.cp_comm``."""
+    cp = plan.cp
+    if cp == 1:
+        return 0.0
+    kv, q, o = _cp_blocks(model, plan)
+    passes = 2 if _reruns_attention(model, plan, r, compiled) else 1   # the forward's exchanges
+    share = (cp - 1) / cp
+    if plan.cp_comm == "a2a":        # Q, K, V and the output there; dO and dQ, dK, dV back
+        return share * (passes * (q + kv + o) + o + q + kv)
+    if plan.cp_comm == "all_gather":  # each gather and the gradients' reduce-scatter: (cp-1)/cp of cp blocks
+        return (cp - 1) * kv * (passes + 2)
+    if plan.cp_comm == "torch":       # gathers as all_gather; fp32 dK, dV round the ring (cp sends)
+        return (cp - 1) * kv * (passes + 1) + cp * kv * 4 / model.bytes_per_element
+    return (cp - 1) * (kv * passes + 2 * kv)      # p2p: K/V each step, then K/V and dK/dV
+
+
 @lru_cache(maxsize=16384)
-def _ring_exposed(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -> float:
-    """Exposed time of ring attention's K/V exchange, one layer and micro-batch. Each of the cp - 1
-    ring steps sends the K and V block a rank holds to the next rank while the attention of the
-    step's block runs: forward once, backward K/V again plus dK/dV, and again in a recompute's
-    re-run of the attention (full, Megatron-Core's core_attn); only the attention kernel of that
-    step hides it. The cp ranks sit at stride tp (Megatron's order: tp innermost, then cp), so the
-    ring runs over the link level that holds tp * cp devices."""
-    tp, cp = plan.tp, plan.cp
+def _reruns_attention(model: Model, plan: Plan, r: str, compiled: bool) -> bool:
+    """Whether the backward under recompute ``r`` re-runs the core attention (full, Megatron-Core's
+    core_attn), and with it context parallelism's forward exchange."""
+    g = layer_graph(_shard(model, plan), plan.mbs, plan.tp, plan.sp, plan.attention, r, None, compiled)
+    return any(o.core_attention and o.name.startswith("recompute.") for o in g.bwd)
+
+
+@lru_cache(maxsize=16384)
+def _cp_exposed(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -> float:
+    """Exposed time of context parallelism's K/V exchange, one layer and micro-batch
+    (:attr:`phaze.plan.Plan.cp_comm`). The cp ranks sit at stride tp (Megatron's and torchtitan's
+    order: tp innermost, then cp), so a ring's slowest hop is on the link level that holds tp * cp
+    devices, and a collective spans cp ranks tp apart.
+
+    - ``p2p`` (Transformer Engine's ring): each of the cp - 1 steps sends the K and V block a rank
+      holds to the next rank while the attention of the step's block runs: forward once, backward
+      K/V again plus dK/dV, and again in a recompute's re-run of the attention; only the attention
+      kernel of that step hides it.
+    - ``all_gather`` (``AttnFuncWithCPAndKVAllGather``: "KV all-gather between CP ranks is
+      exposed"): K and V gathered before the forward and again before the backward, which
+      reduce-scatters dK and dV after it; nothing hides them.
+    - ``a2a`` (``AttnFuncWithCPAndQKVOA2A``, DeepSpeed-Ulysses): all-to-alls of Q, K, V before the
+      attention and of its output after; of dO before the backward and of dQ, dK, dV after it;
+      exposed: the attention needs all of them.
+    - ``torch`` (torch 2.6-2.13 ``_templated_ring_attention``, default ``_RotateMethod.ALL_GATHER``):
+      K and V gathered once, the gather in flight under the first step (the local block, 1/cp of
+      the attention), in the forward and again in the backward; the backward passes the fp32
+      dK and dV (``convert_to_f32``) to the next rank after each step, each pass under the next
+      step's attention and the last after the loop, exposed."""
+    cp = plan.cp
     shard = _shard(model, plan)
-    p = model.bytes_per_element
-    kv = 2 * p * plan.mbs * shard.seq_len * kv_width(model, tp)
-    hop = collective_time("send", kv, 2, chip, max(1, tp * cp // 2), eff)
-    hop2 = collective_time("send", 2 * kv, 2, chip, max(1, tp * cp // 2), eff)
-    g = layer_graph(shard, plan.mbs, tp, plan.sp, plan.attention, r, None, chip.compiled)
+    kv, q, o = _cp_blocks(model, plan)
+    g = layer_graph(shard, plan.mbs, plan.tp, plan.sp, plan.attention, r, None, chip.compiled)
 
     def attention(ops, recomputed: bool) -> float:   # one ring step's share of the attention
-        return sum(op_time(o, chip, model.precision, eff, bytes_per_element=p) for o in ops
-                   if o.core_attention and o.name.startswith("recompute.") == recomputed) / cp
+        return sum(op_time(o, chip, model.precision, eff, bytes_per_element=model.bytes_per_element)
+                   for o in ops if o.core_attention and o.name.startswith("recompute.") == recomputed) / cp
 
-    f, b = attention(g.fwd, False), attention(g.bwd, False)
+    f, b, rerun = attention(g.fwd, False), attention(g.bwd, False), attention(g.bwd, True)
+    ring = max(1, plan.tp * cp // 2)    # a ring's slowest hop: two ranks tp * cp / 2 apart
+
+    def send(nbytes: float) -> float:
+        return collective_time("send", nbytes, 2, chip, ring, eff)
+
+    def coll(kind: str, nbytes: float) -> float:
+        return collective_time(kind, nbytes, cp, chip, plan.tp, eff)
+
+    if plan.cp_comm == "all_gather":   # K and V apart (gather_along_first_dim each), dK and dV too
+        gather = 2 * coll("all_gather", cp * kv / 2)
+        return gather * (2 + (rerun > 0)) + 2 * coll("reduce_scatter", cp * kv / 2)
+    if plan.cp_comm == "a2a":          # one all-to-all a tensor (flash_attn_a2a_communicate)
+        inputs = coll("all_to_all", q) + 2 * coll("all_to_all", kv / 2)
+        forward = inputs + coll("all_to_all", o)
+        return forward * (1 + (rerun > 0)) + coll("all_to_all", o) + inputs
+    if plan.cp_comm == "torch":
+        gather = coll("all_gather", cp * kv)
+        grads = send(kv * 4 / model.bytes_per_element)
+        out = exposed(gather, f, eff) + exposed(gather, b, eff) + (cp - 1) * exposed(grads, b, eff) + grads
+        return out + (exposed(gather, rerun, eff) if rerun else 0.0)
+    hop, hop2 = send(kv), send(2 * kv)
     out = exposed(hop, f, eff) + exposed(hop2, b, eff)
-    rerun = attention(g.bwd, True)
     if rerun:   # a recompute that re-runs the attention (full, Megatron-Core's core_attn) re-exchanges K/V
         out += exposed(hop, rerun, eff)
     return (cp - 1) * out
@@ -811,7 +896,7 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
         bwd = PhaseTime(bwd.compute, bwd.memory, bwd.communication - bwd.async_hidden)
     total = fwd + bwd
     if plan.cp > 1:
-        total = total + PhaseTime(communication=_ring_exposed(model, chip, plan, eff, r))
+        total = total + PhaseTime(communication=_cp_exposed(model, chip, plan, eff, r))
     # weights shard over the data- and context-parallel ranks (stride tp) of a shard group
     shards = shard_ranks(plan, devices, chip) * plan.cp
     if plan.zero >= 3 and shards > 1:

@@ -62,7 +62,15 @@ from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
-from .plan import DP_SHARD_ALLOWED, RECOMPUTE_MODULES, Plan, dp_shard_value, hides_dp_reduction, ordered_modules
+from .plan import (
+    CP_COMMS,
+    DP_SHARD_ALLOWED,
+    RECOMPUTE_MODULES,
+    Plan,
+    dp_shard_value,
+    hides_dp_reduction,
+    ordered_modules,
+)
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import Model, load_model, router_groups_error, with_seq_len, workload_dirs
@@ -79,7 +87,7 @@ EXPLICIT_COLUMNS = (
     "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
-    "grad_accum_fusion", "dp_shard")
+    "grad_accum_fusion", "dp_shard", "cp_comm")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -200,6 +208,15 @@ def _dp_shard(row: dict, default: int) -> int:
     if value is None:
         raise ValueError(f"column 'dp_shard' must be {DP_SHARD_ALLOWED}, got {row['dp_shard']!r}")
     return value
+
+
+def _cp_comm(row: dict, default: str) -> str:
+    """The ``cp_comm`` column (:data:`phaze.plan.CP_COMMS`); blank: ``default`` (the framework's).
+    Megatron-Core's hierarchical ``a2a+p2p`` is refused: not modelled."""
+    if _text(row, "cp_comm").lower() == "a2a+p2p":
+        raise ValueError("column 'cp_comm' a2a+p2p (hierarchical context parallelism) is not modelled; "
+                         f"allowed: {', '.join(CP_COMMS)}")
+    return _choice(row, "cp_comm", CP_COMMS, default)
 
 
 def _choice(row: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
@@ -432,7 +449,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 loss=preset["loss"], optimizer=preset["optimizer"],
                 reduce_fp32=_flag(row, "grad_reduce_fp32", preset["reduce_fp32"]), recompute_modules=modules,
                 grad_accum_fusion=_flag(row, "grad_accum_fusion", preset["grad_accum_fusion"]),
-                dp_shard=_dp_shard(row, preset["dp_shard"]))
+                dp_shard=_dp_shard(row, preset["dp_shard"]), cp_comm=_cp_comm(row, preset["cp_comm"]))
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)

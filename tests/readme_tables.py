@@ -121,6 +121,33 @@ def context_parallel_table() -> str:
     return "\n".join(rows)
 
 
+def cp_comm_table() -> str:
+    """Llama-3 8B at 128K tokens on H100s (dgx-h100-superpod), nemo preset, tp 1, full recompute, 8
+    sequences per step (dp 1), cp 2 to 16 under each ``cp_comm``: the step and its exposed
+    communication. Ulysses (a2a) needs cp to divide the 8 kv heads. Shipped calibration."""
+    from phaze.configio import ConfigError
+    from phaze.plan import CP_COMMS
+
+    model = load_model("llama3-8b", 131072)
+    fw = FRAMEWORKS["nemo"]
+    chip = with_system(load_chip("h100-sxm"), "dgx-h100-superpod").with_execution(fw.execution)
+    eff = v.params_for(chip, v.load_default_params())
+    rows = ["| cp | " + " | ".join(CP_COMMS) + " |", "|---" * (len(CP_COMMS) + 1) + "|"]
+    for cp in (2, 4, 8, 16):
+        cells = []
+        for mode in CP_COMMS:
+            plan = plan_with(fw, Plan(cp=cp, mbs=1, recompute="full", cp_comm=mode), {"recompute", "cp_comm"},
+                             model.precision)[0]
+            try:
+                r = evaluate(model, chip, cp, 8, plan, eff)
+            except ConfigError:
+                cells.append("refused (8 kv heads)")
+                continue
+            cells.append(f"{r.step_time_s:.2f} s ({r.breakdown_s['communication_exposed_s']:.2f} s exposed)")
+        rows.append(f"| {cp} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 FP8_CASES = (("llama3-8b", 1, 1, 8), ("llama3-70b", 4, 4, 64), ("llama3-405b", 8, 8, 512))
 
 
@@ -198,6 +225,8 @@ if __name__ == "__main__":
     print(framework_effects_table())
     print()
     print(context_parallel_table())
+    print()
+    print(cp_comm_table())
     print()
     print(fp8_casts_table())
     print()

@@ -9,7 +9,7 @@ from phaze.cost import IDEAL, op_time
 from phaze.graph import attention_work_fraction, layer_graph
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import Plan
-from phaze.step import _ring_exposed, _shard, evaluate, tp_layer_params
+from phaze.step import _cp_exposed, _shard, evaluate, tp_layer_params
 from phaze.workload import Model
 
 LLAMA8B = Model(name="llama8b-like", layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
@@ -162,7 +162,7 @@ def test_ring_exchange_by_hand(recompute, passes):
     a100 = _slow_links(load_chip("a100-80gb"), 8, 1e6, 0.5e6)
     model = replace(LLAMA8B, seq_len=2048)
     kv = 2 * 2 * 1024 * 1024
-    got = _ring_exposed(model, a100, Plan(cp=2), IDEAL, recompute)
+    got = _cp_exposed(model, a100, Plan(cp=2), IDEAL, recompute)
     assert got == pytest.approx(passes * kv / 1e6, rel=1e-3)
 
 
@@ -172,10 +172,10 @@ def test_ring_crosses_nodes_when_tp_cp_exceeds_the_node():
     a100 = _slow_links(load_chip("a100-80gb"), 8, 1e6, 0.5e6)
     model = replace(LLAMA8B, seq_len=16384)
     kv = 2 * 2 * 1024 * 1024
-    got = _ring_exposed(model, a100, Plan(cp=16), IDEAL, "none")
+    got = _cp_exposed(model, a100, Plan(cp=16), IDEAL, "none")
     assert got == pytest.approx(15 * 3 * kv / 0.5e6, rel=1e-3)
     # tp = 2, cp = 4 fills one node: node bandwidth
-    got = _ring_exposed(replace(model, seq_len=4096, kv_heads=16), a100, Plan(tp=2, cp=4), IDEAL, "none")
+    got = _cp_exposed(replace(model, seq_len=4096, kv_heads=16), a100, Plan(tp=2, cp=4), IDEAL, "none")
     assert got == pytest.approx(3 * 3 * kv / 1e6, rel=1e-3)
 
 
@@ -185,7 +185,7 @@ def test_core_attn_recompute_re_exchanges_the_ring_as_full_recompute_does():
     a fused kernel re-runs nothing and exchanges nothing more."""
     chip = load_chip("h100-sxm")
     plan = Plan(tp=8, cp=4)
-    full = _ring_exposed(LLAMA8B, chip, plan, IDEAL, "full")
-    legacy = _ring_exposed(LLAMA8B, chip, plan, IDEAL, "selective")
-    core = _ring_exposed(LLAMA8B, chip, plan, IDEAL, "selective+core_attn")
-    assert core == full and legacy == _ring_exposed(LLAMA8B, chip, plan, IDEAL, "none") < core
+    full = _cp_exposed(LLAMA8B, chip, plan, IDEAL, "full")
+    legacy = _cp_exposed(LLAMA8B, chip, plan, IDEAL, "selective")
+    core = _cp_exposed(LLAMA8B, chip, plan, IDEAL, "selective+core_attn")
+    assert core == full and legacy == _cp_exposed(LLAMA8B, chip, plan, IDEAL, "none") < core

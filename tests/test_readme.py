@@ -11,6 +11,7 @@ from cli_reference import PAGE as CLI_PAGE
 from cli_reference import generated_block, reference
 from readme_tables import (
     context_parallel_table,
+    cp_comm_table,
     eager_kernels_table,
     fp8_casts_table,
     framework_effects_table,
@@ -40,6 +41,7 @@ def test_framework_context_parallel_and_fp8_tables_are_the_code():
     assert framework_effects_table() in _page("frameworks.md")
     assert eager_kernels_table() in _page("frameworks.md")
     assert context_parallel_table() in _page("validation.md")
+    assert cp_comm_table() in _page("frameworks.md")
     assert fp8_casts_table() in _page("validation.md")
 
 

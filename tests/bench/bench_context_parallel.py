@@ -5,7 +5,8 @@ calibration.
 
     python tests/bench/bench_context_parallel.py
 
-Prints the table docs/validation.md carries (``tests/test_readme.py`` holds the two equal).
+Then the same model at tp 1, cp 2 to 16, under each of the four ``cp_comm`` modes. Prints the
+tables docs/validation.md carries (``tests/test_readme.py`` holds them equal).
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from readme_tables import context_parallel_table  # noqa: E402
+from readme_tables import context_parallel_table, cp_comm_table  # noqa: E402
 
 if __name__ == "__main__":
     print(context_parallel_table())
+    print()
+    print(cp_comm_table())

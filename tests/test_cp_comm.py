@@ -1,0 +1,231 @@
+"""Context parallelism's K/V exchange (``cp_comm``): Transformer Engine's p2p ring, all-gather and
+all-to-all (Ulysses), and PyTorch's context parallel. Each mode's exposed time and bytes by hand,
+the invariants between them, their memory, the preset, the column and the refusals."""
+from dataclasses import replace
+
+import pytest
+
+from phaze.arch import LinkLevel, load_chip
+from phaze.configio import ConfigError
+from phaze.cost import IDEAL
+from phaze.framework import FRAMEWORKS, plan_settings
+from phaze.graph import layer_graph
+from phaze.plan import CP_COMMS, Plan, parse_plan
+from phaze.step import _cp_exposed, check_plan, cp_sent_bytes, cp_transient_bytes, evaluate, stage_costs
+from phaze.workload import Model, load_model
+
+LLAMA8B = Model(name="llama8b-like", layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                vocab=128256, seq_len=2048, activation="swiglu", position_embedding="rotary",
+                norm="rmsnorm", bias=False, dropout=False, tied_embeddings=False)
+MiB = 2.0 ** 20
+# per rank at cp = 2 (1,024 tokens, tp 1, 16-bit): K and V 2 x 1024 x 1024 x 2 bytes, Q and the
+# output 1024 x 4096 x 2 bytes each
+KV2, Q2, O2 = 4 * MiB, 8 * MiB, 8 * MiB
+
+
+def slow_a100(beta: float = 1e6):
+    """An A100 whose every link moves ``beta`` bytes a second with no latency: the attention
+    (milliseconds) hides a negligible share of any exchange (seconds)."""
+    chip = load_chip("a100-80gb")
+    return replace(chip, links=(LinkLevel("node", 8, beta, 0.0), LinkLevel("net", 0, beta, 0.0)))
+
+
+def test_parse_label_and_refusals():
+    assert Plan().cp_comm == "p2p" and CP_COMMS == ("p2p", "all_gather", "a2a", "torch")
+    for mode in CP_COMMS:
+        plan = parse_plan(f"cp=2,cp_comm={mode}")
+        assert plan.cp_comm == mode and parse_plan(plan.label()) == replace(plan, recompute="none")
+    assert "cp_comm" not in Plan(cp=2).label() and "cp_comm" not in Plan(cp_comm="a2a").label()
+    assert parse_plan("cp=2,cp_comm=A2A").cp_comm == "a2a"
+    with pytest.raises(ConfigError, match="a2a\\+p2p .*is not modelled; allowed: p2p, all_gather, a2a, torch"):
+        parse_plan("cp=4,cp_comm=a2a+p2p")
+    with pytest.raises(ConfigError, match="cp_comm.*must be one of p2p, all_gather, a2a, torch, got 'ring'"):
+        parse_plan("cp=4,cp_comm=ring")
+
+
+def test_a2a_needs_the_heads_of_a_rank_to_split_over_cp():
+    """Ulysses gives each cp rank heads/cp of a tp rank's heads: 32 query and 8 kv heads split
+    over cp 8, not 16; at tp 8 one kv head is left per rank, which splits over nothing."""
+    check_plan(replace(LLAMA8B, seq_len=8192), 8, 8, Plan(cp=8, cp_comm="a2a"))
+    with pytest.raises(ConfigError, match="cp \\(16\\) must divide the query heads \\(32\\) and kv heads \\(8\\)"):
+        check_plan(replace(LLAMA8B, seq_len=8192), 16, 16, Plan(cp=16, cp_comm="a2a"))
+    with pytest.raises(ConfigError, match="query heads \\(4\\) and kv heads \\(1\\)"):
+        check_plan(replace(LLAMA8B, seq_len=8192), 16, 16, Plan(tp=8, cp=2, cp_comm="a2a"))
+    # the ring modes split the sequence, not the heads
+    for mode in ("p2p", "all_gather", "torch"):
+        check_plan(replace(LLAMA8B, seq_len=8192), 16, 16, Plan(cp=16, cp_comm=mode))
+
+
+@pytest.mark.parametrize("recompute,rerun", [("none", 0), ("full", 1)])
+def test_exposed_time_of_each_mode_by_hand(recompute, rerun):
+    """cp = 2 inside a node at 1 MB/s, attention hiding nothing:
+    - p2p: one step, K/V forward, K/V and dK/dV backward (3 KV), K/V again in a re-run;
+    - all_gather: K and V each gathered (half of 2 x their size) forward and backward, dK and dV
+      reduce-scattered: the same 3 KV, and a gather more in a re-run;
+    - a2a: each all-to-all moves half of what a rank holds: Q, K, V and the output forward,
+      dO and dQ, dK, dV backward, (Q + KV + O) / 2 each way, the forward again in a re-run;
+    - torch: one gather of K and V forward, one backward, the fp32 dK, dV (2 KV) sent twice (after
+      the first step, under the second; after the loop, exposed), a gather more in a re-run."""
+    chip = slow_a100()
+    beta = 1e6
+    want = {"p2p": (3 + rerun) * KV2, "all_gather": (3 + rerun) * KV2,
+            "a2a": (2 + rerun) * (Q2 + KV2 + O2) / 2, "torch": (1 + 1 + 2 * 2 + rerun) * KV2}
+    for mode, nbytes in want.items():
+        got = _cp_exposed(LLAMA8B, chip, Plan(cp=2, cp_comm=mode), IDEAL, recompute)
+        assert got == pytest.approx(nbytes / beta, rel=1e-3), mode
+
+
+def test_all_gather_moves_what_the_ring_moves_at_any_cp():
+    """A ring all-gather of cp blocks sends (cp - 1) blocks a rank, as the ring's cp - 1 steps do:
+    with nothing hidden, all_gather and p2p expose the same time (cp 4: 9 KV), and the bytes the
+    power model counts are the same too."""
+    chip = slow_a100()
+    model = replace(LLAMA8B, seq_len=4096)
+    p2p = _cp_exposed(model, chip, Plan(cp=4), IDEAL, "none")
+    gathered = _cp_exposed(model, chip, Plan(cp=4, cp_comm="all_gather"), IDEAL, "none")
+    assert p2p == pytest.approx(gathered, rel=1e-4) and p2p == pytest.approx(9 * KV2 / 1e6, rel=1e-3)
+    assert cp_sent_bytes(model, Plan(cp=4), "none") == cp_sent_bytes(model, Plan(cp=4, cp_comm="all_gather"),
+                                                                     "none") == 9 * KV2
+
+
+def test_bytes_sent_by_hand():
+    """What the power model counts a layer and micro-batch (cp = 2): p2p 3 KV, all_gather 3 KV,
+    a2a Q + KV + O, torch 2 KV gathered and 2 x 2 KV of fp32 gradients; a re-run adds the
+    forward's exchange; cp = 1 sends nothing."""
+    sent = {m: cp_sent_bytes(LLAMA8B, Plan(cp=2, cp_comm=m), "none") for m in CP_COMMS}
+    assert sent == {"p2p": 3 * KV2, "all_gather": 3 * KV2, "a2a": Q2 + KV2 + O2, "torch": 6 * KV2}
+    assert cp_sent_bytes(LLAMA8B, Plan(cp=2, cp_comm="a2a"), "full") == pytest.approx((Q2 + KV2 + O2) * 3 / 2)
+    assert cp_sent_bytes(LLAMA8B, Plan(cp=2, cp_comm="torch"), "full") == 7 * KV2
+    assert cp_sent_bytes(LLAMA8B, Plan(cp_comm="torch"), "full") == 0.0
+
+
+def test_power_model_counts_the_exchange():
+    """The power model's link traffic: 4 layers x 4 micro-batches (global batch 8 over dp 2) of
+    each mode's bytes; the modes differ from p2p by exactly that."""
+    from phaze.area import _step_activity
+    chip = load_chip("h100-sxm")
+    model = replace(LLAMA8B, seq_len=4096)
+    ring = Plan(tp=2, cp=2)
+    base = _step_activity(model, chip, 8, 8, ring).link_bytes
+    for mode in CP_COMMS:
+        plan = replace(ring, cp_comm=mode)
+        got = _step_activity(model, chip, 8, 8, plan).link_bytes - base
+        want = 16 * (cp_sent_bytes(model, plan, "none") - cp_sent_bytes(model, ring, "none"))
+        assert got == pytest.approx(want, abs=1.0), mode
+    # p2p's own, at tp 2 (4 of the 8 kv heads on a rank): 3 x K and V of 2,048 tokens x 512
+    assert cp_sent_bytes(model, ring, "none") == 3 * 2 * 2 * 2048 * 512
+
+
+def test_hiding_orders_the_modes_across_nodes():
+    """Llama-3 70B at 64K tokens, tp 8, cp 16 over InfiniBand: the ring hides its sends under the
+    steps, PyTorch's gather only under the first step, Transformer Engine's all-gather under
+    nothing: their exposed exchanges keep that order."""
+    from phaze.validate import calibrated_efficiency
+    model = load_model("llama3-70b", 65536)
+    chip = load_chip("h100-sxm")
+    eff = calibrated_efficiency(chip)
+    plan = Plan(tp=8, cp=16)
+    got = [_cp_exposed(model, chip, replace(plan, cp_comm=m), eff, "full") for m in ("p2p", "torch", "all_gather")]
+    assert 0 < got[0] < got[1] < got[2]
+
+
+def test_kernels_of_each_mode():
+    """The attention a rank runs (cp 4, 32 heads, 2,048 local tokens): the ring's cp steps of half
+    an s x s block (Transformer Engine's forward two at a time); all_gather's local queries
+    against the 8,192 gathered keys in one op; Ulysses' 8 heads over the whole sequence. The
+    same scores in every mode."""
+    from phaze.step import _shard
+    model = replace(LLAMA8B, seq_len=8192)
+
+    def core(mode, attention="flash"):
+        g = layer_graph(_shard(model, Plan(cp=4, cp_comm=mode)), 1, 1, False, attention, "none")
+        return [o for o in g.fwd if o.core_attention]
+
+    ring, gathered, ulysses, torch = core("p2p"), core("all_gather"), core("a2a"), core("torch", "flash")
+    assert [o.gemm for o in ring] == [(2 * 32, 2048, 2048, 128)] * 2
+    assert [o.gemm for o in torch] == [(32, 2048, 2048, 128)] * 4    # one step at a time
+    assert [o.gemm for o in gathered] == [(32, 2048, 8192, 128)]
+    assert [o.gemm for o in ulysses] == [(8, 8192, 8192, 128)]
+    scores = {mode: sum(o.elements * o.work_fraction for o in ops)
+              for mode, ops in (("p2p", ring), ("all_gather", gathered), ("a2a", ulysses), ("torch", torch))}
+    assert set(scores.values()) == {32 * 2048 * 8192 / 2}
+
+
+def test_gathered_kv_held_while_the_layer_runs():
+    """all_gather holds the whole sequence's K and V (cp x the rank's KV); torch also its fp32
+    dQ, dK, dV accumulators and the received dK, dV ((Q + 2 KV) x 2); both memory paths agree."""
+    import numpy as np
+    model = LLAMA8B
+    chip = load_chip("h100-sxm")
+    assert cp_transient_bytes(model, Plan(cp=2)) == cp_transient_bytes(model, Plan(cp=2, cp_comm="a2a")) == 0
+    assert cp_transient_bytes(model, Plan(cp=2, cp_comm="all_gather")) == 2 * KV2
+    assert cp_transient_bytes(model, Plan(cp=2, cp_comm="torch")) == 2 * KV2 + (Q2 + 2 * KV2) * 2
+    assert cp_transient_bytes(model, Plan(cp_comm="torch")) == 0
+    base = stage_costs(model, chip, 4, 4, Plan(cp=2), IDEAL)
+    for mode in ("all_gather", "torch"):
+        costs = stage_costs(model, chip, 4, 4, Plan(cp=2, cp_comm=mode), IDEAL)
+        extra = cp_transient_bytes(model, Plan(cp=2, cp_comm=mode))
+        assert costs.memory(0, 4, "none").total_bytes - base.memory(0, 4, "none").total_bytes == pytest.approx(extra)
+        assert costs.memory_table("none", np.array([4]))[0, 0] == costs.memory(0, 4, "none").total_bytes
+
+
+def test_torchtitan_preset_runs_pytorch_context_parallel():
+    assert plan_settings(FRAMEWORKS["torchtitan"])["cp_comm"] == "torch"
+    assert all(f.cp_comm == "p2p" for n, f in FRAMEWORKS.items() if n != "torchtitan")
+    assert plan_settings(None)["cp_comm"] == "p2p"
+
+
+def test_the_row_column_takes_the_preset_unless_it_says():
+    from test_validate import synthetic, synthetic_case
+
+    from phaze import validate as v
+    assert synthetic_case(framework="torchtitan", cp="2").plan.cp_comm == "torch"
+    assert synthetic_case(framework="torchtitan", cp="2", cp_comm="p2p").plan.cp_comm == "p2p"
+    assert synthetic_case(cp="2", cp_comm="all_gather").plan.cp_comm == "all_gather"
+    assert synthetic_case(cp="2").plan.cp_comm == "p2p"
+    r = v.row_to_case(synthetic(cp="2", cp_comm="a2a+p2p"))
+    assert not isinstance(r, v.Case) and "a2a+p2p (hierarchical context parallelism) is not modelled" in r.reason
+    r = v.row_to_case(synthetic(cp="2", cp_comm="ring"))
+    assert not isinstance(r, v.Case) and "column 'cp_comm' must be one of p2p, all_gather, a2a, torch" in r.reason
+
+
+@pytest.mark.parametrize("value, expect", [("all_gather", "all_gather"), ("A2A", "a2a"), (None, "p2p")])
+def test_sweep_placement_takes_cp_comm(tmp_path, value, expect):
+    from test_space import SMALL_SWEEP, write
+
+    from phaze.space import load_sweep
+    placement = {} if value is None else {"cp_comm": value}
+    wl = dict(SMALL_SWEEP["workloads"][0], placement=placement)
+    assert load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.cp_comm == expect
+    # the torchtitan preset runs PyTorch's unless the config says otherwise
+    wl = dict(SMALL_SWEEP["workloads"][0], placement=dict(placement, framework="torchtitan"))
+    got = load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.cp_comm
+    assert got == ("torch" if value is None else expect)
+    with pytest.raises(ConfigError) as e:
+        wl = dict(SMALL_SWEEP["workloads"][0], placement={"cp_comm": "ring"})
+        load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl])))
+    assert e.value.field == "workloads[0].placement.cp_comm" and "p2p, all_gather, a2a, torch" in e.value.message
+
+
+def test_place_keeps_the_exchange_it_is_given():
+    """``place`` costs every context-parallel layout with the given exchange and drops those
+    Ulysses cannot split (cp 16 over 8 kv heads); its plans say the exchange."""
+    from phaze.placement import PlacementOptions, place
+    model = replace(LLAMA8B, seq_len=32768)
+    chip = load_chip("h100-sxm")
+    for mode in CP_COMMS:
+        got = place(model, chip, 16, 16, PlacementOptions(tp=(1,), cp=(4, 16), mbs=(1,), cp_comm=mode), top=10,
+                    with_baseline=False)
+        cps = {p.plan.cp for p in got.top}
+        assert got.top and all(p.plan.cp_comm == mode for p in got.top), mode
+        assert cps == ({4} if mode == "a2a" else {4, 16}), (mode, cps)
+
+
+def test_the_printout_says_the_exchange():
+    from phaze.cli import format_result
+    model = replace(LLAMA8B, seq_len=8192)
+    chip = load_chip("h100-sxm")
+    text = format_result(evaluate(model, chip, 4, 2, Plan(cp=2, cp_comm="all_gather")))
+    assert "cp=2,cp_comm=all_gather,attention=flash, dp=2, 1 micro-batch per step" in text
+    text = format_result(evaluate(model, chip, 4, 4, Plan(cp=2)))
+    assert "cp=2,attention=flash, dp=2, 2 micro-batches per step" in text
