@@ -46,6 +46,7 @@ from .plan import (
     RECOMPUTE_MODULES,
     ROUTING,
     SEARCHED_RECOMPUTE,
+    cp_comm_value,
     dp_shard_text,
     dp_shard_value,
     ordered_modules,
@@ -686,6 +687,13 @@ def _zero_list(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in values}))
 
 
+def _cp_comm(text: str) -> str:
+    try:
+        return cp_comm_value(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _dp_shard(text: str) -> int:
     value = dp_shard_value(text)
     if value is None:
@@ -1211,7 +1219,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dp-shard", type=_dp_shard, default=None, metavar="all/node/N",
                     help="data-parallel ranks of a ZeRO shard group (zero 1-3): all (default), node (those inside "
                          "one node or pod slice: hybrid sharding, replicated across nodes) or N")
-    pl.add_argument("--cp-comm", choices=CP_COMMS, default=None,
+    pl.add_argument("--cp-comm", type=_cp_comm, default=None, metavar="/".join(CP_COMMS),
                     help="how context parallelism exchanges K and V: p2p (default; a ring), all_gather, a2a "
                          "(Ulysses) or torch (PyTorch's context parallel)")
     pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default=None,

@@ -23,6 +23,21 @@ DISPATCHERS = ("alltoall", "deepep")
 # how context parallelism exchanges K and V (Plan.cp_comm): Transformer Engine's --cp-comm-type
 # p2p / all_gather / a2a (Megatron-Core, NeMo), or PyTorch's context parallel (torchtitan)
 CP_COMMS = ("p2p", "all_gather", "a2a", "torch")
+CP_COMMS_ALLOWED = "one of " + ", ".join(CP_COMMS)
+
+
+def cp_comm_value(raw) -> str:
+    """A ``cp_comm`` as a plan key, a flag, a sweep key or a CSV cell gives it (either case);
+    ValueError with the reason otherwise: Megatron-Core's hierarchical ``a2a+p2p`` is named as
+    not modelled, anything else gets :data:`CP_COMMS_ALLOWED`."""
+    word = raw.strip().lower() if isinstance(raw, str) else raw
+    if word in CP_COMMS:
+        return word
+    if word == "a2a+p2p":
+        raise ValueError("a2a+p2p (Megatron-Core's hierarchical context parallelism: all-to-all inside "
+                         "--hierarchical-context-parallel-sizes groups, a ring across them) is not modelled; "
+                         f"allowed: {', '.join(CP_COMMS)}")
+    raise ValueError(f"must be {CP_COMMS_ALLOWED}, got {raw!r}")
 # Megatron-Core's selective recompute modules (--recompute-modules; transformer_config.py, 0.16):
 # the core attention, the experts' activation, the norms that are modules of their own, MLA's up
 # projections, a dense layer's MLP, the whole MoE layer, the shared experts
@@ -280,14 +295,15 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
             if raw.lower() not in _BOOL:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = _BOOL[raw.lower()]
-        elif key == "cp_comm" and raw.lower() == "a2a+p2p":
-            raise ConfigError(source, key, "a2a+p2p (Megatron-Core's hierarchical context parallelism: "
-                                           "all-to-all inside --hierarchical-context-parallel-sizes groups, "
-                                           f"a ring across them) is not modelled; allowed: {', '.join(CP_COMMS)}")
+        elif key == "cp_comm":
+            try:
+                values[key] = cp_comm_value(raw)
+            except ValueError as exc:
+                raise ConfigError(source, key, str(exc)) from None
         else:
             choices = {"recompute": PLAN_RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
                        "schedule": SCHEDULES, "routing": ROUTING,
-                       "dispatcher": DISPATCHERS, "loss": LOSSES, "cp_comm": CP_COMMS}[key]
+                       "dispatcher": DISPATCHERS, "loss": LOSSES}[key]
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()

@@ -27,11 +27,11 @@ from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
 from .plan import (
-    CP_COMMS,
     DP_SHARD_ALLOWED,
     OPTIMIZERS,
     PLAN_RECOMPUTE,
     RECOMPUTE_MODULES,
+    cp_comm_value,
     dp_shard_value,
     ordered_modules,
 )
@@ -622,7 +622,7 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
             optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
             recompute_modules=_modules(p), dp_shard=_dp_shard(p),
-            cp_comm=p.choice("cp_comm", CP_COMMS, d.cp_comm))
+            cp_comm=_cp_comm(p))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
@@ -635,6 +635,15 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
         p.finish()
     f.finish()
     return WorkloadSpec(model, devices, batch, weight, options, source, system)
+
+
+def _cp_comm(p: Fields) -> str:
+    """A workload's ``placement.cp_comm`` (:func:`phaze.plan.cp_comm_value`; default ``p2p``)."""
+    raw = p._get("cp_comm", "p2p")
+    try:
+        return cp_comm_value(raw)
+    except ValueError as exc:
+        raise p.error("cp_comm", str(exc)) from None
 
 
 def _dp_shard(p: Fields) -> int:

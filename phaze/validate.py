@@ -63,10 +63,10 @@ from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
 from .placement import PlacementOptions, place, vp_values
 from .plan import (
-    CP_COMMS,
     DP_SHARD_ALLOWED,
     RECOMPUTE_MODULES,
     Plan,
+    cp_comm_value,
     dp_shard_value,
     hides_dp_reduction,
     ordered_modules,
@@ -211,12 +211,15 @@ def _dp_shard(row: dict, default: int) -> int:
 
 
 def _cp_comm(row: dict, default: str) -> str:
-    """The ``cp_comm`` column (:data:`phaze.plan.CP_COMMS`); blank: ``default`` (the framework's).
-    Megatron-Core's hierarchical ``a2a+p2p`` is refused: not modelled."""
-    if _text(row, "cp_comm").lower() == "a2a+p2p":
-        raise ValueError("column 'cp_comm' a2a+p2p (hierarchical context parallelism) is not modelled; "
-                         f"allowed: {', '.join(CP_COMMS)}")
-    return _choice(row, "cp_comm", CP_COMMS, default)
+    """The ``cp_comm`` column (:func:`phaze.plan.cp_comm_value`); blank: ``default`` (the
+    framework's)."""
+    raw = _text(row, "cp_comm")
+    if not raw:
+        return default
+    try:
+        return cp_comm_value(raw)
+    except ValueError as exc:
+        raise ValueError(f"column 'cp_comm' {exc}") from None
 
 
 def _choice(row: dict, key: str, allowed: tuple[str, ...], default: str) -> str:

@@ -344,7 +344,8 @@ def timed_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     (["evaluate", *GPT3, "--devices", "1024", "--global-batch", "1536", "--plan", "tp=8,pp=16,zero=1,dp_shard=3"],
      ["--plan", "field 'dp_shard'", "must divide the data-parallel ranks (dp = 8)",
       "allowed: 1, 2, 4, 8, a multiple of 8, all or node"]),
-    ([*PLACE, "--cp-comm", "ring"], ["--cp-comm", "invalid choice", "p2p", "all_gather", "a2a", "torch"]),
+    ([*PLACE, "--cp-comm", "ring"], ["--cp-comm", "must be one of p2p, all_gather, a2a, torch, got 'ring'"]),
+    ([*PLACE, "--cp-comm", "a2a+p2p"], ["--cp-comm", "a2a+p2p", "is not modelled; allowed: p2p, all_gather"]),
     (["evaluate", *GPT3, "--devices", "1024", "--global-batch", "1536", "--seq-len", "8192", "--plan",
       "tp=8,pp=16,cp=2,cp_comm=a2a+p2p"], ["--plan", "field 'cp_comm'", "a2a+p2p", "is not modelled",
                                           "allowed: p2p, all_gather, a2a, torch"]),
@@ -354,7 +355,7 @@ def timed_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     ([*PLACE, "--memory-reserve", "90"], ["--arch", "nothing fits", "reserve", "--memory-reserve"]),
 ], ids=["place-1e12-devices", "evaluate-1e12-devices", "evaluate-1e30-batch", "place-1e30-batch",
         "huge-seq-len", "batch-1537", "pp-128", "tp-3", "2^20-devices", "bad-baseline-plan",
-        "bad-baseline-key", "zero-4", "bad-dp-shard", "dp-shard-3", "bad-cp-comm", "cp-comm-a2a+p2p",
+        "bad-baseline-key", "zero-4", "bad-dp-shard", "dp-shard-3", "bad-cp-comm", "place-a2a+p2p", "cp-comm-a2a+p2p",
         "a2a-heads", "negative-reserve",
         "reserve-larger-than-hbm"])
 def test_bad_sizes_and_layouts_name_the_flag(tmp_path, args, needles):

@@ -184,7 +184,8 @@ def test_the_row_column_takes_the_preset_unless_it_says():
     assert synthetic_case(cp="2", cp_comm="all_gather").plan.cp_comm == "all_gather"
     assert synthetic_case(cp="2").plan.cp_comm == "p2p"
     r = v.row_to_case(synthetic(cp="2", cp_comm="a2a+p2p"))
-    assert not isinstance(r, v.Case) and "a2a+p2p (hierarchical context parallelism) is not modelled" in r.reason
+    assert not isinstance(r, v.Case)
+    assert "column 'cp_comm' a2a+p2p (Megatron-Core's hierarchical context parallelism" in r.reason
     r = v.row_to_case(synthetic(cp="2", cp_comm="ring"))
     assert not isinstance(r, v.Case) and "column 'cp_comm' must be one of p2p, all_gather, a2a, torch" in r.reason
 
@@ -205,6 +206,9 @@ def test_sweep_placement_takes_cp_comm(tmp_path, value, expect):
         wl = dict(SMALL_SWEEP["workloads"][0], placement={"cp_comm": "ring"})
         load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl])))
     assert e.value.field == "workloads[0].placement.cp_comm" and "p2p, all_gather, a2a, torch" in e.value.message
+    with pytest.raises(ConfigError, match="a2a\\+p2p .*is not modelled"):
+        wl = dict(SMALL_SWEEP["workloads"][0], placement={"cp_comm": "a2a+p2p"})
+        load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl])))
 
 
 def test_place_keeps_the_exchange_it_is_given():
