@@ -38,6 +38,8 @@ def cp_comm_value(raw) -> str:
                          "--hierarchical-context-parallel-sizes groups, a ring across them) is not modelled; "
                          f"allowed: {', '.join(CP_COMMS)}")
     raise ValueError(f"must be {CP_COMMS_ALLOWED}, got {raw!r}")
+
+
 # Megatron-Core's selective recompute modules (--recompute-modules; transformer_config.py, 0.16):
 # the core attention, the experts' activation, the norms that are modules of their own, MLA's up
 # projections, a dense layer's MLP, the whole MoE layer, the shared experts

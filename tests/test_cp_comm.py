@@ -192,23 +192,17 @@ def test_the_row_column_takes_the_preset_unless_it_says():
 
 @pytest.mark.parametrize("value, expect", [("all_gather", "all_gather"), ("A2A", "a2a"), (None, "p2p")])
 def test_sweep_placement_takes_cp_comm(tmp_path, value, expect):
-    from test_space import SMALL_SWEEP, write
-
-    from phaze.space import load_sweep
+    from test_space import placement_options
     placement = {} if value is None else {"cp_comm": value}
-    wl = dict(SMALL_SWEEP["workloads"][0], placement=placement)
-    assert load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.cp_comm == expect
+    assert placement_options(tmp_path, placement).cp_comm == expect
     # the torchtitan preset runs PyTorch's unless the config says otherwise
-    wl = dict(SMALL_SWEEP["workloads"][0], placement=dict(placement, framework="torchtitan"))
-    got = load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.cp_comm
+    got = placement_options(tmp_path, dict(placement, framework="torchtitan")).cp_comm
     assert got == ("torch" if value is None else expect)
     with pytest.raises(ConfigError) as e:
-        wl = dict(SMALL_SWEEP["workloads"][0], placement={"cp_comm": "ring"})
-        load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl])))
+        placement_options(tmp_path, {"cp_comm": "ring"})
     assert e.value.field == "workloads[0].placement.cp_comm" and "p2p, all_gather, a2a, torch" in e.value.message
     with pytest.raises(ConfigError, match="a2a\\+p2p .*is not modelled"):
-        wl = dict(SMALL_SWEEP["workloads"][0], placement={"cp_comm": "a2a+p2p"})
-        load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl])))
+        placement_options(tmp_path, {"cp_comm": "a2a+p2p"})
 
 
 def test_place_keeps_the_exchange_it_is_given():

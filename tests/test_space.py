@@ -24,6 +24,13 @@ def write(tmp_path: Path, cfg: dict, name: str = "sweep.yaml") -> Path:
     return p
 
 
+def placement_options(tmp_path: Path, placement: dict):
+    """The placement options :func:`load_sweep` makes of the small sweep with its workload's
+    ``placement`` replaced (a ConfigError where the sweep refuses it)."""
+    wl = dict(SMALL_SWEEP["workloads"][0], placement=placement)
+    return load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options
+
+
 def space(**dims) -> dict:
     return {"space": {"tensor_units": [27, 54, 108], "tensor_rows": [64, 128], **dims}}
 
@@ -70,13 +77,9 @@ BAD = [
 
 
 def test_placement_takes_recompute_modules_and_the_framework_does_not_override_them(tmp_path):
-    wl = dict(SMALL_SWEEP["workloads"][0], placement={"recompute_modules": "moe_act+layernorm",
-                                                       "framework": "megatron-core"})
-    options = load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options
+    options = placement_options(tmp_path, {"recompute_modules": "moe_act+layernorm", "framework": "megatron-core"})
     assert options.recompute_modules == ("moe_act", "layernorm")
-    wl = dict(SMALL_SWEEP["workloads"][0], placement={"framework": "megatron-core"})
-    assert load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.recompute_modules \
-        == ("core_attn",)
+    assert placement_options(tmp_path, {"framework": "megatron-core"}).recompute_modules == ("core_attn",)
 
 
 @pytest.mark.parametrize("change,field,words", BAD, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD)])
@@ -170,18 +173,15 @@ def test_an_unknown_name_in_a_sweep_config_names_its_file_and_field(tmp_path, ch
 @pytest.mark.parametrize("value, expect", [("node", -1), ("all", 0), ("Node", -1), (16, 16), (None, 0)])
 def test_placement_takes_dp_shard(tmp_path, value, expect):
     placement = {} if value is None else {"dp_shard": value}
-    wl = dict(SMALL_SWEEP["workloads"][0], placement=placement)
-    assert load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.dp_shard == expect
+    assert placement_options(tmp_path, placement).dp_shard == expect
     # the maxtext preset shards within a slice unless the config says otherwise
-    wl = dict(SMALL_SWEEP["workloads"][0], placement=dict(placement, framework="maxtext"))
-    got = load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl]))).workloads[0].options.dp_shard
+    got = placement_options(tmp_path, dict(placement, framework="maxtext")).dp_shard
     assert got == (-1 if value is None else expect)
 
 
 @pytest.mark.parametrize("value", ["half", 0, -2, True, 2.5])
 def test_bad_dp_shard_names_the_field(tmp_path, value):
-    wl = dict(SMALL_SWEEP["workloads"][0], placement={"dp_shard": value})
     with pytest.raises(ConfigError) as e:
-        load_sweep(write(tmp_path, dict(SMALL_SWEEP, workloads=[wl])))
+        placement_options(tmp_path, {"dp_shard": value})
     assert e.value.field == "workloads[0].placement.dp_shard"
     assert "all, node or a positive integer" in e.value.message
