@@ -223,7 +223,7 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
               block_recompute=False, recompute_modules=("core_attn",),
-              flop_convention="6n_12lqs", dp_shard=DP_SHARD_NODE,
+              flop_convention="6n_12lqs", dp_shard=DP_SHARD_NODE, cp_comm="all_gather",
               source="AI-Hypercomputer/maxtext base.yml: FSDP sharding (ZeRO-3) over a slice's chips and data "
                      "parallelism across slices (maxtext 0.2.5 configs/base.yml: ici_fsdp_parallelism -1, "
                      "dcn_data_parallelism -1, dcn_fsdp_parallelism 1: the weights and optimizer state are "
@@ -240,7 +240,11 @@ FRAMEWORKS = {f.name: f for f in (
                      "collectives asynchronously beside compute (its latency-hiding scheduler); one "
                      "compiled program (its full remat, jax.checkpoint with nothing saved, re-runs only what "
                      "the backward reads); assumption: XLA fuses an fp8 run's casts into the ops that "
-                     "produce their inputs (its delayed-scaling fp8 ops; no published profile)"),
+                     "produce their inputs (its delayed-scaling fp8 ops; no published profile); its context "
+                     "parallelism gathers K and V (cp_comm=all_gather: maxtext 0.2.5 base.yml "
+                     "context_parallel_strategy all_gather, the default; layers/attention_op.py replicates K "
+                     "and V over the context axis at the attention's shard_map, Q stays sharded, on TPU's "
+                     "splash kernel and GPU's Transformer Engine alike)"),
     Framework("llm-foundry", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="attention", execution="eager", interleave=False,
               flop_convention="6n_12lqs",

@@ -169,9 +169,12 @@ def test_gathered_kv_held_while_the_layer_runs():
         assert costs.memory_table("none", np.array([4]))[0, 0] == costs.memory(0, 4, "none").total_bytes
 
 
-def test_torchtitan_preset_runs_pytorch_context_parallel():
+def test_presets_name_their_frameworks_exchange():
+    """torchtitan runs PyTorch's context parallel, MaxText gathers K and V (its
+    context_parallel_strategy default), the Megatron family TE's ring."""
     assert plan_settings(FRAMEWORKS["torchtitan"])["cp_comm"] == "torch"
-    assert all(f.cp_comm == "p2p" for n, f in FRAMEWORKS.items() if n != "torchtitan")
+    assert plan_settings(FRAMEWORKS["maxtext"])["cp_comm"] == "all_gather"
+    assert all(f.cp_comm == "p2p" for n, f in FRAMEWORKS.items() if n not in ("torchtitan", "maxtext"))
     assert plan_settings(None)["cp_comm"] == "p2p"
 
 
@@ -181,6 +184,7 @@ def test_the_row_column_takes_the_preset_unless_it_says():
     from phaze import validate as v
     assert synthetic_case(framework="torchtitan", cp="2").plan.cp_comm == "torch"
     assert synthetic_case(framework="torchtitan", cp="2", cp_comm="p2p").plan.cp_comm == "p2p"
+    assert synthetic_case(framework="MaxText (JAX/XLA)", cp="2").plan.cp_comm == "all_gather"
     assert synthetic_case(cp="2", cp_comm="all_gather").plan.cp_comm == "all_gather"
     assert synthetic_case(cp="2").plan.cp_comm == "p2p"
     r = v.row_to_case(synthetic(cp="2", cp_comm="a2a+p2p"))
