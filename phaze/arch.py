@@ -12,7 +12,7 @@ from pathlib import Path
 from .configio import ConfigError, Fields, config_dirs, read_mapping, resolve_config
 from .workload import PRECISIONS
 
-HBM_GENERATIONS = ("hbm2", "hbm2e", "hbm3")
+HBM_GENERATIONS = ("hbm2", "hbm2e", "hbm3", "hbm3e")
 # How a chip's work is issued, which sets the per-kernel overheads (phaze.cost.kernel_overhead):
 # - eager: a Python host dispatches every kernel (PyTorch eager); a kernel shorter than the host's
 #   dispatch time (``host_overhead_s``) leaves the device waiting, and each kernel pays its launch
@@ -101,7 +101,7 @@ class Chip:
                                    # vector units are the tensor units' SMs (GPU) | concurrent:
                                    # independent tensor and vector unit pools; "" = by kind
     # area / power / cost model (phaze/area.py); defaults derive everything from the fields above
-    hbm_generation: str = ""       # hbm2 | hbm2e | hbm3 ("" = by process node: hbm2e at >= 7 nm)
+    hbm_generation: str = ""       # hbm2 | hbm2e | hbm3 | hbm3e ("" = by process node: hbm2e at >= 7 nm)
     hbm_stacks: int = 0            # HBM stacks in the package (0 = from capacity and bandwidth)
     link_phys: int = 0             # chip-to-chip link PHYs (0 = first link level / 25 GB/s per link)
     die_units_ratio: float = 1.0   # units built on the die / units enabled (harvested for yield)

@@ -70,16 +70,19 @@ LINK_BANDWIDTH_PER_PHY = 25e9   # bytes/s per direction per NVLink 3/4 link (A10
 UNCORE_MM2 = 16 * 0.64
 
 # HBM per stack by generation: capacity (bytes), bandwidth (bytes/s), energy (pJ/bit).
-# Capacity: 8-high stacks of 8 Gb (HBM2) / 16 Gb (HBM2e, HBM3) dies; 12-high HBM3 would be 24 GiB.
+# Capacity: 8-high stacks of 8 Gb (HBM2) / 16 Gb (HBM2e, HBM3) / 24 Gb (HBM3e) dies; 12-high HBM3
+# would be 24 GiB.
 # Bandwidth: 1024 bits x pin rate: HBM2 2.4 Gb/s (JEDEC JESD235A) = 307 GB/s, HBM2e 3.6 Gb/s
-# (JESD235C) = 461 GB/s, HBM3 6.4 Gb/s (JESD238) = 819 GB/s.
+# (JESD235C) = 461 GB/s, HBM3 6.4 Gb/s (JESD238) = 819 GB/s, HBM3e 9.2 Gb/s (Micron's HBM3E
+# product page: 24 GB 8-high cubes, pin speed over 9.2 Gb/s, over 1.2 TB/s; no JEDEC rate) = 1178 GB/s.
 # Energy: HBM2 3.9 pJ/bit (O'Connor et al., "Fine-Grained DRAM", MICRO 2017, HBM2 baseline).
-# assumption: HBM2e and HBM3 keep HBM2's energy per bit (same DRAM core and row activation energy,
-# which dominate in O'Connor et al.'s breakdown); no vendor figure is public for them.
+# assumption: HBM2e, HBM3 and HBM3e keep HBM2's energy per bit (same DRAM core and row activation
+# energy, which dominate in O'Connor et al.'s breakdown); no vendor figure is public for them.
 HBM = {
     "hbm2": (8 * 2.0 ** 30, 307.2e9, 3.9),
     "hbm2e": (16 * 2.0 ** 30, 460.8e9, 3.9),
     "hbm3": (16 * 2.0 ** 30, 819.2e9, 3.9),
+    "hbm3e": (24 * 2.0 ** 30, 1177.6e9, 3.9),
 }
 
 # ---- cost coefficients -------------------------------------------------------------------------

@@ -113,7 +113,7 @@ _FALSE = ("no", "false", "0", "off", "n")
 _RECOMPUTE = {"full": "full", "uniform": "full", "block": "block", "selective": "selective",
               "none": "none", **{t: "full" for t in _TRUE}, **{f: "none" for f in _FALSE}}
 # GPU names of the reference data and their usual spellings -> shipped chip file. Exact names
-# only: a GPU that is not listed (PCIe, NVL, H200, a power-limited variant, ...) is skipped with
+# only: a GPU that is not listed (PCIe, NVL, a power-limited variant, ...) is skipped with
 # the reason unless the row names its chip file in the ``chip`` column.
 GPU_CHIPS = {
     "a100-sxm4-80gb": "a100-80gb", "a100-sxm-80gb": "a100-80gb", "a100-80gb": "a100-80gb",
@@ -123,6 +123,8 @@ GPU_CHIPS = {
     "h100-sxm5-80gb": "h100-sxm", "h100-sxm": "h100-sxm", "h100-sxm5": "h100-sxm",
     "h100-80gb-hbm3": "h100-sxm", "h100-sxm-80gb": "h100-sxm", "h100-sxm5-80gb-hbm3": "h100-sxm",
     "h100-hbm2e-96gb-500w": "h100-hbm2e-96gb-500w",
+    "h200-sxm-141gb": "h200-sxm", "h200-sxm": "h200-sxm", "h200-141gb": "h200-sxm",
+    "h200-sxm5-141gb": "h200-sxm",
     "tpuv4": "tpuv4", "tpu-v4": "tpuv4",
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import csv
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,31 @@ def test_h100_fp8_peak_matches_datasheet():
     chip = load_chip("h100-sxm")
     assert chip.peak_flops("fp8") == pytest.approx(spec("h100-sxm", "tensor_tflops_fp8_dense") * 1e12,
                                                    rel=1e-4)
+
+
+def test_h200_matches_its_datasheet():
+    """H200 SXM datasheet: BF16 1,979, FP8 3,958 and TF32 989 TFLOPS with sparsity (half dense),
+    141 GB HBM3e at 4.8 TB/s, up to 700 W, NVLink 900 GB/s; DGX H200: 8 GPUs, 400 Gb/s each."""
+    chip, h100 = load_chip("h200-sxm"), load_chip("h100-sxm")
+    assert chip.peak_flops("bf16") == pytest.approx(1979e12 / 2, rel=1e-3)
+    assert chip.implied_peak_flops_per_s == pytest.approx(1979e12 / 2, rel=1e-3)
+    assert chip.peak_flops("fp8") == pytest.approx(3958e12 / 2, rel=1e-3)
+    assert chip.peak_flops("fp32") == pytest.approx(989e12 / 2, rel=1e-3)
+    assert (chip.hbm_bytes, chip.hbm_bandwidth_bytes_per_s, chip.tdp_w) == (141 * GiB, 4.8e12, 700)
+    assert [(lk.devices, 2 * lk.bandwidth_bytes_per_s) for lk in chip.links] == [(8, 900e9), (0, 100e9)]
+    # the same GH100 silicon as H100 SXM, and calibrated with it
+    assert (chip.tensor, chip.vector, chip.clock_hz, chip.family) == (h100.tensor, h100.vector, h100.clock_hz, "H100")
+    assert (chip.local_sram_bytes, chip.shared_buffer_bytes) == (h100.local_sram_bytes, h100.shared_buffer_bytes)
+
+
+def test_h200_silicon_is_the_six_stack_gh100():
+    """Six HBM3e stacks follow from the capacity alone (141 GiB over 24 GiB stacks), and the die
+    is the 96 GB HBM2e part's: the same GH100 with all six memory sites populated."""
+    from phaze.area import hbm_stacks, silicon
+    chip = load_chip("h200-sxm")
+    assert hbm_stacks(replace(chip, hbm_stacks=0)) == 6
+    assert silicon(chip).area_mm2 == pytest.approx(silicon(load_chip("h100-hbm2e-96gb-500w")).area_mm2)
+    assert silicon(chip).area_mm2 == pytest.approx(814, rel=0.02)
 
 
 @pytest.mark.parametrize("name", ["a100-80gb", "a100-40gb", "tpuv4"])

@@ -19,7 +19,7 @@ from phaze.power import (
 )
 from phaze.step import evaluate
 
-CHIPS = ("v100-sxm2-32gb", "a100-80gb", "a100-40gb", "h100-sxm", "h100-hbm2e-96gb-500w", "tpuv4")
+CHIPS = ("v100-sxm2-32gb", "a100-80gb", "a100-40gb", "h100-sxm", "h100-hbm2e-96gb-500w", "h200-sxm", "tpuv4")
 # one small, one mid-size, one large dense workload and a mixture of experts, at sizes that fit
 WORKLOADS = (("llama2-7b", 256, 1024), ("mpt-30b", 256, 512), ("gpt3-175b", 1024, 1536),
              ("mixtral-8x7b", 64, 256))
