@@ -40,6 +40,7 @@ from .placement import (
 )
 from .plan import (
     CP_COMMS,
+    CP_COMMS_ALLOWED,
     DP_SHARD_ALLOWED,
     PLAN_RECOMPUTE,
     RECOMPUTE,
@@ -274,7 +275,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + ("; grad_accum_fusion off" if not o.grad_accum_fusion and o.optimizer == "adam-megatron"
                               else "")
                            + (f"; dp_shard {dp_shard_text(o.dp_shard)}" if o.dp_shard else "")
-                           + (f"; cp_comm {o.cp_comm}" if o.cp_comm != "p2p" else ""))
+                           + (f"; cp_comm {','.join(o.cp_comms)}" if o.cp_comms != ("p2p",) else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
                       for r in routing_values(model, o)]
@@ -687,11 +688,15 @@ def _zero_list(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in values}))
 
 
-def _cp_comm(text: str) -> str:
+def _cp_comm(text: str) -> str | tuple[str, ...]:
+    """One exchange, or several (comma-separated) to search."""
     try:
-        return cp_comm_value(text)
+        values = tuple(dict.fromkeys(cp_comm_value(x) for x in text.split(",") if x.strip()))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"must be {CP_COMMS_ALLOWED}, or several joined by commas, got {text!r}")
+    return values[0] if len(values) == 1 else values
 
 
 def _dp_shard(text: str) -> int:
@@ -1219,9 +1224,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dp-shard", type=_dp_shard, default=None, metavar="all/node/N",
                     help="data-parallel ranks of a ZeRO shard group (zero 1-3): all (default), node (those inside "
                          "one node or pod slice: hybrid sharding, replicated across nodes) or N")
-    pl.add_argument("--cp-comm", type=_cp_comm, default=None, metavar="/".join(CP_COMMS),
+    pl.add_argument("--cp-comm", type=_cp_comm, default=None, metavar=",".join(CP_COMMS),
                     help="how context parallelism exchanges K and V: p2p (default; a ring), all_gather, a2a "
-                         "(Ulysses) or torch (PyTorch's context parallel)")
+                         "(Ulysses) or torch (PyTorch's context parallel); several, comma-separated, are searched")
     pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default=None,
                     help="attention kernel (default flash)")
     pl.add_argument("--reduce-fp32", action="store_true", help="fp32 gradients and reduction (Megatron's "

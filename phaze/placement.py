@@ -87,10 +87,17 @@ class PlacementOptions:
     loss: str = "torch"
     grad_accum_fusion: bool = True   # adam-megatron's weight-gradient GEMMs add into the main gradients
     dp_shard: int = 0           # data-parallel ranks of a ZeRO shard group (phaze.plan.Plan.dp_shard)
-    cp_comm: str = "p2p"        # context parallelism's K/V exchange (phaze.plan.Plan.cp_comm)
+    cp_comm: str | tuple[str, ...] = "p2p"   # context parallelism's K/V exchange, or the exchanges
+                                             # searched (phaze.plan.Plan.cp_comm; :attr:`cp_comms`)
     execution: str = ""         # how the chip's work is issued (phaze.arch.EXECUTION; "": the chip's)
     recompute_modules: tuple[str, ...] = ()   # what a selective stage re-runs (Megatron-Core's modules,
                                               # phaze.plan.RECOMPUTE_MODULES; empty: Megatron-LM's)
+
+    @property
+    def cp_comms(self) -> tuple[str, ...]:
+        """The K/V exchanges searched at cp > 1, in the given order (a layout at cp = 1 takes the
+        first: there is nothing to exchange)."""
+        return (self.cp_comm,) if isinstance(self.cp_comm, str) else tuple(dict.fromkeys(self.cp_comm))
 
     @property
     def zero_stages(self) -> tuple[int, ...]:
@@ -530,9 +537,10 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                 for zero in zeros:
                     if zero and 0 in zeros and devices // (tp * pp * cp) == 1:
                         continue      # nothing to shard over: the same plan as zero=0
-                    for vp, mbs, ep, etp, routing in itertools.product(
+                    comms = options.cp_comms if cp > 1 else options.cp_comms[:1]
+                    for vp, mbs, ep, etp, routing, comm in itertools.product(
                             vp_values(model, pp, options), sorted(set(options.mbs)), expert_widths(model, options),
-                            etp_values(model, tp, options), routing_values(model, options)):
+                            etp_values(model, tp, options), routing_values(model, options), comms):
                         sp = options.sp and tp > 1
                         plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=sp,
                                     attention=options.attention, optimizer=options.optimizer,
@@ -542,7 +550,7 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
                                     loss=options.loss, recompute_modules=options.recompute_modules,
                                     grad_accum_fusion=options.grad_accum_fusion, dp_shard=options.dp_shard,
-                                    cp_comm=options.cp_comm)
+                                    cp_comm=comm)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:
@@ -681,7 +689,8 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float
 def _variant_key(plan: Plan, zero: bool) -> tuple:
     """A layout without its interleaving (and without its ZeRO stage unless ``zero``): the
     fields :func:`layouts` varies, as a tuple (cheaper to build and hash than a Plan)."""
-    return (plan.tp, plan.pp, plan.cp, plan.mbs, plan.ep, plan.etp, plan.routing, plan.zero if zero else None)
+    return (plan.tp, plan.pp, plan.cp, plan.mbs, plan.ep, plan.etp, plan.routing, plan.cp_comm,
+            plan.zero if zero else None)
 
 
 def _group_weights(info: dict, members) -> tuple[float, float]:

@@ -27,6 +27,7 @@ from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
 from .plan import (
+    CP_COMMS_ALLOWED,
     DP_SHARD_ALLOWED,
     OPTIMIZERS,
     PLAN_RECOMPUTE,
@@ -637,13 +638,18 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
     return WorkloadSpec(model, devices, batch, weight, options, source, system)
 
 
-def _cp_comm(p: Fields) -> str:
-    """A workload's ``placement.cp_comm`` (:func:`phaze.plan.cp_comm_value`; default ``p2p``)."""
+def _cp_comm(p: Fields) -> str | tuple[str, ...]:
+    """A workload's ``placement.cp_comm`` (:func:`phaze.plan.cp_comm_value`; default ``p2p``): one
+    exchange, or a list of them to search."""
     raw = p._get("cp_comm", "p2p")
+    items = raw if isinstance(raw, list) else [raw]
     try:
-        return cp_comm_value(raw)
+        values = tuple(dict.fromkeys(cp_comm_value(x) for x in items))
     except ValueError as exc:
-        raise p.error("cp_comm", str(exc)) from None
+        raise p.error("cp_comm", str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
+    if not values:
+        raise p.error("cp_comm", f"must be {CP_COMMS_ALLOWED} or a non-empty list of them, got []")
+    return values[0] if len(values) == 1 else values
 
 
 def _dp_shard(p: Fields) -> int:

@@ -223,6 +223,61 @@ def test_place_keeps_the_exchange_it_is_given():
         assert cps == ({4} if mode == "a2a" else {4, 16}), (mode, cps)
 
 
+def test_place_searches_several_exchanges_exactly():
+    """Given several exchanges, ``place`` returns the best plans of them all: brute force, the
+    best of one search per exchange. Llama-3 8B at 128K tokens on four H100 nodes under the nemo
+    preset at tp 2, cp 16 (tp x cp over four nodes), where the gather wins; then a wider space (tp
+    1-2, cp 1-16, pp and ZeRO searched), whose top 12 are the 12 best of the four searches' top 12s
+    and whose cp = 1 layouts are one plan each, not four."""
+    from phaze.api import calibrated_efficiency, with_system
+    from phaze.framework import options_with
+    from phaze.placement import PlacementOptions, layouts, place
+    chip = with_system(load_chip("h100-sxm"), "dgx-h100-superpod").with_execution("eager")
+    eff = calibrated_efficiency(chip)
+
+    def search(model, devices, batch, comm, **kw):
+        options = options_with(FRAMEWORKS["nemo"], PlacementOptions(cp_comm=comm, mbs=(1,), recompute=("full",),
+                                                                    **kw), {"cp_comm"})[0]
+        return place(model, chip, devices, batch, options, eff, top=12, with_baseline=False)
+
+    for model, devices, batch, kw in ((load_model("llama3-8b", 131072), 32, 8, dict(tp=(2,), cp=(16,))),
+                                      (replace(LLAMA8B, seq_len=131072), 16, 4, dict(tp=(1, 2), cp=(1, 4, 16)))):
+        both, alone = search(model, devices, batch, CP_COMMS, **kw), {m: search(model, devices, batch, m, **kw)
+                                                                     for m in CP_COMMS}
+        best = min((r.best for r in alone.values() if r.best), key=lambda p: p.result.step_time_s)
+        assert both.best.result.step_time_s == best.result.step_time_s and both.best.plan == best.plan
+        # by label: a cp = 1 plan is the same plan whatever exchange it was given
+        union = {p.plan.label(): p.result.step_time_s for r in alone.values() for p in r.top}
+        joint = {p.plan.label(): p.result.step_time_s for p in both.top}
+        assert all(union[k] == t for k, t in joint.items())
+        assert sorted(joint.values()) == sorted(union.values())[:len(joint)]
+        if model.layers == 32:
+            assert (best.plan.tp, best.plan.cp, best.plan.cp_comm) == (2, 16, "all_gather")
+        else:
+            assert len(joint) == 12 and {p.plan.cp_comm for p in both.top if p.plan.cp > 1} >= {"p2p", "torch"}
+            plans = list(layouts(model, devices, batch, PlacementOptions(cp_comm=CP_COMMS, **kw)))
+            assert {p.cp_comm for p in plans if p.cp == 1} == {"p2p"}
+            assert {p.cp_comm for p in plans if p.cp == 16} == {"p2p", "all_gather", "torch"}   # a2a: 8 kv heads
+            assert {p.cp_comm for p in plans if p.cp == 4} == set(CP_COMMS)
+
+
+def test_several_exchanges_from_the_flag_and_the_sweep(tmp_path):
+    from test_space import placement_options
+
+    from phaze.cli import _cp_comm
+    assert _cp_comm("p2p") == "p2p" and _cp_comm("P2P,all_gather,p2p") == ("p2p", "all_gather")
+    with pytest.raises(Exception, match="a2a\\+p2p .*is not modelled"):
+        _cp_comm("p2p,a2a+p2p")
+    with pytest.raises(Exception, match="or several joined by commas"):
+        _cp_comm(",")
+    assert placement_options(tmp_path, {"cp_comm": ["torch", "a2a"]}).cp_comms == ("torch", "a2a")
+    assert placement_options(tmp_path, {"cp_comm": ["torch"]}).cp_comm == "torch"
+    with pytest.raises(ConfigError, match="must be one of p2p, all_gather, a2a, torch.* \\(or a list of them\\)"):
+        placement_options(tmp_path, {"cp_comm": ["p2p", "ring"]})
+    with pytest.raises(ConfigError, match="a non-empty list"):
+        placement_options(tmp_path, {"cp_comm": []})
+
+
 def test_the_printout_says_the_exchange():
     from phaze.cli import format_result
     model = replace(LLAMA8B, seq_len=8192)
