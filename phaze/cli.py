@@ -274,7 +274,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + (f"; loss {o.loss}" if o.loss != "torch" else "")
                            + ("; grad_accum_fusion off" if not o.grad_accum_fusion and o.optimizer == "adam-megatron"
                               else "")
-                           + (f"; dp_shard {dp_shard_text(o.dp_shard)}" if o.dp_shard else "")
+                           + (f"; dp_shard {','.join(map(dp_shard_text, o.dp_shards))}" if o.dp_shards != (0,) else "")
                            + (f"; cp_comm {','.join(o.cp_comms)}" if o.cp_comms != ("p2p",) else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
@@ -699,11 +699,13 @@ def _cp_comm(text: str) -> str | tuple[str, ...]:
     return values[0] if len(values) == 1 else values
 
 
-def _dp_shard(text: str) -> int:
-    value = dp_shard_value(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(f"must be {DP_SHARD_ALLOWED}, got {text[:40]!r}")
-    return value
+def _dp_shard(text: str) -> int | tuple[int, ...]:
+    """One shard grouping, or several (comma-separated) to search."""
+    values = [dp_shard_value(x) for x in text.split(",") if x.strip()]
+    if not values or None in values:
+        raise argparse.ArgumentTypeError(f"must be {DP_SHARD_ALLOWED}, or several joined by commas, got {text[:40]!r}")
+    values = tuple(dict.fromkeys(values))
+    return values[0] if len(values) == 1 else values
 
 
 class _Ticker:
@@ -1221,9 +1223,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="MoE routings to search: forced, dropless, capacity (default: the model's own)")
     pl.add_argument("--zero", type=_zero_list, default=None,
                     help="ZeRO stages to search (default 0,1: none and the distributed optimizer; 0,1,2,3 all)")
-    pl.add_argument("--dp-shard", type=_dp_shard, default=None, metavar="all/node/N",
+    pl.add_argument("--dp-shard", type=_dp_shard, default=None, metavar="all,node,N",
                     help="data-parallel ranks of a ZeRO shard group (zero 1-3): all (default), node (those inside "
-                         "one node or pod slice: hybrid sharding, replicated across nodes) or N")
+                         "one node or pod slice: hybrid sharding, replicated across nodes) or N; several, "
+                         "comma-separated, are searched")
     pl.add_argument("--cp-comm", type=_cp_comm, default=None, metavar=",".join(CP_COMMS),
                     help="how context parallelism exchanges K and V: p2p (default; a ring), all_gather, a2a "
                          "(Ulysses) or torch (PyTorch's context parallel); several, comma-separated, are searched")

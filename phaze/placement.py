@@ -42,6 +42,7 @@ from .step import (
     mode_cost_bounds,
     mode_cost_upper,
     mode_layout,
+    shard_ranks,
     stage_costs,
     stage_layers,
 )
@@ -86,12 +87,19 @@ class PlacementOptions:
     dp_overlap_flat: bool = False   # dp_overlap only in plans without pipeline and sequence parallelism
     loss: str = "torch"
     grad_accum_fusion: bool = True   # adam-megatron's weight-gradient GEMMs add into the main gradients
-    dp_shard: int = 0           # data-parallel ranks of a ZeRO shard group (phaze.plan.Plan.dp_shard)
+    dp_shard: int | tuple[int, ...] = 0   # data-parallel ranks of a ZeRO shard group, or the groupings
+                                          # searched (phaze.plan.Plan.dp_shard; :attr:`dp_shards`)
     cp_comm: str | tuple[str, ...] = "p2p"   # context parallelism's K/V exchange, or the exchanges
                                              # searched (phaze.plan.Plan.cp_comm; :attr:`cp_comms`)
     execution: str = ""         # how the chip's work is issued (phaze.arch.EXECUTION; "": the chip's)
     recompute_modules: tuple[str, ...] = ()   # what a selective stage re-runs (Megatron-Core's modules,
                                               # phaze.plan.RECOMPUTE_MODULES; empty: Megatron-LM's)
+
+    @property
+    def dp_shards(self) -> tuple[int, ...]:
+        """The ZeRO shard groupings searched with zero > 0, in the given order (a layout without
+        ZeRO takes the first: nothing is sharded)."""
+        return (self.dp_shard,) if isinstance(self.dp_shard, int) else tuple(dict.fromkeys(self.dp_shard))
 
     @property
     def cp_comms(self) -> tuple[str, ...]:
@@ -522,8 +530,10 @@ def routing_values(model: Model, options: PlacementOptions) -> tuple[str, ...]:
     return tuple(dict.fromkeys(options.routing)) if options.routing else ("",)
 
 
-def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions):
-    """Every valid layout of the option space, as base plans."""
+def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions, chip: Chip | None = None):
+    """Every valid layout of the option space, as base plans. With ``chip``, of the shard groupings
+    (``dp_shard``) that give a layout the same group of ranks on it only the first is kept: they
+    are the same plan."""
     zeros = options.zero_stages
     for tp in sorted(set(options.tp)):
         if tp > devices or devices % tp:
@@ -538,9 +548,11 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                     if zero and 0 in zeros and devices // (tp * pp * cp) == 1:
                         continue      # nothing to shard over: the same plan as zero=0
                     comms = options.cp_comms if cp > 1 else options.cp_comms[:1]
-                    for vp, mbs, ep, etp, routing, comm in itertools.product(
+                    shards = options.dp_shards if zero else options.dp_shards[:1]
+                    seen: set = set()
+                    for vp, mbs, ep, etp, routing, comm, shard in itertools.product(
                             vp_values(model, pp, options), sorted(set(options.mbs)), expert_widths(model, options),
-                            etp_values(model, tp, options), routing_values(model, options), comms):
+                            etp_values(model, tp, options), routing_values(model, options), comms, shards):
                         sp = options.sp and tp > 1
                         plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=sp,
                                     attention=options.attention, optimizer=options.optimizer,
@@ -549,12 +561,17 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     tp_overlap=options.tp_overlap,
                                     dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
                                     loss=options.loss, recompute_modules=options.recompute_modules,
-                                    grad_accum_fusion=options.grad_accum_fusion, dp_shard=options.dp_shard,
+                                    grad_accum_fusion=options.grad_accum_fusion, dp_shard=shard,
                                     cp_comm=comm)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:
                             continue
+                        if len(shards) > 1 and chip is not None:
+                            same = (vp, mbs, ep, etp, routing, comm, shard_ranks(plan, devices, chip))
+                            if same in seen:
+                                continue
+                            seen.add(same)
                         yield plan
 
 
@@ -689,7 +706,7 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float
 def _variant_key(plan: Plan, zero: bool) -> tuple:
     """A layout without its interleaving (and without its ZeRO stage unless ``zero``): the
     fields :func:`layouts` varies, as a tuple (cheaper to build and hash than a Plan)."""
-    return (plan.tp, plan.pp, plan.cp, plan.mbs, plan.ep, plan.etp, plan.routing, plan.cp_comm,
+    return (plan.tp, plan.pp, plan.cp, plan.mbs, plan.ep, plan.etp, plan.routing, plan.cp_comm, plan.dp_shard,
             plan.zero if zero else None)
 
 
@@ -760,7 +777,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     considered = feasible = 0
     flat: dict = {}         # a layout without interleaving -> its index (if some split fits)
     late_base: list = []    # interleaved layouts whose Megatron-style candidate is built on demand
-    for base in layouts(model, devices, global_batch, options):
+    for base in layouts(model, devices, global_batch, options, chip):
         considered += 1
         L, pp = model.layers, base.pp
         interleaved = base.vp > 1 and not exhaustive and 1 in vp_values(model, pp, options)
@@ -937,7 +954,7 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
     chip = chip.with_execution(options.execution)
     modes = tuple(r for r in PLAN_RECOMPUTE if r in options.recompute)
     cands = []
-    for base in layouts(model, devices, global_batch, options):
+    for base in layouts(model, devices, global_batch, options, chip):
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
         lb_costs = _bound_costs(costs, modes)
         cands.append((_quick_bound(lb_costs, modes), len(cands), base, lb_costs))
@@ -998,7 +1015,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
         tail_ub = float(tails.max()) if tails.size else 0.0
         rows.append((base, costs, lb_costs, opts, allowed, tail_ub, ub[0] if ub else math.inf))
 
-    for base in layouts(model, devices, global_batch, options):
+    for base in layouts(model, devices, global_batch, options, chip):
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
         allowed = _allowed_n(L, base.pp, base.vp)
         lb_costs = _bound_costs(costs, modes)

@@ -652,14 +652,16 @@ def _cp_comm(p: Fields) -> str | tuple[str, ...]:
     return values[0] if len(values) == 1 else values
 
 
-def _dp_shard(p: Fields) -> int:
+def _dp_shard(p: Fields) -> int | tuple[int, ...]:
     """A workload's ``placement.dp_shard``: ``all`` (default), ``node`` or a positive count up to
-    ``MAX_DEVICES`` (:attr:`phaze.plan.Plan.dp_shard`)."""
+    ``MAX_DEVICES`` (:attr:`phaze.plan.Plan.dp_shard`), or a non-empty list of them to search."""
     raw = p._get("dp_shard", "all")
-    value = dp_shard_value(raw)
-    if value is None or value > MAX_DEVICES:
-        raise p.error("dp_shard", f"must be {DP_SHARD_ALLOWED}, up to {MAX_DEVICES:,}, got {quote(raw)}")
-    return value
+    values = [dp_shard_value(x) for x in (raw if isinstance(raw, list) else [raw])]
+    if not values or any(v is None or v > MAX_DEVICES for v in values):
+        raise p.error("dp_shard", f"must be {DP_SHARD_ALLOWED}, up to {MAX_DEVICES:,}"
+                      + (", or a non-empty list of them" if isinstance(raw, list) else "") + f", got {quote(raw)}")
+    values = tuple(dict.fromkeys(values))
+    return values[0] if len(values) == 1 else values
 
 
 def study_name_ok(name: str) -> bool:

@@ -182,3 +182,42 @@ def test_the_row_column_takes_the_preset_unless_it_says():
     # a count that neither divides dp (4) nor is a multiple of it is refused with the plan's reason
     r = v.row_to_case(synthetic(zero_stage="1", dp_shard="3"))
     assert not isinstance(r, v.Case) and "dp_shard" in r.reason
+
+
+def test_place_searches_several_groupings_exactly(llama, dgx):
+    """Given several shard groupings, ``place`` returns the best plans of them all: the 10 best
+    of the single-grouping searches' top 10s (brute force), with the same times. A grouping that
+    gives a layout the same ranks as an earlier one is not a second plan: on one node, ``node``
+    is every rank."""
+    from phaze.placement import PlacementOptions, layouts, place
+    kw = dict(tp=(1, 2, 8), mbs=(1,), recompute=("full",), zero=(0, 1, 3), vp=(1,))
+
+    def search(shard, devices=32):
+        return place(llama, dgx, devices, 64, PlacementOptions(dp_shard=shard, **kw), top=10, with_baseline=False)
+    both, alone = search((0, DP_SHARD_NODE, 2)), {s: search(s) for s in (0, DP_SHARD_NODE, 2)}
+    union = {p.plan.label(): p.result.step_time_s for r in alone.values() for p in r.top}
+    joint = {p.plan.label(): p.result.step_time_s for p in both.top}
+    assert len(joint) == 10 and all(union[k] == t for k, t in joint.items())
+    assert sorted(joint.values()) == sorted(union.values())[:10]
+    assert {p.plan.dp_shard for p in both.top if p.plan.zero} == {0, DP_SHARD_NODE, 2}
+    # one node: node is every rank, so it adds no layout; 2 is a group of its own
+    one = PlacementOptions(dp_shard=(0, DP_SHARD_NODE), **kw)
+    assert (list(layouts(llama, 8, 64, one, dgx))
+            == list(layouts(llama, 8, 64, PlacementOptions(dp_shard=0, **kw), dgx)))
+    two = PlacementOptions(dp_shard=(0, 2), **kw)
+    assert {p.dp_shard for p in layouts(llama, 8, 64, two, dgx) if p.zero and p.tp == 1} == {0, 2}
+    assert {p.dp_shard for p in layouts(llama, 8, 64, two, dgx) if not p.zero} == {0}
+
+
+def test_several_groupings_from_the_flag_and_the_sweep(tmp_path):
+    from test_space import placement_options
+
+    from phaze.cli import _dp_shard
+    assert _dp_shard("node") == DP_SHARD_NODE and _dp_shard("all,Node,8,all") == (0, DP_SHARD_NODE, 8)
+    with pytest.raises(Exception, match="or several joined by commas"):
+        _dp_shard("all,half")
+    assert placement_options(tmp_path, {"dp_shard": ["node", 4]}).dp_shards == (DP_SHARD_NODE, 4)
+    assert placement_options(tmp_path, {"dp_shard": ["all"]}).dp_shard == 0
+    for bad in ([], ["all", "half"]):
+        with pytest.raises(ConfigError, match="or a non-empty list of them"):
+            placement_options(tmp_path, {"dp_shard": bad})
