@@ -780,9 +780,11 @@ def _act_bytes(model: Model, plan: Plan, r: str) -> float:
 
 def _cp_blocks(model: Model, plan: Plan) -> tuple[float, float, float]:
     """Bytes one context-parallel rank holds per layer and micro-batch: its K and V, its Q, and
-    its attention output (``tp``'s share of the heads, ``seq/cp`` tokens, 16-bit)."""
+    its attention output (``tp``'s share of the heads, ``seq/cp`` tokens, 16-bit). V is as wide as
+    the value heads (MLA's 128 beside its 192-wide keys)."""
     tokens = model.bytes_per_element * plan.mbs * (model.seq_len // plan.cp)
-    return (2 * tokens * kv_width(model, plan.tp), tokens * (model.q_dim // plan.tp),
+    kv_heads = kv_width(model, plan.tp) // model.head_dim
+    return (tokens * kv_heads * (model.head_dim + model.v_head_dim), tokens * (model.q_dim // plan.tp),
             tokens * (model.o_dim // plan.tp))
 
 

@@ -99,6 +99,17 @@ def test_bytes_sent_by_hand():
     assert cp_sent_bytes(LLAMA8B, Plan(cp_comm="torch"), "full") == 0.0
 
 
+def test_mla_values_are_narrower_than_its_keys():
+    """DeepSeek-V3's MLA attends with 128 heads of 192-wide keys (128 + 64 rotary) and 128-wide
+    values: at tp 8, cp 2 and 4,096 tokens a rank holds 2,048 tokens x 16 heads x (192 + 128) x 2
+    bytes of K and V, not 2 x 192; the ring sends it 3 times (forward, backward, dK/dV)."""
+    ds = load_model("deepseek-v3", 4096)
+    assert (ds.head_dim, ds.v_head_dim, ds.heads, ds.kv_heads) == (192, 128, 128, 128)
+    kv = 2048 * 16 * (192 + 128) * 2
+    assert cp_sent_bytes(ds, Plan(tp=8, cp=2), "none") == 3 * kv
+    assert cp_transient_bytes(ds, Plan(tp=8, cp=2, cp_comm="all_gather")) == 2 * kv
+
+
 def test_power_model_counts_the_exchange():
     """The power model's link traffic: 4 layers x 4 micro-batches (global batch 8 over dp 2) of
     each mode's bytes; the modes differ from p2p by exactly that."""
