@@ -34,6 +34,8 @@ from .placement import (
     Placement,
     PlacementOptions,
     cp_values,
+    dispatcher_values,
+    ep_overlap_values,
     expert_widths,
     place,
     routing_values,
@@ -41,6 +43,7 @@ from .placement import (
 from .plan import (
     CP_COMMS,
     CP_COMMS_ALLOWED,
+    DISPATCHERS,
     DP_SHARD_ALLOWED,
     PLAN_RECOMPUTE,
     RECOMPUTE,
@@ -281,7 +284,9 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                       for r in routing_values(model, o)]
             out["searched"] += (f"; ep {','.join(map(str, expert_widths(model, o)))}; etp "
                                 + (','.join(map(str, o.etp)) if o.etp else "1 and tp")
-                                + f"; routing {', '.join(routes)}")
+                                + f"; routing {', '.join(routes)}"
+                                + f"; dispatcher {','.join(d or 'alltoall' for d in dispatcher_values(model, o))}"
+                                + "; ep_overlap " + ",".join("on" if x else "off" for x in ep_overlap_values(model, o)))
         tp = max(o.tp)
     out["execution"] = (f"{chip.execution}: " + {
         "eager": "the host dispatches each kernel (host and launch overhead per kernel)",
@@ -681,6 +686,22 @@ def _routing_list(text: str) -> tuple[str, ...]:
     return values
 
 
+def _dispatcher_list(text: str) -> tuple[str, ...]:
+    values = tuple(dict.fromkeys(x.strip().lower() for x in text.split(",") if x.strip()))
+    if not values or any(v not in DISPATCHERS for v in values):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated subset of {','.join(DISPATCHERS)}, "
+                                         f"got {text[:40]!r}")
+    return values
+
+
+def _switch_list(text: str) -> tuple[bool, ...]:
+    words = {"0": False, "off": False, "no": False, "1": True, "on": True, "yes": True}
+    values = tuple(dict.fromkeys(words.get(x.strip().lower()) for x in text.split(",") if x.strip()))
+    if not values or None in values:
+        raise argparse.ArgumentTypeError(f"must be off, on or both (0,1), got {text[:40]!r}")
+    return values
+
+
 def _zero_list(text: str) -> tuple[int, ...]:
     values = tuple(x.strip() for x in text.split(",") if x.strip())
     if not values or any(v not in ("0", "1", "2", "3") for v in values):
@@ -748,7 +769,8 @@ def cmd_place(args) -> int:
                                attention=args.attention or "flash",
                                memory_reserve=args.memory_reserve, reduce_fp32=args.reduce_fp32,
                                ep=args.ep or (), cp=args.cp or (), etp=args.etp or (),
-                               routing=args.routing or (), recompute_modules=args.recompute_modules or (),
+                               routing=args.routing or (), dispatcher=args.dispatcher or (),
+                               ep_overlap=args.ep_overlap or (), recompute_modules=args.recompute_modules or (),
                                dp_shard=args.dp_shard or 0, cp_comm=args.cp_comm or "p2p")
     preset = None
     if args.framework:
@@ -1221,6 +1243,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="expert tensor-parallel widths of a mixture of experts (default 1 and tp)")
     pl.add_argument("--routing", type=_routing_list, default=None,
                     help="MoE routings to search: forced, dropless, capacity (default: the model's own)")
+    pl.add_argument("--dispatcher", type=_dispatcher_list, default=None,
+                    help="MoE token dispatchers to search: alltoall, deepep (default: alltoall)")
+    pl.add_argument("--ep-overlap", type=_switch_list, default=None, metavar="off,on",
+                    help="MoE all-to-all overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) to search: "
+                         "off, on or both (default: off)")
     pl.add_argument("--zero", type=_zero_list, default=None,
                     help="ZeRO stages to search (default 0,1: none and the distributed optimizer; 0,1,2,3 all)")
     pl.add_argument("--dp-shard", type=_dp_shard, default=None, metavar="all,node,N",

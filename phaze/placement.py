@@ -37,6 +37,7 @@ from .step import (
     check_plan,
     critical_weight,
     evaluate,
+    expert_layout,
     inflight_micro_batches,
     layout_of,
     mode_cost_bounds,
@@ -81,6 +82,8 @@ class PlacementOptions:
     cp: tuple[int, ...] = ()    # context parallel widths (empty: :func:`cp_values`)
     etp: tuple[int, ...] = ()   # expert tensor parallel widths (empty: :func:`etp_values`)
     routing: tuple[str, ...] = ()   # MoE routings to search (empty: the model's own)
+    dispatcher: tuple[str, ...] = ()   # MoE token dispatchers to search (empty: the plan's default, alltoall)
+    ep_overlap: tuple[bool, ...] = ()  # MoE all-to-all overlap settings to search (empty: off)
     tp_async: bool = False      # every plan's tp_async, tp_overlap, dp_overlap and loss (a framework's defaults)
     tp_overlap: bool = False
     dp_overlap: bool = True
@@ -222,6 +225,8 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
     full_layers = None
     longer: list = []       # more block columns: (time, tail, memory, layers re-run whole)
     for k, r in enumerate(modes):
+        if costs.plan.ep_overlap and r in ("full", "block"):
+            continue        # Megatron-Core refuses them beside the all-to-all overlap (phaze.step)
         if r == "block":
             # the stages' memory without recompute (the none column's, when built before)
             none = mem[:, idx, modes.index("none")] if "none" in modes[:k] else costs.memory_table("none", ns)
@@ -530,11 +535,27 @@ def routing_values(model: Model, options: PlacementOptions) -> tuple[str, ...]:
     return tuple(dict.fromkeys(options.routing)) if options.routing else ("",)
 
 
+def dispatcher_values(model: Model, options: PlacementOptions) -> tuple[str, ...]:
+    """MoE token dispatchers searched: the listed ones (``alltoall`` as the plan's default, ""),
+    or the default; a dense model has none."""
+    if not (model.moe and options.dispatcher):
+        return ("",)
+    return tuple(dict.fromkeys("" if d == "alltoall" else d for d in options.dispatcher))
+
+
+def ep_overlap_values(model: Model, options: PlacementOptions) -> tuple[bool, ...]:
+    """MoE all-to-all overlap searched: the listed settings, or off; a dense model has none."""
+    return tuple(dict.fromkeys(options.ep_overlap)) if model.moe and options.ep_overlap else (False,)
+
+
 def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions, chip: Chip | None = None):
     """Every valid layout of the option space, as base plans. With ``chip``, of the shard groupings
-    (``dp_shard``) that give a layout the same group of ranks on it only the first is kept: they
-    are the same plan."""
+    (``dp_shard``) and dispatchers that give a layout the same group of ranks and the same expert
+    layout on it (DeepEP inside one node is the flat all-to-all) only the first is kept: they are
+    the same plan."""
     zeros = options.zero_stages
+    dispatchers, overlaps = dispatcher_values(model, options), ep_overlap_values(model, options)
+    same_plans = chip is not None and (len(options.dp_shards) > 1 or len(dispatchers) > 1)
     for tp in sorted(set(options.tp)):
         if tp > devices or devices % tp:
             continue
@@ -550,9 +571,10 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                     comms = options.cp_comms if cp > 1 else options.cp_comms[:1]
                     shards = options.dp_shards if zero else options.dp_shards[:1]
                     seen: set = set()
-                    for vp, mbs, ep, etp, routing, comm, shard in itertools.product(
+                    for vp, mbs, ep, etp, routing, comm, shard, disp, overlap in itertools.product(
                             vp_values(model, pp, options), sorted(set(options.mbs)), expert_widths(model, options),
-                            etp_values(model, tp, options), routing_values(model, options), comms, shards):
+                            etp_values(model, tp, options), routing_values(model, options), comms, shards,
+                            dispatchers, overlaps):
                         sp = options.sp and tp > 1
                         plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=sp,
                                     attention=options.attention, optimizer=options.optimizer,
@@ -562,13 +584,14 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
                                     loss=options.loss, recompute_modules=options.recompute_modules,
                                     grad_accum_fusion=options.grad_accum_fusion, dp_shard=shard,
-                                    cp_comm=comm)
+                                    cp_comm=comm, dispatcher=disp, ep_overlap=overlap)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:
                             continue
-                        if len(shards) > 1 and chip is not None:
-                            same = (vp, mbs, ep, etp, routing, comm, shard_ranks(plan, devices, chip))
+                        if same_plans:
+                            same = (vp, mbs, ep, etp, routing, comm, overlap, shard_ranks(plan, devices, chip),
+                                    expert_layout(model, plan, chip))
                             if same in seen:
                                 continue
                             seen.add(same)
@@ -707,7 +730,7 @@ def _variant_key(plan: Plan, zero: bool) -> tuple:
     """A layout without its interleaving (and without its ZeRO stage unless ``zero``): the
     fields :func:`layouts` varies, as a tuple (cheaper to build and hash than a Plan)."""
     return (plan.tp, plan.pp, plan.cp, plan.mbs, plan.ep, plan.etp, plan.routing, plan.cp_comm, plan.dp_shard,
-            plan.zero if zero else None)
+            plan.dispatcher, plan.ep_overlap, plan.zero if zero else None)
 
 
 def _group_weights(info: dict, members) -> tuple[float, float]:

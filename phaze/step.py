@@ -404,10 +404,12 @@ def _check_experts(model: Model, plan: Plan, dp: int) -> None:
     def divisors(n):
         return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
     if not model.moe:
-        if plan.ep > 1 or plan.etp > 1:
-            raise ConfigError("--plan", "ep" if plan.ep > 1 else "etp",
-                              f"{model.name} has no experts; allowed: 1")
+        if plan.ep > 1 or plan.etp > 1 or plan.ep_overlap:
+            raise ConfigError("--plan", "ep" if plan.ep > 1 else "etp" if plan.etp > 1 else "ep_overlap",
+                              f"{model.name} has no experts; allowed: {0 if plan.ep_overlap else 1}")
         return
+    if plan.ep_overlap:
+        _check_ep_overlap(model, plan)
     ranks = plan.tp * plan.cp * dp
     if model.experts % plan.ep or ranks % (plan.ep * plan.etp):
         raise ConfigError("--plan", "ep", f"must divide the experts ({model.experts}) and tp*cp*dp/etp "
@@ -417,6 +419,18 @@ def _check_experts(model: Model, plan: Plan, dp: int) -> None:
         raise ConfigError("--plan", "etp", f"must divide the expert FFN width ({model.expert_ffn}) and "
                                            f"tp*cp*dp ({ranks}); allowed: "
                                            f"{divisors(math.gcd(model.expert_ffn, ranks))}")
+
+
+def _check_ep_overlap(model: Model, plan: Plan) -> None:
+    """What Megatron-Core 0.16 requires of ``--overlap-moe-expert-parallel-comm``
+    (transformer_config.py ``__post_init__``): expert parallelism, an interleaved pipeline when
+    pp > 1, no full or block recompute, a 16-bit (or fp8) model."""
+    why = ("ep > 1" if plan.ep == 1 else "vp > 1 when pp > 1" if plan.pp > 1 and plan.vp == 1
+           else "no full or block recompute" if {"full", "block"} & set(plan.stage_modes()[0])
+           else "a bf16, fp16 or fp8 model" if model.precision == "fp32" else "")
+    if why:
+        raise ConfigError("--plan", "ep_overlap", f"needs {why} (Megatron-Core's "
+                                                  "--overlap-moe-expert-parallel-comm); allowed: 0 here")
 
 
 def inflight_micro_batches(pp: int, v: int, m: int, i):

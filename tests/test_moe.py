@@ -467,3 +467,72 @@ def test_router_groups_in_a_workload_file_are_checked(tmp_path):
         assert exc.value.field == field, (changes, str(exc.value))
     path.write_text(yaml.safe_dump(dict(base, router_groups=4, router_group_topk=2)))
     assert (load_model(str(path)).router_groups, load_model(str(path)).router_group_topk) == (4, 2)
+
+
+def test_ep_overlap_takes_what_megatron_core_requires():
+    """Megatron-Core 0.16's --overlap-moe-expert-parallel-comm needs ep > 1, an interleaved
+    pipeline when pp > 1 and no full or block recompute (transformer_config.py); a dense model has
+    no experts to overlap."""
+    from phaze.step import check_plan
+    qwen = load_model("qwen3-235b-a22b")
+    check_plan(qwen, 256, 2048, Plan(tp=2, pp=8, vp=4, ep=32, recompute="selective", ep_overlap=True))
+    check_plan(qwen, 256, 2048, Plan(tp=2, pp=1, ep=32, ep_overlap=True))
+    for plan, words in ((Plan(tp=2, pp=8, vp=4, ep=1, ep_overlap=True), "needs ep > 1"),
+                        (Plan(tp=2, pp=8, ep=32, ep_overlap=True), "needs vp > 1 when pp > 1"),
+                        (Plan(tp=2, pp=8, vp=4, ep=32, recompute="full", ep_overlap=True), "no full or block"),
+                        (Plan(tp=2, pp=2, vp=4, ep=32, ep_overlap=True, stages=(47, 47),
+                              stage_recompute=("block", "none"), recompute_layers=(2, 0)), "no full or block")):
+        with pytest.raises(ConfigError, match=f"ep_overlap.*{words}.*allowed: 0 here"):
+            check_plan(qwen, 256, 2048, plan)
+    with pytest.raises(ConfigError, match="ep_overlap.*has no experts; allowed: 0"):
+        check_plan(load_model("llama3-8b"), 8, 8, Plan(ep_overlap=True))
+
+
+def test_place_searches_dispatchers_and_overlap_exactly():
+    """Given both dispatchers and both overlap settings, ``place`` returns the best plans of the
+    four single searches' (brute force), with the same times; DeepEP inside one node is the flat
+    all-to-all (no second plan); an overlapped plan never runs a full or block stage."""
+    from phaze.api import calibrated_efficiency, with_system
+    from phaze.placement import PlacementOptions, layouts, place
+    mixtral = load_model("mixtral-8x7b")
+    chip = with_system(load_chip("h100-sxm"), "dgx-h100-superpod").with_execution("eager")
+    eff = calibrated_efficiency(chip)
+    kw = dict(tp=(1, 2), mbs=(1,), ep=(8, 16), recompute=("none", "selective", "full"))
+
+    def search(disp, overlap):
+        return place(mixtral, chip, 64, 256, PlacementOptions(dispatcher=disp, ep_overlap=overlap, **kw), eff,
+                     top=10, with_baseline=False)
+    from phaze.step import expert_layout
+
+    def same(plan):     # DeepEP whose ranks sit on one node is the flat all-to-all's plan
+        return replace(plan, dispatcher="").label(), expert_layout(mixtral, plan, chip)
+    joint = search(("alltoall", "deepep"), (False, True))
+    alone = [search((d,), (o,)) for d in ("alltoall", "deepep") for o in (False, True)]
+    union = {same(p.plan): p.result.step_time_s for r in alone for p in r.top}
+    got = {same(p.plan): p.result.step_time_s for p in joint.top}
+    assert len(got) == 10 and all(union[k] == t for k, t in got.items())
+    assert sorted(got.values()) == sorted(union.values())[:10]
+    assert joint.best.plan.ep_overlap and joint.best.result.step_time_s < alone[0].best.result.step_time_s
+    for r in (joint, *alone):
+        assert all(not ({"full", "block"} & set(p.plan.stage_modes()[0])) for p in r.top if p.plan.ep_overlap)
+    plans = list(layouts(mixtral, 64, 256, PlacementOptions(dispatcher=("alltoall", "deepep"), **kw), chip))
+    assert {p.dispatcher for p in plans if p.ep * p.etp == 8} == {""}           # one node: the same plan
+    assert {p.dispatcher for p in plans if p.ep * p.etp == 16} == {"", "deepep"}   # two nodes
+
+
+def test_dispatchers_and_overlap_from_the_flag_and_the_sweep(tmp_path):
+    from test_space import placement_options
+
+    from phaze.cli import _dispatcher_list, _switch_list
+    assert _dispatcher_list("DeepEP,alltoall") == ("deepep", "alltoall")
+    assert _switch_list("on,0,off") == (True, False)
+    for parse, bad in ((_dispatcher_list, "flex"), (_switch_list, "maybe")):
+        with pytest.raises(Exception, match="must be"):
+            parse(bad)
+    o = placement_options(tmp_path, {"dispatcher": ["deepep", "alltoall"], "ep_overlap": [True, False]})
+    assert (o.dispatcher, o.ep_overlap) == (("deepep", "alltoall"), (True, False))
+    assert placement_options(tmp_path, {"dispatcher": "deepep", "ep_overlap": True}).dispatcher == ("deepep",)
+    for key, bad in (("dispatcher", "flex"), ("dispatcher", []), ("ep_overlap", "yes"), ("ep_overlap", [])):
+        with pytest.raises(ConfigError) as e:
+            placement_options(tmp_path, {key: bad})
+        assert e.value.field == f"workloads[0].placement.{key}" and "non-empty list" in e.value.message
