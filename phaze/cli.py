@@ -1170,7 +1170,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "recompute (none/selective/op/full/block), recompute_layers (block: layers re-run whole, one "
                     "count or one per stage), recompute_modules (selective: Megatron-Core modules joined by '+', "
                     "core_attn/moe_act/layernorm/mla_up_proj/mlp/moe/shared_experts), sp, vp, cp, cp_comm "
-                    "(p2p/all_gather/a2a/torch), zero (0-3), "
+                    "(p2p/all_gather/a2a/a2a+p2p/torch), cp_a2a (a2a+p2p: ranks of an all-to-all group), "
+                    "zero (0-3), "
                     "attention (flash/flash2/standard), "
                     "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "loss (torch/megatron), grad_accum_fusion (adam-megatron), dp_shard (all/node/N, zero 1-3), "
@@ -1256,7 +1257,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "comma-separated, are searched")
     pl.add_argument("--cp-comm", type=_cp_comm, default=None, metavar=",".join(CP_COMMS),
                     help="how context parallelism exchanges K and V: p2p (default; a ring), all_gather, a2a "
-                         "(Ulysses) or torch (PyTorch's context parallel); several, comma-separated, are searched")
+                         "(Ulysses), a2a+p2p (Ulysses in groups, a ring across them: every group size searched) "
+                         "or torch (PyTorch's context parallel); several, comma-separated, are searched")
     pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default=None,
                     help="attention kernel (default flash)")
     pl.add_argument("--reduce-fp32", action="store_true", help="fp32 gradients and reduction (Megatron's "

@@ -201,14 +201,19 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
     sequence divided over cp ranks: ``work * cp`` blocks. Ring attention with causal load
     balancing (Megatron / torchtitan: 2cp chunks, rank i holds chunks i and 2cp-1-i) runs cp steps,
     each over half a block (the diagonal step causally, the others on one half of the queries or
-    keys); a sliding window in every layer only needs the steps whose blocks it reaches."""
+    keys); a sliding window in every layer only needs the steps whose blocks it reaches.
+    Hierarchical (``a2a+p2p``): after the all-to-all inside a group of ``a`` ranks a rank holds
+    ``a s`` queries of a-th of the heads, and the ring runs over the cp / a groups, each step over
+    an (a s) x (a s) block: the same scores in a-th of the steps."""
     cp, s = model.context_parallel, model.seq_len
     if cp == 1:
         return 1, work
-    steps = cp
+    a = model.context_parallel_a2a if model.context_parallel_comm == "a2a+p2p" else 1
+    groups, rows = cp // a, s * a
+    steps = groups
     if model.causal and 0 < model.sliding_window < s * cp and model.window_layer_share == 1.0:
-        steps = min(cp, -(-model.sliding_window // s) + 1)
-    return steps, min(1.0, work * cp / steps)
+        steps = min(groups, -(-model.sliding_window // rows) + 1)
+    return steps, min(1.0, work * groups / steps)
 
 
 def fp8_fused_inputs(model: Model, tp: int, sp: bool) -> tuple[frozenset, frozenset]:
@@ -460,17 +465,19 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                        bytes_written=p * T * a_t * dv, core_attention=True, operand_reuse=reuse)
                 return
             steps, step_work = ring_steps(model, work)
+            # a2a+p2p: each step a block a times as long for an a-th of the heads (ring_steps)
+            g = model.context_parallel_a2a if cp > 1 and model.context_parallel_comm == "a2a+p2p" else 1
             # the framework's fused kernel (Transformer Engine's ring attention) alternates its
             # forward steps between two CUDA streams, so that two steps' kernels share the SMs
             # (against each half block's wave quantisation); the flash-attn library's ring and
             # PyTorch's context parallel run them one after another
-            side = 2 if attention == "flash" and model.context_parallel_comm == "p2p" and steps > 1 else 1
+            side = 2 if attention == "flash" and model.context_parallel_comm in ("p2p", "a2a+p2p") and steps > 1 else 1
             for k in range(0, steps, side):
                 ring = tuple(range(k, min(steps, k + side))) if steps > 1 else ()
                 m = max(1, len(ring))
-                fb.add(n(_ring_name(k)), "tensor+vector", flops=m * flops,
-                       work_fraction=step_work, gemm=(m * b * a_t, s, s, d), elements=m * scores,
-                       special=m * scores, vector_flops=5 * m * scores, bytes_read=m * p * T * qkv_n,
+                fb.add(n(_ring_name(k)), "tensor+vector", flops=m * g * flops,
+                       work_fraction=step_work, gemm=(m * b * a_t // g, s * g, s * g, d), elements=m * g * scores,
+                       special=m * g * scores, vector_flops=5 * m * g * scores, bytes_read=m * p * T * qkv_n,
                        bytes_written=m * p * T * a_t * dv, core_attention=True, operand_reuse=reuse,
                        ring=ring)
             return

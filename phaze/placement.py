@@ -568,10 +568,13 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                 for zero in zeros:
                     if zero and 0 in zeros and devices // (tp * pp * cp) == 1:
                         continue      # nothing to shard over: the same plan as zero=0
-                    comms = options.cp_comms if cp > 1 else options.cp_comms[:1]
+                    # a2a+p2p: every all-to-all group that divides cp and leaves a ring of two or more
+                    comms = [(c, a) for c in (options.cp_comms if cp > 1 else options.cp_comms[:1])
+                             for a in ((1,) if c != "a2a+p2p" or cp == 1 else
+                                       tuple(a for a in range(2, cp) if cp % a == 0))]
                     shards = options.dp_shards if zero else options.dp_shards[:1]
                     seen: set = set()
-                    for vp, mbs, ep, etp, routing, comm, shard, disp, overlap in itertools.product(
+                    for vp, mbs, ep, etp, routing, (comm, a2a), shard, disp, overlap in itertools.product(
                             vp_values(model, pp, options), sorted(set(options.mbs)), expert_widths(model, options),
                             etp_values(model, tp, options), routing_values(model, options), comms, shards,
                             dispatchers, overlaps):
@@ -584,13 +587,13 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
                                     loss=options.loss, recompute_modules=options.recompute_modules,
                                     grad_accum_fusion=options.grad_accum_fusion, dp_shard=shard,
-                                    cp_comm=comm, dispatcher=disp, ep_overlap=overlap)
+                                    cp_comm=comm, cp_a2a=a2a, dispatcher=disp, ep_overlap=overlap)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:
                             continue
                         if same_plans:
-                            same = (vp, mbs, ep, etp, routing, comm, overlap, shard_ranks(plan, devices, chip),
+                            same = (vp, mbs, ep, etp, routing, comm, a2a, overlap, shard_ranks(plan, devices, chip),
                                     expert_layout(model, plan, chip))
                             if same in seen:
                                 continue
@@ -729,7 +732,8 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float
 def _variant_key(plan: Plan, zero: bool) -> tuple:
     """A layout without its interleaving (and without its ZeRO stage unless ``zero``): the
     fields :func:`layouts` varies, as a tuple (cheaper to build and hash than a Plan)."""
-    return (plan.tp, plan.pp, plan.cp, plan.mbs, plan.ep, plan.etp, plan.routing, plan.cp_comm, plan.dp_shard,
+    return (plan.tp, plan.pp, plan.cp, plan.mbs, plan.ep, plan.etp, plan.routing, plan.cp_comm, plan.cp_a2a,
+            plan.dp_shard,
             plan.dispatcher, plan.ep_overlap, plan.zero if zero else None)
 
 

@@ -21,22 +21,17 @@ SCHEDULES = ("optimal", "sequential")
 ROUTING = ("forced", "dropless", "capacity")
 DISPATCHERS = ("alltoall", "deepep")
 # how context parallelism exchanges K and V (Plan.cp_comm): Transformer Engine's --cp-comm-type
-# p2p / all_gather / a2a (Megatron-Core, NeMo), or PyTorch's context parallel (torchtitan)
-CP_COMMS = ("p2p", "all_gather", "a2a", "torch")
+# p2p / all_gather / a2a / a2a+p2p (Megatron-Core, NeMo), or PyTorch's context parallel (torchtitan)
+CP_COMMS = ("p2p", "all_gather", "a2a", "a2a+p2p", "torch")
 CP_COMMS_ALLOWED = "one of " + ", ".join(CP_COMMS)
 
 
 def cp_comm_value(raw) -> str:
     """A ``cp_comm`` as a plan key, a flag, a sweep key or a CSV cell gives it (either case);
-    ValueError with the reason otherwise: Megatron-Core's hierarchical ``a2a+p2p`` is named as
-    not modelled, anything else gets :data:`CP_COMMS_ALLOWED`."""
+    ValueError with :data:`CP_COMMS_ALLOWED` otherwise."""
     word = raw.strip().lower() if isinstance(raw, str) else raw
     if word in CP_COMMS:
         return word
-    if word == "a2a+p2p":
-        raise ValueError("a2a+p2p (Megatron-Core's hierarchical context parallelism: all-to-all inside "
-                         "--hierarchical-context-parallel-sizes groups, a ring across them) is not modelled; "
-                         f"allowed: {', '.join(CP_COMMS)}")
     raise ValueError(f"must be {CP_COMMS_ALLOWED}, got {raw!r}")
 
 
@@ -156,8 +151,11 @@ class Plan:
     hides under one step's attention (Transformer Engine's default), ``all_gather`` K and V
     gathered before the attention and their gradients reduce-scattered after it, exposed,
     ``a2a`` Ulysses' all-to-alls of Q, K, V and the output between sequence and head shards,
-    exposed, ``torch`` PyTorch's context parallel (its default all-gather rotater: the gather
-    under the first step's attention, the fp32 K/V gradients passed round the ring)."""
+    exposed, ``a2a+p2p`` Transformer Engine's hierarchical exchange (Megatron-Core's
+    ``--hierarchical-context-parallel-sizes``): Ulysses' all-to-alls inside groups of ``cp_a2a``
+    adjacent context-parallel ranks, then a ring over the cp / ``cp_a2a`` groups, ``torch``
+    PyTorch's context parallel (its default all-gather rotater: the gather under the first step's
+    attention, the fp32 K/V gradients passed round the ring)."""
 
     tp: int = 1
     pp: int = 1
@@ -191,6 +189,7 @@ class Plan:
     dp_shard: int = 0                      # data-parallel ranks of a ZeRO shard group: 0 all,
                                            # DP_SHARD_NODE a node's (pod slice's), N adjacent ranks
     cp_comm: str = "p2p"                   # context parallelism's K/V exchange (CP_COMMS)
+    cp_a2a: int = 1                        # a2a+p2p: context-parallel ranks of one all-to-all group
 
     def __post_init__(self):
         if self.sp is None:
@@ -219,6 +218,7 @@ class Plan:
                 + (",sp=1" if self.sp and self.tp > 1 else "")
                 + (f",vp={self.vp}" if self.vp > 1 else "") + (f",cp={self.cp}" if self.cp > 1 else "")
                 + (f",cp_comm={self.cp_comm}" if self.cp > 1 and self.cp_comm != "p2p" else "")
+                + (f",cp_a2a={self.cp_a2a}" if self.cp > 1 and self.cp_a2a > 1 else "")
                 + (f",zero={self.zero}" if self.zero else "") + f",attention={self.attention}"
                 + (",tp_overlap=1" if self.tp_overlap else "") + (",tp_async=1" if self.tp_async else "")
                 + (f",schedule={self.schedule}" if self.schedule != "optimal" else "")
@@ -237,12 +237,13 @@ class Plan:
                    if self.recompute_modules and "selective" in self.stage_modes()[0] else ""))
 
 
-_INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp")
+_INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp", "cp_a2a")
 _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a plan's text
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
-             "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard", "cp_comm")
+             "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard", "cp_comm",
+             "cp_a2a")
 _BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
          "off": False}
 

@@ -343,12 +343,23 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                                           f"the sequence length ({model.seq_len})")
     if model.seq_len % plan.cp:
         raise ConfigError("--plan", "cp", f"must divide the sequence length ({model.seq_len})")
-    if plan.cp > 1 and plan.cp_comm == "a2a":
+    if plan.cp_a2a > 1 and (plan.cp_comm != "a2a+p2p" or plan.cp == 1):
+        raise ConfigError("--plan", "cp_a2a", "is the all-to-all group of cp_comm=a2a+p2p (with cp > 1); "
+                                              "allowed: 1 here")
+    if plan.cp > 1 and plan.cp_comm == "a2a+p2p" and not (1 < plan.cp_a2a < plan.cp and plan.cp % plan.cp_a2a == 0):
+        raise ConfigError("--plan", "cp_a2a", f"a2a+p2p needs an all-to-all group that divides cp ({plan.cp}) "
+                                              f"with a ring of two or more groups; allowed: "
+                                              + (", ".join(str(a) for a in range(2, plan.cp) if plan.cp % a == 0)
+                                                 or f"none at cp {plan.cp}: use p2p or a2a"))
+    if plan.cp > 1 and plan.cp_comm in ("a2a", "a2a+p2p"):
         heads, kv_heads = model.heads // plan.tp, kv_width(model, plan.tp) // model.head_dim
-        if heads % plan.cp or kv_heads % plan.cp:
-            raise ConfigError("--plan", "cp_comm", f"a2a splits each rank's heads over cp: cp ({plan.cp}) must "
-                                                   f"divide the query heads ({heads}) and kv heads ({kv_heads}) "
-                                                   f"per tensor-parallel rank; allowed: p2p, all_gather or torch")
+        group = plan.cp if plan.cp_comm == "a2a" else plan.cp_a2a
+        name = "cp" if plan.cp_comm == "a2a" else "cp_a2a"
+        if heads % group or kv_heads % group:
+            raise ConfigError("--plan", "cp_comm", f"{plan.cp_comm} splits each rank's heads over {name}: {name} "
+                                                   f"({group}) must divide the query heads ({heads}) and kv heads "
+                                                   f"({kv_heads}) per tensor-parallel rank; allowed: p2p, "
+                                                   f"all_gather or torch")
     if plan.stages and (len(plan.stages) != plan.pp or sum(plan.stages) != model.layers):
         raise ConfigError("--plan", "stages", f"must give pp = {plan.pp} layer counts summing to the "
                                               f"layers ({model.layers}), got {':'.join(map(str, plan.stages))}")
@@ -740,7 +751,7 @@ def _shard(model: Model, plan: Plan) -> Model:
     if plan.cp == 1:
         return model
     return replace(with_seq_len(model, model.seq_len // plan.cp), context_parallel=plan.cp,
-                   context_parallel_comm=plan.cp_comm)
+                   context_parallel_comm=plan.cp_comm, context_parallel_a2a=plan.cp_a2a)
 
 
 @lru_cache(maxsize=65536)
@@ -824,6 +835,9 @@ def cp_sent_bytes(model: Model, plan: Plan, r: str, compiled: bool = False) -> f
     share = (cp - 1) / cp
     if plan.cp_comm == "a2a":        # Q, K, V and the output there; dO and dQ, dK, dV back
         return share * (passes * (q + kv + o) + o + q + kv)
+    if plan.cp_comm == "a2a+p2p":     # a2a's inside a group of cp_a2a, p2p's over the cp / cp_a2a groups
+        a = plan.cp_a2a
+        return (a - 1) / a * (passes * (q + kv + o) + o + q + kv) + (cp // a - 1) * (kv * passes + 2 * kv)
     if plan.cp_comm == "all_gather":  # each gather and the gradients' reduce-scatter: (cp-1)/cp of cp blocks
         return (cp - 1) * kv * (passes + 2)
     if plan.cp_comm == "torch":       # gathers as all_gather; fp32 dK, dV round the ring (cp sends)
@@ -856,6 +870,11 @@ def _cp_exposed(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -
     - ``a2a`` (``AttnFuncWithCPAndQKVOA2A``, DeepSpeed-Ulysses): all-to-alls of Q, K, V before the
       attention and of its output after; of dO before the backward and of dQ, dK, dV after it;
       exposed: the attention needs all of them.
+    - ``a2a+p2p`` (``AttnFuncWithCPAndKVP2P`` with ``cp_group = [a2a, p2p]``): ``a2a``'s exchanges
+      inside each group of ``cp_a2a`` adjacent cp ranks (tp apart), then ``p2p``'s ring over the
+      cp / cp_a2a groups: the K and V block a rank holds is as large as ``p2p``'s (cp_a2a times
+      the tokens of a cp_a2a-th of the heads), and each step hides under a (cp_a2a / cp)-th of
+      the attention.
     - ``torch`` (torch 2.6-2.13 ``_templated_ring_attention``, default ``_RotateMethod.ALL_GATHER``):
       K and V gathered once, the gather in flight under the first step (the local block, 1/cp of
       the attention), in the forward and again in the backward; the backward passes the fp32
@@ -876,26 +895,34 @@ def _cp_exposed(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -
     def send(nbytes: float) -> float:
         return collective_time("send", nbytes, 2, chip, ring, eff)
 
-    def coll(kind: str, nbytes: float) -> float:
-        return collective_time(kind, nbytes, cp, chip, plan.tp, eff)
+    def coll(kind: str, nbytes: float, group: int = cp) -> float:
+        return collective_time(kind, nbytes, group, chip, plan.tp, eff)
+
+    def ulysses(group: int) -> float:   # one all-to-all a tensor (flash_attn_a2a_communicate)
+        inputs = coll("all_to_all", q, group) + 2 * coll("all_to_all", kv / 2, group)
+        forward = inputs + coll("all_to_all", o, group)
+        return forward * (1 + (rerun > 0)) + coll("all_to_all", o, group) + inputs
+
+    def ring_of(steps: int, share: float) -> float:   # steps blocks, each under share x the attention
+        hop, hop2 = send(kv), send(2 * kv)
+        out = exposed(hop, f * share, eff) + exposed(hop2, b * share, eff)
+        if rerun:   # a recompute that re-runs the attention (full, Megatron-Core's core_attn) re-exchanges K/V
+            out += exposed(hop, rerun * share, eff)
+        return (steps - 1) * out
 
     if plan.cp_comm == "all_gather":   # K and V apart (gather_along_first_dim each), dK and dV too
         gather = 2 * coll("all_gather", cp * kv / 2)
         return gather * (2 + (rerun > 0)) + 2 * coll("reduce_scatter", cp * kv / 2)
-    if plan.cp_comm == "a2a":          # one all-to-all a tensor (flash_attn_a2a_communicate)
-        inputs = coll("all_to_all", q) + 2 * coll("all_to_all", kv / 2)
-        forward = inputs + coll("all_to_all", o)
-        return forward * (1 + (rerun > 0)) + coll("all_to_all", o) + inputs
+    if plan.cp_comm == "a2a":
+        return ulysses(cp)
+    if plan.cp_comm == "a2a+p2p":      # the groups' all-to-alls, then a ring of cp / cp_a2a steps
+        return ulysses(plan.cp_a2a) + ring_of(cp // plan.cp_a2a, plan.cp_a2a)
     if plan.cp_comm == "torch":
         gather = coll("all_gather", cp * kv)
         grads = send(kv * 4 / model.bytes_per_element)
         out = exposed(gather, f, eff) + exposed(gather, b, eff) + (cp - 1) * exposed(grads, b, eff) + grads
         return out + (exposed(gather, rerun, eff) if rerun else 0.0)
-    hop, hop2 = send(kv), send(2 * kv)
-    out = exposed(hop, f, eff) + exposed(hop2, b, eff)
-    if rerun:   # a recompute that re-runs the attention (full, Megatron-Core's core_attn) re-exchanges K/V
-        out += exposed(hop, rerun, eff)
-    return (cp - 1) * out
+    return ring_of(cp, 1.0)
 
 
 def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficiency, fwd: PhaseTime,

@@ -124,7 +124,8 @@ def context_parallel_table() -> str:
 def cp_comm_table() -> str:
     """Llama-3 8B at 128K tokens on H100s (dgx-h100-superpod), nemo preset, tp 1, full recompute, 8
     sequences per step (dp 1), cp 2 to 16 under each ``cp_comm``: the step and its exposed
-    communication. Ulysses (a2a) needs cp to divide the 8 kv heads. Shipped calibration."""
+    communication. Ulysses (a2a) needs cp to divide the 8 kv heads; a2a+p2p runs groups of cp / 2
+    (at most 8, one node) and a ring of two or more. Shipped calibration."""
     from phaze.configio import ConfigError
     from phaze.plan import CP_COMMS
 
@@ -136,14 +137,17 @@ def cp_comm_table() -> str:
     for cp in (2, 4, 8, 16):
         cells = []
         for mode in CP_COMMS:
-            plan = plan_with(fw, Plan(cp=cp, mbs=1, recompute="full", cp_comm=mode), {"recompute", "cp_comm"},
-                             model.precision)[0]
+            # a2a+p2p: the largest all-to-all group inside a node that leaves a ring (cp / 2, at most 8)
+            group = min(cp // 2, 8) if mode == "a2a+p2p" else 1
+            plan = plan_with(fw, Plan(cp=cp, mbs=1, recompute="full", cp_comm=mode, cp_a2a=group),
+                             {"recompute", "cp_comm"}, model.precision)[0]
             try:
                 r = evaluate(model, chip, cp, 8, plan, eff)
             except ConfigError:
-                cells.append("refused (8 kv heads)")
+                cells.append("refused (8 kv heads)" if mode == "a2a" else "refused (no ring of groups)")
                 continue
-            cells.append(f"{r.step_time_s:.2f} s ({r.breakdown_s['communication_exposed_s']:.2f} s exposed)")
+            cells.append(f"{r.step_time_s:.2f} s ({r.breakdown_s['communication_exposed_s']:.2f} s exposed)"
+                         + (f", groups of {group}" if group > 1 else ""))
         rows.append(f"| {cp} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

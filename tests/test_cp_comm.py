@@ -11,7 +11,7 @@ from phaze.cost import IDEAL
 from phaze.framework import FRAMEWORKS, plan_settings
 from phaze.graph import layer_graph
 from phaze.plan import CP_COMMS, Plan, parse_plan
-from phaze.step import _cp_exposed, check_plan, cp_sent_bytes, cp_transient_bytes, evaluate, stage_costs
+from phaze.step import _cp_exposed, _shard, check_plan, cp_sent_bytes, cp_transient_bytes, evaluate, stage_costs
 from phaze.workload import Model, load_model
 
 LLAMA8B = Model(name="llama8b-like", layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
@@ -31,15 +31,14 @@ def slow_a100(beta: float = 1e6):
 
 
 def test_parse_label_and_refusals():
-    assert Plan().cp_comm == "p2p" and CP_COMMS == ("p2p", "all_gather", "a2a", "torch")
+    assert Plan().cp_comm == "p2p" and CP_COMMS == ("p2p", "all_gather", "a2a", "a2a+p2p", "torch")
     for mode in CP_COMMS:
-        plan = parse_plan(f"cp=2,cp_comm={mode}")
+        plan = parse_plan(f"cp=4,cp_comm={mode}" + (",cp_a2a=2" if mode == "a2a+p2p" else ""))
         assert plan.cp_comm == mode and parse_plan(plan.label()) == replace(plan, recompute="none")
     assert "cp_comm" not in Plan(cp=2).label() and "cp_comm" not in Plan(cp_comm="a2a").label()
     assert parse_plan("cp=2,cp_comm=A2A").cp_comm == "a2a"
-    with pytest.raises(ConfigError, match="a2a\\+p2p .*is not modelled; allowed: p2p, all_gather, a2a, torch"):
-        parse_plan("cp=4,cp_comm=a2a+p2p")
-    with pytest.raises(ConfigError, match="cp_comm.*must be one of p2p, all_gather, a2a, torch, got 'ring'"):
+    assert Plan(cp=4, cp_comm="a2a+p2p", cp_a2a=2).label().endswith("cp=4,cp_comm=a2a+p2p,cp_a2a=2,attention=flash")
+    with pytest.raises(ConfigError, match="cp_comm.*must be one of p2p, all_gather, a2a, a2a\\+p2p, torch, got 'ring'"):
         parse_plan("cp=4,cp_comm=ring")
 
 
@@ -92,11 +91,63 @@ def test_bytes_sent_by_hand():
     """What the power model counts a layer and micro-batch (cp = 2): p2p 3 KV, all_gather 3 KV,
     a2a Q + KV + O, torch 2 KV gathered and 2 x 2 KV of fp32 gradients; a re-run adds the
     forward's exchange; cp = 1 sends nothing."""
-    sent = {m: cp_sent_bytes(LLAMA8B, Plan(cp=2, cp_comm=m), "none") for m in CP_COMMS}
+    sent = {m: cp_sent_bytes(LLAMA8B, Plan(cp=2, cp_comm=m), "none") for m in CP_COMMS if m != "a2a+p2p"}
     assert sent == {"p2p": 3 * KV2, "all_gather": 3 * KV2, "a2a": Q2 + KV2 + O2, "torch": 6 * KV2}
     assert cp_sent_bytes(LLAMA8B, Plan(cp=2, cp_comm="a2a"), "full") == pytest.approx((Q2 + KV2 + O2) * 3 / 2)
     assert cp_sent_bytes(LLAMA8B, Plan(cp=2, cp_comm="torch"), "full") == 7 * KV2
     assert cp_sent_bytes(LLAMA8B, Plan(cp_comm="torch"), "full") == 0.0
+
+
+def test_hierarchical_bytes_by_hand():
+    """a2a+p2p at cp 4 in groups of 2 (a rank: 512 tokens, K and V 2 MiB, Q and the output 4 MiB
+    each): half of Ulysses' forward and backward tensors leave the rank inside its group (Q, K, V,
+    O, then dO, dQ, dK, dV: 2 x 10 MiB / 2), then one ring step to the other group (K and V
+    forward, K, V, dK, dV backward: 3 x 2 MiB): 16 MiB, between Ulysses' 15 and the ring's 18."""
+    Q4, KV4, O4 = 4 * MiB, 2 * MiB, 4 * MiB
+    hier = cp_sent_bytes(LLAMA8B, Plan(cp=4, cp_comm="a2a+p2p", cp_a2a=2), "none")
+    assert hier == (Q4 + KV4 + O4) + 3 * KV4 == 16 * MiB
+    assert cp_sent_bytes(LLAMA8B, Plan(cp=4, cp_comm="a2a"), "none") == 15 * MiB
+    assert cp_sent_bytes(LLAMA8B, Plan(cp=4), "none") == 18 * MiB
+    # a re-run of the attention repeats the forward's exchanges: half of Q, K, V, O and one K/V step
+    full = cp_sent_bytes(LLAMA8B, Plan(cp=4, cp_comm="a2a+p2p", cp_a2a=2), "full")
+    assert full == 16 * MiB + (Q4 + KV4 + O4) / 2 + KV4
+
+
+def test_hierarchical_exposure_on_slow_links():
+    """On links too slow for any attention to hide (slow_a100), a2a+p2p's exposed time is Ulysses'
+    over its group of cp_a2a plus the ring's over the cp / cp_a2a groups, each costed as the
+    plain modes cost them: the all-to-alls of a2a at cp = cp_a2a, the ring steps of p2p."""
+    model = replace(LLAMA8B, seq_len=8192)
+    chip, eff = slow_a100(), IDEAL
+    hier = Plan(cp=8, cp_comm="a2a+p2p", cp_a2a=2)
+    got = _cp_exposed(model, chip, hier, eff, "none")
+    # Ulysses over 2 ranks of 1024 tokens: each all-to-all sends half of its tensor to the other
+    kv, q, o = 2 * 1024 * 1024 * 2, 1024 * 4096 * 2, 1024 * 4096 * 2
+    a2a = 2 * (q + kv + o) / 2 / 1e6
+    ring = (4 - 1) * 3 * kv / 1e6      # three sends a step, forward K/V, backward K/V and dK/dV
+    assert got == pytest.approx(a2a + ring, rel=0.02)
+    check_plan(model, 8, 8, hier)
+    for a, words in ((8, "allowed: 2, 4"), (3, "allowed: 2, 4")):
+        with pytest.raises(ConfigError, match=f"cp_a2a.*{words}"):
+            check_plan(model, 8, 8, Plan(cp=8, cp_comm="a2a+p2p", cp_a2a=a))
+    with pytest.raises(ConfigError, match="cp_a2a.*is the all-to-all group of cp_comm=a2a\\+p2p"):
+        check_plan(model, 8, 8, Plan(cp=8, cp_a2a=2))
+    with pytest.raises(ConfigError, match="cp_a2a \\(4\\) must divide the query heads \\(8\\) and kv heads \\(2\\)"):
+        check_plan(model, 32, 8, Plan(tp=4, cp=8, cp_comm="a2a+p2p", cp_a2a=4))
+
+
+def test_hierarchical_kernels_and_scores():
+    """a2a+p2p at cp 8 in groups of 4: two ring steps, each of the group's 4 x 1024 queries against
+    4 x 1024 keys for a quarter of the heads, two at a time on two streams (one op), with the
+    ring's scores."""
+    model = replace(LLAMA8B, seq_len=8192)
+    ring = _shard(model, Plan(cp=8))
+    hier = _shard(model, Plan(cp=8, cp_comm="a2a+p2p", cp_a2a=4))
+    core = lambda m: [o for o in layer_graph(m, 1, 1, False, "flash", "none").fwd if o.core_attention]  # noqa: E731
+    ops = core(hier)
+    assert [o.gemm for o in ops] == [(2 * 32 // 4, 4096, 4096, 128)] and ops[0].ring == (0, 1)
+    assert sum(o.elements * o.work_fraction for o in ops) == pytest.approx(
+        sum(o.elements * o.work_fraction for o in core(ring)))
 
 
 def test_mla_values_are_narrower_than_its_keys():
@@ -120,6 +171,14 @@ def test_power_model_counts_the_exchange():
     base = _step_activity(model, chip, 8, 8, ring).link_bytes
     for mode in CP_COMMS:
         plan = replace(ring, cp_comm=mode)
+        if mode == "a2a+p2p":   # groups of 2 need cp 4: 4 layers x 8 micro-batches (dp 1)
+            ring4 = Plan(tp=2, cp=4)
+            plan = replace(ring4, cp_comm=mode, cp_a2a=2)
+            got = (_step_activity(model, chip, 8, 8, plan).link_bytes
+                   - _step_activity(model, chip, 8, 8, ring4).link_bytes)
+            want = 32 * (cp_sent_bytes(model, plan, "none") - cp_sent_bytes(model, ring4, "none"))
+            assert got == pytest.approx(want, abs=1.0) and want < 0
+            continue
         got = _step_activity(model, chip, 8, 8, plan).link_bytes - base
         want = 16 * (cp_sent_bytes(model, plan, "none") - cp_sent_bytes(model, ring, "none"))
         assert got == pytest.approx(want, abs=1.0), mode
@@ -198,11 +257,12 @@ def test_the_row_column_takes_the_preset_unless_it_says():
     assert synthetic_case(framework="MaxText (JAX/XLA)", cp="2").plan.cp_comm == "all_gather"
     assert synthetic_case(cp="2", cp_comm="all_gather").plan.cp_comm == "all_gather"
     assert synthetic_case(cp="2").plan.cp_comm == "p2p"
-    r = v.row_to_case(synthetic(cp="2", cp_comm="a2a+p2p"))
-    assert not isinstance(r, v.Case)
-    assert "column 'cp_comm' a2a+p2p (Megatron-Core's hierarchical context parallelism" in r.reason
+    plan = synthetic_case(cp="4", cp_comm="a2a+p2p", cp_a2a="2").plan
+    assert (plan.cp_comm, plan.cp_a2a) == ("a2a+p2p", 2)
+    r = v.row_to_case(synthetic(cp="4", cp_comm="a2a+p2p"))
+    assert not isinstance(r, v.Case) and "cp_a2a" in r.reason and "allowed: 2" in r.reason
     r = v.row_to_case(synthetic(cp="2", cp_comm="ring"))
-    assert not isinstance(r, v.Case) and "column 'cp_comm' must be one of p2p, all_gather, a2a, torch" in r.reason
+    assert not isinstance(r, v.Case) and "column 'cp_comm' must be one of p2p, all_gather, a2a, a2a+p2p" in r.reason
 
 
 @pytest.mark.parametrize("value, expect", [("all_gather", "all_gather"), ("A2A", "a2a"), (None, "p2p")])
@@ -215,9 +275,9 @@ def test_sweep_placement_takes_cp_comm(tmp_path, value, expect):
     assert got == ("torch" if value is None else expect)
     with pytest.raises(ConfigError) as e:
         placement_options(tmp_path, {"cp_comm": "ring"})
-    assert e.value.field == "workloads[0].placement.cp_comm" and "p2p, all_gather, a2a, torch" in e.value.message
-    with pytest.raises(ConfigError, match="a2a\\+p2p .*is not modelled"):
-        placement_options(tmp_path, {"cp_comm": "a2a+p2p"})
+    assert e.value.field == "workloads[0].placement.cp_comm"
+    assert "p2p, all_gather, a2a, a2a+p2p, torch" in e.value.message
+    assert placement_options(tmp_path, {"cp_comm": "a2a+p2p"}).cp_comm == "a2a+p2p"
 
 
 def test_place_keeps_the_exchange_it_is_given():
@@ -237,9 +297,10 @@ def test_place_keeps_the_exchange_it_is_given():
 def test_place_searches_several_exchanges_exactly():
     """Given several exchanges, ``place`` returns the best plans of them all: brute force, the
     best of one search per exchange. Llama-3 8B at 128K tokens on four H100 nodes under the nemo
-    preset at tp 2, cp 16 (tp x cp over four nodes), where the gather wins; then a wider space (tp
-    1-2, cp 1-16, pp and ZeRO searched), whose top 12 are the 12 best of the four searches' top 12s
-    and whose cp = 1 layouts are one plan each, not four."""
+    preset at tp 2, cp 16 (tp x cp over four nodes), where the hierarchical exchange wins (Ulysses
+    inside a node's 4 x 2 GPUs, a ring across the four nodes) and the gather comes next; then a
+    wider space (tp 1-2, cp 1-16, pp and ZeRO searched), whose top 12 are the 12 best of the
+    single searches' top 12s and whose cp = 1 layouts are one plan each, not five."""
     from phaze.api import calibrated_efficiency, with_system
     from phaze.framework import options_with
     from phaze.placement import PlacementOptions, layouts, place
@@ -263,12 +324,17 @@ def test_place_searches_several_exchanges_exactly():
         assert all(union[k] == t for k, t in joint.items())
         assert sorted(joint.values()) == sorted(union.values())[:len(joint)]
         if model.layers == 32:
-            assert (best.plan.tp, best.plan.cp, best.plan.cp_comm) == (2, 16, "all_gather")
+            assert (best.plan.tp, best.plan.cp, best.plan.cp_comm, best.plan.cp_a2a) == (2, 16, "a2a+p2p", 4)
+            assert min((r for m, r in alone.items() if m != "a2a+p2p" and r.best),
+                       key=lambda r: r.best.result.step_time_s).best.plan.cp_comm == "all_gather"
         else:
             assert len(joint) == 12 and {p.plan.cp_comm for p in both.top if p.plan.cp > 1} >= {"p2p", "torch"}
             plans = list(layouts(model, devices, batch, PlacementOptions(cp_comm=CP_COMMS, **kw)))
             assert {p.cp_comm for p in plans if p.cp == 1} == {"p2p"}
-            assert {p.cp_comm for p in plans if p.cp == 16} == {"p2p", "all_gather", "torch"}   # a2a: 8 kv heads
+            assert {p.cp_comm for p in plans if p.cp == 16} == set(CP_COMMS) - {"a2a"}   # a2a: 8 kv heads
+            # a2a+p2p: every group that splits the 8 kv heads and leaves a ring of two or more
+            assert {p.cp_a2a for p in plans if p.cp == 16 and p.cp_comm == "a2a+p2p"} == {2, 4, 8}
+            assert {p.cp_a2a for p in plans if p.cp == 4 and p.cp_comm == "a2a+p2p"} == {2}
             assert {p.cp_comm for p in plans if p.cp == 4} == set(CP_COMMS)
 
 
@@ -277,13 +343,12 @@ def test_several_exchanges_from_the_flag_and_the_sweep(tmp_path):
 
     from phaze.cli import _cp_comm
     assert _cp_comm("p2p") == "p2p" and _cp_comm("P2P,all_gather,p2p") == ("p2p", "all_gather")
-    with pytest.raises(Exception, match="a2a\\+p2p .*is not modelled"):
-        _cp_comm("p2p,a2a+p2p")
+    assert _cp_comm("p2p,a2a+p2p") == ("p2p", "a2a+p2p")
     with pytest.raises(Exception, match="or several joined by commas"):
         _cp_comm(",")
     assert placement_options(tmp_path, {"cp_comm": ["torch", "a2a"]}).cp_comms == ("torch", "a2a")
     assert placement_options(tmp_path, {"cp_comm": ["torch"]}).cp_comm == "torch"
-    with pytest.raises(ConfigError, match="must be one of p2p, all_gather, a2a, torch.* \\(or a list of them\\)"):
+    with pytest.raises(ConfigError, match="must be one of p2p, .*, torch.* \\(or a list of them\\)"):
         placement_options(tmp_path, {"cp_comm": ["p2p", "ring"]})
     with pytest.raises(ConfigError, match="a non-empty list"):
         placement_options(tmp_path, {"cp_comm": []})

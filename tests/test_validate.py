@@ -792,7 +792,8 @@ def test_cli_calibrate_writes_a_loadable_file(tmp_path, small_csv):
 @pytest.mark.parametrize("gpu,chip", [
     ("A100-SXM4-80GB", "a100-80gb"), ("A100 80GB", "a100-80gb"), ("a100_sxm4_40gb", "a100-40gb"),
     ("A100-SXM4-40GB", "a100-40gb"), ("H100-SXM5-80GB", "h100-sxm"), ("H100 SXM", "h100-sxm"),
-    ("H100 80GB HBM3", "h100-sxm"), ("H100 PCIe", None), ("H200 SXM", None), ("A100 PCIe 40GB", None),
+    ("H100 80GB HBM3", "h100-sxm"), ("H100 PCIe", None), ("H200 SXM", "h200-sxm"), ("H200 NVL", None),
+    ("A100 PCIe 40GB", None),
     ("V100", None), ("H100-HBM2e-96GB-500W", "h100-hbm2e-96gb-500w"), ("H100 NVL", None),
     ("H100-SXM5-94GB", None), ("TPUv4", "tpuv4")])
 def test_gpu_names(gpu, chip):
