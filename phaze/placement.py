@@ -733,8 +733,7 @@ def _variant_key(plan: Plan, zero: bool) -> tuple:
     """A layout without its interleaving (and without its ZeRO stage unless ``zero``): the
     fields :func:`layouts` varies, as a tuple (cheaper to build and hash than a Plan)."""
     return (plan.tp, plan.pp, plan.cp, plan.mbs, plan.ep, plan.etp, plan.routing, plan.cp_comm, plan.cp_a2a,
-            plan.dp_shard,
-            plan.dispatcher, plan.ep_overlap, plan.zero if zero else None)
+            plan.dp_shard, plan.dispatcher, plan.ep_overlap, plan.zero if zero else None)
 
 
 def _group_weights(info: dict, members) -> tuple[float, float]:
