@@ -5,8 +5,8 @@ calibration.
 
     python tests/bench/bench_context_parallel.py
 
-Then the same model at tp 1, cp 2 to 16, under each of the four ``cp_comm`` modes. Prints the
-tables docs/validation.md carries (``tests/test_readme.py`` holds them equal).
+Then the same model at tp 1, cp 2 to 16, under each of the five ``cp_comm`` modes. Prints the
+tables docs/validation.md and docs/frameworks.md carry (``tests/test_readme.py`` holds them equal).
 """
 from __future__ import annotations
 
