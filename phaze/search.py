@@ -55,12 +55,42 @@ INTERRUPT_WAIT_S = 1.2                     # after Ctrl-C, how long --jobs worke
 DUPLICATE_STREAK = 200                     # consecutive repeat proposals that end a search
 
 
+def _plain_options(cls, kw: dict, source: str) -> dict:
+    """``kw`` checked against the sampler's constructor: only its number and switch parameters
+    (annotated ``int``, ``float`` or ``bool``; a YAML file cannot give the others, and ``seed`` is
+    the config's), each of its type, so that a wrong one fails here in one line rather than in the
+    middle of a study."""
+    import inspect
+    plain = {}
+    for name, p in inspect.signature(cls.__init__).parameters.items():
+        kind = str(p.annotation).replace(" | None", "")
+        if name != "seed" and kind in ("int", "float", "bool"):
+            plain[name] = kind
+    for name, value in kw.items():
+        kind = plain.get(name)
+        if name == "seed":
+            raise ConfigError(source, "sampler_options.seed", "is the config's seed (seed:), not a sampler "
+                                                              "option; allowed: the others")
+        if kind is None:
+            raise ConfigError(source, f"sampler_options.{name}", f"is not an option phaze can pass to "
+                                                                   f"{cls.__name__}; allowed: {', '.join(plain)}")
+        ok = (isinstance(value, bool) if kind == "bool" else not isinstance(value, bool) and (
+            isinstance(value, int) if kind == "int" else isinstance(value, (int, float)) and math.isfinite(value)))
+        if not ok:
+            raise ConfigError(source, f"sampler_options.{name}", f"must be {'an' if kind == 'int' else 'a'} "
+                                                                   f"{kind}, got {value!r}")
+    return kw
+
+
 def make_sampler(cfg: SweepConfig, worker: int = 0):
     """The config's sampler, seeded (``seed + worker`` so parallel workers differ)."""
     optuna = _optuna()
     s = optuna.samplers
     seed = cfg.seed + worker
     kw = dict(cfg.sampler_options)
+    classes = {"tpe": s.TPESampler, "nsga2": s.NSGAIISampler, "random": s.RandomSampler, "grid": s.GridSampler}
+    if cfg.sampler in classes:
+        _plain_options(classes[cfg.sampler], kw, cfg.source)
     try:
         if cfg.sampler == "tpe":
             return make_norepeat(s.TPESampler(seed=seed, **{"n_startup_trials": 10, **kw}), cfg, seed)
@@ -79,7 +109,7 @@ def make_sampler(cfg: SweepConfig, worker: int = 0):
         except ImportError:
             raise ConfigError(cfg.source, "sampler", "gp needs PyTorch, which phaze does not install "
                               "(pip install torch); allowed without it: tpe, nsga2, random, grid") from None
-        return make_norepeat(s.GPSampler(seed=seed, **kw), cfg, seed)
+        return make_norepeat(s.GPSampler(seed=seed, **_plain_options(s.GPSampler, kw, cfg.source)), cfg, seed)
     except (TypeError, ValueError) as exc:
         raise ConfigError(cfg.source, "sampler_options", f"{exc}") from None
 

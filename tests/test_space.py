@@ -143,6 +143,13 @@ def test_bad_configs_are_one_line_and_exit_2_through_the_cli(tmp_path):
         ([str(write(tmp_path, dict(SMALL_SWEEP, base="/dev/zero"), "zero.yaml"))], "not a regular file"),
         ([str(write(tmp_path, dict(SMALL_SWEEP, sampler="nsga2", sampler_options={"population_size": 1}),
                     "nsga.yaml"))], "population_size"),
+        # a wrong type fails before the study, not when TPE first compares it
+        ([str(write(tmp_path, dict(SMALL_SWEEP, sampler="tpe", sampler_options={"n_startup_trials": "x"}),
+                    "tpe.yaml"))], "field 'sampler_options.n_startup_trials': must be an int, got 'x'"),
+        ([str(write(tmp_path, dict(SMALL_SWEEP, sampler="tpe", sampler_options={"seed": 5}), "seed.yaml"))],
+         "field 'sampler_options.seed': is the config's seed"),
+        ([str(write(tmp_path, dict(SMALL_SWEEP, sampler="nsga2", sampler_options={"crossover": "x"}), "x.yaml"))],
+         "not an option phaze can pass to NSGAIISampler; allowed: population_size, mutation_prob, crossover_prob"),
         ([str(write(tmp_path, SMALL_SWEEP)), "--seed", "4294967296"], "--seed"),
         ([str(write(tmp_path, dict(SMALL_SWEEP, space=space(local_sram_kib="9 ** 9 ** 9")["space"]),
                     "tower.yaml"))], "space.local_sram_kib"),
