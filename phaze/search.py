@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import inspect
 import io
 import itertools
 import logging
@@ -60,7 +61,6 @@ def _plain_options(cls, kw: dict, source: str) -> dict:
     (annotated ``int``, ``float`` or ``bool``; a YAML file cannot give the others, and ``seed`` is
     the config's), each of its type, so that a wrong one fails here in one line rather than in the
     middle of a study."""
-    import inspect
     plain = {}
     for name, p in inspect.signature(cls.__init__).parameters.items():
         kind = str(p.annotation).replace(" | None", "")
