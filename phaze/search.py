@@ -584,6 +584,32 @@ def interruptible():
         raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def ctrl_c_held(late: list):
+    """Ctrl-C recorded in ``late``, not raised, until the block ends: around a search and the
+    writing of its files, so that a Ctrl-C whose handler runs only after the search loop has
+    stopped (the loop can stop on the solve that Ctrl-C ended, before Python runs the handler)
+    or a second Ctrl-C never cuts the tables and report short. The search loop's own
+    :func:`interruptible` raises inside it as before; the block's caller reads ``late``. A no-op
+    outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def hold(signum, frame):
+        if signum == signal.SIGINT or _PENDING:
+            late.append(signum)
+    before = signal.signal(signal.SIGINT, hold), signal.signal(signal.SIGALRM, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGALRM, before[1])
+        if _PENDING:
+            _PENDING.clear()
+            late.append(signal.SIGINT)
+
+
 def _watch(sock) -> None:
     """Stop the CP-SAT solves in progress at each SIGINT (see :func:`interruptible`)."""
     try:
@@ -645,26 +671,29 @@ def _search(cfg: SweepConfig, url: str, name: str, jobs: int, progress: bool, wr
     bar = _Progress(cfg, study, total, progress)
     if exact:
         study.sampler.on_bound = bar.bounded
-    note, interrupted = "", False
-    try:
-        with interruptible():
-            if jobs <= 1:
-                note = drive(study, cfg, callbacks=[bar])
-            else:
-                _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        elapsed_s = time.perf_counter() - start
-        bar.update(study)
-        bar.close()
-        if cfg.sampler == "exact":
-            write_certificate(cfg, study, study_dir(url, name) if write else None)
-        if write:       # after Ctrl-C, the tables and report.md at once; figures with the next run
-            _writing(study_dir(url, name), progress, figures=not interrupted)
-            write_study_files(study, cfg, study_dir(url, name), figures=not interrupted)
+    note, interrupted, late = "", False, []
+    with ctrl_c_held(late):     # a Ctrl-C after the loop waits for the files (see ctrl_c_held)
+        try:
+            with interruptible():
+                if late:    # a Ctrl-C in the instant before this handler was in place
+                    raise KeyboardInterrupt
+                if jobs <= 1:
+                    note = drive(study, cfg, callbacks=[bar])
+                else:
+                    _run_workers(cfg, url, name, jobs, bar, study, grace_period_s)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            elapsed_s = time.perf_counter() - start
+            bar.update(study)
+            bar.close()
+            if cfg.sampler == "exact":
+                write_certificate(cfg, study, study_dir(url, name) if write else None)
+            if write:       # after Ctrl-C, the tables and report.md at once; figures with the next run
+                _writing(study_dir(url, name), progress, figures=not (interrupted or late))
+                write_study_files(study, cfg, study_dir(url, name), figures=not (interrupted or late))
     res = SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)), elapsed_s, note)
-    if interrupted:
+    if interrupted or late:
         raise SearchInterrupted(res)
     return res
 
