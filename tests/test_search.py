@@ -395,12 +395,13 @@ def test_a_ctrl_c_while_the_files_are_written_waits_for_them(tmp_path, monkeypat
     monkeypatch.setattr(S, "write_study_files", ctrl_c_then_write)
     cfg = load_sweep(write(tmp_path, SMALL))
     url = f"sqlite:///{tmp_path / 'late.db'}"
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)   # whatever an earlier test left
     with pytest.raises(S.SearchInterrupted) as stop:
         search(cfg, storage=url, study_name="late", progress=False)
     assert stop.value.result.complete == SMALL["trials"] and seen == [True]
     trials = pd.read_csv(stop.value.result.out_dir / "trials.csv")
     assert len(trials) >= SMALL["trials"] and (stop.value.result.out_dir / "report.md").exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # pytest's, restored
+    assert signal.signal(signal.SIGINT, before) is signal.default_int_handler     # restored
 
 
 def _states(url: str, name: str) -> list[str]:
