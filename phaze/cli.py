@@ -679,19 +679,15 @@ def _modules_list(text: str) -> tuple[str, ...]:
     return mods
 
 
-def _routing_list(text: str) -> tuple[str, ...]:
-    values = tuple(x.strip().lower() for x in text.split(",") if x.strip())
-    if not values or any(v not in ROUTING for v in values):
-        raise argparse.ArgumentTypeError(f"must be a comma-separated subset of {','.join(ROUTING)}, got {text[:40]!r}")
-    return values
-
-
-def _dispatcher_list(text: str) -> tuple[str, ...]:
-    values = tuple(dict.fromkeys(x.strip().lower() for x in text.split(",") if x.strip()))
-    if not values or any(v not in DISPATCHERS for v in values):
-        raise argparse.ArgumentTypeError(f"must be a comma-separated subset of {','.join(DISPATCHERS)}, "
-                                         f"got {text[:40]!r}")
-    return values
+def _subset_list(allowed: tuple[str, ...]):
+    """A flag's parser: a comma-separated subset of ``allowed`` (either case), in the given order."""
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(dict.fromkeys(x.strip().lower() for x in text.split(",") if x.strip()))
+        if not values or any(v not in allowed for v in values):
+            raise argparse.ArgumentTypeError(f"must be a comma-separated subset of {','.join(allowed)}, "
+                                             f"got {text[:40]!r}")
+        return values
+    return parse
 
 
 def _switch_list(text: str) -> tuple[bool, ...]:
@@ -1242,9 +1238,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "the experts; 1 for a dense model)")
     pl.add_argument("--etp", type=_int_list, default=None,
                     help="expert tensor-parallel widths of a mixture of experts (default 1 and tp)")
-    pl.add_argument("--routing", type=_routing_list, default=None,
+    pl.add_argument("--routing", type=_subset_list(ROUTING), default=None,
                     help="MoE routings to search: forced, dropless, capacity (default: the model's own)")
-    pl.add_argument("--dispatcher", type=_dispatcher_list, default=None,
+    pl.add_argument("--dispatcher", type=_subset_list(DISPATCHERS), default=None,
                     help="MoE token dispatchers to search: alltoall, deepep (default: alltoall)")
     pl.add_argument("--ep-overlap", type=_switch_list, default=None, metavar="off,on",
                     help="MoE all-to-all overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) to search: "

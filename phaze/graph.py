@@ -208,7 +208,7 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
     cp, s = model.context_parallel, model.seq_len
     if cp == 1:
         return 1, work
-    a = model.context_parallel_a2a if model.context_parallel_comm == "a2a+p2p" else 1
+    a = model.context_parallel_a2a      # 1 but under a2a+p2p
     groups, rows = cp // a, s * a
     steps = groups
     if model.causal and 0 < model.sliding_window < s * cp and model.window_layer_share == 1.0:
@@ -466,7 +466,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 return
             steps, step_work = ring_steps(model, work)
             # a2a+p2p: each step a block a times as long for an a-th of the heads (ring_steps)
-            g = model.context_parallel_a2a if cp > 1 and model.context_parallel_comm == "a2a+p2p" else 1
+            g = model.context_parallel_a2a
             # the framework's fused kernel (Transformer Engine's ring attention) alternates its
             # forward steps between two CUDA streams, so that two steps' kernels share the SMs
             # (against each half block's wave quantisation); the flash-attn library's ring and

@@ -29,7 +29,7 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .memory import memory_reserve_bytes
-from .plan import PLAN_RECOMPUTE, SEARCHED_RECOMPUTE, Plan, hides_dp_reduction, layer_modes
+from .plan import PLAN_RECOMPUTE, SEARCHED_RECOMPUTE, Plan, cp_a2a_groups, hides_dp_reduction, layer_modes
 from .step import (
     PhaseTime,
     StageCosts,
@@ -548,6 +548,15 @@ def ep_overlap_values(model: Model, options: PlacementOptions) -> tuple[bool, ..
     return tuple(dict.fromkeys(options.ep_overlap)) if model.moe and options.ep_overlap else (False,)
 
 
+def exchange_values(options: PlacementOptions, cp: int) -> list[tuple[str, int]]:
+    """(cp_comm, cp_a2a) searched at context-parallel width ``cp``: each listed exchange, ``a2a+p2p``
+    with every all-to-all group it can run (:func:`phaze.plan.cp_a2a_groups`); at cp = 1 the first
+    exchange alone (there is nothing to exchange)."""
+    if cp == 1:
+        return [(options.cp_comms[0], 1)]
+    return [(c, a) for c in options.cp_comms for a in (cp_a2a_groups(cp) if c == "a2a+p2p" else (1,))]
+
+
 def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions, chip: Chip | None = None):
     """Every valid layout of the option space, as base plans. With ``chip``, of the shard groupings
     (``dp_shard``) and dispatchers that give a layout the same group of ranks and the same expert
@@ -568,10 +577,7 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                 for zero in zeros:
                     if zero and 0 in zeros and devices // (tp * pp * cp) == 1:
                         continue      # nothing to shard over: the same plan as zero=0
-                    # a2a+p2p: every all-to-all group that divides cp and leaves a ring of two or more
-                    comms = [(c, a) for c in (options.cp_comms if cp > 1 else options.cp_comms[:1])
-                             for a in ((1,) if c != "a2a+p2p" or cp == 1 else
-                                       tuple(a for a in range(2, cp) if cp % a == 0))]
+                    comms = exchange_values(options, cp)
                     shards = options.dp_shards if zero else options.dp_shards[:1]
                     seen: set = set()
                     for vp, mbs, ep, etp, routing, (comm, a2a), shard, disp, overlap in itertools.product(

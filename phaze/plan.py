@@ -26,6 +26,12 @@ CP_COMMS = ("p2p", "all_gather", "a2a", "a2a+p2p", "torch")
 CP_COMMS_ALLOWED = "one of " + ", ".join(CP_COMMS)
 
 
+def cp_a2a_groups(cp: int) -> tuple[int, ...]:
+    """The all-to-all groups ``a2a+p2p`` can run at ``cp``: those that divide it and leave a ring
+    of two or more groups."""
+    return tuple(a for a in range(2, cp) if cp % a == 0)
+
+
 def cp_comm_value(raw) -> str:
     """A ``cp_comm`` as a plan key, a flag, a sweep key or a CSV cell gives it (either case);
     ValueError with :data:`CP_COMMS_ALLOWED` otherwise."""

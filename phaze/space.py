@@ -599,20 +599,26 @@ def _modules(p: Fields) -> tuple[str, ...]:
     return ordered
 
 
-def _moe_switches(p: Fields) -> tuple[tuple[str, ...], tuple[bool, ...]]:
-    """A placement's ``dispatcher`` (alltoall, deepep; one or a list) and ``ep_overlap`` (true,
-    false or a list of them) to search for a mixture of experts (empty: the defaults)."""
+def _dispatchers(p: Fields) -> tuple[str, ...]:
+    """A placement's ``dispatcher`` (alltoall, deepep; one or a list) to search for a mixture of
+    experts (empty: the default)."""
     raw = p._get("dispatcher", None)
     items = [] if raw is None else raw if isinstance(raw, list) else [raw]
     disp = tuple(dict.fromkeys(x.strip().lower() if isinstance(x, str) else x for x in items))
     if (raw is not None and not disp) or any(d not in DISPATCHERS for d in disp):
         raise p.error("dispatcher", f"must be one of {', '.join(DISPATCHERS)} or a non-empty list of them, "
                                     f"got {quote(raw)}")
+    return disp
+
+
+def _overlaps(p: Fields) -> tuple[bool, ...]:
+    """A placement's ``ep_overlap`` (true, false or a list of them) to search for a mixture of
+    experts (empty: off)."""
     raw = p._get("ep_overlap", None)
     items = [] if raw is None else raw if isinstance(raw, list) else [raw]
     if (raw is not None and not items) or any(not isinstance(x, bool) for x in items):
         raise p.error("ep_overlap", f"must be true, false or a non-empty list of them, got {quote(raw)}")
-    return disp, tuple(dict.fromkeys(items))
+    return tuple(dict.fromkeys(items))
 
 
 def _workload(item, source: str, i: int, system: System | None = None) -> WorkloadSpec:
@@ -640,7 +646,7 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
             optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
             recompute_modules=_modules(p), dp_shard=_dp_shard(p),
-            cp_comm=_cp_comm(p), **dict(zip(("dispatcher", "ep_overlap"), _moe_switches(p), strict=True)))
+            cp_comm=_cp_comm(p), dispatcher=_dispatchers(p), ep_overlap=_overlaps(p))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")

@@ -31,7 +31,7 @@ from .graph import (
     tensor_flops,
 )
 from .memory import StageMemory, activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
-from .plan import DP_SHARD_NODE, Plan, graph_recompute
+from .plan import DP_SHARD_NODE, Plan, cp_a2a_groups, graph_recompute
 from .schedule import layer_bounds, schedule_layer
 from .workload import Model, with_seq_len
 
@@ -346,10 +346,10 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if plan.cp_a2a > 1 and (plan.cp_comm != "a2a+p2p" or plan.cp == 1):
         raise ConfigError("--plan", "cp_a2a", "is the all-to-all group of cp_comm=a2a+p2p (with cp > 1); "
                                               "allowed: 1 here")
-    if plan.cp > 1 and plan.cp_comm == "a2a+p2p" and not (1 < plan.cp_a2a < plan.cp and plan.cp % plan.cp_a2a == 0):
+    if plan.cp > 1 and plan.cp_comm == "a2a+p2p" and plan.cp_a2a not in cp_a2a_groups(plan.cp):
         raise ConfigError("--plan", "cp_a2a", f"a2a+p2p needs an all-to-all group that divides cp ({plan.cp}) "
                                               f"with a ring of two or more groups; allowed: "
-                                              + (", ".join(str(a) for a in range(2, plan.cp) if plan.cp % a == 0)
+                                              + (", ".join(map(str, cp_a2a_groups(plan.cp)))
                                                  or f"none at cp {plan.cp}: use p2p or a2a"))
     if plan.cp > 1 and plan.cp_comm in ("a2a", "a2a+p2p"):
         heads, kv_heads = model.heads // plan.tp, kv_width(model, plan.tp) // model.head_dim
@@ -832,17 +832,22 @@ def cp_sent_bytes(model: Model, plan: Plan, r: str, compiled: bool = False) -> f
         return 0.0
     kv, q, o = _cp_blocks(model, plan)
     passes = 2 if _reruns_attention(model, plan, r, compiled) else 1   # the forward's exchanges
-    share = (cp - 1) / cp
-    if plan.cp_comm == "a2a":        # Q, K, V and the output there; dO and dQ, dK, dV back
-        return share * (passes * (q + kv + o) + o + q + kv)
+
+    def ulysses(group: int) -> float:   # Q, K, V and the output there; dO and dQ, dK, dV back
+        return (group - 1) / group * (passes * (q + kv + o) + o + q + kv)
+
+    def ring_of(steps: int) -> float:   # K/V each step, then K/V and dK/dV
+        return (steps - 1) * (kv * passes + 2 * kv)
+
+    if plan.cp_comm == "a2a":
+        return ulysses(cp)
     if plan.cp_comm == "a2a+p2p":     # a2a's inside a group of cp_a2a, p2p's over the cp / cp_a2a groups
-        a = plan.cp_a2a
-        return (a - 1) / a * (passes * (q + kv + o) + o + q + kv) + (cp // a - 1) * (kv * passes + 2 * kv)
+        return ulysses(plan.cp_a2a) + ring_of(cp // plan.cp_a2a)
     if plan.cp_comm == "all_gather":  # each gather and the gradients' reduce-scatter: (cp-1)/cp of cp blocks
         return (cp - 1) * kv * (passes + 2)
     if plan.cp_comm == "torch":       # gathers as all_gather; fp32 dK, dV round the ring (cp sends)
         return (cp - 1) * kv * (passes + 1) + cp * kv * 4 / model.bytes_per_element
-    return (cp - 1) * (kv * passes + 2 * kv)      # p2p: K/V each step, then K/V and dK/dV
+    return ring_of(cp)
 
 
 @lru_cache(maxsize=16384)

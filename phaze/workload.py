@@ -75,7 +75,7 @@ class Model:
                                          # cp_comm): a ring of steps (p2p, torch), one kernel over the
                                          # gathered keys (all_gather) or over whole sequences (a2a);
                                          # a2a+p2p: a ring of groups of context_parallel_a2a ranks
-    context_parallel_a2a: int = 1        # a2a+p2p: ranks of one all-to-all group (the plan's cp_a2a)
+    context_parallel_a2a: int = 1        # a2a+p2p: ranks of one all-to-all group (the plan's cp_a2a; else 1)
     qk_norm: bool = False                # RMSNorm on each query and key head (Qwen3): 2 x head_dim weights
     attention_sinks: bool = False        # one learned sink logit per head (GPT-OSS)
     # multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = ordinary attention. With MLA,

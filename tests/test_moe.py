@@ -523,7 +523,9 @@ def test_place_searches_dispatchers_and_overlap_exactly():
 def test_dispatchers_and_overlap_from_the_flag_and_the_sweep(tmp_path):
     from test_space import placement_options
 
-    from phaze.cli import _dispatcher_list, _switch_list
+    from phaze.cli import _subset_list, _switch_list
+    from phaze.plan import DISPATCHERS
+    _dispatcher_list = _subset_list(DISPATCHERS)
     assert _dispatcher_list("DeepEP,alltoall") == ("deepep", "alltoall")
     assert _switch_list("on,0,off") == (True, False)
     for parse, bad in ((_dispatcher_list, "flex"), (_switch_list, "maybe")):
