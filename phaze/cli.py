@@ -1026,7 +1026,13 @@ def cmd_search(args) -> int:
 def cmd_sweep(args) -> int:
     """``phaze sweep CONFIG``: every design of the space, largest area first."""
     cfg = load_sweep(args.config)
-    res = sweep(cfg, storage=args.storage, study_name=args.study, limit=args.limit, progress=not args.quiet)
+    try:
+        res = sweep(cfg, storage=args.storage, study_name=args.study, limit=args.limit, progress=not args.quiet)
+    except SearchInterrupted as stop:     # Ctrl-C: the best designs so far, and how to go on
+        _search_summary(stop.result, cfg, figures=False)
+        print(f"phaze: sweep interrupted with {stop.result.complete} designs evaluated (the design in hand is "
+              f"marked failed); the same command resumes the sweep", file=sys.stderr)
+        return 130
     _search_summary(res, cfg)
     return 0
 

@@ -819,24 +819,34 @@ def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: b
     todo = [c for _, c in points if _key(c) not in done]
     bar = tqdm.tqdm(total=len(points), initial=len(points) - len(todo), unit="design",
                desc=f"sweep {name}", disable=not progress, dynamic_ncols=True)
-    try:
-        for choices in todo:
-            study.enqueue_trial(choices)
-            trial = study.ask()
-            try:
-                values = record(trial, cfg, {d.param: d.suggest(trial) for d in cfg.searched})
-            except BaseException:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                raise
-            study.tell(trial, values)
-            bar.update(1)
-    finally:
-        elapsed_s = time.perf_counter() - start
-        bar.close()
-        if write:
-            _writing(study_dir(url, name), progress)
-            write_study_files(study, cfg, study_dir(url, name))
-    return SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)), elapsed_s)
+    interrupted, late = False, []
+    with ctrl_c_held(late):     # as in :func:`_search`: a late Ctrl-C waits for the files
+        try:
+            with interruptible():
+                if late:
+                    raise KeyboardInterrupt
+                for choices in todo:
+                    study.enqueue_trial(choices)
+                    trial = study.ask()
+                    try:
+                        values = record(trial, cfg, {d.param: d.suggest(trial) for d in cfg.searched})
+                    except BaseException:
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                        raise
+                    study.tell(trial, values)
+                    bar.update(1)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            elapsed_s = time.perf_counter() - start
+            bar.close()
+            if write:
+                _writing(study_dir(url, name), progress, figures=not (interrupted or late))
+                write_study_files(study, cfg, study_dir(url, name), figures=not (interrupted or late))
+    res = SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)), elapsed_s)
+    if interrupted or late:
+        raise SearchInterrupted(res)
+    return res
 
 
 def _static_value(si, key: str) -> float:

@@ -445,6 +445,41 @@ def test_ctrl_c_prints_the_best_so_far_exits_130_and_the_same_command_resumes(tm
     assert _states(url, "intr").count("COMPLETE") == INTERRUPTED["trials"]
 
 
+def test_ctrl_c_stops_a_sweep_like_a_search_and_the_same_command_resumes(tmp_path):
+    """``phaze sweep`` under Ctrl-C, as ``phaze search``: exit 130 with the best designs so far and
+    the resume line, no traceback, the tables written; before, a bare 'phaze: interrupted'."""
+    import os
+    import signal
+    import time
+    config = write(tmp_path, dict(INTERRUPTED, space={**INTERRUPTED["space"], "tensor_units": [4, 8, 16],
+                                                       "vector_units": [1, 2]}))
+    env = dict(os.environ, PHAZE_CACHE_DIR=str(tmp_path / "cache"))      # solves, not cache hits
+    argv = [sys.executable, "-m", "phaze.cli", "sweep", str(config), "--quiet"]
+    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"sqlite:///{tmp_path / 'results' / 'intr-sweep' / 'study.db'}"
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        try:
+            if _states(url, "intr-sweep").count("COMPLETE") >= 2:
+                break
+        except Exception:            # the study is not there yet
+            pass
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "sweep interrupted" in err and "the same command resumes" in err
+    assert "designs evaluated" in out and "  trial " in out                   # the best designs so far
+    states = _states(url, "intr-sweep")
+    assert "RUNNING" not in states and 2 <= states.count("COMPLETE") < 12
+    assert (tmp_path / "results" / "intr-sweep" / "trials.csv").exists()
+    again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert _states(url, "intr-sweep").count("COMPLETE") == 12
+
+
 @pytest.mark.parametrize("url", ["sqlite:///{d}/s.db", "journal:///{d}/s.log"])
 def test_a_trials_attributes_are_written_at_once_and_read_back_the_same(tmp_path, url):
     """set_user_attrs writes a trial's attributes in one transaction on a database (one call
