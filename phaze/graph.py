@@ -280,6 +280,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     kv_t = kv_width(model, t)
     qkv_n = model.q_dim // t + 2 * kv_t
     a_t, d, dv = model.heads // t, model.head_dim, model.v_head_dim
+    # what a fused attention kernel reads per token: queries, keys and the values at their own
+    # width (MLA's are narrower than its keys)
+    qkv_read = model.q_dim // t + kv_t + max(1, model.kv_heads // t) * dv
     ffn_out = model.ffn_hidden * (2 if model.activation == "swiglu" else 1) // t
     f_t = model.ffn_hidden // t
     fused = attention in ("flash", "flash2")
@@ -458,7 +461,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 # gathered keys (its two halves side by side on two streams: one op), and Ulysses
                 # the whole sequence's queries and keys for a cp-th of the heads: cp blocks either way
                 heads, rows = (a_t // cp, s * cp) if model.context_parallel_comm == "a2a" else (a_t, s)
-                kv_read = 2 * kv_t * (cp if model.context_parallel_comm == "all_gather" else 1)
+                kv_read = (qkv_read - model.q_dim // t) * (cp if model.context_parallel_comm == "all_gather" else 1)
                 fb.add(n(_ring_name(0)), "tensor+vector", flops=cp * flops, work_fraction=work,
                        gemm=(b * heads, rows, sk, d), elements=cp * scores, special=cp * scores,
                        vector_flops=5 * cp * scores, bytes_read=p * T * (a_t * d + kv_read),
@@ -477,7 +480,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 m = max(1, len(ring))
                 fb.add(n(_ring_name(k)), "tensor+vector", flops=m * g * flops,
                        work_fraction=step_work, gemm=(m * b * a_t // g, s * g, s * g, d), elements=m * g * scores,
-                       special=m * g * scores, vector_flops=5 * m * g * scores, bytes_read=m * p * T * qkv_n,
+                       special=m * g * scores, vector_flops=5 * m * g * scores, bytes_read=m * p * T * qkv_read,
                        bytes_written=m * p * T * a_t * dv, core_attention=True, operand_reuse=reuse,
                        ring=ring)
             return

@@ -425,7 +425,8 @@ def test_mla_attention_core_uses_the_value_width_by_hand():
     """DeepSeek-V3's MLA: queries and keys 192 wide, values 128. The fused kernel's forward is
     S = Q.K^T (2 s^2 192 per head) and O = P.V (2 s^2 128); its backward re-forms S and runs dV,
     dP (value width) and dQ, dK (query/key width): 2 s^2 (3 192 + 2 128). The unfused context
-    product is s x s x 128, and the saved V and out-projection input are 128 wide per head."""
+    product is s x s x 128, and the saved V and out-projection input are 128 wide per head, as is
+    the V the fused kernel reads."""
     from phaze.memory import activation_bytes_per_layer
     ds = replace(load_model("deepseek-v3", 4096), dense_layers=0)
     a, s = ds.heads, ds.seq_len
@@ -434,6 +435,9 @@ def test_mla_attention_core_uses_the_value_width_by_hand():
     assert fwd["flash_attention"].flops == 2.0 * a * s * s * (192 + 128)
     assert bwd["flash_attention.bwd"].flops == pytest.approx(2.0 * a * s * s * (3 * 192 + 2 * 128))
     assert fwd["flash_attention"].bytes_written == 2 * s * a * 128
+    # it reads Q and K 192 wide and V 128 wide, and its backward reads them and O, dO again
+    assert fwd["flash_attention"].bytes_read == 2 * s * a * (192 + 192 + 128)
+    assert bwd["flash_attention.bwd"].bytes_read == 2 * s * a * (192 + 192 + 128 + 2 * 128)
     unfused = {o.name: o for o in layer_graph(ds, 1, 1, False, "standard", "none", ExpertLayout()).fwd}
     assert unfused["context"].gemm == (a, s, s, 128) and unfused["scores"].gemm == (a, s, 192, s)
     # as wide as the queries: the V and out-projection inputs grow by 2 bytes x 64 x heads per token each
