@@ -413,6 +413,8 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     grad_bytes = 4 if plan.reduce_fp32 else p
     total = Activity()
     for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True)):
+        params = costs.params(i, n)
+        n = costs.layers_on(i, n)   # the last stage's multi-token prediction layers too
         if r == "block":     # k layers re-run whole, the others nothing
             per_mb = (layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "none") * (n - k)
                       + layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "full") * k)
@@ -424,7 +426,6 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
         if i == pp - 1:
             per_mb = per_mb + head
         stage = per_mb * m
-        params = costs.params(i, n)
         # data-parallel gradient reduction (and the distributed optimizer's weight all-gather, or
         # FSDP's per-layer gathers); each byte sent is read from HBM and one received is written
         if plan.zero >= 3:

@@ -185,8 +185,9 @@ def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fil
         # compiled: the fewest ops a full recompute may run on any chip (a lower bound for each)
         layer = _ops_work(layer_graph(m, mbs, tp, sp, spec.options.attention, r, None, True).ops, eff, rows, cols,
                           fill)
-        # per micro-batch, over the tp ranks of its group: every layer, and the head once
-        per_mb = [tp * (m.layers * a + h) for a, h in zip(layer, head, strict=True)]
+        # per micro-batch, over the tp ranks of its group: every layer (the multi-token prediction
+        # modules' too), and the head once (the modules' heads in it)
+        per_mb = [tp * ((m.layers + m.mtp_layers) * a + h) for a, h in zip(layer, head, strict=True)]
         out.append(Work(*(spec.global_batch / mbs * x for x in per_mb)))
     return tuple(out)
 
@@ -298,7 +299,7 @@ def _energy_min(spec: WorkloadSpec, k: dict) -> float:
         edges = _ops_energy(e["embedding"] + e["head"], k, m.precision, m.bytes_per_element, tp)
         layer = _ops_energy(layer_graph(m, mbs, tp, sp, spec.options.attention, r, None, True).ops, k, m.precision,
                             m.bytes_per_element, tp)
-        best = min(best, spec.global_batch / mbs * tp * (m.layers * layer + edges))
+        best = min(best, spec.global_batch / mbs * tp * ((m.layers + m.mtp_layers) * layer + edges))
     return 0.0 if not math.isfinite(best) else best
 
 

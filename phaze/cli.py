@@ -129,9 +129,12 @@ def params_text(model) -> str:
     """The parameter count as read, so that a user can check a config's reading against the
     published figure: total, and for a mixture of experts those active per token."""
     total = f"{model.params / 1e9:,.2f} B ({model.params:,})"
-    if not model.moe:
-        return total
-    return f"{total} total, {model.active_params / 1e9:,.2f} B ({model.active_params:,}) active per token"
+    if model.moe:
+        total = f"{total} total, {model.active_params / 1e9:,.2f} B ({model.active_params:,}) active per token"
+    if model.mtp_layers:
+        total += (f"; multi-token prediction: {model.mtp_layers} module{'s' if model.mtp_layers > 1 else ''} "
+                  f"on the last stage, {model.mtp_params / 1e9:,.2f} B more")
+    return total
 
 
 def format_result(r: StepResult, model=None) -> str:
@@ -386,7 +389,7 @@ def cmd_evaluate(args) -> int:
         notes["framework"] = preset
     if args.format == "json":
         print(json.dumps(dict(result.to_dict(), params=model.params, active_params=model.active_params,
-                              power=ps.to_dict(), assumptions=notes), indent=2))
+                              mtp_params=model.mtp_params, power=ps.to_dict(), assumptions=notes), indent=2))
     else:
         print(format_result(result, model))
         print(format_power(ps))

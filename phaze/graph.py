@@ -692,6 +692,7 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     _vector(emb_b, "embedding.grad_accumulate", T * e, p, reads=2, flops_per_element=1)
 
     head = _Builder("fwd")
+    head_b = _Builder("bwd")
     if model.norm_position == "pre":
         _vector(head, "final_norm", Tn * h, p, flops_per_element=8)
     if t > 1 and sp:
@@ -701,24 +702,7 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(head, "mlm_norm", T * h, p, flops_per_element=10)
     if e != h:
         _gemm(head, "head.project_out", 1, T, h, e, p, weights=True)
-    _gemm(head, "logits", 1, T, e, Vt, p, weights=True)
-    # loss in fp32 as frameworks compute it: upcast the logits, log-softmax, gather (fwd);
-    # softmax minus one-hot, downcast (bwd); bytes per logit, expressed in units of p.
-    # Megatron-LM's _VocabParallelCrossEntropy (mpu/cross_entropy.py, 2021-22; the GPT model calls
-    # it on output.float()) runs each step as its own pass over the fp32 logits: upcast (read p,
-    # write 4), max (read 4), subtract in place (4 + 4), exp in place (4 + 4), sum (4), divide in
-    # place for the saved softmax (4 + 4); its backward (multiply in place, downcast) is torch's.
-    reads, writes = (p + 20, 16) if loss == "megatron" else (p + 4 + 4, 4 + 4)
-    _vector(head, "cross_entropy", T * Vt, p, reads=reads / p, writes=writes / p,
-            flops_per_element=6, special_per_element=1)
-    if t > 1:
-        _coll(head, "cross_entropy.all_reduce", "all_reduce", "tp", 3 * 4 * T)
-    head_b = _Builder("bwd")
-    _vector(head_b, "cross_entropy.bwd", T * Vt, p, reads=(4 + 4) / p, writes=(4 + p) / p,
-            flops_per_element=2)
-    _gemm(head_b, "logits.dgrad", 1, T, Vt, e, p, weights=True)
-    _gemm(head_b, "logits.wgrad", 1, e, T, Vt, p, weights=False, deps=("cross_entropy.bwd",), linear=True)
-    head_b.last = ("logits.dgrad",)
+    _logits_and_loss(head, head_b, "", T, e, Vt, p, t, loss)
     if e != h:
         _gemm(head_b, "head.project_out.dgrad", 1, T, e, h, p, weights=True)
         _gemm(head_b, "head.project_out.wgrad", 1, h, T, e, p, weights=False, deps=("logits.dgrad",),
@@ -735,7 +719,81 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
               "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
     if model.norm_position == "pre":
         _vector(head_b, "final_norm.bwd", Tn * h, p, reads=2, flops_per_element=8)
+    for k in range(model.mtp_layers):
+        _mtp_module(head, head_b, f"mtp{k}.", T, Tn, h, e, Vt, p, t, sp, loss)
     return {"embedding": tuple(fwd_emb) + tuple(emb_b.ops), "head": tuple(head.ops) + tuple(head_b.ops)}
+
+
+def _logits_and_loss(fwd: _Builder, bwd: _Builder, prefix: str, T, e, Vt, p, t, loss: str) -> None:
+    """The output head's logits GEMM and cross entropy on one of ``t`` ranks (its vocabulary
+    slice ``Vt``), forward into ``fwd`` and backward into ``bwd``; ops named ``prefix`` + ...."""
+    _gemm(fwd, prefix + "logits", 1, T, e, Vt, p, weights=True)
+    # loss in fp32 as frameworks compute it: upcast the logits, log-softmax, gather (fwd);
+    # softmax minus one-hot, downcast (bwd); bytes per logit, expressed in units of p.
+    # Megatron-LM's _VocabParallelCrossEntropy (mpu/cross_entropy.py, 2021-22; the GPT model calls
+    # it on output.float()) runs each step as its own pass over the fp32 logits: upcast (read p,
+    # write 4), max (read 4), subtract in place (4 + 4), exp in place (4 + 4), sum (4), divide in
+    # place for the saved softmax (4 + 4); its backward (multiply in place, downcast) is torch's.
+    reads, writes = (p + 20, 16) if loss == "megatron" else (p + 4 + 4, 4 + 4)
+    _vector(fwd, prefix + "cross_entropy", T * Vt, p, reads=reads / p, writes=writes / p,
+            flops_per_element=6, special_per_element=1)
+    if t > 1:
+        _coll(fwd, prefix + "cross_entropy.all_reduce", "all_reduce", "tp", 3 * 4 * T)
+    _vector(bwd, prefix + "cross_entropy.bwd", T * Vt, p, reads=(4 + 4) / p, writes=(4 + p) / p,
+            flops_per_element=2)
+    _gemm(bwd, prefix + "logits.dgrad", 1, T, Vt, e, p, weights=True)
+    _gemm(bwd, prefix + "logits.wgrad", 1, e, T, Vt, p, weights=False, deps=(prefix + "cross_entropy.bwd",),
+          linear=True)
+    bwd.last = (prefix + "logits.dgrad",)
+
+
+def _mtp_module(fwd: _Builder, bwd: _Builder, prefix: str, T, Tn, h, e, Vt, p, t, sp, loss: str) -> None:
+    """One multi-token prediction module outside its transformer layer (which the last stage
+    runs as one more layer), as Megatron-Core 0.16 runs it (transformer/multi_token_prediction.py,
+    ``MultiTokenPredictionLayer``; models/gpt/gpt_model.py): the shared embedding of the tokens
+    one further on (the same vocab-parallel lookup and reduction as the first stage's), ``enorm``
+    and ``hnorm``, their concatenation, ``eh_proj`` (a column-parallel 2h -> h GEMM, its input
+    gathered over the sequence under sp, its output gathered over tp, then split again), after the
+    layer ``final_layernorm``, and the shared head's logits and loss on its own copy of the
+    micro-batch (``mtp_loss_scaling_factor`` only scales its gradient)."""
+    assert e == h, "multi-token prediction with a factorised embedding is refused where the model is read"
+    _vector(fwd, prefix + "embedding.lookup", T * h, p, flops_per_element=1)
+    if t > 1:
+        _coll(fwd, prefix + "embedding." + ("reduce_scatter" if sp else "all_reduce"),
+              "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
+    _vector(fwd, prefix + "enorm", Tn * h, p, flops_per_element=8)
+    _vector(fwd, prefix + "hnorm", Tn * h, p, flops_per_element=8)
+    _vector(fwd, prefix + "concat", Tn * 2 * h, p, flops_per_element=0)
+    if t > 1 and sp:
+        _coll(fwd, prefix + "eh_proj.all_gather", "all_gather", "tp", p * T * 2 * h)
+    _gemm(fwd, prefix + "eh_proj", 1, T, 2 * h, h // t, p, weights=True)
+    if t > 1:   # gather_from_tensor_model_parallel_region: the output's columns from every rank
+        _coll(fwd, prefix + "eh_proj.gather", "all_gather", "tp", p * T * h)
+    # ... the transformer layer (a layer of the last stage) ...
+    _vector(fwd, prefix + "final_norm", Tn * h, p, flops_per_element=8)
+    if t > 1 and sp:
+        _coll(fwd, prefix + "head.all_gather", "all_gather", "tp", p * T * h)
+    _logits_and_loss(fwd, bwd, prefix, T, e, Vt, p, t, loss)
+    if t > 1:
+        _coll(bwd, prefix + "head.dgrad." + ("reduce_scatter" if sp else "all_reduce"),
+              "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
+    _vector(bwd, prefix + "final_norm.bwd", Tn * h, p, reads=2, flops_per_element=8)
+    # ... the transformer layer's backward ...
+    if t > 1 and sp:   # the split's backward gathers the sequence; the gather's backward splits
+        _coll(bwd, prefix + "eh_proj.scatter.bwd", "all_gather", "tp", p * T * h)
+    grad = bwd.last
+    _gemm(bwd, prefix + "eh_proj.dgrad", 1, T, h // t, 2 * h, p, weights=True)
+    _gemm(bwd, prefix + "eh_proj.wgrad", 1, h // t, T, 2 * h, p, weights=False, deps=grad, linear=True)
+    bwd.last = (prefix + "eh_proj.dgrad",)
+    if t > 1:
+        _coll(bwd, prefix + "eh_proj.dgrad." + ("reduce_scatter" if sp else "all_reduce"),
+              "reduce_scatter" if sp else "all_reduce", "tp", p * T * 2 * h)
+    _vector(bwd, prefix + "split.bwd", Tn * 2 * h, p, flops_per_element=0)
+    _vector(bwd, prefix + "enorm.bwd", Tn * h, p, reads=2, flops_per_element=8)
+    _vector(bwd, prefix + "hnorm.bwd", Tn * h, p, reads=2, flops_per_element=8)
+    if t > 1 and sp:
+        _coll(bwd, prefix + "embedding.all_gather.bwd", "all_gather", "tp", p * T * h)
+    _vector(bwd, prefix + "embedding.grad_accumulate", T * h, p, reads=2, flops_per_element=1)
 
 
 def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: str = "bf16") -> Op:

@@ -730,7 +730,7 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float
     if weights is not None:
         a, v = weights
     layer = min(costs.mode(r).layer.total for r in layer_modes(modes))
-    total = L * layer + pp * costs.send_s + costs.embedding.total + costs.head.total
+    total = (L + costs.model.mtp_layers) * layer + pp * costs.send_s + costs.embedding.total + costs.head.total
     edge = layer + costs.send_s + max(costs.embedding.total, costs.head.total)
     return a * max(total / pp, edge if pp > 1 else total) + total / v
 
@@ -1110,7 +1110,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
             den = n0 + e.total + s
             if den > 0:
                 beta = min(beta, (beta_layer * n0 + e.compute + e.memory) / den)
-        stages_sum = L * tau + costs.embedding.total + costs.head.total + pp * s
+        stages_sum = (L + costs.model.mtp_layers) * tau + costs.embedding.total + costs.head.total + pp * s
         busy = m * beta * stages_sum / pp
         # the share also follows from the step's own form: step = w T_c + sum T / v + tail
         # <= (w + pp / v) T_c + tail, with T_c at least the mean stage time

@@ -181,18 +181,23 @@ def edge_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool,
 def model_flops_per_sample(model: Model) -> float:
     """Model FLOPs of one sequence, forward and backward, no recompute, non-causal attention
     counted in full (the Narayanan / MFU convention); a mixture of experts counts its router, the
-    top-k routed and the shared experts (Megatron's convention)."""
+    top-k routed and the shared experts (Megatron's convention); multi-token prediction counts
+    each module's layer, projection and logits, work the step must do."""
     return _layers_flops(model, "none") + _edge_flops(model)
 
 
 @lru_cache(maxsize=4096)
-def _layers_flops(model: Model, recompute: str, compiled: bool = False) -> float:
+def _layers_flops(model: Model, recompute: str, compiled: bool = False, mtp: bool = True) -> float:
     """Tensor FLOPs of all the layers for one sequence (balanced routing over one rank), recompute
-    included: what the hardware executes (for HFU; ``compiled``: as :func:`phaze.graph.layer_graph`)."""
-    flops = model.layers * tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute, None, compiled).ops)
+    included: what the hardware executes (for HFU; ``compiled``: as :func:`phaze.graph.layer_graph`);
+    ``mtp``: with the multi-token prediction modules' layers."""
+    layer = tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute, None, compiled).ops)
+    flops = model.layers * layer
     if model.moe and model.dense_layers:
         dense = tensor_flops(layer_graph(dense_view(model), 1, 1, False, "standard", recompute, None, compiled).ops)
         flops = model.moe_layers * flops / model.layers + model.dense_layers * dense
+    if mtp and model.mtp_layers:   # each multi-token prediction module's layer, of the repeated (MoE) kind
+        flops = flops + model.mtp_layers * layer
     return flops
 
 
@@ -482,16 +487,31 @@ class StageCosts:
             self._modes[r] = mode_costs(self.model, self.chip, self.devices, mode_layout(self.plan), self.eff, r)
         return self._modes[r]
 
-    def params(self, i: int, n: int) -> float:
-        """Parameters one device of stage ``i`` holds with ``n`` layers."""
+    def layers_on(self, i: int, n):
+        """Transformer layers a device of stage ``i`` runs with ``n`` of the model's: the last
+        stage also runs each multi-token prediction module's layer (Megatron-Core builds them
+        there, ``get_mtp_num_layers_to_build``; a layer of the repeated kind, costed as the mean
+        layer as every stage's are). ``n`` may be an array."""
+        return n + self.model.mtp_layers if i == self.plan.pp - 1 else n
+
+    def _table_copy(self, i: int) -> bool:
+        """Whether stage ``i`` keeps its own copy of the embedding table: the last of several
+        stages does when the head is tied to it or multi-token prediction looks tokens up."""
         m, pp = self.model, self.plan.pp
+        return pp > 1 and i == pp - 1 and (m.tied_embeddings or m.mtp_layers > 0)
+
+    def params(self, i: int, n: int) -> float:
+        """Parameters one device of stage ``i`` holds with ``n`` layers (the last stage's
+        multi-token prediction modules included)."""
+        m, pp = self.model, self.plan.pp
+        n = self.layers_on(i, n)
         q = n * tp_layer_params(m, self.plan.tp)
         if i == 0:
             q += m.embedding_params
         if i == pp - 1:
-            q += m.head_params
-            if m.tied_embeddings and pp > 1:   # the last stage keeps its own copy of the table
-                q += m.vocab * (m.embedding_projection_dim or m.hidden)
+            q += m.head_params + m.mtp_layers * m.mtp_module_params
+        if self._table_copy(i):   # the last stage keeps its own copy of the table
+            q += m.vocab * (m.embedding_projection_dim or m.hidden)
         if m.moe:   # routed experts are sharded over ep x etp, not tp
             return q / self.plan.tp + n * self._expert_shift()
         return q / self.plan.tp
@@ -520,14 +540,18 @@ class StageCosts:
         adds into the main gradients (:meth:`phaze.workload.Model.layer_tensors`; the head's
         weight, or the last stage's copy of a tied table, is a GEMM's)."""
         m, pp = self.model, self.plan.pp
-        q = n * m.layer_tensors(m.experts / self.plan.ep if m.moe else None, hooked)
+        q = self.layers_on(i, n) * m.layer_tensors(m.experts / self.plan.ep if m.moe else None, hooked)
         if i == 0:
             q = q + m.embedding_tensors
         if i == pp - 1:
+            # each multi-token prediction module: three norms and eh_proj (a GEMM's)
+            q = q + m.mtp_layers * (3 * (2 if m.norm == "layernorm" and m.bias else 1) + (0 if hooked else 1))
             if hooked:   # less the head's weight
                 q = q + m.head_tensors - (0 if m.tied_embeddings else 1)
-            else:        # and the last stage's copy of a tied table
-                q = q + m.head_tensors + (1 if m.tied_embeddings and pp > 1 else 0)
+            else:
+                q = q + m.head_tensors
+        if self._table_copy(i) and (not hooked or m.mtp_layers):   # the last stage's copy of the table:
+            q = q + 1   # a tied head's weight is a GEMM's, a multi-token prediction lookup's is hooked
         return q
 
     def accumulation(self, i: int, n):
@@ -550,7 +574,8 @@ class StageCosts:
         passes = TensorPasses(1, float(p + g), float(g))
         if not plan.grad_accum_fusion:
             return self._tensor_pass(passes, i, n)
-        params = (m.embedding_params / plan.tp if i == 0 else 0.0) + 0.0 * n
+        table = m.vocab * (m.embedding_projection_dim or m.hidden) if self._table_copy(i) and m.mtp_layers else 0.0
+        params = ((m.embedding_params if i == 0 else 0.0) + table) / plan.tp + 0.0 * n
         return tensor_pass_time(passes, self.tensors(i, n, hooked=True), params, self.chip, self.eff)
 
     def _tensor_pass(self, passes: TensorPasses, i: int, n):
@@ -572,7 +597,7 @@ class StageCosts:
     def time(self, i: int, n: int, r: str, k=0) -> PhaseTime:
         """Stage ``i`` with ``n`` layers and recompute ``r`` (``block``: ``k`` of them re-run whole):
         one micro-batch forward + backward and its gradient accumulation (:meth:`accumulation`)."""
-        t = self._layers("layer", n, r, k) + PhaseTime(communication=self.send_s)
+        t = self._layers("layer", self.layers_on(i, n), r, k) + PhaseTime(communication=self.send_s)
         if i == 0:
             t = t + self.embedding
         if i == self.plan.pp - 1:
@@ -589,11 +614,11 @@ class StageCosts:
         if colls is None:
             return 0.0 * params, opt_s
         # gradients accumulate over micro-batches: only the last backward can hide their reduction
-        bwd_window = self._layers("bwd", n, r, k) if self.plan.dp_overlap else 0.0 * params
+        bwd_window = self._layers("bwd", self.layers_on(i, n), r, k) if self.plan.dp_overlap else 0.0 * params
         if len(colls) == 2:
             # distributed optimizer: reduce-scatter the gradients under the last backward,
             # all-gather the updated weights under the next step's first forward
-            fwd_window = self._layers("fwd", n, r, k) if self.plan.dp_overlap else 0.0 * params
+            fwd_window = self._layers("fwd", self.layers_on(i, n), r, k) if self.plan.dp_overlap else 0.0 * params
             return exposed(colls[0], bwd_window, self.eff) + exposed(colls[1], fwd_window, self.eff), opt_s
         return exposed(colls[0], bwd_window, self.eff), opt_s
 
@@ -622,7 +647,7 @@ class StageCosts:
             one, slope = self._affine[key]
             return slope * (nbytes - 1.0) + one
 
-        experts = self.expert_params(n) if self.model.moe else 0.0
+        experts = self.expert_params(self.layers_on(i, n)) if self.model.moe else 0.0
         edp, e_replicas = expert_shard(plan, self.devices, chip)
         base = coll
 
@@ -673,16 +698,19 @@ class StageCosts:
         pp, v, tp = plan.pp, plan.vp, plan.tp
         i = np.arange(pp, dtype=float)[:, None]
         inflight = inflight_micro_batches(pp, v, self.micro_batches, i)
-        q = np.broadcast_to(ns * tp_layer_params(m, tp), (pp, len(ns))).copy()
+        ns = np.broadcast_to(ns, (pp, len(ns))).astype(float)
+        ns[pp - 1] += m.mtp_layers   # the last stage's multi-token prediction layers (:meth:`layers_on`)
+        q = ns * tp_layer_params(m, tp)
         q[0] += m.embedding_params
-        q[pp - 1] += m.head_params
-        if m.tied_embeddings and pp > 1:
+        q[pp - 1] += m.head_params + m.mtp_layers * m.mtp_module_params
+        if self._table_copy(pp - 1):
             q[pp - 1] += m.vocab * (m.embedding_projection_dim or m.hidden)
         if r != "block":
             transient = np.full((pp, 1), self.full_act_bytes if r != "none" else 0.0)
         else:       # a layer re-materialised where some re-run whole
-            transient = np.where(np.broadcast_to(np.asarray(ks) > 0, (pp, len(ns))), self.full_act_bytes, 0.0)
-        transient[pp - 1] += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
+            transient = np.where(np.broadcast_to(np.asarray(ks) > 0, ns.shape), self.full_act_bytes, 0.0)
+        transient = transient + np.zeros(ns.shape)
+        transient[pp - 1] += self.logits_bytes()
         transient += cp_transient_bytes(m, plan)
         if plan.zero >= 3:
             transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp
@@ -690,6 +718,13 @@ class StageCosts:
             return (self.state_bytes_per_param * (q / tp + ns * self._expert_shift()) + ns * self._expert_state_shift()
                     + self._layers("act_bytes", ns, r, ks) * inflight + transient)
         return self.state_bytes_per_param * (q / tp) + self._layers("act_bytes", ns, r, ks) * inflight + transient
+
+    def logits_bytes(self) -> float:
+        """The last stage's fp32 logits for the loss, one micro-batch: the main head's and each
+        multi-token prediction module's, whose losses are all taken in the forward pass and
+        kept for the backward."""
+        plan, m = self.plan, self.model
+        return (1 + m.mtp_layers) * 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
 
     def memory(self, i: int, n: int, r: str, k: int = 0) -> StageMemory:
         """Peak bytes on a device of stage ``i``: under 1F1B it holds min(pp - i, m) micro-batches."""
@@ -699,14 +734,15 @@ class StageCosts:
         recomputes = r != "none" and (r != "block" or k > 0)
         transient = self.full_act_bytes if recomputes else 0.0    # one layer re-materialised
         if i == pp - 1:   # fp32 logits for the loss
-            transient += 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
+            transient += self.logits_bytes()
         transient += cp_transient_bytes(m, plan)
         if plan.zero >= 3:
             transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp   # gathered layer weights
         weights = self.state_bytes_per_param * self.params(i, n)
+        runs = self.layers_on(i, n)
         if m.moe:
-            weights = weights + n * self._expert_state_shift()
-        return StageMemory(i, n, weights, self._layers("act_bytes", n, r, k) * inflight, transient)
+            weights = weights + runs * self._expert_state_shift()
+        return StageMemory(i, n, weights, self._layers("act_bytes", runs, r, k) * inflight, transient)
 
 
 def tensor_pass_time(passes: TensorPasses, tensors, params, chip: Chip, eff: Efficiency):
@@ -1050,9 +1086,13 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
-    hw = sum((n - k) * _layers_flops(model, _counted_recompute(r, plan), chip.compiled)
-             + k * _layers_flops(model, "full", chip.compiled) for n, r, k in zip(counts, recs, ks, strict=True))
+    hw = sum((n - k) * _layers_flops(model, _counted_recompute(r, plan), chip.compiled, mtp=False)
+             + k * _layers_flops(model, "full", chip.compiled, mtp=False)
+             for n, r, k in zip(counts, recs, ks, strict=True))
     hw /= model.layers
+    if model.mtp_layers:   # the last stage's modules' layers, re-run with it (not under block: Megatron-Core skips)
+        r = "none" if recs[-1] == "block" else _counted_recompute(recs[-1], plan)
+        hw += _layers_flops(model, r, chip.compiled) - _layers_flops(model, r, chip.compiled, mtp=False)
     hw = (hw + _edge_flops(model)) * global_batch
     stages = [StageMemory(s.stage, int(s.layers), float(s.weights_and_optimizer_bytes), float(s.activation_bytes),
                           float(s.transient_bytes))

@@ -73,7 +73,7 @@ from .plan import (
 )
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system, with_devices_per_node
-from .workload import Model, load_model, router_groups_error, with_seq_len, workload_dirs
+from .workload import Model, load_model, mtp_error, router_groups_error, with_seq_len, workload_dirs
 
 REQUIRED_COLUMNS = (
     "run_id", "source_id", "gpu", "gpu_count", "model", "layers", "hidden", "heads", "ffn_hidden",
@@ -87,7 +87,7 @@ EXPLICIT_COLUMNS = (
     "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
-    "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a")
+    "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -673,6 +673,14 @@ def _row_model(row: dict, seq: int, precision: str, fw: Framework | None = None)
     experts = _int(row, "num_experts")
     if (shipped is not None and shipped.moe) or (experts and experts > 1):
         model = _with_experts(row, model, shipped if shipped is not None and shipped.moe else None)
+    # multi-token prediction is the run's choice (Megatron-Core's --mtp-num-layers, off unless
+    # given): blank is none, whatever a named workload trains with
+    mtp = _num(row, "mtp_layers")
+    if mtp is not None and (mtp < 0 or not float(mtp).is_integer()):
+        raise ValueError(f"column 'mtp_layers' must be a whole number >= 0, got {row['mtp_layers']!r}")
+    model = dataclasses.replace(model, mtp_layers=int(mtp or 0))
+    if mtp_error(model):
+        raise ValueError(f"column 'mtp_layers': {mtp_error(model)}")
     return model if fw is None else model_with(fw, model)[0]
 
 

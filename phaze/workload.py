@@ -98,6 +98,10 @@ class Model:
     # contiguous groups, each token's top-k taken from its best ``router_group_topk`` groups; 0: none
     router_groups: int = 0
     router_group_topk: int = 0
+    # multi-token prediction (DeepSeek-V3 Sec. 2.2, Megatron-Core's --mtp-num-layers): modules after
+    # the last layer, each the shared embedding of the next token, two norms, a 2h -> h projection,
+    # one more transformer layer, a norm, the shared head and its own loss; 0: none
+    mtp_layers: int = 0
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -320,8 +324,24 @@ class Model:
         return n
 
     @property
+    def mtp_module_params(self) -> int:
+        """Parameters of one multi-token prediction module beside its transformer layer and the
+        shared embedding and head: the 2h -> h projection (no bias) and three norms (Megatron-Core
+        ``MultiTokenPredictionLayer``: enorm, hnorm, final_layernorm)."""
+        return 2 * self.hidden * self.hidden + 3 * self.norm_params
+
+    @property
+    def mtp_params(self) -> int:
+        """Parameters the multi-token prediction modules add (each a layer of the repeated kind,
+        a mixture of experts' when the model has experts, and :attr:`mtp_module_params`); not in
+        :attr:`params`, as published counts leave them out (DeepSeek-V3's 671B)."""
+        layer = self.moe_layer_params if self.moe else self.dense_layer_params
+        return self.mtp_layers * (layer + self.mtp_module_params)
+
+    @property
     def params(self) -> int:
-        """Total trainable parameters."""
+        """Total trainable parameters of the main model (multi-token prediction:
+        :attr:`mtp_params`)."""
         layers = ((self.layers - self.moe_layers) * self.dense_layer_params
                   + self.moe_layers * self.moe_layer_params)
         return layers + self.embedding_params + self.head_params
@@ -400,16 +420,32 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         capacity_factor=f.number("capacity_factor", 0.0, minimum=0.0, inclusive=True),
         router_groups=f.int("router_groups", 0, minimum=0),
         router_group_topk=f.int("router_group_topk", 0, minimum=0),
+        mtp_layers=f.int("mtp_layers", 0, minimum=0),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
     f.int("published_active_params", None)  # published parameters active per token (MoE)
     f.finish()
     _check_moe(model, source)
+    bad = mtp_error(model)
+    if bad:
+        raise ConfigError(source, "mtp_layers", bad)
     if model.position_embedding == "learned" and model.max_positions < model.seq_len:
         raise ConfigError(source, "seq_len", f"must be <= max_positions ({model.max_positions}) "
                                              f"with learned positions, got {model.seq_len}")
     return model
+
+
+def mtp_error(model: Model) -> str:
+    """Why ``model``'s multi-token prediction cannot be costed ('' when it can)."""
+    if not model.mtp_layers:
+        return ""
+    if not model.causal:
+        return f"needs a decoder (multi-token prediction predicts later tokens), got architecture {model.architecture}"
+    if model.embedding_projection_dim and model.embedding_projection_dim != model.hidden:
+        return ("not modelled with a factorised embedding (embedding_projection_dim): Megatron-Core's "
+                "modules share an embedding of the hidden width")
+    return ""
 
 
 def _check_moe(model: Model, source: str) -> None:
@@ -482,8 +518,7 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
                    v_head_dim=int(cfg.get("v_head_dim") or 0))
         if int(cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):   # node-limited routing
             out.update(router_groups=int(cfg["n_group"]), router_group_topk=int(cfg["topk_group"]))
-        if cfg.get("num_nextn_predict_layers"):
-            notes.append("multi-token prediction module not modelled (not part of the published 671B)")
+        out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or 0)
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
         kinds = cfg.get("layer_types") or []

@@ -105,6 +105,34 @@ def test_bounds_are_bounds_on_random_designs():
     assert checked >= 15       # most random designs fit a plan: the comparison is not vacuous
 
 
+def test_bounds_hold_with_multi_token_prediction(tmp_path):
+    """A workload with multi-token prediction modules (one more layer and head each, on the
+    last stage): levels 0 and 1 still bound the exact throughput and power, and level 0 counts
+    the modules' layers (the bound falls below the plain model's)."""
+    spec = yaml.safe_load((Path(__file__).parents[1] / "workloads" / "gpt2-xl.yaml").read_text())
+    (tmp_path / "mtp.yaml").write_text(yaml.safe_dump({**spec, "name": "gpt2-xl-mtp", "mtp_layers": 1}))
+    work = [dict(WORKLOADS[1], workload=str(tmp_path / "mtp.yaml"))]
+    cfg = config(tmp_path, SPACE, {}, workloads=work)
+    plain = config(tmp_path, SPACE, {}, name="plain", workloads=[WORKLOADS[1]])
+    g = grid(cfg)
+    ub0, ub0_plain = grid_bounds(cfg, g, _efficiency), grid_bounds(plain, grid(plain), _efficiency)
+    assert (ub0 <= ub0_plain).all() and (ub0 < ub0_plain).any()
+    rng = random.Random(3)
+    checked = 0
+    for i in rng.sample(range(g.size), 10):
+        chip = build_chip(cfg.base, {k: float(v[i]) for k, v in g.values.items()}, cfg.process_node_nm,
+                          cfg.link_latency_s)
+        eff = _efficiency(chip)
+        ev = evaluate_chip(chip, cfg.workloads, eff)
+        exact = ev.throughput
+        assert ub0[i] >= exact * (1 - 1e-9) and chip_bound(chip, cfg.workloads, eff) >= exact * (1 - 1e-9)
+        if exact > 0:
+            pb = chip_power_bounds(chip, cfg.workloads, eff)
+            assert pb.throughput_ub >= exact * (1 - 1e-9) and pb.power_lb <= ev.power_w * (1 + 1e-9)
+        checked += exact > 0
+    assert checked >= 5
+
+
 def test_the_chosen_plan_has_one_of_the_bounded_layouts():
     """place_step_bounds names every layout the chosen plan may have; the best plan's layout is
     one of them, and the least dynamic energy over them is at most the best plan's."""

@@ -91,7 +91,10 @@ def test_hf_configs_give_the_shipped_workloads():
         # gpt-oss from HF also counts the q/k/v biases (5120 per layer) the workload file leaves out
         slack = 36 * 5120 if name == "gpt-oss-120b" else 0
         assert abs(hf.params - shipped.params) <= slack, name
-    assert any("multi-token prediction" in n for n in model_from_hf_config(configs["deepseek-v3"]).notes)
+    # multi-token prediction read from num_nextn_predict_layers, as the workload file states it
+    assert model_from_hf_config(configs["deepseek-v3"]).mtp_layers == load_model("deepseek-v3").mtp_layers == 1
+    no_mtp = {k: v for k, v in configs["deepseek-v3"].items() if k != "num_nextn_predict_layers"}
+    assert model_from_hf_config(no_mtp).mtp_layers == 0
     # node-limited routing from the config's n_group / topk_group (DeepSeek-V3's published 8 and 4)
     ds, ds_shipped = model_from_hf_config(configs["deepseek-v3"]), load_model("deepseek-v3")
     assert (ds.router_groups, ds.router_group_topk) == (ds_shipped.router_groups, ds_shipped.router_group_topk)

@@ -52,14 +52,29 @@ def brute_force(model, chip, devices, batch, options):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_dp_equals_brute_force(seed):
+    _dp_against_brute_force(seed)
+
+
+@pytest.mark.parametrize("seed", range(40, 46))
+def test_dp_equals_brute_force_with_multi_token_prediction(seed):
+    """The last stage also runs the modules' layers and heads (tied or not): the DP still finds
+    the best split. Without interleaving: the DP's interleaved splits keep chunks of c or c + 1
+    layers (``test_uneven_interleaved_layouts_equal_brute_force``), where a lighter last stage
+    could pay."""
+    rng = random.Random(seed)
+    _dp_against_brute_force(seed, dict(mtp_layers=rng.choice([1, 2]), tied_embeddings=rng.random() < 0.5),
+                            vp=(1,))
+
+
+def _dp_against_brute_force(seed, changes=None, vp=None):
     rng = random.Random(seed)
     layers = rng.randint(2, 8)
-    model = tiny_model(layers, seed)
+    model = replace(tiny_model(layers, seed), **(changes or {}))
     devices = rng.choice([2, 4, 8, 16])
     mbs = tuple(sorted(rng.sample([1, 2, 4], 2)))
     options = PlacementOptions(tp=rng.choice([(1,), (1, 2)]), mbs=mbs,
                                pp=tuple(p for p in (1, 2, 4, 8) if p <= min(layers, 4)),
-                               attention=rng.choice(["standard", "flash"]))
+                               attention=rng.choice(["standard", "flash"]), vp=vp or ())
     batch = devices * 4
     # memory between the leanest plan's need and the lower quartile: it binds, pipelines and
     # per-stage recompute become worth it
@@ -263,13 +278,13 @@ def test_bounded_search_equals_solving_every_layout_when_memory_binds(seed, monk
     assert all(p.result.fits for p in got.top)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(9))
 def test_uneven_interleaved_layouts_equal_brute_force(seed):
     """Layers not dividing pp*vp: the search places chunks of c or c + 1 layers (a stage's vp
     chunks hold vp*c .. vp*c + vp layers) and scores exactly what evaluate scores for the best
-    such split."""
+    such split; the last three with a multi-token prediction module on the last stage."""
     rng = random.Random(500 + seed)
-    model = tiny_model(rng.choice([5, 7, 9]), seed)
+    model = replace(tiny_model(rng.choice([5, 7, 9]), seed), mtp_layers=int(seed >= 6))
     options = PlacementOptions(tp=(1,), mbs=(1,), pp=(2,), vp=(2,), attention="flash")
     chip = toy_chip()
     devices, batch = 4, 16
