@@ -41,6 +41,7 @@ from .placement import (
     routing_values,
 )
 from .plan import (
+    BOOL_WORDS,
     CP_COMMS,
     CP_COMMS_ALLOWED,
     DISPATCHERS,
@@ -694,8 +695,7 @@ def _subset_list(allowed: tuple[str, ...]):
 
 
 def _switch_list(text: str) -> tuple[bool, ...]:
-    words = {"0": False, "off": False, "no": False, "1": True, "on": True, "yes": True}
-    values = tuple(dict.fromkeys(words.get(x.strip().lower()) for x in text.split(",") if x.strip()))
+    values = tuple(dict.fromkeys(BOOL_WORDS.get(x.strip().lower()) for x in text.split(",") if x.strip()))
     if not values or None in values:
         raise argparse.ArgumentTypeError(f"must be off, on or both (0,1), got {text[:40]!r}")
     return values

@@ -250,8 +250,8 @@ PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attentio
              "ep", "etp", "routing",
              "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard", "cp_comm",
              "cp_a2a")
-_BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
-         "off": False}
+BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+              "off": False}   # a switch's words, in --plan and in the flags that take off,on
 
 
 def parse_plan(text: str, source: str = "--plan") -> Plan:
@@ -301,9 +301,9 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                                                f"joined by '+', got {raw!r}")
             values[key] = mods
         elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap", "grad_accum_fusion"):
-            if raw.lower() not in _BOOL:
+            if raw.lower() not in BOOL_WORDS:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
-            values[key] = _BOOL[raw.lower()]
+            values[key] = BOOL_WORDS[raw.lower()]
         elif key == "cp_comm":
             try:
                 values[key] = cp_comm_value(raw)

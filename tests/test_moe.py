@@ -535,6 +535,7 @@ def test_dispatchers_and_overlap_from_the_flag_and_the_sweep(tmp_path):
     _dispatcher_list = _subset_list(DISPATCHERS)
     assert _dispatcher_list("DeepEP,alltoall") == ("deepep", "alltoall")
     assert _switch_list("on,0,off") == (True, False)
+    assert _switch_list("false,True") == (False, True)      # the words --plan takes for ep_overlap
     for parse, bad in ((_dispatcher_list, "flex"), (_switch_list, "maybe")):
         with pytest.raises(Exception, match="must be"):
             parse(bad)
