@@ -67,6 +67,15 @@ def _feasible(cfg, ev):
     return not ev.reasons(cfg.constraints)
 
 
+def _random_designs(cfg, g, rng, n: int):
+    """``n`` random designs of the grid ``g``: (index, chip, its efficiency, its evaluation)."""
+    for i in rng.sample(range(g.size), n):
+        chip = build_chip(cfg.base, {k: float(v[i]) for k, v in g.values.items()}, cfg.process_node_nm,
+                          cfg.link_latency_s)
+        eff = _efficiency(chip)
+        yield i, chip, eff, evaluate_chip(chip, cfg.workloads, eff)
+
+
 def test_bounds_are_bounds_on_random_designs():
     """Each level bounds the exact throughput, on random designs of a wide space and both
     workloads; the search's level-1 bound (the smaller of the two) bounds the exact value and is
@@ -81,12 +90,8 @@ def test_bounds_are_bounds_on_random_designs():
     g = grid(cfg)
     ub0 = grid_bounds(cfg, g, _efficiency)
     checked = 0
-    for i in rng.sample(range(g.size), 30):
-        chip = build_chip(cfg.base, {k: float(v[i]) for k, v in g.values.items()}, cfg.process_node_nm,
-                          cfg.link_latency_s)
-        eff = _efficiency(chip)
+    for i, chip, eff, ev in _random_designs(cfg, g, rng, 30):
         b1 = chip_bound(chip, cfg.workloads, eff)
-        ev = evaluate_chip(chip, cfg.workloads, eff)
         exact = ev.throughput
         assert b1 >= exact * (1 - 1e-9), (g.point(i), b1, exact)
         pb = chip_power_bounds(chip, cfg.workloads, eff)        # level 1 with power
@@ -119,11 +124,7 @@ def test_bounds_hold_with_multi_token_prediction(tmp_path):
     assert (ub0 <= ub0_plain).all() and (ub0 < ub0_plain).any()
     rng = random.Random(3)
     checked = 0
-    for i in rng.sample(range(g.size), 10):
-        chip = build_chip(cfg.base, {k: float(v[i]) for k, v in g.values.items()}, cfg.process_node_nm,
-                          cfg.link_latency_s)
-        eff = _efficiency(chip)
-        ev = evaluate_chip(chip, cfg.workloads, eff)
+    for i, chip, eff, ev in _random_designs(cfg, g, rng, 10):
         exact = ev.throughput
         assert ub0[i] >= exact * (1 - 1e-9) and chip_bound(chip, cfg.workloads, eff) >= exact * (1 - 1e-9)
         if exact > 0:

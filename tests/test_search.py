@@ -409,20 +409,16 @@ def _states(url: str, name: str) -> list[str]:
     return [t.state.name for t in optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)]
 
 
-@pytest.mark.parametrize("jobs", [1, 3])
-def test_ctrl_c_prints_the_best_so_far_exits_130_and_the_same_command_resumes(tmp_path, jobs):
-    import os
+def _interrupted(argv, cwd, env, url: str, name: str):
+    """Run ``argv``, send SIGINT once its study holds two complete trials; (process, stdout,
+    stderr, seconds from the signal to the exit)."""
     import signal
     import time
-    config = write(tmp_path, INTERRUPTED)
-    env = dict(os.environ, PHAZE_CACHE_DIR=str(tmp_path / "cache"))      # solves, not cache hits
-    argv = [sys.executable, "-m", "phaze.cli", "search", str(config), "--quiet", "--jobs", str(jobs)]
-    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"sqlite:///{tmp_path / 'results' / 'intr' / 'study.db'}"
+    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + 120
     while time.monotonic() < end:
         try:
-            if _states(url, "intr").count("COMPLETE") >= 2:
+            if _states(url, name).count("COMPLETE") >= 2:
                 break
         except Exception:            # the study is not there yet
             pass
@@ -431,7 +427,17 @@ def test_ctrl_c_prints_the_best_so_far_exits_130_and_the_same_command_resumes(tm
     p.send_signal(signal.SIGINT)
     sent = time.monotonic()
     out, err = p.communicate(timeout=60)
-    waited = time.monotonic() - sent
+    return p, out, err, time.monotonic() - sent
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_ctrl_c_prints_the_best_so_far_exits_130_and_the_same_command_resumes(tmp_path, jobs):
+    import os
+    config = write(tmp_path, INTERRUPTED)
+    env = dict(os.environ, PHAZE_CACHE_DIR=str(tmp_path / "cache"))      # solves, not cache hits
+    argv = [sys.executable, "-m", "phaze.cli", "search", str(config), "--quiet", "--jobs", str(jobs)]
+    url = f"sqlite:///{tmp_path / 'results' / 'intr' / 'study.db'}"
+    p, out, err, waited = _interrupted(argv, tmp_path, env, url, "intr")
     assert p.returncode == 130, err
     assert waited < 5, waited            # 0.3 s (one process), 0.8 s (--jobs 3) on an idle machine
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
@@ -449,25 +455,12 @@ def test_ctrl_c_stops_a_sweep_like_a_search_and_the_same_command_resumes(tmp_pat
     """``phaze sweep`` under Ctrl-C, as ``phaze search``: exit 130 with the best designs so far and
     the resume line, no traceback, the tables written; before, a bare 'phaze: interrupted'."""
     import os
-    import signal
-    import time
     config = write(tmp_path, dict(INTERRUPTED, space={**INTERRUPTED["space"], "tensor_units": [4, 8, 16],
                                                        "vector_units": [1, 2]}))
     env = dict(os.environ, PHAZE_CACHE_DIR=str(tmp_path / "cache"))      # solves, not cache hits
     argv = [sys.executable, "-m", "phaze.cli", "sweep", str(config), "--quiet"]
-    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"sqlite:///{tmp_path / 'results' / 'intr-sweep' / 'study.db'}"
-    end = time.monotonic() + 120
-    while time.monotonic() < end:
-        try:
-            if _states(url, "intr-sweep").count("COMPLETE") >= 2:
-                break
-        except Exception:            # the study is not there yet
-            pass
-        assert p.poll() is None, p.communicate()
-        time.sleep(0.05)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    p, out, err, _ = _interrupted(argv, tmp_path, env, url, "intr-sweep")
     assert p.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "sweep interrupted" in err and "the same command resumes" in err
