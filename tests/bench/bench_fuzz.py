@@ -5,7 +5,7 @@ Surfaces (the share of ``--cases`` each gets):
 - ``sweep``: mutated sweep configs through ``phaze search --trials 2``, in-process;
 - ``storage``: bad or odd ``--storage`` URLs and study names through ``phaze search``;
 - ``report``: damaged study folders and bad ``--out`` folders through ``phaze report``;
-- ``interrupt``: SIGINT or SIGKILL at a random time during a search (a subprocess), then the
+- ``interrupt``: SIGINT or SIGKILL at a random time during a search or a sweep (a subprocess), then the
   same command again, which must complete the study;
 - ``cache``: a corrupted schedule-cache file under ``PHAZE_CACHE_DIR`` before ``phaze schedule``,
   whose answer must equal the one computed without the cache.
@@ -158,7 +158,10 @@ def case_interrupt(rng, root, ctx):
     url = f"sqlite:///{folder}/study.db"
     sig = rng.choice([signal.SIGINT, signal.SIGKILL])
     delay = rng.uniform(1.0, 12.0)
-    cmd = [sys.executable, "-m", "phaze.cli", "search", str(ctx["tiny"]), "--trials", "4", "--quiet", "--storage", url]
+    sweep = rng.random() < 0.5     # phaze sweep, the first 4 designs of its grid, or a 4-trial search
+    cmd = [sys.executable, "-m", "phaze.cli", *(["sweep", str(ctx["tiny"]), "--limit", "4"] if sweep else
+                                                ["search", str(ctx["tiny"]), "--trials", "4"]), "--quiet",
+           "--storage", url]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     p.send_signal(sig)
@@ -177,7 +180,7 @@ def case_interrupt(rng, root, ctx):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0 or "Traceback" in r.stderr:
         return f"resume: status {r.returncode}{', traceback' if 'Traceback' in r.stderr else ''}", what
-    n = trials_complete(url)
+    n = trials_complete(url, "tiny-sweep" if sweep else "tiny")
     if n != 4:
         return f"lost result (resumed study has {n} complete trials, not 4)", what
     return "ok", what
