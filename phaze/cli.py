@@ -54,6 +54,7 @@ from .plan import (
     cp_comm_value,
     dp_shard_text,
     dp_shard_value,
+    one_or_several,
     ordered_modules,
 )
 from .power import PoweredStep, within_limit
@@ -708,24 +709,22 @@ def _zero_list(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in values}))
 
 
-def _cp_comm(text: str) -> str | tuple[str, ...]:
-    """One exchange, or several (comma-separated) to search."""
-    try:
-        values = tuple(dict.fromkeys(cp_comm_value(x) for x in text.split(",") if x.strip()))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"must be {CP_COMMS_ALLOWED}, or several joined by commas, got {text!r}")
-    return values[0] if len(values) == 1 else values
+def _one_or_several(parse_one, allowed: str):
+    """A flag's parser: one value, or several (comma-separated) to search, in order without
+    repeats; ``parse_one`` reads one (None, or ValueError with its reason, for a bad one)."""
+    def parse(text: str):
+        try:
+            values = [parse_one(x) for x in text.split(",") if x.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not values or None in values:
+            raise argparse.ArgumentTypeError(f"must be {allowed}, or several joined by commas, got {text[:40]!r}")
+        return one_or_several(values)
+    return parse
 
 
-def _dp_shard(text: str) -> int | tuple[int, ...]:
-    """One shard grouping, or several (comma-separated) to search."""
-    values = [dp_shard_value(x) for x in text.split(",") if x.strip()]
-    if not values or None in values:
-        raise argparse.ArgumentTypeError(f"must be {DP_SHARD_ALLOWED}, or several joined by commas, got {text[:40]!r}")
-    values = tuple(dict.fromkeys(values))
-    return values[0] if len(values) == 1 else values
+_cp_comm = _one_or_several(cp_comm_value, CP_COMMS_ALLOWED)     # one exchange, or several to search
+_dp_shard = _one_or_several(dp_shard_value, DP_SHARD_ALLOWED)   # one shard grouping, or several
 
 
 class _Ticker:

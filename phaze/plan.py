@@ -32,6 +32,13 @@ def cp_a2a_groups(cp: int) -> tuple[int, ...]:
     return tuple(a for a in range(2, cp) if cp % a == 0)
 
 
+def one_or_several(values) -> object:
+    """``values`` (non-empty) without repeats, in order: the one value itself, or a tuple of them
+    (a placement option given as one setting or as the settings to search)."""
+    values = tuple(dict.fromkeys(values))
+    return values[0] if len(values) == 1 else values
+
+
 def cp_comm_value(raw) -> str:
     """A ``cp_comm`` as a plan key, a flag, a sweep key or a CSV cell gives it (either case);
     ValueError with :data:`CP_COMMS_ALLOWED` otherwise."""

@@ -35,6 +35,7 @@ from .plan import (
     RECOMPUTE_MODULES,
     cp_comm_value,
     dp_shard_value,
+    one_or_several,
     ordered_modules,
 )
 from .system import System, load_system
@@ -667,12 +668,12 @@ def _cp_comm(p: Fields) -> str | tuple[str, ...]:
     raw = p._get("cp_comm", "p2p")
     items = raw if isinstance(raw, list) else [raw]
     try:
-        values = tuple(dict.fromkeys(cp_comm_value(x) for x in items))
+        values = [cp_comm_value(x) for x in items]
     except ValueError as exc:
         raise p.error("cp_comm", str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
     if not values:
         raise p.error("cp_comm", f"must be {CP_COMMS_ALLOWED} or a non-empty list of them, got []")
-    return values[0] if len(values) == 1 else values
+    return one_or_several(values)
 
 
 def _dp_shard(p: Fields) -> int | tuple[int, ...]:
@@ -683,8 +684,7 @@ def _dp_shard(p: Fields) -> int | tuple[int, ...]:
     if not values or any(v is None or v > MAX_DEVICES for v in values):
         raise p.error("dp_shard", f"must be {DP_SHARD_ALLOWED}, up to {MAX_DEVICES:,}"
                       + (", or a non-empty list of them" if isinstance(raw, list) else "") + f", got {quote(raw)}")
-    values = tuple(dict.fromkeys(values))
-    return values[0] if len(values) == 1 else values
+    return one_or_several(values)
 
 
 def study_name_ok(name: str) -> bool:

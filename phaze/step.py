@@ -545,7 +545,7 @@ class StageCosts:
             q = q + m.embedding_tensors
         if i == pp - 1:
             # each multi-token prediction module: three norms and eh_proj (a GEMM's)
-            q = q + m.mtp_layers * (3 * (2 if m.norm == "layernorm" and m.bias else 1) + (0 if hooked else 1))
+            q = q + m.mtp_layers * (3 * m.norm_tensors + (0 if hooked else 1))
             if hooked:   # less the head's weight
                 q = q + m.head_tensors - (0 if m.tied_embeddings else 1)
             else:

@@ -185,6 +185,14 @@ def _int(row: dict, key: str, default: int | None = None) -> int | None:
     return int(v)
 
 
+def _whole(row: dict, key: str) -> int | None:
+    """A column holding a whole number >= 0 (0 allowed, unlike :func:`_int`); None when blank."""
+    v = _num(row, key)
+    if v is not None and (v < 0 or not float(v).is_integer()):
+        raise ValueError(f"column {key!r} must be a whole number >= 0, got {row[key]!r}")
+    return None if v is None else int(v)
+
+
 def _text(row: dict, key: str) -> str:
     return (row.get(key) or "").strip()
 
@@ -675,12 +683,10 @@ def _row_model(row: dict, seq: int, precision: str, fw: Framework | None = None)
         model = _with_experts(row, model, shipped if shipped is not None and shipped.moe else None)
     # multi-token prediction is the run's choice (Megatron-Core's --mtp-num-layers, off unless
     # given): blank is none, whatever a named workload trains with
-    mtp = _num(row, "mtp_layers")
-    if mtp is not None and (mtp < 0 or not float(mtp).is_integer()):
-        raise ValueError(f"column 'mtp_layers' must be a whole number >= 0, got {row['mtp_layers']!r}")
-    model = dataclasses.replace(model, mtp_layers=int(mtp or 0))
-    if mtp_error(model):
-        raise ValueError(f"column 'mtp_layers': {mtp_error(model)}")
+    model = dataclasses.replace(model, mtp_layers=_whole(row, "mtp_layers") or 0)
+    bad = mtp_error(model)
+    if bad:
+        raise ValueError(f"column 'mtp_layers': {bad}")
     return model if fw is None else model_with(fw, model)[0]
 
 
@@ -719,11 +725,9 @@ def _with_experts(row: dict, model: Model, shipped: Model | None) -> Model:
     if capacity is not None:
         changes["capacity_factor"] = capacity
     for key, col in (("router_groups", "moe_router_groups"), ("router_group_topk", "moe_router_group_topk")):
-        v = _num(row, col)     # 0: no group-limited routing
+        v = _whole(row, col)     # 0: no group-limited routing
         if v is not None:
-            if v < 0 or not float(v).is_integer():
-                raise ValueError(f"column {col!r} must be a whole number >= 0, got {row[col]!r}")
-            changes[key] = int(v)
+            changes[key] = v
     out = dataclasses.replace(base, **changes)
     if not 1 <= out.top_k <= out.experts:
         raise ValueError(f"moe_top_k {out.top_k} must be between 1 and the experts ({out.experts})")

@@ -167,8 +167,13 @@ class Model:
 
     # --- parameter counts -----------------------------------------------------------------
     @property
+    def norm_tensors(self) -> int:
+        """Parameter tensors of one norm: a weight, and a LayerNorm's bias when the model has biases."""
+        return 2 if self.norm == "layernorm" and self.bias else 1
+
+    @property
     def norm_params(self) -> int:
-        return self.hidden * (2 if self.norm == "layernorm" and self.bias else 1)
+        return self.hidden * self.norm_tensors
 
     @property
     def attention_params(self) -> int:
@@ -290,7 +295,7 @@ class Model:
         fusion (norms, biases and the router, a plain matmul in Megatron-Core)."""
         def linear(biased: bool) -> int:
             return (1 if biased else 0) + (0 if hooked else 1)
-        norm = 2 if self.norm == "layernorm" and self.bias else 1
+        norm = self.norm_tensors
         n = 2 * norm + (2 if self.qk_norm else 0) + (1 if self.attention_sinks else 0)
         if self.mla:   # q down (or full), q norm, q up, kv down, kv norm, kv up, output
             n += ((2 * linear(self.bias) + norm) if self.q_lora_rank else linear(self.bias))
@@ -312,12 +317,12 @@ class Model:
         e = self.embedding_projection_dim or self.hidden
         return (1 + (2 if e != self.hidden else 0) + (1 if self.position_embedding == "learned" else 0)
                 + (1 if self.token_types else 0)
-                + ((2 if self.norm == "layernorm" and self.bias else 1) if self.embedding_norm else 0))
+                + (self.norm_tensors if self.embedding_norm else 0))
 
     @property
     def head_tensors(self) -> int:
         """Parameter tensors of the final norm, an untied head and an encoder's pooler and MLM head."""
-        norm = 2 if self.norm == "layernorm" and self.bias else 1
+        norm = self.norm_tensors
         n = (norm if self.norm_position == "pre" else 0) + (0 if self.tied_embeddings else 1)
         if self.architecture == "encoder":
             n += 2 + 2 + norm + 1
