@@ -345,6 +345,16 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         else:
             linear(fb, n("qkv"), T, h, qkv_n)
         _attention_core(fb, n)
+        if model.parallel_block:
+            # the FFN reads the layer's input too; the attention's partial output waits for the
+            # FFN's, and the backward never reads it
+            linear(fb, n("attn_out"), T, model.o_dim // t, h, gemm=tail)
+            if model.parallel_block == "two_norms":
+                _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
+            dense_ffn(fb, n, tail)
+            if tail:
+                _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+            return
         linear(fb, n("attn_out"), T, model.o_dim // t, h)
         if t > 1:
             _coll(fb, n("attn_out." + ("reduce_scatter" if sp else "all_reduce")),
@@ -366,11 +376,16 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 special_per_element=0 if model.activation == "relu" else 1)
 
     def dense_ffn(fb: _Builder, n, tail: bool = True) -> None:
-        if t > 1 and sp:
+        """The dense FFN; in a parallel block its output and the attention's, partial sums on each
+        tp rank, are added first (``block_sum``: in the backward, the sum of the two branches'
+        input gradients) and reduced once. A shared norm's gathered output is the FFN's input too."""
+        if t > 1 and sp and model.parallel_block != "shared_norm":
             _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * ln2_write * T * h)
         linear(fb, n("ffn_up"), T, h, ffn_out)
         activation(fb, n(model.activation), T * f_t)
         linear(fb, n("ffn_down"), T, f_t, h, gemm=tail)
+        if model.parallel_block and tail:
+            _vector(fb, n("block_sum"), T * h, p, reads=2, flops_per_element=1)
         if t > 1 and tail:
             _coll(fb, n("ffn_down." + ("reduce_scatter" if sp else "all_reduce")),
                   "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)

@@ -63,8 +63,11 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     # the 16-bit tensor (p bytes)
     norm_fed, rowwise = fp8_fused_inputs(model, t, sp)
     saved = {n: 1.0 if n in norm_fed or n in rowwise else p for n in ("qkv", "ffn_up", "attn_out", "ffn_down")}
-    # ln1 in, qkv in, mask, ln2 in, ffn in, mask
-    replicated = (p + saved["qkv"] + mask + p + saved["ffn_up"] + mask) * sb * h * rep
+    # ln1 in, qkv in, mask, ln2 in, ffn in, mask; a parallel block's norms both read the layer's
+    # input, and a shared norm's output is the FFN's input too
+    ln2_in = 0.0 if model.parallel_block else p
+    ffn_in = 0.0 if model.parallel_block == "shared_norm" else saved["ffn_up"]
+    replicated = (p + saved["qkv"] + mask + ln2_in + ffn_in + mask) * sb * h * rep
     # K and V as the tp ranks hold them together (a KV head replicated when tp > kv heads)
     q, kv, f = model.q_dim, kv_width(model, t) * t, model.ffn_hidden
     v = kv * model.v_head_dim // model.head_dim          # the values' width (MLA's is narrower)
@@ -115,7 +118,8 @@ def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved:
         out += p * sb * (q + kv + kv * model.v_head_dim // model.head_dim) / t
     if "mlp" in mods:
         down = p if model.moe else saved["ffn_down"]
-        out += (saved["ffn_up"] * sb * h * rep + sb * (p * act_inputs * f + down * f) / t) * w_dense
+        norm_out = 0.0 if model.parallel_block == "shared_norm" else saved["ffn_up"]   # kept for qkv
+        out += (norm_out * sb * h * rep + sb * (p * act_inputs * f + down * f) / t) * w_dense
     if model.moe:
         local, k, E = sb / t, model.top_k, model.experts
         gate = 2 if model.activation == "swiglu" else 1

@@ -375,9 +375,9 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
         raise ConfigError("--plan", "stage_recompute", f"must give one mode per stage (pp = {plan.pp}), "
                                                        f"got {len(plan.stage_recompute)}")
     _check_block(model, plan)
-    if (model.moe or model.mla) and "op" in (plan.recompute, *plan.stage_recompute):
-        raise ConfigError("--plan", "recompute", "op (torchtitan's per-op policy) is modelled for dense "
-                                                 "layers with standard attention projections; use none, "
+    if (model.moe or model.mla or model.parallel_block) and "op" in (plan.recompute, *plan.stage_recompute):
+        raise ConfigError("--plan", "recompute", "op (torchtitan's per-op policy) is modelled for sequential "
+                                                 "dense layers with standard attention projections; use none, "
                                                  f"selective or full for {model.name}")
     dp = devices // width
     if plan.zero and plan.dp_shard > 0 and dp % plan.dp_shard and plan.dp_shard % dp:

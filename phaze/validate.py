@@ -73,7 +73,16 @@ from .plan import (
 )
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system, with_devices_per_node
-from .workload import Model, load_model, mtp_error, router_groups_error, with_seq_len, workload_dirs
+from .workload import (
+    PARALLEL_BLOCKS,
+    Model,
+    load_model,
+    mtp_error,
+    parallel_block_error,
+    router_groups_error,
+    with_seq_len,
+    workload_dirs,
+)
 
 REQUIRED_COLUMNS = (
     "run_id", "source_id", "gpu", "gpu_count", "model", "layers", "hidden", "heads", "ffn_hidden",
@@ -87,7 +96,7 @@ EXPLICIT_COLUMNS = (
     "ep", "etp", "moe_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "moe_capacity_factor",
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
-    "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers")
+    "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers", "parallel_block")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -687,6 +696,13 @@ def _row_model(row: dict, seq: int, precision: str, fw: Framework | None = None)
     bad = mtp_error(model)
     if bad:
         raise ValueError(f"column 'mtp_layers': {bad}")
+    # the layer's form: blank is the named workload's (a sequential layer otherwise)
+    block = _choice(row, "parallel_block", ("sequential",) + PARALLEL_BLOCKS, "")
+    if block:
+        model = dataclasses.replace(model, parallel_block="" if block == "sequential" else block)
+    bad = parallel_block_error(model)
+    if bad:
+        raise ValueError(f"column 'parallel_block': {bad}")
     return model if fw is None else model_with(fw, model)[0]
 
 

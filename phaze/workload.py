@@ -27,6 +27,12 @@ BIAS_KERNELS = ("fused", "separate")
 # not re-run). A workload that leaves it blank gets its chip's execution model's: needed for one
 # compiled program (xla), whole otherwise
 RECOMPUTE_RERUN = ("whole", "needed")
+# a parallel block (GPT-J, GPT-NeoX, PaLM, Falcon): attention and FFN both read the layer's input,
+# x + attn(norm(x)) + ffn(norm'(x)), their partial outputs added before one tensor-parallel
+# reduction (GPT-NeoX's gpt_j_residual: "we can do a single allreduce after we add mlp / attn
+# outputs"); ``shared_norm``: one norm feeds both (GPT-J, PaLM, Falcon-7B); ``two_norms``: each has
+# its own (GPT-NeoX, Falcon-40B/180B); "" a sequential layer
+PARALLEL_BLOCKS = ("shared_norm", "two_norms")
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
@@ -102,6 +108,7 @@ class Model:
     # the last layer, each the shared embedding of the next token, two norms, a 2h -> h projection,
     # one more transformer layer, a norm, the shared head and its own loss; 0: none
     mtp_layers: int = 0
+    parallel_block: str = ""             # attention and FFN side by side (PARALLEL_BLOCKS); "" sequential
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -176,6 +183,12 @@ class Model:
         return self.hidden * self.norm_tensors
 
     @property
+    def layer_norms(self) -> int:
+        """Norms in one layer: one before the attention, one before the FFN, unless a parallel
+        block's single norm feeds both."""
+        return 1 if self.parallel_block == "shared_norm" else 2
+
+    @property
     def attention_params(self) -> int:
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
         extra = (2 * self.head_dim if self.qk_norm else 0) + (self.heads if self.attention_sinks else 0)
@@ -221,8 +234,8 @@ class Model:
 
     @property
     def dense_layer_params(self) -> int:
-        """Parameters of one dense transformer layer (attention, FFN, two norms)."""
-        return self.attention_params + self.ffn_params + 2 * self.norm_params
+        """Parameters of one dense transformer layer (attention, FFN, its norms)."""
+        return self.attention_params + self.ffn_params + self.layer_norms * self.norm_params
 
     @property
     def moe_layer_params(self) -> int:
@@ -296,7 +309,7 @@ class Model:
         def linear(biased: bool) -> int:
             return (1 if biased else 0) + (0 if hooked else 1)
         norm = self.norm_tensors
-        n = 2 * norm + (2 if self.qk_norm else 0) + (1 if self.attention_sinks else 0)
+        n = self.layer_norms * norm + (2 if self.qk_norm else 0) + (1 if self.attention_sinks else 0)
         if self.mla:   # q down (or full), q norm, q up, kv down, kv norm, kv up, output
             n += ((2 * linear(self.bias) + norm) if self.q_lora_rank else linear(self.bias))
             n += 2 * linear(self.bias) + norm + linear(self.bias)
@@ -426,6 +439,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         router_groups=f.int("router_groups", 0, minimum=0),
         router_group_topk=f.int("router_group_topk", 0, minimum=0),
         mtp_layers=f.int("mtp_layers", 0, minimum=0),
+        parallel_block=f.choice("parallel_block", PARALLEL_BLOCKS, ""),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
@@ -435,6 +449,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     bad = mtp_error(model)
     if bad:
         raise ConfigError(source, "mtp_layers", bad)
+    bad = parallel_block_error(model)
+    if bad:
+        raise ConfigError(source, "parallel_block", bad)
     if model.position_embedding == "learned" and model.max_positions < model.seq_len:
         raise ConfigError(source, "seq_len", f"must be <= max_positions ({model.max_positions}) "
                                              f"with learned positions, got {model.seq_len}")
@@ -450,6 +467,20 @@ def mtp_error(model: Model) -> str:
     if model.embedding_projection_dim and model.embedding_projection_dim != model.hidden:
         return ("not modelled with a factorised embedding (embedding_projection_dim): Megatron-Core's "
                 "modules share an embedding of the hidden width")
+    return ""
+
+
+def parallel_block_error(model: Model) -> str:
+    """Why ``model``'s parallel block cannot be costed ('' when it can): it is modelled for a
+    pre-norm decoder's dense layers with ordinary attention projections."""
+    if not model.parallel_block:
+        return ""
+    for bad, what in ((model.moe, "a mixture of experts"), (model.mla, "multi-head latent attention"),
+                      (model.norm_position == "post", "post-norm layers"), (not model.causal, "an encoder"),
+                      (model.mtp_layers, "multi-token prediction")):
+        if bad:
+            return (f"not modelled with {what}: a parallel block is costed for a pre-norm decoder's dense "
+                    f"layers (GPT-J, GPT-NeoX, PaLM, Falcon); allowed: blank (a sequential layer)")
     return ""
 
 
@@ -546,6 +577,11 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
             raise ConfigError(source, key, f"must be a positive integer, got {value!r}")
     attn_cfg = cfg.get("attn_config") or {}
     kv_heads = _first(cfg, "num_key_value_heads", default=None) or attn_cfg.get("kv_n_heads") or heads
+    if mtype == "falcon":   # transformers' FalconAttention: the new decoder's KV heads, else multi-query
+        if cfg.get("new_decoder_architecture"):
+            kv_heads = cfg.get("num_kv_heads") or heads
+        elif cfg.get("multi_query", True):
+            kv_heads = 1
     ffn = _first(cfg, "intermediate_size", "n_inner", "ffn_dim", "d_ff")
     if ffn is None and cfg.get("expansion_ratio"):
         ffn = int(cfg["expansion_ratio"] * hidden)
@@ -557,9 +593,10 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if activation is None:
         raise ConfigError(source, "hidden_act", f"must be one of {', '.join(_ACTIVATIONS)}, got {act!r}")
     max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
-    rotary = (mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma") + _HF_MOE_TYPES or "rope_theta" in cfg
-              or bool(attn_cfg.get("rope")))  # MPT keeps its RoPE switch in attn_config
-    alibi = bool(attn_cfg.get("alibi")) or mtype in ("bloom",)
+    alibi = bool(attn_cfg.get("alibi")) or mtype in ("bloom",) or (mtype == "falcon" and bool(cfg.get("alibi")))
+    rotary = not alibi and (mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma", "gptj", "falcon", "phi",
+                                      "codegen") + _HF_MOE_TYPES
+                            or "rope_theta" in cfg or bool(attn_cfg.get("rope")))  # MPT: RoPE in attn_config
     if mtype == "mpt" and not alibi and not rotary:
         position = "learned"
     else:
@@ -568,6 +605,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     norm = "rmsnorm" if ("rms_norm_eps" in cfg or mtype in ("llama", "mistral") + _HF_MOE_TYPES) else "layernorm"
     bias = (not cfg.get("no_bias", False) and norm == "layernorm"
             and mtype not in ("llama", "mistral") + _HF_MOE_TYPES)
+    if mtype == "falcon":   # Falcon's ``bias`` switches its linears' biases (its LayerNorms keep theirs)
+        bias = bool(cfg.get("bias", False))
     proj = cfg.get("word_embed_proj_dim") or 0
     post = (mtype == "opt" and cfg.get("do_layer_norm_before") is False) or encoder
     dtype = str(cfg.get("torch_dtype", "bfloat16"))
@@ -589,6 +628,15 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                  if mtype == "gpt_oss" else "Qwen2")
         notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
     extra = _hf_moe_fields(cfg, mtype, ffn, notes)
+    block = _hf_parallel_block(cfg, mtype)
+    if block:
+        notes.append("a parallel block: attention and FFN read the layer's input side by side ("
+                     + ("one norm feeds both" if block == "shared_norm" else "each behind its own norm")
+                     + "), their outputs reduced over tensor parallelism together")
+    if mtype == "falcon" and not bias:
+        notes.append("Falcon: linears without biases; its LayerNorms' biases, 2 x hidden per norm, are not counted")
+    if mtype == "gptj":
+        notes.append("GPT-J: its attention projections' missing biases are counted as its FFN's are")
     window = cfg.get("sliding_window")
     if (cfg.get("use_sliding_window", mtype in ("mistral", "gpt_oss")) is False or not isinstance(window, int)
             or window <= 0):
@@ -608,10 +656,26 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         norm=norm, norm_position="post" if post else "pre", bias=bias,
         dropout=bool(_first(cfg, "attention_probs_dropout_prob", "attn_pdrop", "dropout",
                             "attention_dropout", default=0.0)),
-        embedding_norm=encoder, embedding_projection_dim=proj if proj and proj != hidden else 0,
+        embedding_norm=encoder or mtype == "bloom", embedding_projection_dim=proj if proj and proj != hidden else 0,
         token_types=cfg.get("type_vocab_size", 0) if encoder else 0, precision=precision,
-        qkv_bias=qkv_bias, sliding_window=window, notes=tuple(notes), **extra,
+        qkv_bias=qkv_bias, sliding_window=window, parallel_block=block, notes=tuple(notes), **extra,
     )
+
+
+def _hf_parallel_block(cfg: dict, mtype: str) -> str:
+    """A Hugging Face model's parallel block (:data:`PARALLEL_BLOCKS`), '' for a sequential layer:
+    GPT-NeoX's ``use_parallel_residual`` (two norms, default on), GPT-J, Phi and CodeGen (one
+    norm), Falcon's ``parallel_attn`` (one norm) or new decoder (``num_ln_in_parallel_attn``
+    norms, two by default)."""
+    if mtype == "gpt_neox":
+        return "two_norms" if cfg.get("use_parallel_residual", True) else ""
+    if mtype in ("gptj", "phi", "codegen"):
+        return "shared_norm"
+    if mtype == "falcon":
+        if cfg.get("new_decoder_architecture"):
+            return "shared_norm" if cfg.get("num_ln_in_parallel_attn") == 1 else "two_norms"
+        return "shared_norm" if cfg.get("parallel_attn", True) else ""
+    return ""
 
 
 # published names (as their makers write them, lower-cased) of shipped workloads whose file is
@@ -634,6 +698,7 @@ WORKLOAD_ALIASES = {
     "mixtral-8x7b-v0.1": "mixtral-8x7b",
     "mixtral-8x22b-v0.1": "mixtral-8x22b",
     "bert-large-uncased": "bert-large",
+    "bloom": "bloom-176b",                   # bigscience/bloom
     "nemotron-4-15b": "nemotron4-15b",
     "nemotron-4-340b": "nemotron4-340b",
 }
