@@ -428,7 +428,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
         stage = per_mb * m
         # data-parallel gradient reduction (and the distributed optimizer's weight all-gather, or
         # FSDP's per-layer gathers); each byte sent is read from HBM and one received is written
-        if plan.zero >= 3:
+        if plan.zero >= 3 and not plan.fsdp_once:
             sent = m * _sent_bytes("all_gather", 2 * p * params, group) \
                 + m * _sent_bytes("reduce_scatter", grad_bytes * params, group)
         elif plan.zero >= 1:

@@ -252,6 +252,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "reduce_fp32": "reduce_fp32 off (16-bit gradients)",
                     "dp_shard": "dp_shard=all (ZeRO shards over every data-parallel rank)",
                     "cp_comm": "cp_comm=p2p (a ring of K/V sends, each under one step's attention)",
+                    "fsdp_pp": "fsdp_pp=micro_batch (FSDP gathers each stage's weights for every micro-batch)",
                     "grad_accum_fusion": "grad_accum_fusion on (adam-megatron's weight-gradient GEMMs add into "
                                          "the main gradients)",
                     "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
@@ -259,7 +260,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "schedule": "schedule=optimal"}
         unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)
                  and not (k == "grad_accum_fusion" and plan.optimizer != "adam-megatron")
-                 and not (k == "dp_shard" and not plan.zero) and not (k == "cp_comm" and plan.cp == 1)]
+                 and not (k == "dp_shard" and not plan.zero) and not (k == "cp_comm" and plan.cp == 1)
+                 and not (k == "fsdp_pp" and (plan.zero < 3 or plan.pp == 1))]
         if unset:
             out["plan_defaults"] = ", ".join(unset)
         tp = plan.tp
@@ -283,7 +285,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + ("; grad_accum_fusion off" if not o.grad_accum_fusion and o.optimizer == "adam-megatron"
                               else "")
                            + (f"; dp_shard {','.join(map(dp_shard_text, o.dp_shards))}" if o.dp_shards != (0,) else "")
-                           + (f"; cp_comm {','.join(o.cp_comms)}" if o.cp_comms != ("p2p",) else ""))
+                           + (f"; cp_comm {','.join(o.cp_comms)}" if o.cp_comms != ("p2p",) else "")
+                           + (f"; fsdp_pp {o.fsdp_pp}" if o.fsdp_pp != "micro_batch" else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
                       for r in routing_values(model, o)]
@@ -1179,7 +1182,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "attention (flash/flash2/standard), "
                     "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "loss (torch/megatron), grad_accum_fusion (adam-megatron), dp_shard (all/node/N, zero 1-3), "
-                    "schedule (optimal/sequential), "
+                    "fsdp_pp (micro_batch/step: zero 3 with pp > 1), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
                     "ep_overlap; default tp=1,pp=1,mbs=1")

@@ -64,6 +64,7 @@ class Framework:
     dp_shard: int = 0           # data-parallel ranks of a ZeRO shard group (phaze.plan.Plan.dp_shard):
                                 # 0 every rank, DP_SHARD_NODE a node's or pod slice's (hybrid sharding)
     cp_comm: str = "p2p"        # how its context parallelism exchanges K and V (phaze.plan.CP_COMMS)
+    fsdp_pp: str = "micro_batch"  # how its FSDP holds a pipeline stage's weights (phaze.plan.FSDP_PP)
 
     def zero_for(self, precision: str) -> int:
         """The ZeRO stage a run at ``precision`` gets by default."""
@@ -205,7 +206,7 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
               block_recompute=False,
-              fp8_casts="separate", bias_kernels="separate", cp_comm="torch",
+              fp8_casts="separate", bias_kernels="separate", cp_comm="torch", fsdp_pp="step",
               source="pytorch/torchtitan defaults: FSDP2 (ZeRO-3) with param bf16 and reduce fp32, "
                      "SDPA (FlashAttention-2 backend), selective activation checkpointing per op (its "
                      "activation checkpointing is full, selective per op or a compiler memory budget: "
@@ -219,7 +220,11 @@ FRAMEWORKS = {f.name: f for f in (
                      "2.6 and 2.13 _cp_options.rotate_method ALL_GATHER; torchtitan 0.3 leaves it) "
                      "all-gathers each layer's K and V under the first step's attention, in the forward "
                      "and again in the backward, which passes the fp32 dK and dV round the ring "
-                     "(convert_to_f32)"),
+                     "(convert_to_f32); under pipeline parallelism its FSDP keeps each stage's weights whole "
+                     "through the step (torchtitan 0.3 distributed/fsdp.py: reshard_after_forward off when "
+                     "PP is on, 'to avoid per-microbatch all-gathers') and PyTorch's schedules defer the "
+                     "gradient reduce-scatter to the stage's last backward, accumulating fp32 gradients whole "
+                     "in between (torch 2.7 pipelining/stage.py backward_maybe_with_nosync; fsdp_pp=step)"),
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
               block_recompute=False, recompute_modules=("core_attn",),
@@ -308,7 +313,7 @@ def padded_vocab(vocab: int, multiple: int) -> int:
 
 
 PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer",
-             "grad_accum_fusion", "dp_shard", "cp_comm")
+             "grad_accum_fusion", "dp_shard", "cp_comm", "fsdp_pp")
 
 
 def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
@@ -345,7 +350,9 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf
         changes["recompute"] = "op"
     if fw.recompute_modules and "recompute_modules" not in given and "selective" in plan.stage_modes()[0]:
         changes["recompute_modules"] = fw.recompute_modules
-    return replace(plan, **changes), dict(changes, execution=fw.execution)
+    out = replace(plan, **changes)
+    said = {k: x for k, x in changes.items() if k != "fsdp_pp" or out.fsdp_once}   # only where it acts
+    return out, dict(said, execution=fw.execution)
 
 
 def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),

@@ -90,6 +90,7 @@ class PlacementOptions:
     dp_overlap_flat: bool = False   # dp_overlap only in plans without pipeline and sequence parallelism
     loss: str = "torch"
     grad_accum_fusion: bool = True   # adam-megatron's weight-gradient GEMMs add into the main gradients
+    fsdp_pp: str = "micro_batch"     # zero 3 with pp > 1: weights gathered per micro-batch | per step
     dp_shard: int | tuple[int, ...] = 0   # data-parallel ranks of a ZeRO shard group, or the groupings
                                           # searched (phaze.plan.Plan.dp_shard; :attr:`dp_shards`)
     cp_comm: str | tuple[str, ...] = "p2p"   # context parallelism's K/V exchange, or the exchanges
@@ -593,7 +594,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
                                     loss=options.loss, recompute_modules=options.recompute_modules,
                                     grad_accum_fusion=options.grad_accum_fusion, dp_shard=shard,
-                                    cp_comm=comm, cp_a2a=a2a, dispatcher=disp, ep_overlap=overlap)
+                                    cp_comm=comm, cp_a2a=a2a, dispatcher=disp, ep_overlap=overlap,
+                                    fsdp_pp=options.fsdp_pp)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:

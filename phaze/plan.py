@@ -24,6 +24,11 @@ DISPATCHERS = ("alltoall", "deepep")
 # p2p / all_gather / a2a / a2a+p2p (Megatron-Core, NeMo), or PyTorch's context parallel (torchtitan)
 CP_COMMS = ("p2p", "all_gather", "a2a", "a2a+p2p", "torch")
 CP_COMMS_ALLOWED = "one of " + ", ".join(CP_COMMS)
+# how FSDP (zero 3) holds a pipeline stage's weights when pp > 1 (Plan.fsdp_pp): gathered for each
+# micro-batch's forward and again for its backward, its gradients reduce-scattered each micro-batch;
+# or gathered once per step and kept whole, the gradients accumulated whole and reduce-scattered
+# once after the stage's last backward (PyTorch's pipelining with FSDP2, torchtitan's default)
+FSDP_PP = ("micro_batch", "step")
 
 
 def cp_a2a_groups(cp: int) -> tuple[int, ...]:
@@ -168,7 +173,12 @@ class Plan:
     ``--hierarchical-context-parallel-sizes``): Ulysses' all-to-alls inside groups of ``cp_a2a``
     adjacent context-parallel ranks, then a ring over the cp / ``cp_a2a`` groups, ``torch``
     PyTorch's context parallel (its default all-gather rotater: the gather under the first step's
-    attention, the fp32 K/V gradients passed round the ring)."""
+    attention, the fp32 K/V gradients passed round the ring). ``fsdp_pp`` (``zero`` 3 with ``pp`` >
+    1, :data:`FSDP_PP`): ``micro_batch``, each layer's weights gathered for every micro-batch's
+    forward and again for its backward and its gradients reduce-scattered every micro-batch;
+    ``step``, a stage's weights gathered once per step and kept whole with their gradients, which
+    are reduce-scattered once after the stage's last backward (PyTorch's pipelining schedules
+    with FSDP2, torchtitan's default)."""
 
     tp: int = 1
     pp: int = 1
@@ -203,10 +213,17 @@ class Plan:
                                            # DP_SHARD_NODE a node's (pod slice's), N adjacent ranks
     cp_comm: str = "p2p"                   # context parallelism's K/V exchange (CP_COMMS)
     cp_a2a: int = 1                        # a2a+p2p: context-parallel ranks of one all-to-all group
+    fsdp_pp: str = "micro_batch"           # zero 3 with pp > 1: weights gathered per micro-batch | per step
 
     def __post_init__(self):
         if self.sp is None:
             object.__setattr__(self, "sp", self.tp > 1)
+
+    @property
+    def fsdp_once(self) -> bool:
+        """FSDP under pipeline parallelism holding each stage's weights and gradients whole through
+        the step (``fsdp_pp`` step): one gather and one reduce-scatter per step, not per micro-batch."""
+        return self.zero >= 3 and self.pp > 1 and self.fsdp_pp == "step"
 
     def dp(self, devices: int) -> int:
         return devices // (self.tp * self.pp * self.cp)
@@ -246,6 +263,8 @@ class Plan:
                 + (f",loss={self.loss}" if self.loss != "torch" else "")
                 + (",grad_accum_fusion=0" if not self.grad_accum_fusion and self.optimizer == "adam-megatron" else "")
                 + (f",dp_shard={dp_shard_text(self.dp_shard)}" if self.dp_shard and self.zero else "")
+                + (f",fsdp_pp={self.fsdp_pp}" if self.fsdp_pp != "micro_batch" and self.zero >= 3 and self.pp > 1
+                   else "")
                 + (",recompute_modules=" + "+".join(self.recompute_modules)
                    if self.recompute_modules and "selective" in self.stage_modes()[0] else ""))
 
@@ -256,7 +275,7 @@ PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attentio
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
              "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard", "cp_comm",
-             "cp_a2a")
+             "cp_a2a", "fsdp_pp")
 BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
               "off": False}   # a switch's words, in --plan and in the flags that take off,on
 
@@ -319,7 +338,7 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
         else:
             choices = {"recompute": PLAN_RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
                        "schedule": SCHEDULES, "routing": ROUTING,
-                       "dispatcher": DISPATCHERS, "loss": LOSSES}[key]
+                       "dispatcher": DISPATCHERS, "loss": LOSSES, "fsdp_pp": FSDP_PP}[key]
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()

@@ -30,6 +30,7 @@ from .plan import (
     CP_COMMS_ALLOWED,
     DISPATCHERS,
     DP_SHARD_ALLOWED,
+    FSDP_PP,
     OPTIMIZERS,
     PLAN_RECOMPUTE,
     RECOMPUTE_MODULES,
@@ -647,14 +648,15 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
             optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
             recompute_modules=_modules(p), dp_shard=_dp_shard(p),
-            cp_comm=_cp_comm(p), dispatcher=_dispatchers(p), ep_overlap=_overlaps(p))
+            cp_comm=_cp_comm(p), dispatcher=_dispatchers(p), ep_overlap=_overlaps(p),
+            fsdp_pp=p.choice("fsdp_pp", FSDP_PP, d.fsdp_pp))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
         if fw_name:
             fw = framework(fw_name, p.source, p.prefix + "framework")
             given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer", "recompute_modules", "dp_shard",
-                                "cp_comm") if p.has(k)}
+                                "cp_comm", "fsdp_pp") if p.has(k)}
             options = options_with(fw, options, given, model.precision)[0]
             model = model_with(fw, model)[0]
         p.finish()

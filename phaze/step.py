@@ -530,7 +530,7 @@ class StageCosts:
         gradients and optimizer state are sharded over the expert data-parallel group."""
         plan, m = self.plan, self.model
         p = m.bytes_per_element
-        edp = state_bytes_per_param(plan.optimizer, plan.zero, expert_shard(plan, self.devices, self.chip)[0], p,
+        edp = state_bytes_per_param(plan.optimizer, state_zero(plan), expert_shard(plan, self.devices, self.chip)[0], p,
                                     4 if plan.reduce_fp32 else p)
         return self.expert_params(1) * (edp - self.state_bytes_per_param)
 
@@ -613,12 +613,17 @@ class StageCosts:
         params, colls, opt_s = self._tail_parts(i, n)
         if colls is None:
             return 0.0 * params, opt_s
-        # gradients accumulate over micro-batches: only the last backward can hide their reduction
-        bwd_window = self._layers("bwd", self.layers_on(i, n), r, k) if self.plan.dp_overlap else 0.0 * params
+        # gradients accumulate over micro-batches: only the last backward can hide their reduction;
+        # FSDP under a pipeline schedule reduce-scatters them after it, and gathers the weights
+        # under the next step's first forward (FSDP2 prefetches the next layer's)
+        once = self.plan.fsdp_once
+        bwd_window = self._layers("bwd", self.layers_on(i, n), r, k) if self.plan.dp_overlap and not once \
+            else 0.0 * params
         if len(colls) == 2:
             # distributed optimizer: reduce-scatter the gradients under the last backward,
             # all-gather the updated weights under the next step's first forward
-            fwd_window = self._layers("fwd", self.layers_on(i, n), r, k) if self.plan.dp_overlap else 0.0 * params
+            fwd_window = self._layers("fwd", self.layers_on(i, n), r, k) if self.plan.dp_overlap or once \
+                else 0.0 * params
             return exposed(colls[0], bwd_window, self.eff) + exposed(colls[1], fwd_window, self.eff), opt_s
         return exposed(colls[0], bwd_window, self.eff), opt_s
 
@@ -668,7 +673,7 @@ class StageCosts:
                         + dense_coll(kind, per * experts, edp, plan.etp * plan.ep))
 
         colls = None
-        if (group > 1 or (self.model.moe and edp > 1)) and plan.zero < 3:
+        if (group > 1 or (self.model.moe and edp > 1)) and (plan.zero < 3 or plan.fsdp_once):
             if plan.zero >= 1:
                 colls = (coll("reduce_scatter", grad_bytes * params), coll("all_gather", p * params))
             else:
@@ -712,7 +717,7 @@ class StageCosts:
         transient = transient + np.zeros(ns.shape)
         transient[pp - 1] += self.logits_bytes()
         transient += cp_transient_bytes(m, plan)
-        if plan.zero >= 3:
+        if plan.zero >= 3 and not plan.fsdp_once:
             transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp
         if m.moe:
             return (self.state_bytes_per_param * (q / tp + ns * self._expert_shift()) + ns * self._expert_state_shift()
@@ -736,7 +741,7 @@ class StageCosts:
         if i == pp - 1:   # fp32 logits for the loss
             transient += self.logits_bytes()
         transient += cp_transient_bytes(m, plan)
-        if plan.zero >= 3:
+        if plan.zero >= 3 and not plan.fsdp_once:
             transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp   # gathered layer weights
         weights = self.state_bytes_per_param * self.params(i, n)
         runs = self.layers_on(i, n)
@@ -983,7 +988,7 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
         total = total + PhaseTime(communication=_cp_exposed(model, chip, plan, eff, r))
     # weights shard over the data- and context-parallel ranks (stride tp) of a shard group
     shards = shard_ranks(plan, devices, chip) * plan.cp
-    if plan.zero >= 3 and shards > 1:
+    if plan.zero >= 3 and shards > 1 and not plan.fsdp_once:
         # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
         # layer's forward; in backward they are gathered again and the gradients
         # reduce-scattered on the same communication stream, under the layer's backward
@@ -1022,8 +1027,16 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     # 18 bytes per parameter with Adam, 6 + 12/d with the distributed optimizer)
     grad_bytes = 4 if plan.reduce_fp32 else p
     return StageCosts(model, plan, devices, global_batch // (dp * plan.mbs), full_act, emb, head, send,
-                      state_bytes_per_param(plan.optimizer, plan.zero, shard_ranks(plan, devices, chip) * plan.cp, p,
-                                            grad_bytes), chip, eff)
+                      state_bytes_per_param(plan.optimizer, state_zero(plan),
+                                            shard_ranks(plan, devices, chip) * plan.cp, p, grad_bytes), chip, eff)
+
+
+def state_zero(plan: Plan) -> int:
+    """The ZeRO stage a plan's state is held at: FSDP that keeps a pipeline stage's weights and
+    gradients whole through the step (:attr:`phaze.plan.Plan.fsdp_once`) holds them as the
+    distributed optimizer does, the optimizer state and fp32 weights sharded, the 16-bit weights
+    and the reduce-precision gradients whole (FSDP2 accumulates them in its reduce dtype)."""
+    return 1 if plan.fsdp_once else plan.zero
 
 
 def mode_layout(plan: Plan) -> Plan:
