@@ -27,6 +27,21 @@ def chip():
     return toy_chip()
 
 
+@pytest.fixture(scope="module")
+def llama():
+    """Llama-3 8B (tests of ZeRO sharding and FSDP)."""
+    from phaze.workload import load_model
+    return load_model("llama3-8b")
+
+
+@pytest.fixture(scope="module")
+def dgx():
+    """H100s in DGX nodes of 8 (NVLink), joined by InfiniBand."""
+    from phaze.api import with_system
+    from phaze.arch import load_chip
+    return with_system(load_chip("h100-sxm"), "dgx-h100-superpod")
+
+
 # A sweep over a GPU template (kernels run one after another: no CP-SAT solve) and a small model,
 # so that each design of a test study evaluates in a fraction of a second.
 SMALL_SWEEP = {

@@ -7,29 +7,15 @@ import random
 from dataclasses import replace
 
 import pytest
-from conftest import toy_chip
-from test_placement import brute_force, tiny_model
+from test_placement import binding_chip, brute_force, tiny_model
 
-from phaze.api import with_system
-from phaze.arch import load_chip
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL, collective_time
 from phaze.framework import FRAMEWORKS, plan_settings
-from phaze.memory import memory_reserve_bytes
-from phaze.placement import PlacementOptions, layouts, place
+from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
 from phaze.step import evaluate, shard_ranks, stage_costs
 from phaze.workload import load_model
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return load_model("llama3-8b")
-
-
-@pytest.fixture(scope="module")
-def dgx():
-    return with_system(load_chip("h100-sxm"), "dgx-h100-superpod")
 
 
 def test_parse_and_label():
@@ -112,11 +98,7 @@ def test_dp_equals_brute_force(seed):
     options = PlacementOptions(tp=(1, 2), mbs=(1, 2), pp=(2, 4) if layers >= 4 else (2,), zero=(3,),
                                fsdp_pp="step", vp=(1,), attention="flash")
     batch = devices * 4
-    chip = toy_chip()
-    needs = sorted(evaluate(model, chip, devices, batch, replace(b, recompute=r)).memory_per_device_bytes
-                   for b in layouts(model, devices, batch, options) for r in ("none", "full"))
-    chip = replace(chip, hbm_bytes=memory_reserve_bytes(chip) + needs[0]
-                   + rng.random() * (needs[len(needs) // 4] - needs[0]))
+    chip = binding_chip(model, devices, batch, options, rng)
     expect = brute_force(model, chip, devices, batch, options)
     got = place(model, chip, devices, batch, options)
     assert all(p.plan.fsdp_pp == "step" for p in got.top)

@@ -13,18 +13,6 @@ from phaze.framework import FRAMEWORKS, plan_settings
 from phaze.memory import state_bytes_per_param
 from phaze.plan import DP_SHARD_NODE, Plan, parse_plan
 from phaze.step import check_plan, evaluate, expert_shard, shard_ranks, stage_costs
-from phaze.workload import load_model
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return load_model("llama3-8b")
-
-
-@pytest.fixture(scope="module")
-def dgx():
-    """H100s in DGX nodes of 8 (NVLink), joined by InfiniBand."""
-    return with_system(load_chip("h100-sxm"), "dgx-h100-superpod")
 
 
 def test_parse_and_label_round_trip():

@@ -30,6 +30,17 @@ def compositions(total: int, parts: int):
         yield tuple(b - a for a, b in zip(edges, edges[1:], strict=False))
 
 
+def binding_chip(model, devices, batch, options, rng):
+    """The toy chip with HBM between the leanest plan's need and the lower quartile of the needs
+    (after the chip's reserve): memory binds, so pipelines and per-stage recompute become worth it,
+    and the leanest plan fits."""
+    chip = toy_chip()
+    needs = sorted(evaluate(model, chip, devices, batch, replace(b, recompute=r)).memory_per_device_bytes
+                   for b in layouts(model, devices, batch, options) for r in ("none", "full"))
+    return replace(chip, hbm_bytes=memory_reserve_bytes(chip) + needs[0]
+                   + rng.random() * (needs[len(needs) // 4] - needs[0]))
+
+
 def brute_force(model, chip, devices, batch, options):
     """Every layout, every contiguous partition, every recompute per stage (a block stage: every
     count of layers re-run whole but all, which is full): the best that fits."""
@@ -76,14 +87,7 @@ def _dp_against_brute_force(seed, changes=None, vp=None):
                                pp=tuple(p for p in (1, 2, 4, 8) if p <= min(layers, 4)),
                                attention=rng.choice(["standard", "flash"]), vp=vp or ())
     batch = devices * 4
-    # memory between the leanest plan's need and the lower quartile: it binds, pipelines and
-    # per-stage recompute become worth it
-    chip = toy_chip()
-    needs = sorted(evaluate(model, chip, devices, batch, replace(b, recompute=r)).memory_per_device_bytes
-                   for b in layouts(model, devices, batch, options) for r in ("none", "full"))
-    # the HBM left after the chip's reserve lies between those needs: the leanest plan fits
-    chip = replace(chip, hbm_bytes=memory_reserve_bytes(chip) + needs[0]
-                   + rng.random() * (needs[len(needs) // 4] - needs[0]))
+    chip = binding_chip(model, devices, batch, options, rng)
     expect = brute_force(model, chip, devices, batch, options)
     got = place(model, chip, devices, batch, options)
     assert expect is not None
