@@ -46,6 +46,7 @@ from .plan import (
     CP_COMMS_ALLOWED,
     DISPATCHERS,
     DP_SHARD_ALLOWED,
+    FSDP_PP,
     PLAN_RECOMPUTE,
     RECOMPUTE,
     RECOMPUTE_MODULES,
@@ -772,7 +773,8 @@ def cmd_place(args) -> int:
                                ep=args.ep or (), cp=args.cp or (), etp=args.etp or (),
                                routing=args.routing or (), dispatcher=args.dispatcher or (),
                                ep_overlap=args.ep_overlap or (), recompute_modules=args.recompute_modules or (),
-                               dp_shard=args.dp_shard or 0, cp_comm=args.cp_comm or "p2p")
+                               dp_shard=args.dp_shard or 0, cp_comm=args.cp_comm or "p2p",
+                               fsdp_pp=args.fsdp_pp or "micro_batch")
     preset = None
     if args.framework:
         fw = framework(args.framework)
@@ -780,7 +782,8 @@ def cmd_place(args) -> int:
                                 ("reduce_fp32", args.reduce_fp32), ("vp", args.vp),
                                 ("recompute", args.recompute),
                                 ("recompute_modules", args.recompute_modules),
-                                ("dp_shard", args.dp_shard is not None), ("cp_comm", args.cp_comm)) if v}
+                                ("dp_shard", args.dp_shard is not None), ("cp_comm", args.cp_comm),
+                                ("fsdp_pp", args.fsdp_pp)) if v}
         options, changes = options_with(fw, options, given, model.precision)
         model, set_on_model = model_with(fw, model)
         chip = chip.with_execution(options.execution)
@@ -1266,6 +1269,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how context parallelism exchanges K and V: p2p (default; a ring), all_gather, a2a "
                          "(Ulysses), a2a+p2p (Ulysses in groups, a ring across them: every group size searched) "
                          "or torch (PyTorch's context parallel); several, comma-separated, are searched")
+    pl.add_argument("--fsdp-pp", choices=FSDP_PP, default=None,
+                    help="how FSDP (zero 3) holds a pipeline stage's weights: micro_batch (default; gathered "
+                         "for every micro-batch) or step (gathered once per step and kept whole with the "
+                         "gradients, as PyTorch's pipeline schedules run FSDP2; the torchtitan preset's)")
     pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default=None,
                     help="attention kernel (default flash)")
     pl.add_argument("--reduce-fp32", action="store_true", help="fp32 gradients and reduction (Megatron's "

@@ -136,3 +136,19 @@ def test_the_preset_says_it_only_where_it_acts():
     assert plan.fsdp_once and said["fsdp_pp"] == "step"
     plan, said = plan_with(fw, Plan(tp=2))
     assert plan.fsdp_pp == "step" and not plan.fsdp_once and "fsdp_pp" not in said
+
+
+def test_place_takes_the_flag(capsys):
+    """``phaze place --fsdp-pp step`` searches pipelined FSDP plans that gather once per step; the
+    torchtitan preset sets it unless the flag says otherwise."""
+    import json
+
+    from phaze.cli import main
+    args = ["place", "--workload", "llama3-8b", "--arch", "h100-sxm", "--devices", "64", "--global-batch", "64",
+            "--zero", "3", "--pp", "2", "--tp", "2", "--mbs", "1", "--format", "json"]
+    for extra, expect in (([], "micro_batch"), (["--fsdp-pp", "step"], "step"),
+                          (["--framework", "torchtitan"], "step"),
+                          (["--framework", "torchtitan", "--fsdp-pp", "micro_batch"], "micro_batch")):
+        assert main(args + extra) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert ("fsdp_pp=step" in out["best"]["plan"]) == (expect == "step"), (extra, out["best"]["plan"])
