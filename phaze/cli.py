@@ -39,6 +39,7 @@ from .placement import (
     expert_widths,
     place,
     routing_values,
+    searched_modes,
 )
 from .plan import (
     BOOL_WORDS,
@@ -273,7 +274,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + "; vp " + (','.join(map(str, o.vp)) if o.vp else
                                         f"every value Megatron accepts for the layers, up to {MAX_AUTO_VP}")
                            + f"; cp {','.join(map(str, cp_values(model, o)))}"
-                           + f"; recompute {'/'.join(o.recompute)} per stage"
+                           + f"; recompute {'/'.join(searched_modes(model, o))} per stage"
                            + (f" (selective: {'+'.join(o.recompute_modules)})"
                               if o.recompute_modules and "selective" in o.recompute else "") + "; "
                            f"zero {','.join(map(str, o.zero_stages))}; attention {o.attention}; optimizer "

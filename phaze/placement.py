@@ -43,6 +43,7 @@ from .step import (
     mode_cost_bounds,
     mode_cost_upper,
     mode_layout,
+    runs_op_recompute,
     shard_ranks,
     stage_costs,
     stage_layers,
@@ -737,6 +738,13 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float
     return a * max(total / pp, edge if pp > 1 else total) + total / v
 
 
+def searched_modes(model: Model, options: PlacementOptions) -> tuple[str, ...]:
+    """The stage recompute modes a placement searches: ``options.recompute`` in
+    :data:`PLAN_RECOMPUTE` order, without torchtitan's per-op policy where ``model`` cannot run it
+    (a preset that maps selective recompute to it then searches none, full and block)."""
+    return tuple(r for r in PLAN_RECOMPUTE if r in options.recompute and (r != "op" or runs_op_recompute(model)))
+
+
 def _variant_key(plan: Plan, zero: bool) -> tuple:
     """A layout without its interleaving (and without its ZeRO stage unless ``zero``): the
     fields :func:`layouts` varies, as a tuple (cheaper to build and hash than a Plan)."""
@@ -795,7 +803,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     the best plan, leaves it out: it may need layer schedules of its own)."""
     chip = chip.with_execution(options.execution)
     start = time.perf_counter()
-    modes = tuple(r for r in PLAN_RECOMPUTE if r in options.recompute)
+    modes = searched_modes(model, options)
     if not modes:
         raise ConfigError("--recompute", None, f"must list at least one of {', '.join(PLAN_RECOMPUTE)}")
     keep = max(1, top)
@@ -986,7 +994,7 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
     Layouts are visited in order of their closed-form bound and skipped once that bound reaches
     the best found."""
     chip = chip.with_execution(options.execution)
-    modes = tuple(r for r in PLAN_RECOMPUTE if r in options.recompute)
+    modes = searched_modes(model, options)
     cands = []
     for base in layouts(model, devices, global_batch, options, chip):
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
@@ -1035,7 +1043,7 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
     least m * beta / (w + pp / v + tail / T_c) of the step (w the critical stage's weight in the
     1F1B step, T_c at least the mean stage time, the tail at most the largest upper-bound tail)."""
     chip = chip.with_execution(options.execution)
-    modes = tuple(r for r in PLAN_RECOMPUTE if r in options.recompute)
+    modes = searched_modes(model, options)
     L = model.layers
     rows, late, flat = [], [], {}
     tail_cache: dict = {}

@@ -311,6 +311,12 @@ def expert_shard(plan: Plan, devices: int, chip: Chip) -> tuple[int, int]:
     return edp // replicas, replicas
 
 
+def runs_op_recompute(model: Model) -> bool:
+    """Whether torchtitan's per-op recompute (``op``) is modelled for ``model``: sequential dense
+    layers with ordinary attention projections (no experts, no MLA, no parallel block)."""
+    return not (model.moe or model.mla or model.parallel_block)
+
+
 def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> None:
     """Raise :class:`ConfigError` naming the plan field and what is allowed."""
     def divisors(n):
@@ -375,7 +381,7 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
         raise ConfigError("--plan", "stage_recompute", f"must give one mode per stage (pp = {plan.pp}), "
                                                        f"got {len(plan.stage_recompute)}")
     _check_block(model, plan)
-    if (model.moe or model.mla or model.parallel_block) and "op" in (plan.recompute, *plan.stage_recompute):
+    if not runs_op_recompute(model) and "op" in (plan.recompute, *plan.stage_recompute):
         raise ConfigError("--plan", "recompute", "op (torchtitan's per-op policy) is modelled for sequential "
                                                  "dense layers with standard attention projections; use none, "
                                                  f"selective or full for {model.name}")

@@ -213,3 +213,22 @@ def test_validation_rows_name_their_block():
     assert isinstance(bad, v.Skipped) and "parallel_block" in bad.reason
     moe = v.row_to_case(synthetic(parallel_block="shared_norm", num_experts="8", moe_top_k="2", ep="2"))
     assert isinstance(moe, v.Skipped) and "parallel_block" in moe.reason and "mixture of experts" in moe.reason
+
+
+def test_a_placement_searches_no_per_op_recompute_it_cannot_run():
+    """torchtitan's preset turns selective recompute into its per-op policy, which is modelled for
+    sequential layers only: a placement of a parallel block (or of experts) searches none, full
+    and block instead of failing on the plan it would pick."""
+    from phaze.placement import PlacementOptions, place, searched_modes
+    options = PlacementOptions(tp=(1,), pp=(1,), mbs=(1,), zero=(0,), recompute=("none", "op", "full"))
+    assert searched_modes(gpt(), options) == ("none", "op", "full")
+    assert searched_modes(gpt("shared_norm"), options) == ("none", "full")
+    assert searched_modes(load_model("mixtral-8x7b"), options) == ("none", "full")
+    m = gpt("two_norms")
+    chip = toy_chip()
+    need = evaluate(m, chip, 2, 2, Plan(recompute="none")).memory_per_device_bytes
+    full = evaluate(m, chip, 2, 2, Plan(recompute="full")).memory_per_device_bytes
+    from phaze.memory import memory_reserve_bytes
+    tight = replace(chip, hbm_bytes=memory_reserve_bytes(chip) + (need + full) / 2)   # only full fits
+    res = place(m, tight, 2, 2, options)
+    assert res.best.plan.recompute == "full"
