@@ -238,8 +238,9 @@ def _jsonable(x):
 
 # --- studies ---------------------------------------------------------------------------------------
 def open_study(cfg: SweepConfig, storage: str, name: str, create: bool = True, sampler=None,
-               heartbeat: bool = True, grace_period_s: int = GRACE_PERIOD_S):
-    """Load the study, or (``create``) create it if it does not exist."""
+               heartbeat: bool = True, grace_period_s: int = GRACE_PERIOD_S, chosen_by: str = ""):
+    """Load the study, or (``create``) create it if it does not exist. ``chosen_by``: how its
+    designs are chosen, for the report (default: the config's sampler)."""
     if not create:
         optuna = _optuna()
         try:
@@ -247,15 +248,16 @@ def open_study(cfg: SweepConfig, storage: str, name: str, create: bool = True, s
                                      sampler=sampler)
         except KeyError:
             raise ConfigError("--study", None, f"no study {name!r} in {mask_password(storage)}") from None
-    return _create_or_load(cfg, storage, name, sampler, heartbeat, grace_period_s)[0]
+    return _create_or_load(cfg, storage, name, sampler, heartbeat, grace_period_s, chosen_by)[0]
 
 
 def _create_or_load(cfg: SweepConfig, storage: str, name: str, sampler=None, heartbeat: bool = True,
-                    grace_period_s: int = GRACE_PERIOD_S):
+                    grace_period_s: int = GRACE_PERIOD_S, chosen_by: str = ""):
     """(study, created): ``created`` is true in the one process that created the study, even when
     many start together (the database's unique study name decides). The study keeps the config's
     fingerprint, so that only the same space, workloads, budgets and objectives resume it, and
-    what a report needs."""
+    what a report needs; the fingerprint is written last, so a study whose creator was killed
+    before it was whole (a kill between two writes) is completed by the next run."""
     optuna = _optuna()
     st = make_storage(storage, heartbeat, grace_period_s)
     try:
@@ -264,20 +266,20 @@ def _create_or_load(cfg: SweepConfig, storage: str, name: str, sampler=None, hea
     except optuna.exceptions.DuplicatedStudyError:
         study, created = optuna.load_study(study_name=name, storage=st, sampler=sampler), False
     attrs = study.user_attrs
-    if "fingerprint" not in attrs:
-        study.set_user_attr("fingerprint", cfg.fingerprint())
+    if attrs.get("fingerprint", cfg.fingerprint()) != cfg.fingerprint():
+        raise ConfigError("--study", None, f"study {name!r} in {mask_password(storage)} was made by a different space, "
+                          f"workloads, budgets or objectives; allowed: the same config, or a new --study name")
+    if "fingerprint" not in attrs or "config" not in attrs:
         study.set_user_attr("config", {"name": cfg.name, "objectives": list(cfg.objectives),
                                        "constraints": dict(cfg.constraints),
                                        "workloads": [w.label for w in cfg.workloads],
                                        "weights": [w.weight for w in cfg.workloads],
                                        "space": {d.key: (d.expression or list(d.values)) for d in cfg.dimensions},
-                                       "base": cfg.base.name, "sampler": cfg.sampler, "seed": cfg.seed,
+                                       "base": cfg.base.name, "sampler": chosen_by or cfg.sampler, "seed": cfg.seed,
                                        "workload_sources": [w.source for w in cfg.workloads],
                                        "process_node_nm": cfg.process_node_nm,
                                        "link_latency_s": cfg.link_latency_s})
-    elif attrs["fingerprint"] != cfg.fingerprint():
-        raise ConfigError("--study", None, f"study {name!r} in {mask_password(storage)} was made by a different space, "
-                          f"workloads, budgets or objectives; allowed: the same config, or a new --study name")
+        study.set_user_attr("fingerprint", cfg.fingerprint())   # last: the study is whole
     if [d.name.lower() for d in study.directions] != cfg.directions:
         raise ConfigError("--study", None, f"study {name!r} has objectives of other directions")
     return study, created
@@ -788,7 +790,8 @@ def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None =
 def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: bool, write: bool) -> SearchResult:
     optuna = _optuna()
     check_budgets(cfg)
-    study = open_study(cfg, url, name, sampler=optuna.samplers.RandomSampler(seed=cfg.seed), heartbeat=False)
+    study = open_study(cfg, url, name, sampler=optuna.samplers.RandomSampler(seed=cfg.seed), heartbeat=False,
+                       chosen_by="sweep")
     conf = dict(study.user_attrs.get("config") or {})
     if conf.get("sampler") != "sweep":      # the report says how the designs were chosen
         study.set_user_attr("config", {**conf, "sampler": "sweep"})

@@ -491,3 +491,24 @@ def test_a_trials_attributes_are_written_at_once_and_read_back_the_same(tmp_path
     stored = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
     assert stored[one.number] == attrs
     assert stored[both.number] == dict(attrs, reason="over the area budget") == both.user_attrs
+
+
+@pytest.mark.parametrize("written", [("fingerprint",), ("config",), ()])
+def test_a_study_whose_creator_was_killed_before_it_was_whole_resumes(tmp_path, written):
+    """A kill between the creating process's writes leaves a study with some of its attributes (the
+    fingerprint without the config, with the old order of writes; the config alone; nothing): the
+    next sweep completes it and writes its report, which reads the config."""
+    cfg = load_sweep(write(tmp_path, SMALL))
+    url = f"sqlite:///{tmp_path}/study.db"
+    optuna = _optuna()
+    study = optuna.create_study(study_name="tiny-sweep", storage=make_storage(url, heartbeat=False),
+                                directions=cfg.directions)
+    if "fingerprint" in written:
+        study.set_user_attr("fingerprint", cfg.fingerprint())
+    if "config" in written:
+        study.set_user_attr("config", {"sampler": "sweep"})
+    res = sweep(cfg, storage=url, limit=2, write=True)
+    attrs = optuna.load_study(study_name="tiny-sweep", storage=make_storage(url, heartbeat=False)).user_attrs
+    assert attrs["fingerprint"] == cfg.fingerprint()
+    assert attrs["config"]["objectives"] == list(cfg.objectives) and attrs["config"]["sampler"] == "sweep"
+    assert res.complete == 2 and (tmp_path / "tiny-sweep" / "report.md").is_file()
