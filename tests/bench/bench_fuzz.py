@@ -179,7 +179,8 @@ def case_interrupt(rng, root, ctx):
         return f"status {p.returncode} after {sig.name}", what
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0 or "Traceback" in r.stderr:
-        return f"resume: status {r.returncode}{', traceback' if 'Traceback' in r.stderr else ''}", what
+        last = r.stderr.strip().splitlines()[-1][:200] if r.stderr.strip() else ""
+        return f"resume: status {r.returncode}{', traceback: ' + last if 'Traceback' in r.stderr else ''}", what
     n = trials_complete(url, "tiny-sweep" if sweep else "tiny")
     if n != 4:
         return f"lost result (resumed study has {n} complete trials, not 4)", what
