@@ -26,7 +26,17 @@ from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, tile_candidates
 from .graph import edge_graph, layer_graph, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
-from .step import _shard, check_plan, cp_sent_bytes, evaluate, layout_of, shard_ranks, stage_costs, stage_layers
+from .step import (
+    _shard,
+    check_plan,
+    cp_sent_bytes,
+    evaluate,
+    layout_of,
+    shard_ranks,
+    stage_costs,
+    stage_layers,
+    state_zero,
+)
 from .validate import calibrated_efficiency
 from .workload import Model, load_model
 
@@ -428,7 +438,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
         stage = per_mb * m
         # data-parallel gradient reduction (and the distributed optimizer's weight all-gather, or
         # FSDP's per-layer gathers); each byte sent is read from HBM and one received is written
-        if plan.zero >= 3 and not plan.fsdp_once:
+        if state_zero(plan) >= 3:
             sent = m * _sent_bytes("all_gather", 2 * p * params, group) \
                 + m * _sent_bytes("reduce_scatter", grad_bytes * params, group)
         elif plan.zero >= 1:

@@ -173,6 +173,13 @@ def _coll(b: _Builder, name, kind, group, nbytes, deps=None, hidden_by: str = ""
     return b.add(name, "link", deps, collective=Collective(kind, group, nbytes), hidden_by=hidden_by)
 
 
+def _tp_reduce(b: _Builder, name: str, nbytes: float, sp: bool) -> str:
+    """A tensor-parallel reduction of partial sums: a reduce-scatter under sequence parallelism,
+    else an all-reduce, named ``name`` + its kind."""
+    kind = "reduce_scatter" if sp else "all_reduce"
+    return _coll(b, f"{name}.{kind}", kind, "tp", nbytes)
+
+
 def kv_width(model: Model, tp: int) -> int:
     """Width of the key (and of the value) projection on one of ``tp`` ranks: kv_dim / tp, or one
     whole head when tp exceeds the KV heads (Megatron replicates each KV head on tp / kv_heads
@@ -357,8 +364,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             return
         linear(fb, n("attn_out"), T, model.o_dim // t, h)
         if t > 1:
-            _coll(fb, n("attn_out." + ("reduce_scatter" if sp else "all_reduce")),
-                  "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
+            _tp_reduce(fb, n("attn_out"), p * T * h, sp)
         _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
         _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
         if model.moe:
@@ -387,8 +393,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if model.parallel_block and tail:
             _vector(fb, n("block_sum"), T * h, p, reads=2, flops_per_element=1)
         if t > 1 and tail:
-            _coll(fb, n("ffn_down." + ("reduce_scatter" if sp else "all_reduce")),
-                  "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
+            _tp_reduce(fb, n("ffn_down"), p * T * h, sp)
 
     def mla_projections(fb: _Builder, n) -> None:
         """Multi-head latent attention's projections (DeepSeek-V3): the down-projections to the
@@ -692,8 +697,7 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     if e != h:
         _gemm(emb, "embedding.project_in", 1, T, e, h, p, weights=True)
     if t > 1:
-        _coll(emb, "embedding." + ("reduce_scatter" if sp else "all_reduce"),
-              "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
+        _tp_reduce(emb, "embedding", p * T * h, sp)
     if model.embedding_norm:
         _vector(emb, "embedding.norm", Tn * h, p, flops_per_element=8)
     fwd_emb = list(emb.ops)
@@ -730,8 +734,7 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
               linear=True)
         head_b.last = ("mlm_transform.dgrad",)
     if t > 1:
-        _coll(head_b, "head.dgrad." + ("reduce_scatter" if sp else "all_reduce"),
-              "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
+        _tp_reduce(head_b, "head.dgrad", p * T * h, sp)
     if model.norm_position == "pre":
         _vector(head_b, "final_norm.bwd", Tn * h, p, reads=2, flops_per_element=8)
     for k in range(model.mtp_layers):
@@ -774,8 +777,7 @@ def _mtp_module(fwd: _Builder, bwd: _Builder, prefix: str, T, Tn, h, e, Vt, p, t
     assert e == h, "multi-token prediction with a factorised embedding is refused where the model is read"
     _vector(fwd, prefix + "embedding.lookup", T * h, p, flops_per_element=1)
     if t > 1:
-        _coll(fwd, prefix + "embedding." + ("reduce_scatter" if sp else "all_reduce"),
-              "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
+        _tp_reduce(fwd, prefix + "embedding", p * T * h, sp)
     _vector(fwd, prefix + "enorm", Tn * h, p, flops_per_element=8)
     _vector(fwd, prefix + "hnorm", Tn * h, p, flops_per_element=8)
     _vector(fwd, prefix + "concat", Tn * 2 * h, p, flops_per_element=0)
@@ -790,8 +792,7 @@ def _mtp_module(fwd: _Builder, bwd: _Builder, prefix: str, T, Tn, h, e, Vt, p, t
         _coll(fwd, prefix + "head.all_gather", "all_gather", "tp", p * T * h)
     _logits_and_loss(fwd, bwd, prefix, T, e, Vt, p, t, loss)
     if t > 1:
-        _coll(bwd, prefix + "head.dgrad." + ("reduce_scatter" if sp else "all_reduce"),
-              "reduce_scatter" if sp else "all_reduce", "tp", p * T * h)
+        _tp_reduce(bwd, prefix + "head.dgrad", p * T * h, sp)
     _vector(bwd, prefix + "final_norm.bwd", Tn * h, p, reads=2, flops_per_element=8)
     # ... the transformer layer's backward ...
     if t > 1 and sp:   # the split's backward gathers the sequence; the gather's backward splits
@@ -801,8 +802,7 @@ def _mtp_module(fwd: _Builder, bwd: _Builder, prefix: str, T, Tn, h, e, Vt, p, t
     _gemm(bwd, prefix + "eh_proj.wgrad", 1, h // t, T, 2 * h, p, weights=False, deps=grad, linear=True)
     bwd.last = (prefix + "eh_proj.dgrad",)
     if t > 1:
-        _coll(bwd, prefix + "eh_proj.dgrad." + ("reduce_scatter" if sp else "all_reduce"),
-              "reduce_scatter" if sp else "all_reduce", "tp", p * T * 2 * h)
+        _tp_reduce(bwd, prefix + "eh_proj.dgrad", p * T * 2 * h, sp)
     _vector(bwd, prefix + "split.bwd", Tn * 2 * h, p, flops_per_element=0)
     _vector(bwd, prefix + "enorm.bwd", Tn * h, p, reads=2, flops_per_element=8)
     _vector(bwd, prefix + "hnorm.bwd", Tn * h, p, reads=2, flops_per_element=8)

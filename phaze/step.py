@@ -517,7 +517,7 @@ class StageCosts:
         if i == pp - 1:
             q += m.head_params + m.mtp_layers * m.mtp_module_params
         if self._table_copy(i):   # the last stage keeps its own copy of the table
-            q += m.vocab * (m.embedding_projection_dim or m.hidden)
+            q += m.table_params
         if m.moe:   # routed experts are sharded over ep x etp, not tp
             return q / self.plan.tp + n * self._expert_shift()
         return q / self.plan.tp
@@ -580,7 +580,7 @@ class StageCosts:
         passes = TensorPasses(1, float(p + g), float(g))
         if not plan.grad_accum_fusion:
             return self._tensor_pass(passes, i, n)
-        table = m.vocab * (m.embedding_projection_dim or m.hidden) if self._table_copy(i) and m.mtp_layers else 0.0
+        table = m.table_params if self._table_copy(i) and m.mtp_layers else 0.0
         params = ((m.embedding_params if i == 0 else 0.0) + table) / plan.tp + 0.0 * n
         return tensor_pass_time(passes, self.tensors(i, n, hooked=True), params, self.chip, self.eff)
 
@@ -679,7 +679,7 @@ class StageCosts:
                         + dense_coll(kind, per * experts, edp, plan.etp * plan.ep))
 
         colls = None
-        if (group > 1 or (self.model.moe and edp > 1)) and (plan.zero < 3 or plan.fsdp_once):
+        if (group > 1 or (self.model.moe and edp > 1)) and state_zero(plan) < 3:
             if plan.zero >= 1:
                 colls = (coll("reduce_scatter", grad_bytes * params), coll("all_gather", p * params))
             else:
@@ -715,7 +715,7 @@ class StageCosts:
         q[0] += m.embedding_params
         q[pp - 1] += m.head_params + m.mtp_layers * m.mtp_module_params
         if self._table_copy(pp - 1):
-            q[pp - 1] += m.vocab * (m.embedding_projection_dim or m.hidden)
+            q[pp - 1] += m.table_params
         if r != "block":
             transient = np.full((pp, 1), self.full_act_bytes if r != "none" else 0.0)
         else:       # a layer re-materialised where some re-run whole
@@ -723,12 +723,17 @@ class StageCosts:
         transient = transient + np.zeros(ns.shape)
         transient[pp - 1] += self.logits_bytes()
         transient += cp_transient_bytes(m, plan)
-        if plan.zero >= 3 and not plan.fsdp_once:
-            transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp
+        transient += self.gathered_layer_bytes()
         if m.moe:
             return (self.state_bytes_per_param * (q / tp + ns * self._expert_shift()) + ns * self._expert_state_shift()
                     + self._layers("act_bytes", ns, r, ks) * inflight + transient)
         return self.state_bytes_per_param * (q / tp) + self._layers("act_bytes", ns, r, ks) * inflight + transient
+
+    def gathered_layer_bytes(self) -> float:
+        """FSDP gathering per micro-batch: one layer's gathered 16-bit weights and the next one's,
+        prefetched; 0 otherwise."""
+        plan, m = self.plan, self.model
+        return 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp if state_zero(plan) >= 3 else 0.0
 
     def logits_bytes(self) -> float:
         """The last stage's fp32 logits for the loss, one micro-batch: the main head's and each
@@ -747,8 +752,7 @@ class StageCosts:
         if i == pp - 1:   # fp32 logits for the loss
             transient += self.logits_bytes()
         transient += cp_transient_bytes(m, plan)
-        if plan.zero >= 3 and not plan.fsdp_once:
-            transient += 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp   # gathered layer weights
+        transient += self.gathered_layer_bytes()
         weights = self.state_bytes_per_param * self.params(i, n)
         runs = self.layers_on(i, n)
         if m.moe:
@@ -994,7 +998,7 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
         total = total + PhaseTime(communication=_cp_exposed(model, chip, plan, eff, r))
     # weights shard over the data- and context-parallel ranks (stride tp) of a shard group
     shards = shard_ranks(plan, devices, chip) * plan.cp
-    if plan.zero >= 3 and shards > 1 and not plan.fsdp_once:
+    if state_zero(plan) >= 3 and shards > 1:
         # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
         # layer's forward; in backward they are gathered again and the gradients
         # reduce-scattered on the same communication stream, under the layer's backward

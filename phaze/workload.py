@@ -258,11 +258,17 @@ class Model:
         return self.moe_layers * self.experts * self.expert_params / self.layers if self.moe else 0.0
 
     @property
+    def table_params(self) -> int:
+        """Parameters of the token table (vocabulary x embedding width): the embedding's, and a
+        tied head's or a pipeline's last-stage copy."""
+        return self.vocab * (self.embedding_projection_dim or self.hidden)
+
+    @property
     def embedding_params(self) -> int:
         """Token (+ position, segment, projection) embeddings and the embedding norm."""
         h = self.hidden
         e = self.embedding_projection_dim or h
-        n = self.vocab * e
+        n = self.table_params
         if e != h:
             n += 2 * e * h  # project_in and project_out, no bias (OPT)
         if self.position_embedding == "learned":
@@ -278,7 +284,7 @@ class Model:
         h = self.hidden
         n = self.norm_params if self.norm_position == "pre" else 0
         if not self.tied_embeddings:
-            n += self.vocab * (self.embedding_projection_dim or h)
+            n += self.table_params
         if self.architecture == "encoder":
             n += (h * h + h)                      # pooler
             n += (h * h + h) + self.norm_params   # MLM transform dense + norm
