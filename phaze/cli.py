@@ -234,18 +234,19 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     seq = [n.removeprefix("sequence length").strip() for n in model.notes if n.startswith("sequence length")]
     out["sequence_length"] = seq[0] if seq else f"{model.seq_len} (the workload's; --seq-len sets it)"
     for note in model.notes:
-        if note.startswith("sliding-window"):
-            if model.sliding_window < model.seq_len:
+        if note.startswith(("sliding-window", "chunked attention")):
+            if 0 < model.local_attention < model.seq_len:
                 note += ("; each query is costed over at most that many earlier keys (fused attention "
                          "stores no scores, so memory is the same)")
             out["attention_window"] = note
         elif not note.startswith("sequence length"):
             out.setdefault("workload", note)
-    if model.sliding_window and "attention_window" not in out:
+    if model.local_attention and "attention_window" not in out:
         share = model.window_layer_share
-        out["attention_window"] = (f"sliding-window attention over {model.sliding_window} tokens"
-                                   + (f" in {share:.0%} of the layers (the others attend to every earlier "
-                                      "token)" if share < 1 else "") + " (the workload's)")
+        kind = (f"sliding-window attention over {model.sliding_window} tokens" if model.sliding_window else
+                f"chunked attention in chunks of {model.attention_chunk} tokens")
+        out["attention_window"] = (kind + (f" in {share:.0%} of the layers (the others attend to every earlier "
+                                           "token)" if share < 1 else "") + " (the workload's)")
     if plan is not None:
         defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",

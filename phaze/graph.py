@@ -190,16 +190,23 @@ def kv_width(model: Model, tp: int) -> int:
 def attention_work_fraction(model: Model) -> float:
     """Share of the full (queries x keys) score matrix a fused kernel computes over the whole
     sequence ``seq_len * context_parallel``: causal, 1/2; with a sliding window of w < S keys,
-    query i sees min(i, w) keys: (w S - w^2 / 2) / S^2 = (w/S)(1 - w/(2S)); not causal, 1. When
-    only a share of the layers is windowed (GPT-OSS), the layers' mean."""
+    query i sees min(i, w) keys: (w S - w^2 / 2) / S^2 = (w/S)(1 - w/(2S)); in chunks of c < S
+    tokens (Llama 4), each of the n = S // c whole chunks and the remainder r causal on its own:
+    (n c^2 + r^2) / (2 S^2); not causal, 1. When only a share of the layers is windowed or
+    chunked (GPT-OSS, Llama 4), the layers' mean."""
     if not model.causal:
         return 1.0
     S = model.seq_len * model.context_parallel
-    w = model.sliding_window
-    if not 0 < w < S:
+    w, c = model.sliding_window, model.attention_chunk
+    if 0 < w < S:
+        local = (w / S) * (1.0 - w / (2.0 * S))
+    elif 0 < c < S:
+        n, r = divmod(S, c)
+        local = (n * c * c + r * r) / (2.0 * S * S)
+    else:
         return 0.5
     share = model.window_layer_share
-    return share * (w / S) * (1.0 - w / (2.0 * S)) + (1.0 - share) * 0.5
+    return share * local + (1.0 - share) * 0.5
 
 
 def ring_steps(model: Model, work: float) -> tuple[int, float]:
@@ -208,7 +215,7 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
     sequence divided over cp ranks: ``work * cp`` blocks. Ring attention with causal load
     balancing (Megatron / torchtitan: 2cp chunks, rank i holds chunks i and 2cp-1-i) runs cp steps,
     each over half a block (the diagonal step causally, the others on one half of the queries or
-    keys); a sliding window in every layer only needs the steps whose blocks it reaches.
+    keys); a sliding window (or chunks) in every layer only needs the steps whose blocks it reaches.
     Hierarchical (``a2a+p2p``): after the all-to-all inside a group of ``a`` ranks a rank holds
     ``a s`` queries of a-th of the heads, and the ring runs over the cp / a groups, each step over
     an (a s) x (a s) block: the same scores in a-th of the steps."""
@@ -218,8 +225,9 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
     a = model.context_parallel_a2a      # 1 but under a2a+p2p
     groups, rows = cp // a, s * a
     steps = groups
-    if model.causal and 0 < model.sliding_window < s * cp and model.window_layer_share == 1.0:
-        steps = min(groups, -(-model.sliding_window // rows) + 1)
+    reach = model.local_attention     # a chunk reaches back at most its length, as a window does
+    if model.causal and 0 < reach < s * cp and model.window_layer_share == 1.0:
+        steps = min(groups, -(-reach // rows) + 1)
     return steps, min(1.0, work * groups / steps)
 
 

@@ -165,7 +165,7 @@ def moe_activation_bytes(model: Model, tokens: int, tp: int) -> float:
     routed = 4 * local * model.experts + p * local * k * (h + gate * ef + ef)
     moe = routed + p * tokens * (gate * sf + sf) / tp
     dense = p * tokens * (gate + 1) * model.ffn_hidden / tp
-    return (model.moe_layers * moe + model.dense_layers * dense) / model.layers
+    return (model.moe_layers * moe + model.dense_ffn_layers * dense) / model.layers
 
 
 def state_bytes_per_param(optimizer: str, zero: int, dp: int, weight_bytes: int = 2,

@@ -84,9 +84,10 @@ def _sum_ops(ops, chip: Chip, precision: str, eff: Efficiency, groups: dict, p: 
 
 
 def dense_view(model: Model) -> Model:
-    """A mixture of experts' dense layers (DeepSeek-V3's first three) as a dense model."""
+    """A mixture of experts' dense layers (DeepSeek-V3's first three, every other one of Llama 4
+    Maverick's) as a dense model."""
     return replace(model, experts=0, top_k=0, shared_experts=0, dense_layers=0, expert_ffn_hidden=0,
-                   shared_expert_ffn_hidden=0)
+                   shared_expert_ffn_hidden=0, moe_layer_interval=1)
 
 
 def expert_layout(model: Model, plan: Plan, chip: Chip | None = None) -> ExpertLayout | None:
@@ -121,9 +122,9 @@ def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention
                            chip, model.precision, eff, groups, p).communication
             return PhaseTime(t.compute, t.memory, t.communication - a2a + exposed(a2a, t.compute, eff))
         fwd, bwd = hide(g.fwd, fwd), hide(g.bwd, bwd)
-    if model.moe and model.dense_layers:
+    if model.moe and model.dense_ffn_layers:
         df, db = _layer_sums(dense_view(model), chip, mbs, tp, sp, attention, recompute, eff)
-        w = model.dense_layers / model.layers
+        w = model.dense_ffn_layers / model.layers
         fwd, bwd = fwd * (1 - w) + df * w, bwd * (1 - w) + db * w
     return fwd, bwd
 
@@ -193,9 +194,9 @@ def _layers_flops(model: Model, recompute: str, compiled: bool = False, mtp: boo
     ``mtp``: with the multi-token prediction modules' layers."""
     layer = tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute, None, compiled).ops)
     flops = model.layers * layer
-    if model.moe and model.dense_layers:
+    if model.moe and model.dense_ffn_layers:
         dense = tensor_flops(layer_graph(dense_view(model), 1, 1, False, "standard", recompute, None, compiled).ops)
-        flops = model.moe_layers * flops / model.layers + model.dense_layers * dense
+        flops = model.moe_layers * flops / model.layers + model.dense_ffn_layers * dense
     if mtp and model.mtp_layers:   # each multi-token prediction module's layer, of the repeated (MoE) kind
         flops = flops + model.mtp_layers * layer
     return flops

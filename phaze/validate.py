@@ -325,8 +325,11 @@ def moe_models() -> dict[str, dict]:
 
 
 def resolve_workload(model_name: str) -> Model | None:
-    """The shipped workload a row's ``model`` names, or None."""
-    path = _shipped_workloads().get(_norm_name(model_name))
+    """The shipped workload a row's ``model`` names (or a catalogued MoE model's alias names),
+    or None."""
+    shipped, key = _shipped_workloads(), _norm_name(model_name)
+    known = moe_models().get(key)
+    path = shipped.get(key) or (shipped.get(_norm_name(known["model"])) if known else None)
     return load_model(path) if path else None
 
 
@@ -725,7 +728,10 @@ def _with_experts(row: dict, model: Model, shipped: Model | None) -> Model:
                                    dropout=model.dropout, expert_ffn_hidden=expert_ffn,
                                    v_head_dim=keep["head_dim"] if not same else shipped.v_head_dim,
                                    ffn_hidden=shipped.ffn_hidden if same else model.ffn_hidden,
-                                   dense_layers=min(shipped.dense_layers, model.layers - 1), **keep, **mla)
+                                   dense_layers=min(shipped.dense_layers, model.layers - 1),
+                                   moe_layer_interval=max(1, min(shipped.moe_layer_interval, model.layers
+                                                                 - min(shipped.dense_layers, model.layers - 1))),
+                                   **keep, **mla)
     elif shipped is not None:
         base = model
     else:

@@ -73,8 +73,12 @@ class Model:
                                          # that runs one compiled program (xla), else whole
     qkv_bias: bool = False               # biases on the q, k, v projections only (Qwen2) when ``bias`` is off
     sliding_window: int = 0              # attention window (Mistral); 0 = every earlier token
-    window_layer_share: float = 1.0      # share of the layers that use the window (GPT-OSS alternates
-                                         # windowed and full layers: 0.5); the others see every key
+    attention_chunk: int = 0             # chunked attention (Llama 4): the sequence cut into chunks of
+                                         # this many tokens, each query seeing the earlier keys of its
+                                         # own chunk; 0 = none
+    window_layer_share: float = 1.0      # share of the layers that use the window or the chunks (GPT-OSS
+                                         # alternates windowed and full layers: 0.5; Llama 4 chunks 3 of 4);
+                                         # the others see every key
     context_parallel: int = 1            # a context-parallel shard: ``seq_len`` local queries of a
                                          # sequence this many times longer (set by the plan's cp)
     context_parallel_comm: str = "p2p"   # how the shard's attention meets the other keys (the plan's
@@ -97,6 +101,9 @@ class Model:
     shared_experts: int = 0              # experts every token passes through (DeepSeek)
     shared_expert_ffn_hidden: int = 0    # FFN width of one shared expert; 0 means = expert_ffn_hidden
     dense_layers: int = 0                # the first layers keep a dense FFN (DeepSeek-V3: 3)
+    moe_layer_interval: int = 1          # after those, every this-many-th layer is MoE and the others
+                                         # dense (Llama 4 Maverick: 2; Hugging Face's
+                                         # interleave_moe_layer_step, Megatron-Core's --moe-layer-freq)
     expert_bias: bool = False            # biases on the experts' and router's linear layers (GPT-OSS)
     capacity_factor: float = 0.0         # expert capacity / mean tokens per expert; 0 = dropless
     # group-limited routing (DeepSeek-V3's node-limited routing; Megatron-Core's
@@ -151,8 +158,21 @@ class Model:
 
     @property
     def moe_layers(self) -> int:
-        """Layers whose FFN is a mixture of experts."""
-        return self.layers - self.dense_layers if self.moe else 0
+        """Layers whose FFN is a mixture of experts: after the ``dense_layers``, the last of each
+        ``moe_layer_interval`` layers (Hugging Face's Llama 4 and Qwen2-MoE; Megatron-Core's
+        integer --moe-layer-freq takes the first, the same count when the interval divides the
+        layers; the cost model needs only the count)."""
+        return (self.layers - self.dense_layers) // self.moe_layer_interval if self.moe else 0
+
+    @property
+    def dense_ffn_layers(self) -> int:
+        """Layers whose FFN is dense (all of a dense model's)."""
+        return self.layers - self.moe_layers
+
+    @property
+    def local_attention(self) -> int:
+        """Keys a query of a windowed or chunked layer reaches back at most (0: every earlier key)."""
+        return self.sliding_window or self.attention_chunk
 
     @property
     def expert_ffn(self) -> int:
@@ -249,7 +269,7 @@ class Model:
         experts, the mean over its dense and MoE layers."""
         if not self.moe:
             return self.dense_layer_params
-        return (self.dense_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params) / self.layers
+        return (self.dense_ffn_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params) / self.layers
 
     @property
     def expert_layer_params(self) -> float:
@@ -328,7 +348,7 @@ class Model:
         held = self.experts if experts is None else experts
         router = 2 if b else 1
         moe = router + held * 2 * linear(b) + (2 * linear(b) if self.shared_experts else 0)
-        return n + (self.dense_layers * dense + self.moe_layers * moe) / self.layers
+        return n + (self.dense_ffn_layers * dense + self.moe_layers * moe) / self.layers
 
     @property
     def embedding_tensors(self) -> int:
@@ -366,8 +386,7 @@ class Model:
     def params(self) -> int:
         """Total trainable parameters of the main model (multi-token prediction:
         :attr:`mtp_params`)."""
-        layers = ((self.layers - self.moe_layers) * self.dense_layer_params
-                  + self.moe_layers * self.moe_layer_params)
+        layers = self.dense_ffn_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params
         return layers + self.embedding_params + self.head_params
 
     @property
@@ -429,6 +448,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         qk_norm=f.bool("qk_norm", False),
         attention_sinks=f.bool("attention_sinks", False),
         sliding_window=f.int("sliding_window", 0, minimum=0),
+        attention_chunk=f.int("attention_chunk", 0, minimum=0),
         window_layer_share=f.number("window_layer_share", 1.0, minimum=0.0, maximum=1.0, inclusive=True),
         q_lora_rank=f.int("q_lora_rank", 0, minimum=0),
         kv_lora_rank=f.int("kv_lora_rank", 0, minimum=0),
@@ -440,6 +460,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         shared_experts=f.int("shared_experts", 0, minimum=0),
         shared_expert_ffn_hidden=f.int("shared_expert_ffn_hidden", 0, minimum=0),
         dense_layers=f.int("dense_layers", 0, minimum=0),
+        moe_layer_interval=f.int("moe_layer_interval", 1, minimum=1),
         expert_bias=f.bool("expert_bias", False),
         capacity_factor=f.number("capacity_factor", 0.0, minimum=0.0, inclusive=True),
         router_groups=f.int("router_groups", 0, minimum=0),
@@ -452,6 +473,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     f.int("published_active_params", None)  # published parameters active per token (MoE)
     f.finish()
     _check_moe(model, source)
+    if model.sliding_window and model.attention_chunk:
+        raise ConfigError(source, "attention_chunk", f"a layer's attention is windowed or chunked, not both; "
+                                                     f"got sliding_window {model.sliding_window} as well")
     bad = mtp_error(model)
     if bad:
         raise ConfigError(source, "mtp_layers", bad)
@@ -493,14 +517,19 @@ def parallel_block_error(model: Model) -> str:
 def _check_moe(model: Model, source: str) -> None:
     """One clear error for an inconsistent mixture of experts."""
     if not model.moe:
-        if model.top_k or model.shared_experts or model.router_groups or model.router_group_topk:
-            raise ConfigError(source, "experts", "must be > 0 when top_k, shared_experts or router groups "
-                                                 "are given")
+        if (model.top_k or model.shared_experts or model.router_groups or model.router_group_topk
+                or model.moe_layer_interval != 1):
+            raise ConfigError(source, "experts", "must be > 0 when top_k, shared_experts, router groups "
+                                                 "or moe_layer_interval are given")
         return
     if not 1 <= model.top_k <= model.experts:
         raise ConfigError(source, "top_k", f"must be between 1 and experts ({model.experts}), got {model.top_k}")
     if model.dense_layers >= model.layers:
         raise ConfigError(source, "dense_layers", f"must be < layers ({model.layers}), got {model.dense_layers}")
+    if model.moe_layer_interval > model.layers - model.dense_layers:
+        raise ConfigError(source, "moe_layer_interval", f"must be at most the layers after the dense ones "
+                                                        f"({model.layers - model.dense_layers}), got "
+                                                        f"{model.moe_layer_interval}")
     bad, message = router_groups_error(model)
     if bad:
         raise ConfigError(source, bad, message)
@@ -533,12 +562,13 @@ def _first(cfg: dict, *keys, default=None):
     return default
 
 
-_HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss")
+_HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text")
 
 
 def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
-    """Mixture-of-experts, MLA and q/k-norm fields of a Hugging Face config (Mixtral, Qwen3,
-    Qwen3-MoE, DeepSeek-V3, GPT-OSS); what is simplified goes to ``notes``."""
+    """Mixture-of-experts, MLA, q/k-norm and chunked-attention fields of a Hugging Face config
+    (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4); what is simplified goes to
+    ``notes``."""
     out: dict = {}
     if mtype in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
@@ -549,10 +579,9 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
                    expert_ffn_hidden=int(_first(cfg, "moe_intermediate_size", default=ffn)),
                    shared_experts=int(cfg.get("n_shared_experts") or 0),
                    dense_layers=int(cfg.get("first_k_dense_replace") or 0))
-        step = int(cfg.get("decoder_sparse_step") or 1)
-        if step != 1 or cfg.get("mlp_only_layers") or int(cfg.get("moe_layer_freq") or 1) != 1:
-            notes.append("MoE layer pattern other than 'every layer after the dense ones' costed as MoE in "
-                         "every such layer")
+        if mtype == "llama4_text":   # transformers' Llama4TextMoe: one shared expert as wide as the routed
+            out.update(shared_experts=1, ffn_hidden=int(cfg.get("intermediate_size_mlp") or ffn))  # ones
+        out.update(_hf_moe_pattern(cfg, out["dense_layers"], notes))
     if mtype == "deepseek_v3":
         out.update(q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
@@ -561,6 +590,11 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
         if int(cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):   # node-limited routing
             out.update(router_groups=int(cfg["n_group"]), router_group_topk=int(cfg["topk_group"]))
         out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or 0)
+    if mtype == "llama4_text":
+        out.update(_hf_chunks(cfg))
+        if cfg.get("use_qk_norm", True):
+            notes.append("Llama 4: the weightless L2 norm of the chunked layers' queries and keys is not costed")
+        notes.append("Llama 4: the rotary embedding is costed in every layer (its global layers have none)")
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
         kinds = cfg.get("layer_types") or []
@@ -570,10 +604,54 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
     return out
 
 
+def _hf_moe_pattern(cfg: dict, dense: int, notes: list) -> dict:
+    """``moe_layer_interval`` of a Hugging Face MoE config whose MoE layers, after the first
+    ``dense``, are the last of every N (Llama 4's ``interleave_moe_layer_step`` or ``moe_layers``,
+    Qwen3-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``); another pattern is costed as
+    the nearest interval by count, and a note says so."""
+    layers = int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers", default=0) or 0)
+    step = int(_first(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1) or 1)
+    listed = cfg.get("moe_layers")
+    if isinstance(listed, list) and listed:
+        moe = sorted(int(i) for i in listed)
+    else:
+        skip = {int(i) for i in cfg.get("mlp_only_layers") or []}
+        moe = [i for i in range(dense, layers) if (i + 1 - dense) % max(step, 1) == 0 and i not in skip]
+    if not moe or layers <= dense:
+        return {}
+    interval = max(1, round((layers - dense) / len(moe)))
+    regular = [i for i in range(dense, layers) if (i + 1 - dense) % interval == 0]
+    if moe != regular:
+        notes.append(f"MoE layers {moe} costed by count as every {interval} layer(s) after the first {dense}")
+    return {"moe_layer_interval": interval} if interval > 1 else {}
+
+
+def _hf_chunks(cfg: dict) -> dict:
+    """Llama 4's chunked attention: ``attention_chunk_size`` in the layers its ``layer_types``
+    (or ``no_rope_layers``: 1 for a RoPE layer, which chunks) mark, as transformers 4.57 builds
+    them (every ``no_rope_layer_interval``-th layer global)."""
+    chunk = int(cfg.get("attention_chunk_size") or 0)
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    if chunk <= 0 or layers <= 0:
+        return {}
+    kinds = cfg.get("layer_types")
+    if kinds:
+        chunked = sum(k == "chunked_attention" for k in kinds)
+    elif cfg.get("no_rope_layers"):
+        chunked = sum(1 for k in cfg["no_rope_layers"] if k)
+    else:
+        every = int(cfg.get("no_rope_layer_interval") or 4)
+        chunked = sum(1 for i in range(layers) if (i + 1) % every)
+    return {"attention_chunk": chunk, "window_layer_share": chunked / layers} if chunked else {}
+
+
 def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | None = None) -> Model:
     """Build a :class:`Model` from a Hugging Face ``config.json`` dictionary (GPT-2, OPT, BERT,
     Llama/Mistral, MPT, GPT-NeoX and similar)."""
     mtype = str(cfg.get("model_type", "")).lower()
+    if isinstance(cfg.get("text_config"), dict) and mtype == "llama4":   # a multimodal checkpoint: its
+        cfg = {"torch_dtype": cfg.get("torch_dtype"), **cfg["text_config"]}  # language model (the vision
+        mtype = "llama4_text"                                                  # encoder is not trained here)
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     heads = _first(cfg, "num_attention_heads", "n_head", "n_heads")
@@ -651,11 +729,17 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         share = extra.get("window_layer_share", 1.0)
         some = f" in {share:.0%} of the layers (the others attend to every earlier token)" if share < 1 else ""
         notes.append(f"sliding-window attention over {window} tokens{some} (in effect when the sequence is longer)")
+    if extra.get("attention_chunk"):
+        share = extra["window_layer_share"]
+        some = f" in {share:.0%} of the layers (the others attend to every earlier token)" if share < 1 else ""
+        notes.append(f"chunked attention in chunks of {extra['attention_chunk']} tokens{some} (in effect when "
+                     "the sequence is longer)")
     return Model(
         name=name or cfg.get("_name_or_path") or mtype or "hf-model",
         architecture="encoder" if encoder else "decoder",
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-        head_dim=extra.pop("head_dim", 0) or cfg.get("head_dim") or 0, ffn_hidden=ffn, activation=activation,
+        head_dim=extra.pop("head_dim", 0) or cfg.get("head_dim") or 0, ffn_hidden=extra.pop("ffn_hidden", ffn),
+        activation=activation,
         vocab=cfg["vocab_size"], seq_len=seq, position_embedding=position,
         max_positions=(max_pos + (2 if mtype == "opt" else 0)) if position == "learned" else 0,
         tied_embeddings=bool(cfg.get("tie_word_embeddings", mtype not in ("llama", "mistral") + _HF_MOE_TYPES)),
@@ -707,6 +791,10 @@ WORKLOAD_ALIASES = {
     "bloom": "bloom-176b",                   # bigscience/bloom
     "nemotron-4-15b": "nemotron4-15b",
     "nemotron-4-340b": "nemotron4-340b",
+    "llama-4-scout-17b-16e": "llama4-scout",  # meta-llama/Llama-4-Scout-17B-16E
+    "llama4-e16": "llama4-scout",            # NeMo's recipe name
+    "llama-4-maverick-17b-128e": "llama4-maverick",
+    "llama4-e128": "llama4-maverick",
 }
 
 

@@ -30,6 +30,7 @@ PUBLISHED = [
     ("qwen3-235b-a22b", 235e9, 22e9),      # arXiv:2505.09388 Table 2
     ("deepseek-v3", 671e9, 37e9),          # arXiv:2412.19437 Sec. 4.2
     ("gpt-oss-120b", 116.83e9, 5.13e9),    # arXiv:2508.10925 Table 1
+    ("llama4-maverick", 400e9, 17e9),      # Llama 4 model card (400B with the vision encoder)
 ]
 
 
