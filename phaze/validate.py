@@ -41,9 +41,10 @@ per-expert FFN); a row with ``num_experts`` and ``moe_top_k`` is an MoE of its o
 from the row; without ``ep``, the widest ep inside one node that divides the experts and
 tp·cp·dp/etp (:func:`_expert_plan`), and the case is marked ``unconfirmed`` (it weighs half in
 fits); routing defaults to ``dropless`` (``capacity`` with a capacity factor), the dispatcher to
-``alltoall``. A row naming a catalogued MoE model phaze does not ship (``moe_models.csv``) is
-skipped with the reason, and so is a row whose ``params_b`` is over :data:`PARAMS_GUARD` times the
-dense model its shape gives (parts the row does not describe).
+``alltoall``. A row naming a catalogued MoE model phaze does not ship (``moe_models.csv``), or a
+state-space or hybrid model (``unmodelled_models.csv``), is skipped with the reason, and so is a
+row whose ``params_b`` is over :data:`PARAMS_GUARD` times the dense model its shape gives (parts
+the row does not describe).
 """
 from __future__ import annotations
 
@@ -311,10 +312,10 @@ def _shipped_workloads() -> dict[str, str]:
     return out
 
 
-@lru_cache(maxsize=1)
-def moe_models() -> dict[str, dict]:
-    """Published mixture-of-experts models (``phaze/data/moe_models.csv``), by normalised name."""
-    path = Path(__file__).resolve().parent / "data" / "moe_models.csv"
+def _catalogue(filename: str) -> dict[str, dict]:
+    """The rows of a catalogue of published models in ``phaze/data``, by each of their
+    normalised names (``model`` and the ``aliases`` joined by ';')."""
+    path = Path(__file__).resolve().parent / "data" / filename
     out = {}
     with path.open(newline="") as fh:
         for r in csv.DictReader(fh):
@@ -322,6 +323,12 @@ def moe_models() -> dict[str, dict]:
                 if name.strip():
                     out[_norm_name(name)] = r
     return out
+
+
+@lru_cache(maxsize=1)
+def moe_models() -> dict[str, dict]:
+    """Published mixture-of-experts models (``phaze/data/moe_models.csv``), by normalised name."""
+    return _catalogue("moe_models.csv")
 
 
 def resolve_workload(model_name: str) -> Model | None:
@@ -346,6 +353,13 @@ def row_to_case(row: dict, chips: dict[str, Chip] | None = None, dataset: str = 
         return Skipped(run_id, source, gpu, str(exc), chip_name, dataset)
 
 
+@lru_cache(maxsize=1)
+def unmodelled_models() -> dict[str, dict]:
+    """Published models whose layers phaze does not model (``phaze/data/unmodelled_models.csv``:
+    state-space and hybrid models), by normalised name."""
+    return _catalogue("unmodelled_models.csv")
+
+
 def _moe_reason(row: dict) -> str | None:
     """Why a mixture-of-experts row cannot be expressed: it names a catalogued MoE model that phaze
     does not ship (its architecture is not modelled), or gives experts without a top-k."""
@@ -363,6 +377,9 @@ def _moe_reason(row: dict) -> str | None:
 
 
 def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
+    other = unmodelled_models().get(_norm_name(_text(row, "model")))
+    if other:
+        raise ValueError(f"{other['model']} ({other['params_b']}B) is not modelled: {other['not_modelled']}")
     moe = _moe_reason(row)
     if moe:
         raise ValueError(moe)

@@ -562,6 +562,21 @@ def _first(cfg: dict, *keys, default=None):
     return default
 
 
+# Hugging Face model types whose layers are not attention and FFN (transformers 4.57.1 model
+# types; nemotron_h is NVIDIA's remote code): refused with the reason rather than read as a
+# transformer of their width and depth
+_HF_NOT_MODELLED = {
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba"), "Mamba state-space layers and no attention"),
+    **dict.fromkeys(("jamba", "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h"),
+                    "a hybrid of Mamba state-space and attention layers"),
+    "qwen3_next": "Gated DeltaNet linear attention in 3 of every 4 layers",
+    "minimax": "lightning (linear) attention in most layers",
+    "rwkv": "RWKV recurrent layers and no attention",
+    "recurrent_gemma": "RG-LRU recurrent layers beside local attention",
+    "lfm2": "short convolution layers beside attention",
+    "xlstm": "xLSTM recurrent layers and no attention",
+}
+
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text")
 
 
@@ -652,6 +667,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if isinstance(cfg.get("text_config"), dict) and mtype == "llama4":   # a multimodal checkpoint: its
         cfg = {"torch_dtype": cfg.get("torch_dtype"), **cfg["text_config"]}  # language model (the vision
         mtype = "llama4_text"                                                  # encoder is not trained here)
+    if mtype in _HF_NOT_MODELLED:
+        raise ConfigError(source, "model_type", f"{mtype!r} has {_HF_NOT_MODELLED[mtype]}, which phaze does not "
+                                                f"model; allowed: transformers (attention and FFN layers)")
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     heads = _first(cfg, "num_attention_heads", "n_head", "n_heads")

@@ -877,6 +877,25 @@ def test_moe_rows_are_modelled_or_skipped_with_the_reason(monkeypatch):
     assert "no shipped workload describes it" in s.reason
 
 
+def test_state_space_and_hybrid_models_are_skipped_with_the_reason():
+    """A row naming Nemotron-H (54 Mamba-2, 54 MLP and 10 attention layers in NeMo's pattern) by
+    any of its spellings is skipped with that reason, whatever shape its columns give: costed as
+    118 transformer layers it would be a different, larger model."""
+    for name in ("Nemotron-H 56B", "NemotronH_56B", "nemotron-h-56b-base-8k"):
+        s = v.row_to_case(synthetic(model=name, layers="118", hidden="8192", heads="64", ffn_hidden="32768"))
+        assert isinstance(s, v.Skipped), name
+        assert "Nemotron-H-56B (56B) is not modelled" in s.reason and "54 Mamba-2" in s.reason
+    assert isinstance(v.row_to_case(synthetic(model="Nemotron-4-15B")), v.Case)   # a transformer
+    # the catalogue's counts are those of NeMo's patterns, counted here
+    patterns = {"Nemotron-H-56B": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-"
+                                  "M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+                "Nemotron-H-8B": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"}
+    for name, pat in patterns.items():
+        why = v.unmodelled_models()[v._norm_name(name)]["not_modelled"]
+        assert (f"{pat.count('M')} Mamba-2 state-space layers, {pat.count('-')} MLP-only and "
+                f"{pat.count('*')} attention-only layers") in why
+
+
 @pytest.mark.parametrize("pp", ["2", "1"])
 def test_row_without_micro_batch_is_scored_with_the_fastest_that_fits(pp):
     c = synthetic_case(layers="12", tp="1", pp=pp, zero_stage="0", vp="1")

@@ -477,3 +477,13 @@ def test_yaml_aliases_are_bounded_under_either_parser(tmp_path, monkeypatch, loa
     # two levels fewer: 10^4 values and the lists holding them, 11,111 nodes in all, load
     small = _write(tmp_path, "\n".join(lines[:4]) + "\n")
     assert len(configio.read_mapping(small)["l3"]) == 10
+
+
+@pytest.mark.parametrize("mtype", ["mamba2", "jamba", "qwen3_next", "nemotron_h", "rwkv"])
+def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
+    """A state-space, recurrent or hybrid config is refused naming model_type, not read as a
+    transformer of its width and depth."""
+    cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+           "vocab_size": 50000}
+    with pytest.raises(ConfigError, match="model_type.*which phaze does not model"):
+        model_from_hf_config(cfg)
