@@ -65,6 +65,9 @@ class Framework:
                                 # 0 every rank, DP_SHARD_NODE a node's or pod slice's (hybrid sharding)
     cp_comm: str = "p2p"        # how its context parallelism exchanges K and V (phaze.plan.CP_COMMS)
     fsdp_pp: str = "micro_batch"  # how its FSDP holds a pipeline stage's weights (phaze.plan.FSDP_PP)
+    moe_capacity: float = 0.0   # a mixture of experts' capacity factor where the model gives none
+                                # (its recipes drop tokens beyond it, each expert's input padded to
+                                # it); 0: the model's (dropless without one)
 
     def zero_for(self, precision: str) -> int:
         """The ZeRO stage a run at ``precision`` gets by default."""
@@ -195,6 +198,7 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("nemo", attention="flash", tp_async=True, tp_overlap=True, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
+              moe_capacity=1.0,
               source="NVIDIA NeMo 2 LLM performance recipes (24.07-): Megatron-Core with Transformer "
                      "Engine fused attention, tp_comm_overlap on for tensor-parallel runs, "
                      "grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins, the "
@@ -202,7 +206,13 @@ FRAMEWORKS = {f.name: f for f in (
                      "(virtual_pipeline_model_parallel_size in the recipes); recompute_method block re-runs "
                      "recompute_num_layers layers of each stage whole and none of the rest (Megatron-Core "
                      "0.16 transformer_config.py); selective recompute is Megatron-Core's, recompute_modules "
-                     "core_attn by default (the core attention, a fused kernel too)"),
+                     "core_attn by default (the core attention, a fused kernel too); its mixture-of-experts "
+                     "performance recipes drop tokens at a capacity factor of 1.0, each expert's input padded "
+                     "to it (nemo_toolkit 2.0.0 to 2.6.2, PyPI: MegatronTokenDropCallback, "
+                     "moe_expert_capacity_factor 1.0 and moe_pad_expert_input_to_capacity, in the "
+                     "performance_mode recipes of Mixtral 8x7B and 8x22B and Llama 4 and the performance "
+                     "scripts of Qwen3 30B-A3B and 235B-A22B; DeepSeek-V3's balances the routing by force on "
+                     "H100 and drops tokens so on other GPUs: the same load on every expert)"),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
               block_recompute=False,
@@ -326,13 +336,16 @@ def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
 
 
 def model_with(fw: Framework, model: Model) -> tuple[Model, dict]:
-    """``model`` with the preset's fp8 casts (an fp8 model) and bias kernels (a model with
-    biases) where the model does not say them, and what was set."""
+    """``model`` with the preset's fp8 casts (an fp8 model), bias kernels (a model with biases)
+    and expert capacity (a mixture of experts) where the model does not say them, and what was
+    set."""
     changes = {}
     if model.precision == "fp8" and not model.fp8_casts:
         changes["fp8_casts"] = fw.fp8_casts
     if model.biased_linears and not model.bias_kernels:
         changes["bias_kernels"] = fw.bias_kernels
+    if model.moe and fw.moe_capacity and not model.capacity_factor:
+        changes["capacity_factor"] = fw.moe_capacity
     return (replace(model, **changes) if changes else model), changes
 
 

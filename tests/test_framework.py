@@ -562,6 +562,51 @@ def test_bias_kernels_follow_the_framework_unless_the_model_says():
     assert synthetic_case(framework="NeMo 24.07").model.bias_kernels == "fused"
 
 
+def test_nemo_drops_tokens_at_capacity_one_unless_the_model_or_row_says():
+    """NeMo's MoE performance recipes drop tokens at a capacity factor of 1.0, each expert's input
+    padded to it (MegatronTokenDropCallback): every expert rank then runs the mean load, where a
+    dropless run's busiest rank runs DROPLESS_LOAD times it. Other presets keep the model's own
+    routing; a dense model, a model's own capacity and a row's routing or capacity win."""
+    from phaze.graph import DROPLESS_LOAD
+    from phaze.step import evaluate, expert_layout
+    qwen = load_model("qwen3-30b-a3b")
+    assert qwen.capacity_factor == 0.0
+    for name, fw in FRAMEWORKS.items():
+        model, changes = model_with(fw, qwen)
+        assert model.capacity_factor == (1.0 if name == "nemo" else 0.0), name
+        assert ("capacity_factor" in changes) == (name == "nemo")
+    nemo = FRAMEWORKS["nemo"]
+    dense = load_model("llama3-8b")
+    assert model_with(nemo, dense) == (dense, {})
+    own = dataclasses.replace(qwen, capacity_factor=1.25)
+    assert model_with(nemo, own) == (own, {})
+    model = model_with(nemo, qwen)[0]
+    plan = Plan(tp=1, pp=1, ep=8)
+    assert expert_layout(model, plan).load == 1.0 and expert_layout(qwen, plan).load == DROPLESS_LOAD
+    assert expert_layout(model, dataclasses.replace(plan, routing="dropless")).load == DROPLESS_LOAD
+    chip = load_chip("h100-sxm")
+    assert (evaluate(model, chip, 8, 64, plan, EFF).step_time_s
+            < evaluate(qwen, chip, 8, 64, plan, EFF).step_time_s)
+    # validation rows: the preset where the row says nothing, the row's columns where it does
+    row = dict(model="Qwen3-30B-A3B", layers="", hidden="", heads="", gpu="H100-SXM5-80GB", gpu_count="8",
+               seq_len="4096", tp="1", ep="8", micro_batch="1")
+    assert synthetic_case(framework="NeMo 25.07", **row).model.capacity_factor == 1.0
+    assert synthetic_case(framework="Megatron-Core", **row).model.capacity_factor == 0.0
+    assert synthetic_case(framework="NeMo 25.07", moe_capacity_factor="1.25", **row).model.capacity_factor == 1.25
+    c = synthetic_case(framework="NeMo 25.07", moe_routing="dropless", **row)
+    assert expert_layout(c.model, c.plan).load == DROPLESS_LOAD
+    # the figures docs/frameworks.md quotes, with the shipped calibration
+    steps = []
+    for extra in ("", ",routing=dropless"):
+        out = ok_cli(phaze_cli(ROOT, "evaluate", "--workload", "qwen3-235b-a22b", "--arch", "h100-sxm",
+                               "--devices", "256", "--global-batch", "2048",
+                               "--plan", "tp=2,pp=8,ep=32,vp=4,mbs=1,recompute=selective" + extra,
+                               "--framework", "nemo", "--system", "dgx-h100-superpod", "--format", "json")).stdout
+        steps.append(json.loads(out)["step_time_s"])
+    doc = (ROOT / "docs" / "frameworks.md").read_text()
+    assert f"{steps[0]:.1f} s so and {steps[1]:.1f} s dropless" in doc.replace("\n", " ")
+
+
 def test_full_recompute_reruns_what_the_backward_reads_on_a_compiled_program(tmp_path):
     # no preset sets it: it follows the execution model (XLA drops the recomputation nothing reads)
     llama = load_model("llama3-8b", 2048)
