@@ -107,7 +107,7 @@ MODEL_COLUMNS = REQUIRED_COLUMNS + EXPLICIT_COLUMNS + OPTIONAL_COLUMNS
 # does not describe (experts, another architecture): it is skipped unless it resolved to experts
 PARAMS_GUARD = 1.5
 METRICS = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "tokens_per_s_total", "step_time_s")
-CONVENTIONS = ("model", "narayanan96", "6n_12lqs")
+CONVENTIONS = ("model", "narayanan96", "6n_12lqs", "model_causal")
 RECOMPUTE_CONVENTIONS = ("narayanan96",)   # those that count a full recompute's FLOPs
 # a row that does not state its micro-batch: these are tried, the fastest that fits counts
 SEARCHED_MICRO_BATCHES = (1, 2, 4, 8)
@@ -257,8 +257,10 @@ def convention_flops_per_step(model: Model, global_batch: int, convention: str,
     """FLOPs of one step as a source counts them: ``narayanan96`` (Megatron SC'21:
     96·B·s·l·h²(1 + s/6h + V/16lh) with full recompute, 72·... without), ``6n_12lqs``
     (llm-foundry, MaxText: 6·N·s + 12·l·q·s² per sequence, N all parameters, q = heads·head_dim),
-    or ``model`` (Megatron/NeMo model FLOPs: the GEMMs of forward and backward, non-causal
-    attention, no recompute)."""
+    ``model`` (Megatron/NeMo model FLOPs: the GEMMs of forward and backward, non-causal
+    attention, no recompute) or ``model_causal`` (the same with the attention's two products
+    counted at half, as causal: NeMo 2.5's FLOPsMeasurementCallback, nemo/utils/flops_formulas.py
+    causal_self_attn = True in every family; 2.4 and before count them in full)."""
     B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
     if convention == "narayanan96":
         # assumption: a block recompute counts as full (the log's recompute factor reads the
@@ -270,6 +272,9 @@ def convention_flops_per_step(model: Model, global_batch: int, convention: str,
         return B * (6 * model.params * s + 12 * l * model.q_dim * s * s)
     if convention == "model":
         return model_flops_per_sample(model) * B
+    if convention == "model_causal":   # less half of QK^T and PV, forward and backward (3 x 2 s^2 width)
+        products = 3 * 2 * s * s * (model.q_dim + model.o_dim) * (l + model.mtp_layers)
+        return (model_flops_per_sample(model) - products / 2) * B
     raise ValueError(f"unknown flop_convention {convention!r}; allowed: {', '.join(CONVENTIONS)}")
 
 

@@ -26,7 +26,7 @@ from phaze.arch import load_chip
 from phaze.calibrate import BOUNDS, fit, load_params, save_params
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency
-from phaze.workload import Model
+from phaze.workload import Model, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_CSV = ROOT / "phaze" / "data" / "reference" / "training_runs.csv"
@@ -208,6 +208,24 @@ def test_narayanan_convention_without_full_recompute_counts_three_passes():
     got = v.measured_step_time("tflops_per_gpu", 50.0, m, 2, B, "narayanan96", "selective", 312e12)
     flops = 72 * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (12 * l * h))
     assert got == pytest.approx(flops / (50e12 * 2), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b", "gpt3-175b"])
+def test_model_conventions_are_nemos_flops_formulas(name):
+    """NeMo's FLOPsMeasurementCallback (nemo/utils/flops_formulas.py), written out: 2.3 counts the
+    attention's two products in full (``model``), 2.5 at half, as causal (``model_causal``).
+    Llama 3: B s l h^2 (12 + 12 g/a + 18 f/h + 12 s/h [x 1/2] + 6 V/(l h)); GPT-3:
+    (24 B s h^2 + 4 B s^2 h [x 1/2]) 3 l + 6 B s h V."""
+    m = load_model(name)
+    B, s, l, h, V, f, a, g = 16, m.seq_len, m.layers, m.hidden, m.vocab, m.ffn_hidden, m.heads, m.kv_heads
+    for convention, c in (("model", 1.0), ("model_causal", 0.5)):
+        if name == "gpt3-175b":
+            nemo = (24 * B * s * h * h + 4 * B * s * s * h * c) * 3 * l + 6 * B * s * h * V
+        else:
+            nemo = B * s * l * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h * c + 6 * V / (l * h))
+        assert v.convention_flops_per_step(m, B, convention, "none") == pytest.approx(nemo, rel=1e-12)
+    assert isinstance(v.row_to_case(synthetic(flop_convention="model_causal", measured_metric="tflops_per_gpu",
+                                              measured_value="150")), v.Case)
 
 
 def test_throughput_metrics_and_unknown_metric():
