@@ -87,6 +87,29 @@ class Framework:
 
 
 
+# NeMo 2's performance recipes, as read from nemo_toolkit on PyPI; the two presets differ in the
+# precision of the gradient reduction
+_NEMO_SOURCE = ("Megatron-Core with Transformer Engine fused attention, tp_comm_overlap on for tensor-parallel "
+                "runs, {reduce}, the distributed optimizer (Megatron's passes on each shard), no dropout, "
+                "interleaved pipelines (virtual_pipeline_model_parallel_size in the recipes); recompute_method "
+                "block re-runs recompute_num_layers layers of each stage whole and none of the rest "
+                "(Megatron-Core 0.16 transformer_config.py); selective recompute is Megatron-Core's, "
+                "recompute_modules core_attn by default (the core attention, a fused kernel too); its "
+                "mixture-of-experts performance recipes drop tokens at a capacity factor of 1.0, each expert's "
+                "input padded to it (nemo_toolkit 2.0.0 to 2.6.2: MegatronTokenDropCallback, "
+                "moe_expert_capacity_factor 1.0 and moe_pad_expert_input_to_capacity, in the performance_mode "
+                "recipes of Mixtral 8x7B and 8x22B and Llama 4 and the performance scripts of Qwen3 30B-A3B "
+                "and 235B-A22B; DeepSeek-V3's balances the routing by force on H100 and drops tokens so on "
+                "other GPUs: the same load on every expert)")
+_NEMO_2024 = Framework("nemo-2024", attention="flash", tp_async=True, tp_overlap=True, zero=1,
+                       reduce_fp32=False, dropout=False, selective="attention", execution="eager",
+                       interleave=True, vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
+                       recompute_modules=("core_attn",), moe_capacity=1.0,
+                       source="NVIDIA NeMo 2 LLM performance recipes of 2024 (containers 24.07 to 24.12, "
+                              "nemo_toolkit 2.0 and 2.1): " + _NEMO_SOURCE.format(
+                                  reduce="grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins "
+                                         "(2.0.0 and 2.1.0: the pretraining performance mode leaves it on)"))
+
 FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-lm", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
@@ -195,24 +218,13 @@ FRAMEWORKS = {f.name: f for f in (
                      "whole and none of the rest (transformer_config.py, 0.16); its selective recompute "
                      "re-runs --recompute-modules, by default core_attn, the core attention whatever its "
                      "kernel (attention.py checkpoint_core_attention: a fused one too)"),
-    Framework("nemo", attention="flash", tp_async=True, tp_overlap=True, zero=1,
-              reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
-              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
-              moe_capacity=1.0,
-              source="NVIDIA NeMo 2 LLM performance recipes (24.07-): Megatron-Core with Transformer "
-                     "Engine fused attention, tp_comm_overlap on for tensor-parallel runs, "
-                     "grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins, the "
-                     "distributed optimizer (Megatron's passes on each shard), no dropout, interleaved pipelines "
-                     "(virtual_pipeline_model_parallel_size in the recipes); recompute_method block re-runs "
-                     "recompute_num_layers layers of each stage whole and none of the rest (Megatron-Core "
-                     "0.16 transformer_config.py); selective recompute is Megatron-Core's, recompute_modules "
-                     "core_attn by default (the core attention, a fused kernel too); its mixture-of-experts "
-                     "performance recipes drop tokens at a capacity factor of 1.0, each expert's input padded "
-                     "to it (nemo_toolkit 2.0.0 to 2.6.2, PyPI: MegatronTokenDropCallback, "
-                     "moe_expert_capacity_factor 1.0 and moe_pad_expert_input_to_capacity, in the "
-                     "performance_mode recipes of Mixtral 8x7B and 8x22B and Llama 4 and the performance "
-                     "scripts of Qwen3 30B-A3B and 235B-A22B; DeepSeek-V3's balances the routing by force on "
-                     "H100 and drops tokens so on other GPUs: the same load on every expert)"),
+    _NEMO_2024,
+    replace(_NEMO_2024, name="nemo", bf16_reduce_fp32=False,
+            source="NVIDIA NeMo 2 LLM performance recipes of 2025 on (containers 25.xx, nemo_toolkit 2.2 to "
+                   "2.6): " + _NEMO_SOURCE.format(
+                       reduce="gradients reduced in bf16 (the pretraining performance_optimizations of "
+                              "nemo_toolkit 2.2.0 to 2.6.2 set grad_reduce_in_fp32 False, and from 2.4 the "
+                              "performance scripts' set_precision_configs do so for every dtype)")),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
               block_recompute=False,
@@ -289,8 +301,10 @@ _ALIASES = (
 def resolve_framework(text: str) -> Framework | None:
     """The preset a ``framework`` value names, or None when it names none of them. Canonical
     names and their usual spellings are matched (case-insensitive); Megatron-LM from 2023 on is
-    built on Megatron-Core, so ``Megatron-LM`` with a year of 2023 or later is ``megatron-core``,
-    and NeMo of 2022 or before is NeMo-Megatron (``nemo-megatron``)."""
+    built on Megatron-Core, so ``Megatron-LM`` with a year of 2023 or later is ``megatron-core``;
+    NeMo of 2022 or before is NeMo-Megatron (``nemo-megatron``), of 2023 or 2024 (a year, a
+    container version such as 24.07, or nemo_toolkit 2.0 or 2.1) ``nemo-2024``, later or undated
+    ``nemo``."""
     t = text.strip().lower()
     if not t:
         return None
@@ -301,8 +315,14 @@ def resolve_framework(text: str) -> Framework | None:
             years = [int(y) for y in re.findall(r"\b(20\d\d)\b", t)]
             if name == "megatron-lm" and years and max(years) >= 2023:
                 name = "megatron-core"
-            if name == "nemo" and years and max(years) <= 2022:
-                name = "nemo-megatron"
+            if name == "nemo":
+                # NeMo's container versions (YY.MM) and nemo_toolkit 2.0 / 2.1 date a NeMo run too
+                years += [2000 + int(y) for y, m in re.findall(r"\b(2\d)\.(\d\d)\b", t) if 1 <= int(m) <= 12]
+                years += [2024 for _ in re.findall(r"\b2\.[01](?:\.\d+)?\b(?!\d)", t)]
+                if years and max(years) <= 2022:
+                    name = "nemo-megatron"
+                elif years and max(years) <= 2024:
+                    name = "nemo-2024"
             return FRAMEWORKS[name]
     return None
 

@@ -25,13 +25,14 @@ EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, 
 
 
 @pytest.mark.parametrize("text, name", [
-    ("nemo", "nemo"), ("NeMo 24.07 (Megatron-Core, Transformer Engine)", "nemo"),
+    ("nemo", "nemo"), ("NeMo 24.07 (Megatron-Core, Transformer Engine)", "nemo-2024"), ("NeMo 25.07", "nemo"),
+    ("NeMo 2.1.0", "nemo-2024"), ("NVIDIA NeMo (2025)", "nemo"), ("nemo-2024", "nemo-2024"),
     ("Megatron-Core MoE (Megatron-MoE-ModelZoo)", "megatron-core"), ("Megatron-LM (2021)", "megatron-lm"),
     ("Megatron-LM core_r0.9 (2024)", "megatron-core"), ("Megatron-DeepSpeed", "megatron-deepspeed"),
     ("torchtitan (PyTorch FSDP2/TP/PP/CP)", "torchtitan"), ("MaxText (JAX/XLA)", "maxtext"),
     ("llm-foundry / Composer (PyTorch FSDP)", "llm-foundry"), ("LLM-Foundry", "llm-foundry"),
     ("NeMo-Megatron launcher (2022-23)", "nemo-megatron"), ("NeMo (2022)", "nemo-megatron"),
-    ("NeMo 2 (2024)", "nemo"), ("nemo_megatron", "nemo-megatron")])
+    ("NeMo 2 (2024)", "nemo-2024"), ("nemo_megatron", "nemo-megatron")])
 def test_framework_names_and_spellings(text, name):
     assert resolve_framework(text).name == name
 
@@ -253,7 +254,7 @@ def test_megatron_optimizer_makes_its_passes_around_fused_adam():
     assert optimizer_op(1.0, "adam").bytes == 28
     assert optimizer_op(1.0, "adam-megatron", "bf16").bytes == 38
     assert optimizer_op(1.0, "adam-megatron", "fp16").bytes == 52
-    megatron = {"megatron-lm", "megatron-core", "nemo", "nemo-megatron"}
+    megatron = {"megatron-lm", "megatron-core", "nemo-2024", "nemo", "nemo-megatron"}
     assert {n for n, f in FRAMEWORKS.items() if f.optimizer == "adam-megatron"} == megatron
     assert plan_with(FRAMEWORKS["nemo"], Plan())[0].optimizer == "adam-megatron"
     assert plan_with(FRAMEWORKS["nemo"], Plan(), {"optimizer"})[0].optimizer == "adam"
@@ -311,8 +312,9 @@ def test_megatron_hook_adds_each_micro_batch_without_gradient_accumulation_fusio
 def test_megatron_reduces_bf16_gradients_in_fp32():
     # Megatron's arguments.py forces fp32 gradient accumulation and all-reduce for bf16 (and so
     # for fp8 runs, whose parameters are bf16); fp16 runs reduce in fp16. NeMo's bf16 and fp8
-    # mixed-precision plugins set grad_reduce_in_fp32. A stated column or key wins.
-    for name in ("megatron-lm", "megatron-core", "nemo"):
+    # mixed-precision plugins set grad_reduce_in_fp32, which its pretraining performance recipes
+    # of 2024 leave on (nemo-2024). A stated column or key wins.
+    for name in ("megatron-lm", "megatron-core", "nemo-2024"):
         fw = FRAMEWORKS[name]
         assert fw.reduces_fp32("bf16") and fw.reduces_fp32("fp8") and not fw.reduces_fp32("fp16")
         assert plan_with(fw, Plan(), precision="bf16")[0].reduce_fp32 is True
@@ -325,8 +327,16 @@ def test_megatron_reduces_bf16_gradients_in_fp32():
     ds = FRAMEWORKS["megatron-deepspeed"]
     assert ds.reduces_fp32("bf16") and not ds.reduces_fp32("fp16")
     assert FRAMEWORKS["torchtitan"].reduces_fp32("fp16")          # FSDP2's reduce_dtype fp32, always
-    assert synthetic_case(framework="nemo").plan.reduce_fp32 is True
-    assert synthetic_case(framework="nemo", grad_reduce_fp32="no").plan.reduce_fp32 is False
+    assert synthetic_case(framework="NeMo 24.07").plan.reduce_fp32 is True
+    assert synthetic_case(framework="NeMo 24.07", grad_reduce_fp32="no").plan.reduce_fp32 is False
+    # from 2025 (nemo_toolkit 2.2 on) its performance recipes reduce in bf16 (grad_reduce_in_fp32
+    # False); a stated column wins
+    nemo = FRAMEWORKS["nemo"]
+    assert not nemo.reduces_fp32("bf16") and not nemo.reduces_fp32("fp8")
+    assert synthetic_case(framework="NeMo 25.07").plan.reduce_fp32 is False
+    assert synthetic_case(framework="NeMo 25.07", grad_reduce_fp32="yes").plan.reduce_fp32 is True
+    assert dataclasses.replace(nemo, name="nemo-2024", bf16_reduce_fp32=True, source="") == dataclasses.replace(
+        FRAMEWORKS["nemo-2024"], source="")      # the two presets differ in nothing else
     assert synthetic_case(framework="megatron-lm", precision="fp16").plan.reduce_fp32 is False
 
 
@@ -573,8 +583,8 @@ def test_nemo_drops_tokens_at_capacity_one_unless_the_model_or_row_says():
     assert qwen.capacity_factor == 0.0
     for name, fw in FRAMEWORKS.items():
         model, changes = model_with(fw, qwen)
-        assert model.capacity_factor == (1.0 if name == "nemo" else 0.0), name
-        assert ("capacity_factor" in changes) == (name == "nemo")
+        assert model.capacity_factor == (1.0 if name.startswith("nemo-2") or name == "nemo" else 0.0), name
+        assert ("capacity_factor" in changes) == (name in ("nemo", "nemo-2024"))
     nemo = FRAMEWORKS["nemo"]
     dense = load_model("llama3-8b")
     assert model_with(nemo, dense) == (dense, {})
