@@ -159,7 +159,7 @@ class Model:
     @property
     def moe_layers(self) -> int:
         """Layers whose FFN is a mixture of experts: after the ``dense_layers``, the last of each
-        ``moe_layer_interval`` layers (Hugging Face's Llama 4 and Qwen2-MoE; Megatron-Core's
+        ``moe_layer_interval`` layers (Hugging Face's Llama 4 and Qwen3-MoE; Megatron-Core's
         integer --moe-layer-freq takes the first, the same count when the interval divides the
         layers; the cost model needs only the count)."""
         return (self.layers - self.dense_layers) // self.moe_layer_interval if self.moe else 0
@@ -622,10 +622,10 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
 def _hf_moe_pattern(cfg: dict, dense: int, notes: list) -> dict:
     """``moe_layer_interval`` of a Hugging Face MoE config whose MoE layers, after the first
     ``dense``, are the last of every N (Llama 4's ``interleave_moe_layer_step`` or ``moe_layers``,
-    Qwen3-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``); another pattern is costed as
-    the nearest interval by count, and a note says so."""
+    Qwen3-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``, DeepSeek's ``moe_layer_freq``);
+    another pattern is costed as the nearest interval by count, and a note says so."""
     layers = int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers", default=0) or 0)
-    step = int(_first(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1) or 1)
+    step = int(_first(cfg, "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", default=1) or 1)
     listed = cfg.get("moe_layers")
     if isinstance(listed, list) and listed:
         moe = sorted(int(i) for i in listed)
