@@ -328,7 +328,9 @@ def test_place_searches_several_exchanges_exactly():
             assert min((r for m, r in alone.items() if m != "a2a+p2p" and r.best),
                        key=lambda r: r.best.result.step_time_s).best.plan.cp_comm == "all_gather"
         else:
-            assert len(joint) == 12 and {p.plan.cp_comm for p in both.top if p.plan.cp > 1} >= {"p2p", "torch"}
+            # the joint top 12 are the union's 12 best plans, of several exchanges
+            assert len(joint) == 12 and set(joint) == set(sorted(union, key=union.get)[:12])
+            assert len({p.plan.cp_comm for p in both.top if p.plan.cp > 1}) >= 3
             plans = list(layouts(model, devices, batch, PlacementOptions(cp_comm=CP_COMMS, **kw)))
             assert {p.cp_comm for p in plans if p.cp == 1} == {"p2p"}
             assert {p.cp_comm for p in plans if p.cp == 16} == set(CP_COMMS) - {"a2a"}   # a2a: 8 kv heads
