@@ -318,7 +318,7 @@ def resolve_framework(text: str) -> Framework | None:
             if name == "nemo":
                 # NeMo's container versions (YY.MM) and nemo_toolkit 2.0 / 2.1 date a NeMo run too
                 years += [2000 + int(y) for y, m in re.findall(r"\b(2\d)\.(\d\d)\b", t) if 1 <= int(m) <= 12]
-                years += [2024 for _ in re.findall(r"\b2\.[01](?:\.\d+)?\b(?!\d)", t)]
+                years += [2024 for _ in re.findall(r"nemo[\s_-]*(?:toolkit)?[\s=v-]*2\.[01](?![\d])", t)]
                 if years and max(years) <= 2022:
                     name = "nemo-megatron"
                 elif years and max(years) <= 2024:

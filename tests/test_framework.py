@@ -26,7 +26,8 @@ EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, 
 
 @pytest.mark.parametrize("text, name", [
     ("nemo", "nemo"), ("NeMo 24.07 (Megatron-Core, Transformer Engine)", "nemo-2024"), ("NeMo 25.07", "nemo"),
-    ("NeMo 2.1.0", "nemo-2024"), ("NVIDIA NeMo (2025)", "nemo"), ("nemo-2024", "nemo-2024"),
+    ("NeMo 2.1.0", "nemo-2024"), ("nemo_toolkit==2.0.0", "nemo-2024"), ("NeMo, TE 2.1", "nemo"),
+    ("NeMo 2.10", "nemo"), ("NVIDIA NeMo (2025)", "nemo"), ("nemo-2024", "nemo-2024"),
     ("Megatron-Core MoE (Megatron-MoE-ModelZoo)", "megatron-core"), ("Megatron-LM (2021)", "megatron-lm"),
     ("Megatron-LM core_r0.9 (2024)", "megatron-core"), ("Megatron-DeepSpeed", "megatron-deepspeed"),
     ("torchtitan (PyTorch FSDP2/TP/PP/CP)", "torchtitan"), ("MaxText (JAX/XLA)", "maxtext"),
