@@ -745,14 +745,14 @@ def _with_experts(row: dict, model: Model, shipped: Model | None) -> Model:
                 "vocab": _int(row, "vocab") or shipped.vocab}
         mla = {} if same else {"q_lora_rank": 0, "kv_lora_rank": 0, "qk_rope_head_dim": 0}
         expert_ffn = _int(row, "ffn_hidden") or shipped.expert_ffn
+        dense = min(shipped.dense_layers, model.layers - 1)
         base = dataclasses.replace(shipped, name=model.name, layers=model.layers, hidden=model.hidden,
                                    heads=model.heads, seq_len=model.seq_len, precision=model.precision,
                                    dropout=model.dropout, expert_ffn_hidden=expert_ffn,
                                    v_head_dim=keep["head_dim"] if not same else shipped.v_head_dim,
                                    ffn_hidden=shipped.ffn_hidden if same else model.ffn_hidden,
-                                   dense_layers=min(shipped.dense_layers, model.layers - 1),
-                                   moe_layer_interval=max(1, min(shipped.moe_layer_interval, model.layers
-                                                                 - min(shipped.dense_layers, model.layers - 1))),
+                                   dense_layers=dense,
+                                   moe_layer_interval=max(1, min(shipped.moe_layer_interval, model.layers - dense)),
                                    **keep, **mla)
     elif shipped is not None:
         base = model

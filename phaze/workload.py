@@ -580,10 +580,10 @@ _HF_NOT_MODELLED = {
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text")
 
 
-def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
+def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list) -> dict:
     """Mixture-of-experts, MLA, q/k-norm and chunked-attention fields of a Hugging Face config
-    (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4); what is simplified goes to
-    ``notes``."""
+    (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4) of ``layers`` layers; what is
+    simplified goes to ``notes``."""
     out: dict = {}
     if mtype in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
@@ -596,7 +596,7 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
                    dense_layers=int(cfg.get("first_k_dense_replace") or 0))
         if mtype == "llama4_text":   # transformers' Llama4TextMoe: one shared expert as wide as the routed
             out.update(shared_experts=1, ffn_hidden=int(cfg.get("intermediate_size_mlp") or ffn))  # ones
-        out.update(_hf_moe_pattern(cfg, out["dense_layers"], notes))
+        out.update(_hf_moe_pattern(cfg, layers, out["dense_layers"], notes))
     if mtype == "deepseek_v3":
         out.update(q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
@@ -606,7 +606,7 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
             out.update(router_groups=int(cfg["n_group"]), router_group_topk=int(cfg["topk_group"]))
         out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or 0)
     if mtype == "llama4_text":
-        out.update(_hf_chunks(cfg))
+        out.update(_hf_chunks(cfg, layers))
         if cfg.get("use_qk_norm", True):
             notes.append("Llama 4: the weightless L2 norm of the chunked layers' queries and keys is not costed")
         notes.append("Llama 4: the rotary embedding is costed in every layer (its global layers have none)")
@@ -619,12 +619,11 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, notes: list) -> dict:
     return out
 
 
-def _hf_moe_pattern(cfg: dict, dense: int, notes: list) -> dict:
+def _hf_moe_pattern(cfg: dict, layers: int, dense: int, notes: list) -> dict:
     """``moe_layer_interval`` of a Hugging Face MoE config whose MoE layers, after the first
     ``dense``, are the last of every N (Llama 4's ``interleave_moe_layer_step`` or ``moe_layers``,
     Qwen3-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``, DeepSeek's ``moe_layer_freq``);
     another pattern is costed as the nearest interval by count, and a note says so."""
-    layers = int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers", default=0) or 0)
     step = int(_first(cfg, "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", default=1) or 1)
     listed = cfg.get("moe_layers")
     if isinstance(listed, list) and listed:
@@ -641,12 +640,11 @@ def _hf_moe_pattern(cfg: dict, dense: int, notes: list) -> dict:
     return {"moe_layer_interval": interval} if interval > 1 else {}
 
 
-def _hf_chunks(cfg: dict) -> dict:
+def _hf_chunks(cfg: dict, layers: int) -> dict:
     """Llama 4's chunked attention: ``attention_chunk_size`` in the layers its ``layer_types``
     (or ``no_rope_layers``: 1 for a RoPE layer, which chunks) mark, as transformers 4.57 builds
     them (every ``no_rope_layer_interval``-th layer global)."""
     chunk = int(cfg.get("attention_chunk_size") or 0)
-    layers = int(cfg.get("num_hidden_layers") or 0)
     if chunk <= 0 or layers <= 0:
         return {}
     kinds = cfg.get("layer_types")
@@ -729,7 +727,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         which = (f"GPT-OSS; its output projection's bias, {hidden} per layer, is not counted"
                  if mtype == "gpt_oss" else "Qwen2")
         notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
-    extra = _hf_moe_fields(cfg, mtype, ffn, notes)
+    extra = _hf_moe_fields(cfg, mtype, ffn, layers, notes)
     block = _hf_parallel_block(cfg, mtype)
     if block:
         notes.append("a parallel block: attention and FFN read the layer's input side by side ("
