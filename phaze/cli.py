@@ -256,6 +256,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "dp_shard": "dp_shard=all (ZeRO shards over every data-parallel rank)",
                     "cp_comm": "cp_comm=p2p (a ring of K/V sends, each under one step's attention)",
                     "fsdp_pp": "fsdp_pp=micro_batch (FSDP gathers each stage's weights for every micro-batch)",
+                    "fp8_params": "fp8_params off (16-bit weights, cast to fp8 for the GEMMs)",
                     "grad_accum_fusion": "grad_accum_fusion on (adam-megatron's weight-gradient GEMMs add into "
                                          "the main gradients)",
                     "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
@@ -264,7 +265,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)
                  and not (k == "grad_accum_fusion" and plan.optimizer != "adam-megatron")
                  and not (k == "dp_shard" and not plan.zero) and not (k == "cp_comm" and plan.cp == 1)
-                 and not (k == "fsdp_pp" and (plan.zero < 3 or plan.pp == 1))]
+                 and not (k == "fsdp_pp" and (plan.zero < 3 or plan.pp == 1))
+                 and not (k == "fp8_params" and model.precision != "fp8")]
         if unset:
             out["plan_defaults"] = ", ".join(unset)
         tp = plan.tp
@@ -289,7 +291,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                               else "")
                            + (f"; dp_shard {','.join(map(dp_shard_text, o.dp_shards))}" if o.dp_shards != (0,) else "")
                            + (f"; cp_comm {','.join(o.cp_comms)}" if o.cp_comms != ("p2p",) else "")
-                           + (f"; fsdp_pp {o.fsdp_pp}" if o.fsdp_pp != "micro_batch" else ""))
+                           + (f"; fsdp_pp {o.fsdp_pp}" if o.fsdp_pp != "micro_batch" else "")
+                           + ("; fp8 weights" if o.fp8_params else ""))
         if model.moe:
             routes = [r or "the model's own (" + ("capacity" if model.capacity_factor else "dropless") + ")"
                       for r in routing_values(model, o)]
@@ -776,7 +779,7 @@ def cmd_place(args) -> int:
                                routing=args.routing or (), dispatcher=args.dispatcher or (),
                                ep_overlap=args.ep_overlap or (), recompute_modules=args.recompute_modules or (),
                                dp_shard=args.dp_shard or 0, cp_comm=args.cp_comm or "p2p",
-                               fsdp_pp=args.fsdp_pp or "micro_batch")
+                               fsdp_pp=args.fsdp_pp or "micro_batch", fp8_params=args.fp8_params == "on")
     preset = None
     if args.framework:
         fw = framework(args.framework)
@@ -785,7 +788,7 @@ def cmd_place(args) -> int:
                                 ("recompute", args.recompute),
                                 ("recompute_modules", args.recompute_modules),
                                 ("dp_shard", args.dp_shard is not None), ("cp_comm", args.cp_comm),
-                                ("fsdp_pp", args.fsdp_pp)) if v}
+                                ("fsdp_pp", args.fsdp_pp), ("fp8_params", args.fp8_params)) if v}
         options, changes = options_with(fw, options, given, model.precision)
         model, set_on_model = model_with(fw, model)
         chip = chip.with_execution(options.execution)
@@ -1187,7 +1190,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "attention (flash/flash2/standard), "
                     "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "loss (torch/megatron), grad_accum_fusion (adam-megatron), dp_shard (all/node/N, zero 1-3), "
-                    "fsdp_pp (micro_batch/step: zero 3 with pp > 1), schedule (optimal/sequential), "
+                    "fsdp_pp (micro_batch/step: zero 3 with pp > 1), fp8_params (an fp8 run's weights held "
+                    "and gathered in fp8), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
                     "ep_overlap; default tp=1,pp=1,mbs=1")
@@ -1275,6 +1279,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how FSDP (zero 3) holds a pipeline stage's weights: micro_batch (default; gathered "
                          "for every micro-batch) or step (gathered once per step and kept whole with the "
                          "gradients, as PyTorch's pipeline schedules run FSDP2; the torchtitan preset's)")
+    pl.add_argument("--fp8-params", choices=("on", "off"), default=None,
+                    help="an fp8 run: hold the linear weights in fp8 and gather them in fp8 (Megatron-Core's "
+                         "--fp8-param-gather; the nemo presets'); default off: 16-bit weights")
     pl.add_argument("--attention", choices=("flash", "flash2", "standard"), default=None,
                     help="attention kernel (default flash)")
     pl.add_argument("--reduce-fp32", action="store_true", help="fp32 gradients and reduction (Megatron's "

@@ -65,6 +65,7 @@ class Framework:
                                 # 0 every rank, DP_SHARD_NODE a node's or pod slice's (hybrid sharding)
     cp_comm: str = "p2p"        # how its context parallelism exchanges K and V (phaze.plan.CP_COMMS)
     fsdp_pp: str = "micro_batch"  # how its FSDP holds a pipeline stage's weights (phaze.plan.FSDP_PP)
+    fp8_params: bool = False    # an fp8 run's linear weights held and gathered in fp8 (phaze.plan.Plan.fp8_params)
     moe_capacity: float = 0.0   # a mixture of experts' capacity factor where the model gives none
                                 # (its recipes drop tokens beyond it, each expert's input padded to
                                 # it); 0: the model's (dropless without one)
@@ -100,11 +101,14 @@ _NEMO_SOURCE = ("Megatron-Core with Transformer Engine fused attention, tp_comm_
                 "moe_expert_capacity_factor 1.0 and moe_pad_expert_input_to_capacity, in the performance_mode "
                 "recipes of Mixtral 8x7B and 8x22B and Llama 4 and the performance scripts of Qwen3 30B-A3B "
                 "and 235B-A22B; DeepSeek-V3's balances the routing by force on H100 and drops tokens so on "
-                "other GPUs: the same load on every expert)")
+                "other GPUs: the same load on every expert); its fp8 mixed-precision plugins hold the linear "
+                "weights in fp8 and gather them in fp8 (nemo_toolkit 2.0.0 bf16_with_fp8_mixed: fp8_params "
+                "True, which sets Transformer Engine's FP8_PARAMETERS and fp8_param_gather; 2.3.0 to 2.6.2: "
+                "fp8_param_gather True in each fp8 recipe the performance scripts use)")
 _NEMO_2024 = Framework("nemo-2024", attention="flash", tp_async=True, tp_overlap=True, zero=1,
                        reduce_fp32=False, dropout=False, selective="attention", execution="eager",
                        interleave=True, vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
-                       recompute_modules=("core_attn",), moe_capacity=1.0,
+                       recompute_modules=("core_attn",), moe_capacity=1.0, fp8_params=True,
                        source="NVIDIA NeMo 2 LLM performance recipes of 2024 (containers 24.07 to 24.12, "
                               "nemo_toolkit 2.0 and 2.1): " + _NEMO_SOURCE.format(
                                   reduce="grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins "
@@ -211,7 +215,10 @@ FRAMEWORKS = {f.name: f for f in (
                      "interleave (a run that does not say vp is scored with the best vp it accepts); "
                      "--tp-comm-overlap is opt-in; fp8 through the Transformer Engine modules of its layer "
                      "spec (gpt_layer_specs.py: TELayerNormColumnParallelLinear for qkv and fc1) under "
-                     "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8; "
+                     "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8, with "
+                     "16-bit weights whose fp8 casts it caches through the step (--fp8-param-gather, fp8 "
+                     "weights gathered in fp8, is opt-in: DistributedDataParallelConfig.fp8_param_gather "
+                     "False, 0.16); "
                      "biases in the GEMM epilogues (Transformer Engine 1.13 module/linear.py: the weight-"
                      "gradient GEMM returns the bias gradient, cpp_extensions/gemm.py grad=True, use_bias); "
                      "--recompute-method block re-runs --recompute-num-layers layers of each pipeline stage "
@@ -343,7 +350,7 @@ def padded_vocab(vocab: int, multiple: int) -> int:
 
 
 PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer",
-             "grad_accum_fusion", "dp_shard", "cp_comm", "fsdp_pp")
+             "grad_accum_fusion", "dp_shard", "cp_comm", "fsdp_pp", "fp8_params")
 
 
 def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
@@ -352,7 +359,7 @@ def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
     if fw is None:
         return {k: getattr(Plan(), k) for k in PLAN_KEYS}
     return dict({k: getattr(fw, k) for k in PLAN_KEYS}, reduce_fp32=fw.reduces_fp32(precision),
-                zero=fw.zero_for(precision))
+                zero=fw.zero_for(precision), fp8_params=fw.fp8_params and precision == "fp8")
 
 
 def model_with(fw: Framework, model: Model) -> tuple[Model, dict]:
@@ -384,7 +391,8 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf
     if fw.recompute_modules and "recompute_modules" not in given and "selective" in plan.stage_modes()[0]:
         changes["recompute_modules"] = fw.recompute_modules
     out = replace(plan, **changes)
-    said = {k: x for k, x in changes.items() if k != "fsdp_pp" or out.fsdp_once}   # only where it acts
+    said = {k: x for k, x in changes.items()   # only where it acts
+            if (k != "fsdp_pp" or out.fsdp_once) and (k != "fp8_params" or precision == "fp8")}
     return out, dict(said, execution=fw.execution)
 
 
@@ -395,7 +403,8 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
     only that stage; the others keep the searched stages. ``selective`` recompute becomes the
     framework's policy."""
     # the plan keys a preset sets, as in a plan (the searched ZeRO stages below)
-    changes: dict = {k: x for k, x in plan_settings(fw, precision).items() if k != "zero" and k not in given}
+    changes: dict = {k: x for k, x in plan_settings(fw, precision).items()
+                     if k != "zero" and k not in given and (k != "fp8_params" or precision == "fp8")}
     changes["execution"] = fw.execution
     if fw.dp_overlap_flat and "dp_overlap" not in given:
         changes["dp_overlap_flat"] = True

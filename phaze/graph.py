@@ -326,15 +326,19 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         """A linear layer's GEMM; in fp8 training its input is first scaled and cast to fp8 in
         both layouts (row-wise for this GEMM, column-wise for the weight gradient), unless the
         norm before it writes fp8 (``norm_fed``) or only the row-wise layout is cast now
-        (``rowwise8``). The weights' cast is done once per step and cached across micro-batches
-        (Transformer Engine). ``gemm`` False: the cast only (a re-run that needs the cast input
-        for the weight gradient but not the product)."""
+        (``rowwise8``). Under Megatron-Core (``fp8_casts`` fused) the weights are cast once per
+        step and the casts kept across micro-batches (:func:`phaze.step.caches_fp8_weights`);
+        with separate casts (torchao's float8 linears, a ``te.Linear`` not told which micro-batch
+        is the first) each forward casts them again (:func:`weight_cast`). ``gemm`` False: the
+        cast only (a re-run that needs the cast input for the weight gradient but not the
+        product)."""
         base = name.split(".")[-1]
         if fp8 and base not in norm_fed:
             _vector(fb, name + ".fp8_cast", M * K, p, reads=1, writes=(1 if base in rowwise8 else 2) / p,
                     flops_per_element=2)
         if not gemm:
             return
+        weight_cast(fb, name, K * N)
         _gemm(fb, name, 1, M, K, N, p, weights=True)
         if base == "qkv" and base in biased:   # Megatron's ColumnParallelLinear: output + bias
             _vector(fb, name + ".bias", M * N, p, flops_per_element=1)
@@ -344,7 +348,17 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         (Transformer Engine's GroupedLinear: fp8_multi_cast_transpose_fused)."""
         if fp8:
             _vector(fb, name + ".fp8_cast", batch * M * K, p, reads=1, writes=2 / p, flops_per_element=2)
+        weight_cast(fb, name, batch * K * N)
         _gemm(fb, name, batch, M, K, N, p, weights=True)
+
+    def weight_cast(fb: _Builder, name: str, elements: int) -> None:
+        """With separate casts, a linear's 16-bit weights cast to fp8 for this forward, both
+        layouts: read 2 bytes, write 1 + 1 (Transformer Engine's cast-transpose, whose delayed
+        scaling takes the amax in the same pass; torchao's tensorwise cast reads the weight twice,
+        for its amax and for the cast, and writes one layout, whose transposed view the backward
+        reads: the same 4 bytes a weight within one). Its backward is nothing."""
+        if fp8 and model.fp8_casts == "separate":
+            _vector(fb, name + ".weight.fp8_cast", elements, p, reads=1, writes=2 / p, flops_per_element=2)
 
     def forward(fb: _Builder, prefix: str = "", tail: bool = True) -> None:
         """The layer's forward ops. ``tail`` False: without the ops whose results the backward

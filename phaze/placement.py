@@ -92,6 +92,7 @@ class PlacementOptions:
     loss: str = "torch"
     grad_accum_fusion: bool = True   # adam-megatron's weight-gradient GEMMs add into the main gradients
     fsdp_pp: str = "micro_batch"     # zero 3 with pp > 1: weights gathered per micro-batch | per step
+    fp8_params: bool = False         # an fp8 run's linear weights held and gathered in fp8
     dp_shard: int | tuple[int, ...] = 0   # data-parallel ranks of a ZeRO shard group, or the groupings
                                           # searched (phaze.plan.Plan.dp_shard; :attr:`dp_shards`)
     cp_comm: str | tuple[str, ...] = "p2p"   # context parallelism's K/V exchange, or the exchanges
@@ -596,7 +597,7 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     loss=options.loss, recompute_modules=options.recompute_modules,
                                     grad_accum_fusion=options.grad_accum_fusion, dp_shard=shard,
                                     cp_comm=comm, cp_a2a=a2a, dispatcher=disp, ep_overlap=overlap,
-                                    fsdp_pp=options.fsdp_pp)
+                                    fsdp_pp=options.fsdp_pp, fp8_params=options.fp8_params)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:
@@ -806,6 +807,13 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     modes = searched_modes(model, options)
     if not modes:
         raise ConfigError("--recompute", None, f"must list at least one of {', '.join(PLAN_RECOMPUTE)}")
+    if options.fp8_params and model.precision != "fp8":
+        raise ConfigError("--fp8-params", None, f"holds an fp8 run's linear weights in fp8; {model.name} trains "
+                                                f"in {model.precision}: allowed: off, or precision fp8")
+    if options.fp8_params and model.fp8_casts == "separate":
+        raise ConfigError("--fp8-params", None, "is Transformer Engine's fp8 weights under Megatron-Core; with "
+                                                "separate casts (torchao's float8 all-gather) it is not modelled: "
+                                                "allowed: off, or fp8_casts fused")
     keep = max(1, top)
     tokens = global_batch * model.seq_len
     exhaustive = options.exhaustive

@@ -178,7 +178,13 @@ class Plan:
     forward and again for its backward and its gradients reduce-scattered every micro-batch;
     ``step``, a stage's weights gathered once per step and kept whole with their gradients, which
     are reduce-scattered once after the stage's last backward (PyTorch's pipelining schedules
-    with FSDP2, torchtitan's default)."""
+    with FSDP2, torchtitan's default). ``fp8_params`` (an fp8 run): the linear layers' weights are
+    held in fp8, with the transposed copy a Hopper backward reads, and gathered in fp8 by the
+    distributed optimizer and FSDP (Megatron-Core's ``--fp8-param-gather``, NeMo's fp8 plugins:
+    the optimizer casts its fp32 shard to fp8 before the gather); without it they are 16-bit, and
+    where Transformer Engine's modules run under Megatron-Core (the model's ``fp8_casts`` fused,
+    ZeRO below 3) each step's first micro-batch casts them to fp8 in both layouts and caches the
+    casts for the step's other micro-batches, beside the 16-bit weights."""
 
     tp: int = 1
     pp: int = 1
@@ -214,6 +220,7 @@ class Plan:
     cp_comm: str = "p2p"                   # context parallelism's K/V exchange (CP_COMMS)
     cp_a2a: int = 1                        # a2a+p2p: context-parallel ranks of one all-to-all group
     fsdp_pp: str = "micro_batch"           # zero 3 with pp > 1: weights gathered per micro-batch | per step
+    fp8_params: bool = False               # an fp8 run's linear weights held and gathered in fp8
 
     def __post_init__(self):
         if self.sp is None:
@@ -266,7 +273,8 @@ class Plan:
                 + (f",fsdp_pp={self.fsdp_pp}" if self.fsdp_pp != "micro_batch" and self.zero >= 3 and self.pp > 1
                    else "")
                 + (",recompute_modules=" + "+".join(self.recompute_modules)
-                   if self.recompute_modules and "selective" in self.stage_modes()[0] else ""))
+                   if self.recompute_modules and "selective" in self.stage_modes()[0] else "")
+                + (",fp8_params=1" if self.fp8_params else ""))
 
 
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp", "cp_a2a")
@@ -275,7 +283,7 @@ PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attentio
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
              "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard", "cp_comm",
-             "cp_a2a", "fsdp_pp")
+             "cp_a2a", "fsdp_pp", "fp8_params")
 BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
               "off": False}   # a switch's words, in --plan and in the flags that take off,on
 
@@ -326,7 +334,8 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 raise ConfigError(source, key, f"must be distinct modules of {', '.join(RECOMPUTE_MODULES)} "
                                                f"joined by '+', got {raw!r}")
             values[key] = mods
-        elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap", "grad_accum_fusion"):
+        elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap", "grad_accum_fusion",
+                     "fp8_params"):
             if raw.lower() not in BOOL_WORDS:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = BOOL_WORDS[raw.lower()]

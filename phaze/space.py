@@ -649,16 +649,23 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
             recompute_modules=_modules(p), dp_shard=_dp_shard(p),
             cp_comm=_cp_comm(p), dispatcher=_dispatchers(p), ep_overlap=_overlaps(p),
-            fsdp_pp=p.choice("fsdp_pp", FSDP_PP, d.fsdp_pp))
+            fsdp_pp=p.choice("fsdp_pp", FSDP_PP, d.fsdp_pp), fp8_params=p.bool("fp8_params", d.fp8_params))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
         if fw_name:
             fw = framework(fw_name, p.source, p.prefix + "framework")
             given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer", "recompute_modules", "dp_shard",
-                                "cp_comm", "fsdp_pp") if p.has(k)}
+                                "cp_comm", "fsdp_pp", "fp8_params") if p.has(k)}
             options = options_with(fw, options, given, model.precision)[0]
             model = model_with(fw, model)[0]
+        if options.fp8_params and model.precision != "fp8":
+            raise p.error("fp8_params", f"holds an fp8 run's linear weights in fp8; {model.name} trains in "
+                                        f"{model.precision}: allowed: false, or precision fp8")
+        if options.fp8_params and model.fp8_casts == "separate":
+            raise p.error("fp8_params", "is Transformer Engine's fp8 weights under Megatron-Core; with separate "
+                                        "casts (torchao's float8 all-gather) it is not modelled: allowed: false, "
+                                        "or fp8_casts fused")
         p.finish()
     f.finish()
     return WorkloadSpec(model, devices, batch, weight, options, source, system)

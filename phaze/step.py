@@ -338,6 +338,15 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                           f"FP16/BF16 optimizer wrappers and its ZeRO-1 optimizer; ZeRO-2 and 3 reduce the "
                           f"gradients every micro-batch, which phaze does not model), got {plan.zero}; "
                           f"allowed: zero 0-1, or optimizer=adam-megatron for its passes alone")
+    if plan.fp8_params and model.precision != "fp8":
+        raise ConfigError("--plan", "fp8_params", f"holds an fp8 run's linear weights in fp8; {model.name} "
+                                                  f"trains in {model.precision}: allowed: fp8_params=0, or "
+                                                  f"precision fp8")
+    if plan.fp8_params and model.fp8_casts == "separate":
+        raise ConfigError("--plan", "fp8_params", "is Transformer Engine's fp8 weights under Megatron-Core "
+                                                  "(fp8_casts fused); with separate casts (torchao's float8 "
+                                                  "all-gather, torchtitan's enable_fsdp_float8_all_gather) it is "
+                                                  "not modelled: allowed: fp8_params=0, or fp8_casts fused")
     width = plan.tp * plan.pp * plan.cp
     if devices % width:
         raise ConfigError("--plan", "tp*pp*cp", f"{plan.tp}*{plan.pp}*{plan.cp} = {width} must divide "
@@ -523,6 +532,19 @@ class StageCosts:
             return q / self.plan.tp + n * self._expert_shift()
         return q / self.plan.tp
 
+    def fp8_weights(self, i: int, n):
+        """Linear-weight parameters one device of stage ``i`` holds with ``n`` layers
+        (:func:`fp8_linear_params`; ``n`` may be an array)."""
+        return self.layers_on(i, n) * self._fp8_per_layer()
+
+    def _fp8_per_layer(self) -> float:
+        m, tp = self.model, self.plan.tp
+        return fp8_linear_params(m, tp) / tp + (self._expert_shift() if m.moe else 0.0)
+
+    def _weight_cache(self) -> float:
+        """Per layer: bytes of the fp8 weight casts kept through the step (:func:`caches_fp8_weights`)."""
+        return 2.0 * self._fp8_per_layer() if caches_fp8_weights(self.model, self.plan) else 0.0
+
     def _expert_shift(self) -> float:
         """Per layer: routed-expert parameters a device holds beyond their tp-sharded share."""
         plan = self.plan
@@ -682,7 +704,9 @@ class StageCosts:
         colls = None
         if (group > 1 or (self.model.moe and edp > 1)) and state_zero(plan) < 3:
             if plan.zero >= 1:
-                colls = (coll("reduce_scatter", grad_bytes * params), coll("all_gather", p * params))
+                colls = (coll("reduce_scatter", grad_bytes * params),
+                         coll("all_gather", gathered_bytes(self.model, plan, p * params,
+                                                           self.fp8_weights(i, n) if plan.fp8_params else 0.0)))
             else:
                 colls = (coll("all_reduce", grad_bytes * params),)
         # hybrid sharding (no replicas without ZeRO): under the last backward, after the reduce-scatter
@@ -699,6 +723,15 @@ class StageCosts:
             opt_s = opt_s + self._tensor_pass(check, i, n) + self._tensor_pass(copies, i, n)
         elif plan.optimizer == "adam-megatron":   # the whole main-gradient buffer zeroed, one kernel
             opt_s = opt_s + grad_bytes * params / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
+        m = self.model
+        if m.precision == "fp8" and m.fp8_casts != "separate" and state_zero(plan) < 3:
+            # the step's one cast of its linear weights to fp8 (Megatron-Core): the 16-bit weights
+            # in both layouts on the first micro-batch (read 2, write 2), or, fp8 weights, the
+            # optimizer's fp32 shard (read 4, write 1) and the gathered weights' transpose (read 1,
+            # write 1)
+            w = self.fp8_weights(i, n)
+            cast = 5.0 * w * updated / params + 2.0 * w if plan.fp8_params else 4.0 * w
+            opt_s = opt_s + cast / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
         hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff))
         return hit
 
@@ -725,10 +758,12 @@ class StageCosts:
         transient[pp - 1] += self.logits_bytes()
         transient += cp_transient_bytes(m, plan)
         transient += self.gathered_layer_bytes()
+        cache = self._weight_cache()
         if m.moe:
             return (self.state_bytes_per_param * (q / tp + ns * self._expert_shift()) + ns * self._expert_state_shift()
-                    + self._layers("act_bytes", ns, r, ks) * inflight + transient)
-        return self.state_bytes_per_param * (q / tp) + self._layers("act_bytes", ns, r, ks) * inflight + transient
+                    + ns * cache + self._layers("act_bytes", ns, r, ks) * inflight + transient)
+        return (self.state_bytes_per_param * (q / tp) + ns * cache + self._layers("act_bytes", ns, r, ks) * inflight
+                + transient)
 
     def gathered_layer_bytes(self) -> float:
         """FSDP gathering per micro-batch: one layer's gathered 16-bit weights and the next one's,
@@ -758,6 +793,7 @@ class StageCosts:
         runs = self.layers_on(i, n)
         if m.moe:
             weights = weights + runs * self._expert_state_shift()
+        weights = weights + runs * self._weight_cache()
         return StageMemory(i, n, weights, self._layers("act_bytes", runs, r, k) * inflight, transient)
 
 
@@ -795,6 +831,33 @@ def tp_layer_params(model: Model, tp: int) -> int:
         return model.layer_params
     bias = 1 if (model.bias or model.qkv_bias) else 0
     return model.layer_params + 2 * (model.hidden + bias) * (tp * kv_width(model, tp) - model.kv_dim)
+
+
+@lru_cache(maxsize=4096)
+def fp8_linear_params(model: Model, tp: int) -> float:
+    """Parameters of one layer's linear weights summed over its ``tp`` ranks: what an fp8 run
+    quantises (:func:`tp_layer_params` less the layer's norms; the biases and the router, under
+    0.1 % of a layer, counted with them)."""
+    return tp_layer_params(model, tp) - model.layer_norms * model.norm_params
+
+
+def gathered_bytes(model: Model, plan: Plan, nbytes: float, fp8_params: float) -> float:
+    """Bytes of a weight gather of ``nbytes`` in the model's 16-bit precision, of which ``fp8_params``
+    parameters are linear weights: those move one byte each under ``fp8_params``."""
+    if not plan.fp8_params:
+        return nbytes
+    return nbytes - (model.bytes_per_element - 1) * fp8_params
+
+
+def caches_fp8_weights(model: Model, plan: Plan) -> bool:
+    """Whether a device keeps each step's fp8 casts of its 16-bit linear weights, both layouts
+    (2 bytes a parameter), through the step: Transformer Engine's modules under Megatron-Core
+    (``fp8_casts`` fused), which pass ``is_first_microbatch`` so the first micro-batch casts the
+    weights and the others reuse the cast (Transformer Engine 2.4 ``module/base.py``
+    ``get_weight_workspace``, ``cache_name="weight"``). Not with fp8 weights (the weight is its own
+    cast), nor under FSDP, whose gathered weights are freed after each layer."""
+    return (model.precision == "fp8" and model.fp8_casts != "separate" and not plan.fp8_params
+            and state_zero(plan) < 3)
 
 
 def _shard(model: Model, plan: Plan) -> Model:
@@ -1004,7 +1067,9 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
         # layer's forward; in backward they are gathered again and the gradients
         # reduce-scattered on the same communication stream, under the layer's backward
         grad_bytes = 4 if plan.reduce_fp32 else p
-        gather = collective_time("all_gather", p * tp_layer_params(model, tp) / tp, shards, chip, tp, eff)
+        gather = collective_time("all_gather", gathered_bytes(model, plan, p * tp_layer_params(model, tp) / tp,
+                                                              fp8_linear_params(model, tp) / tp),
+                                 shards, chip, tp, eff)
         scatter = collective_time("reduce_scatter", grad_bytes * tp_layer_params(model, tp) / tp, shards, chip,
                                   tp, eff)
         total = total + PhaseTime(communication=exposed(gather, fwd.compute + fwd.memory, eff)

@@ -206,13 +206,16 @@ def test_fused_fp8_casts_move_fewer_bytes_than_separate_ones_by_hand():
     # fused: norms write 1 B less x 2 x 256 / 2 local tokens' share, no qkv/ffn_up cast; row-parallel
     # inputs 3 B x (128 + 256); qkv and ffn_up transposes 2 B x 256 each; row-parallel gradients
     # 3 B x 256 / 2 cast + 2 B x 256 transposed, inputs 2 B x (128 + 256) transposed; column-
-    # parallel gradients 4 B x (256 + 512)
+    # parallel gradients 4 B x (256 + 512); separate casts also cast each linear's weights in the
+    # forward, 4 B a weight of the rank's (256 x 256 qkv, 128 x 256 attn_out, 256 x 512 ffn_up,
+    # 256 x 256 ffn_down), where Megatron-Core's fused casts do it once a step, in the stage tail
     def traffic(casts):
         g = layer_graph(_fp8_model(casts), 1, 2, True, "flash", "none")
         return sum(o.bytes for o in g.fwd + g.bwd if "fp8" in o.name)
 
     T = 64
-    assert traffic("separate") == T * (4 * (256 + 128 + 256 + 256) + 4 * (256 + 256 + 512 + 256))
+    assert traffic("separate") == (T * (4 * (256 + 128 + 256 + 256) + 4 * (256 + 256 + 512 + 256))
+                                   + 4 * (256 * 256 + 128 * 256 + 256 * 512 + 256 * 256))
     assert traffic("fused") == T * (3 * (128 + 256) + 2 * 2 * 256 + 2 * (3 * 256 / 2 + 2 * 256)
                                     + 2 * (128 + 256) + 4 * (256 + 512))
     # the norms' fp8 output saves a byte per local element
