@@ -31,6 +31,7 @@ from .step import (
     check_plan,
     cp_sent_bytes,
     evaluate,
+    gathered_bytes,
     layout_of,
     shard_ranks,
     stage_costs,
@@ -424,6 +425,9 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     total = Activity()
     for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True)):
         params = costs.params(i, n)
+        fp8_weights = costs.fp8_weights(i, n) if plan.fp8_params else 0.0
+        sharded = 1.0 / group if plan.zero >= 1 else 1.0
+        cast = costs.weight_cast_bytes(i, n, sharded) or 0.0   # the step's one cast of the weights to fp8
         n = costs.layers_on(i, n)   # the last stage's multi-token prediction layers too
         if r == "block":     # k layers re-run whole, the others nothing
             per_mb = (layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "none") * (n - k)
@@ -438,12 +442,13 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
         stage = per_mb * m
         # data-parallel gradient reduction (and the distributed optimizer's weight all-gather, or
         # FSDP's per-layer gathers); each byte sent is read from HBM and one received is written
+        gathered = gathered_bytes(model, plan, p * params, fp8_weights)   # fp8 weights: 1 byte a linear weight
         if state_zero(plan) >= 3:
-            sent = m * _sent_bytes("all_gather", 2 * p * params, group) \
+            sent = m * _sent_bytes("all_gather", 2 * gathered, group) \
                 + m * _sent_bytes("reduce_scatter", grad_bytes * params, group)
         elif plan.zero >= 1:
             sent = _sent_bytes("reduce_scatter", grad_bytes * params, group) \
-                + _sent_bytes("all_gather", p * params, group)
+                + _sent_bytes("all_gather", gathered, group)
         else:
             sent = _sent_bytes("all_reduce", grad_bytes * params, group)
         if replicas > 1:   # hybrid sharding (ZeRO 1-3): each shard's gradients over the replicas
@@ -458,9 +463,9 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
         opt = optimizer_op(params / (group if plan.zero >= 1 else 1), plan.optimizer, model.precision)
-        total = total + stage + Activity(vector_flops=opt.flops, local_bytes=opt.bytes,
-                                         shared_bytes=opt.bytes + 2 * sent,
-                                         hbm_bytes=opt.bytes + 2 * sent, link_bytes=sent)
+        total = total + stage + Activity(vector_flops=opt.flops, local_bytes=opt.bytes + cast,
+                                         shared_bytes=opt.bytes + cast + 2 * sent,
+                                         hbm_bytes=opt.bytes + cast + 2 * sent, link_bytes=sent)
     return total * (1.0 / pp)
 
 

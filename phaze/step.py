@@ -541,6 +541,18 @@ class StageCosts:
         m, tp = self.model, self.plan.tp
         return fp8_linear_params(m, tp) / tp + (self._expert_shift() if m.moe else 0.0)
 
+    def weight_cast_bytes(self, i: int, n, sharded):
+        """HBM bytes of the step's one cast of stage ``i``'s linear weights to fp8 under
+        Megatron-Core (``fp8_casts`` fused, ZeRO below 3; None otherwise): the 16-bit weights in
+        both layouts on the first micro-batch (read 2, write 2), or, with fp8 weights, the
+        optimizer's fp32 shard (read 4, write 1; ``sharded``, the share of the parameters the
+        device's optimizer updates) and the gathered weights' transpose (read 1, write 1)."""
+        m, plan = self.model, self.plan
+        if m.precision != "fp8" or m.fp8_casts == "separate" or state_zero(plan) >= 3:
+            return None
+        w = self.fp8_weights(i, n)
+        return 5.0 * w * sharded + 2.0 * w if plan.fp8_params else 4.0 * w
+
     def _weight_cache(self) -> float:
         """Per layer: bytes of the fp8 weight casts kept through the step (:func:`caches_fp8_weights`)."""
         return 2.0 * self._fp8_per_layer() if caches_fp8_weights(self.model, self.plan) else 0.0
@@ -723,14 +735,8 @@ class StageCosts:
             opt_s = opt_s + self._tensor_pass(check, i, n) + self._tensor_pass(copies, i, n)
         elif plan.optimizer == "adam-megatron":   # the whole main-gradient buffer zeroed, one kernel
             opt_s = opt_s + grad_bytes * params / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
-        m = self.model
-        if m.precision == "fp8" and m.fp8_casts != "separate" and state_zero(plan) < 3:
-            # the step's one cast of its linear weights to fp8 (Megatron-Core): the 16-bit weights
-            # in both layouts on the first micro-batch (read 2, write 2), or, fp8 weights, the
-            # optimizer's fp32 shard (read 4, write 1) and the gathered weights' transpose (read 1,
-            # write 1)
-            w = self.fp8_weights(i, n)
-            cast = 5.0 * w * updated / params + 2.0 * w if plan.fp8_params else 4.0 * w
+        cast = self.weight_cast_bytes(i, n, updated / params)
+        if cast is not None:
             opt_s = opt_s + cast / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
         hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff))
         return hit

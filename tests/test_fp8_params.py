@@ -229,3 +229,20 @@ def test_fp8_weights_need_transformer_engine(fp8_llama, dgx):
     bad = v.row_to_case(synthetic(precision="fp8", compute_precision="fp8", framework="torchtitan",
                                   fp8_param_gather="yes"))
     assert isinstance(bad, v.Skipped) and "fp8_params" in bad.reason
+
+
+def test_energy_counts_the_gather_and_the_cast_by_hand(fp8_llama, dgx):
+    """The energy model's activity (phaze.area) moves what the step moves: one device of 64 (tp 8,
+    dp 8, one stage), one micro-batch. Holding fp8 weights sends (dp-1)/dp of a byte less per linear
+    weight in the all-gather (each byte sent read from HBM, each received written: twice in HBM),
+    and the step's cast of the weights reads and writes 4 bytes a linear weight against
+    5/dp + 2."""
+    from phaze.area import _step_activity
+    base = Plan(tp=8, zero=1)
+    cached = _step_activity(fp8_llama, dgx, 64, 8, base)
+    held = _step_activity(fp8_llama, dgx, 64, 8, replace(base, fp8_params=True))
+    w = stage_costs(fp8_llama, dgx, 64, 8, base, IDEAL).fp8_weights(0, 32)
+    dp = 8
+    sent = (dp - 1) / dp * w
+    assert cached.link_bytes - held.link_bytes == pytest.approx(sent, rel=1e-9)
+    assert cached.hbm_bytes - held.hbm_bytes == pytest.approx(2 * sent + 4 * w - (5 * w / dp + 2 * w), rel=1e-9)
