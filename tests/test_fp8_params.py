@@ -1,20 +1,27 @@
 """fp8 weights (``fp8_params``: Megatron-Core's ``--fp8-param-gather``, NeMo's fp8 plugins) against
-16-bit weights whose fp8 casts Transformer Engine keeps through the step: the memory and the weight
-gathers by hand, the invariants where nothing changes, the presets, the refusals and the
-validation column."""
+16-bit weights whose fp8 casts Transformer Engine keeps through the step, and the weights' own
+cast (once a step under Megatron-Core, every forward with separate casts): the memory, the weight
+gathers, the casts and the energy model's bytes by hand, the invariants where nothing changes, the
+presets, the refusals and the validation column."""
+import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
+import yaml
 from test_space import placement_options
 from test_validate import ROOT, one_line_error, phaze_cli, rows, synthetic
 
 from phaze import validate as v
+from phaze.area import _step_activity
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL, collective_time
 from phaze.framework import FRAMEWORKS, plan_settings, plan_with
+from phaze.graph import layer_graph
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
 from phaze.step import check_plan, evaluate, fp8_linear_params, shard_ranks, stage_costs
+from phaze.workload import load_model
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +67,6 @@ def test_cached_casts_cost_two_bytes_a_linear_weight_by_hand(fp8_llama, dgx):
 
 
 def test_memory_table_matches_memory(fp8_llama, dgx):
-    import numpy as np
     costs = stage_costs(fp8_llama, dgx, 16, 16, Plan(pp=2, zero=1), IDEAL)
     ns = np.array([10.0, 16.0, 22.0])
     table = costs.memory_table("none", ns)
@@ -155,9 +161,6 @@ def test_validation_column():
 
 def test_the_figures_frameworks_md_quotes(tmp_path):
     """Llama 3 70B in fp8 on 64 H100s under the `nemo` preset, with and without fp8 weights."""
-    import json
-
-    import yaml
     wl = yaml.safe_load((ROOT / "workloads" / "llama3-70b.yaml").read_text())
     path = tmp_path / "llama3-70b-fp8.yaml"
     path.write_text(yaml.safe_dump(dict(wl, precision="fp8")))
@@ -171,7 +174,6 @@ def test_the_figures_frameworks_md_quotes(tmp_path):
         got.append((d["memory_per_device_bytes"] / 2 ** 30, d["step_time_s"]))
     (mem_on, step_on), (mem_off, step_off) = got
     # every stage holds 20 of the 80 layers: 2 bytes a linear weight more on each, tp 4
-    from phaze.workload import load_model
     cache = 2 * 20 * fp8_linear_params(load_model(str(path)), 4) / 4
     assert (mem_off - mem_on) * 2 ** 30 == pytest.approx(cache, rel=1e-9)
     assert step_on < step_off      # the distributed optimizer's gather moves 1 byte a linear weight
@@ -185,7 +187,6 @@ def test_separate_casts_cast_the_weights_every_forward(fp8_llama):
     weights in every forward (a re-run too): one op of K x N elements per linear, reading 2 bytes
     and writing 1 + 1; Megatron-Core's layer spec (fused) casts them once a step (the tail), and a
     16-bit run not at all."""
-    from phaze.graph import layer_graph
     sep = replace(fp8_llama, fp8_casts="separate")
     g = layer_graph(sep, 1, 2, True, "flash", "none")
     casts = {o.name: o for o in g.fwd if o.name.endswith(".weight.fp8_cast")}
@@ -237,7 +238,6 @@ def test_energy_counts_the_gather_and_the_cast_by_hand(fp8_llama, dgx):
     weight in the all-gather (each byte sent read from HBM, each received written: twice in HBM),
     and the step's cast of the weights reads and writes 4 bytes a linear weight against
     5/dp + 2."""
-    from phaze.area import _step_activity
     base = Plan(tp=8, zero=1)
     cached = _step_activity(fp8_llama, dgx, 64, 8, base)
     held = _step_activity(fp8_llama, dgx, 64, 8, replace(base, fp8_params=True))
