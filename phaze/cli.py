@@ -69,6 +69,7 @@ from .storage import mask_password
 from .study_files import compare_studies, write_study_files
 from .system import apply_system, as_system, system_note, with_devices_per_node, with_nics
 from .validate import params_for
+from .workload import local_attention_phrase
 
 GiB = 2.0 ** 30
 
@@ -242,11 +243,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         elif not note.startswith("sequence length"):
             out.setdefault("workload", note)
     if model.local_attention and "attention_window" not in out:
-        share = model.window_layer_share
-        kind = (f"sliding-window attention over {model.sliding_window} tokens" if model.sliding_window else
-                f"chunked attention in chunks of {model.attention_chunk} tokens")
-        out["attention_window"] = (kind + (f" in {share:.0%} of the layers (the others attend to every earlier "
-                                           "token)" if share < 1 else "") + " (the workload's)")
+        out["attention_window"] = local_attention_phrase(model.sliding_window, model.attention_chunk,
+                                                         model.window_layer_share) + " (the workload's)"
     if plan is not None:
         defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",

@@ -236,7 +236,7 @@ def fp8_fused_inputs(model: Model, tp: int, sp: bool) -> tuple[frozenset, frozen
     the linears whose input the norm before them writes in fp8 (qkv unless MLA projects it, a
     dense FFN's up-projection), and the row-parallel ones that cast their input row-wise only
     (under sequence parallelism). Both empty for a 16-bit model or separate casts."""
-    if model.precision != "fp8" or model.fp8_casts == "separate":
+    if not model.fp8_fused:
         return frozenset(), frozenset()
     norm_fed = frozenset(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe)) if on)
     rowwise = frozenset(n for n, on in (("attn_out", True), ("ffn_down", not model.moe)) if on and tp > 1 and sp)
@@ -357,7 +357,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         scaling takes the amax in the same pass; torchao's tensorwise cast reads the weight twice,
         for its amax and for the cast, and writes one layout, whose transposed view the backward
         reads: the same 4 bytes a weight within one). Its backward is nothing."""
-        if fp8 and model.fp8_casts == "separate":
+        if fp8 and not model.fp8_fused:
             _vector(fb, name + ".weight.fp8_cast", elements, p, reads=1, writes=2 / p, flops_per_element=2)
 
     def forward(fb: _Builder, prefix: str = "", tail: bool = True) -> None:

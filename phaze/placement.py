@@ -38,6 +38,7 @@ from .step import (
     critical_weight,
     evaluate,
     expert_layout,
+    fp8_params_error,
     inflight_micro_batches,
     layout_of,
     mode_cost_bounds,
@@ -807,13 +808,9 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     modes = searched_modes(model, options)
     if not modes:
         raise ConfigError("--recompute", None, f"must list at least one of {', '.join(PLAN_RECOMPUTE)}")
-    if options.fp8_params and model.precision != "fp8":
-        raise ConfigError("--fp8-params", None, f"holds an fp8 run's linear weights in fp8; {model.name} trains "
-                                                f"in {model.precision}: allowed: off, or precision fp8")
-    if options.fp8_params and model.fp8_casts == "separate":
-        raise ConfigError("--fp8-params", None, "is Transformer Engine's fp8 weights under Megatron-Core; with "
-                                                "separate casts (torchao's float8 all-gather) it is not modelled: "
-                                                "allowed: off, or fp8_casts fused")
+    bad = fp8_params_error(model, "off") if options.fp8_params else None
+    if bad:
+        raise ConfigError("--fp8-params", None, bad)
     keep = max(1, top)
     tokens = global_batch * model.seq_len
     exhaustive = options.exhaustive

@@ -39,6 +39,7 @@ from .plan import (
     one_or_several,
     ordered_modules,
 )
+from .step import fp8_params_error
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model
@@ -659,13 +660,9 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
                                 "cp_comm", "fsdp_pp", "fp8_params") if p.has(k)}
             options = options_with(fw, options, given, model.precision)[0]
             model = model_with(fw, model)[0]
-        if options.fp8_params and model.precision != "fp8":
-            raise p.error("fp8_params", f"holds an fp8 run's linear weights in fp8; {model.name} trains in "
-                                        f"{model.precision}: allowed: false, or precision fp8")
-        if options.fp8_params and model.fp8_casts == "separate":
-            raise p.error("fp8_params", "is Transformer Engine's fp8 weights under Megatron-Core; with separate "
-                                        "casts (torchao's float8 all-gather) it is not modelled: allowed: false, "
-                                        "or fp8_casts fused")
+        bad = fp8_params_error(model, "false") if options.fp8_params else None
+        if bad:
+            raise p.error("fp8_params", bad)
         p.finish()
     f.finish()
     return WorkloadSpec(model, devices, batch, weight, options, source, system)

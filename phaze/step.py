@@ -338,15 +338,9 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                           f"FP16/BF16 optimizer wrappers and its ZeRO-1 optimizer; ZeRO-2 and 3 reduce the "
                           f"gradients every micro-batch, which phaze does not model), got {plan.zero}; "
                           f"allowed: zero 0-1, or optimizer=adam-megatron for its passes alone")
-    if plan.fp8_params and model.precision != "fp8":
-        raise ConfigError("--plan", "fp8_params", f"holds an fp8 run's linear weights in fp8; {model.name} "
-                                                  f"trains in {model.precision}: allowed: fp8_params=0, or "
-                                                  f"precision fp8")
-    if plan.fp8_params and model.fp8_casts == "separate":
-        raise ConfigError("--plan", "fp8_params", "is Transformer Engine's fp8 weights under Megatron-Core "
-                                                  "(fp8_casts fused); with separate casts (torchao's float8 "
-                                                  "all-gather, torchtitan's enable_fsdp_float8_all_gather) it is "
-                                                  "not modelled: allowed: fp8_params=0, or fp8_casts fused")
+    bad = fp8_params_error(model, "fp8_params=0") if plan.fp8_params else None
+    if bad:
+        raise ConfigError("--plan", "fp8_params", bad)
     width = plan.tp * plan.pp * plan.cp
     if devices % width:
         raise ConfigError("--plan", "tp*pp*cp", f"{plan.tp}*{plan.pp}*{plan.cp} = {width} must divide "
@@ -404,6 +398,19 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if global_batch % (dp * plan.mbs):
         raise ConfigError("--global-batch", None, f"must be a multiple of dp*mbs = {dp}*{plan.mbs} "
                                                   f"= {dp * plan.mbs}, got {global_batch}")
+
+
+def fp8_params_error(model: Model, off: str) -> str | None:
+    """Why ``model`` cannot hold fp8 weights (``fp8_params``), ending in what is allowed (``off``:
+    the caller's word for turning it off); None when it can."""
+    if model.precision != "fp8":
+        return (f"holds an fp8 run's linear weights in fp8; {model.name} trains in {model.precision}: "
+                f"allowed: {off}, or precision fp8")
+    if not model.fp8_fused:
+        return ("is Transformer Engine's fp8 weights under Megatron-Core (fp8_casts fused); with separate "
+                "casts (torchao's float8 all-gather, torchtitan's enable_fsdp_float8_all_gather) it is not "
+                f"modelled: allowed: {off}, or fp8_casts fused")
+    return None
 
 
 def _check_block(model: Model, plan: Plan) -> None:
@@ -547,11 +554,10 @@ class StageCosts:
         both layouts on the first micro-batch (read 2, write 2), or, with fp8 weights, the
         optimizer's fp32 shard (read 4, write 1; ``sharded``, the share of the parameters the
         device's optimizer updates) and the gathered weights' transpose (read 1, write 1)."""
-        m, plan = self.model, self.plan
-        if m.precision != "fp8" or m.fp8_casts == "separate" or state_zero(plan) >= 3:
+        if not self.model.fp8_fused or state_zero(self.plan) >= 3:
             return None
         w = self.fp8_weights(i, n)
-        return 5.0 * w * sharded + 2.0 * w if plan.fp8_params else 4.0 * w
+        return 5.0 * w * sharded + 2.0 * w if self.plan.fp8_params else 4.0 * w
 
     def _weight_cache(self) -> float:
         """Per layer: bytes of the fp8 weight casts kept through the step (:func:`caches_fp8_weights`)."""
@@ -862,8 +868,7 @@ def caches_fp8_weights(model: Model, plan: Plan) -> bool:
     weights and the others reuse the cast (Transformer Engine 2.4 ``module/base.py``
     ``get_weight_workspace``, ``cache_name="weight"``). Not with fp8 weights (the weight is its own
     cast), nor under FSDP, whose gathered weights are freed after each layer."""
-    return (model.precision == "fp8" and model.fp8_casts != "separate" and not plan.fp8_params
-            and state_zero(plan) < 3)
+    return model.fp8_fused and not plan.fp8_params and state_zero(plan) < 3
 
 
 def _shard(model: Model, plan: Plan) -> Model:

@@ -170,6 +170,13 @@ class Model:
         return self.layers - self.moe_layers
 
     @property
+    def fp8_fused(self) -> bool:
+        """An fp8 run under Transformer Engine's modules in Megatron-Core's layer spec (``fp8_casts``
+        fused, or unset): its norms write fp8 for the linears after them, and it casts the weights
+        once a step and keeps the casts."""
+        return self.precision == "fp8" and self.fp8_casts != "separate"
+
+    @property
     def local_attention(self) -> int:
         """Keys a query of a windowed or chunked layer reaches back at most (0: every earlier key)."""
         return self.sliding_window or self.attention_chunk
@@ -658,6 +665,14 @@ def _hf_chunks(cfg: dict, layers: int) -> dict:
     return {"attention_chunk": chunk, "window_layer_share": chunked / layers} if chunked else {}
 
 
+def local_attention_phrase(window: int, chunk: int, share: float) -> str:
+    """How a sliding window of ``window`` tokens (else chunks of ``chunk``) in ``share`` of the
+    layers reads in a note or a printout."""
+    kind = (f"sliding-window attention over {window} tokens" if window else
+            f"chunked attention in chunks of {chunk} tokens")
+    return kind + (f" in {share:.0%} of the layers (the others attend to every earlier token)" if share < 1 else "")
+
+
 def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | None = None) -> Model:
     """Build a :class:`Model` from a Hugging Face ``config.json`` dictionary (GPT-2, OPT, BERT,
     Llama/Mistral, MPT, GPT-NeoX and similar)."""
@@ -741,15 +756,10 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if (cfg.get("use_sliding_window", mtype in ("mistral", "gpt_oss")) is False or not isinstance(window, int)
             or window <= 0):
         window = 0
-    if window:
-        share = extra.get("window_layer_share", 1.0)
-        some = f" in {share:.0%} of the layers (the others attend to every earlier token)" if share < 1 else ""
-        notes.append(f"sliding-window attention over {window} tokens{some} (in effect when the sequence is longer)")
-    if extra.get("attention_chunk"):
-        share = extra["window_layer_share"]
-        some = f" in {share:.0%} of the layers (the others attend to every earlier token)" if share < 1 else ""
-        notes.append(f"chunked attention in chunks of {extra['attention_chunk']} tokens{some} (in effect when "
-                     "the sequence is longer)")
+    if window or extra.get("attention_chunk"):
+        notes.append(local_attention_phrase(window, extra.get("attention_chunk", 0),
+                                            extra.get("window_layer_share", 1.0))
+                     + " (in effect when the sequence is longer)")
     return Model(
         name=name or cfg.get("_name_or_path") or mtype or "hf-model",
         architecture="encoder" if encoder else "decoder",
