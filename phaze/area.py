@@ -24,7 +24,7 @@ from functools import lru_cache
 from .arch import Chip, load_chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, tile_candidates
-from .graph import edge_graph, layer_graph, optimizer_op
+from .graph import bf16_moment_passes, edge_graph, layer_graph, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
 from .step import (
     _shard,
@@ -462,7 +462,11 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             sent += m * per_layer
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
-        opt = optimizer_op(params / (group if plan.zero >= 1 else 1), plan.optimizer, model.precision)
+        updated = params / (group if plan.zero >= 1 else 1)
+        opt = optimizer_op(updated, plan.optimizer, model.precision, grad_bytes)
+        if plan.optimizer == "adam-megatron-pa-bf16":   # its bf16 moments copied to fp32 and back
+            moments = bf16_moment_passes()
+            cast += (moments.read + moments.write) * updated
         total = total + stage + Activity(vector_flops=opt.flops, local_bytes=opt.bytes + cast,
                                          shared_bytes=opt.bytes + cast + 2 * sent,
                                          hbm_bytes=opt.bytes + cast + 2 * sent, link_bytes=sent)

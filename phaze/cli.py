@@ -48,6 +48,7 @@ from .plan import (
     DISPATCHERS,
     DP_SHARD_ALLOWED,
     FSDP_PP,
+    MEGATRON_OPTIMIZERS,
     PLAN_RECOMPUTE,
     RECOMPUTE,
     RECOMPUTE_MODULES,
@@ -255,13 +256,13 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "cp_comm": "cp_comm=p2p (a ring of K/V sends, each under one step's attention)",
                     "fsdp_pp": "fsdp_pp=micro_batch (FSDP gathers each stage's weights for every micro-batch)",
                     "fp8_params": "fp8_params off (16-bit weights, cast to fp8 for the GEMMs)",
-                    "grad_accum_fusion": "grad_accum_fusion on (adam-megatron's weight-gradient GEMMs add into "
+                    "grad_accum_fusion": "grad_accum_fusion on (Megatron's weight-gradient GEMMs add into "
                                          "the main gradients)",
                     "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
                     "stages": "an even split of the layers",
                     "schedule": "schedule=optimal"}
         unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)
-                 and not (k == "grad_accum_fusion" and plan.optimizer != "adam-megatron")
+                 and not (k == "grad_accum_fusion" and plan.optimizer not in MEGATRON_OPTIMIZERS)
                  and not (k == "dp_shard" and not plan.zero) and not (k == "cp_comm" and plan.cp == 1)
                  and not (k == "fsdp_pp" and (plan.zero < 3 or plan.pp == 1))
                  and not (k == "fp8_params" and model.precision != "fp8")]
@@ -285,8 +286,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            f"{'fp32' if o.reduce_fp32 else '16-bit'} gradients"
                            + ("; tp_async on" if o.tp_async else "") + ("; tp_overlap on" if o.tp_overlap else "")
                            + (f"; loss {o.loss}" if o.loss != "torch" else "")
-                           + ("; grad_accum_fusion off" if not o.grad_accum_fusion and o.optimizer == "adam-megatron"
-                              else "")
+                           + ("; grad_accum_fusion off"
+                              if not o.grad_accum_fusion and o.optimizer in MEGATRON_OPTIMIZERS else "")
                            + (f"; dp_shard {','.join(map(dp_shard_text, o.dp_shards))}" if o.dp_shards != (0,) else "")
                            + (f"; cp_comm {','.join(o.cp_comms)}" if o.cp_comms != ("p2p",) else "")
                            + (f"; fsdp_pp {o.fsdp_pp}" if o.fsdp_pp != "micro_batch" else "")
@@ -1186,8 +1187,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(p2p/all_gather/a2a/a2a+p2p/torch), cp_a2a (a2a+p2p: ranks of an all-to-all group), "
                     "zero (0-3), "
                     "attention (flash/flash2/standard), "
-                    "optimizer (adam/adam-megatron/adam-deepspeed/sgd), dp_overlap, tp_overlap, tp_async, reduce_fp32, "
-                    "loss (torch/megatron), grad_accum_fusion (adam-megatron), dp_shard (all/node/N, zero 1-3), "
+                    "optimizer (adam/adam-megatron/adam-megatron-pa/adam-megatron-pa-bf16/adam-deepspeed/sgd), "
+                    "dp_overlap, tp_overlap, tp_async, reduce_fp32, "
+                    "loss (torch/megatron), grad_accum_fusion (adam-megatron*), dp_shard (all/node/N, zero 1-3), "
                     "fsdp_pp (micro_batch/step: zero 3 with pp > 1), fp8_params (an fp8 run's weights held "
                     "and gathered in fp8), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "

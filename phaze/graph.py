@@ -833,7 +833,8 @@ def _mtp_module(fwd: _Builder, bwd: _Builder, prefix: str, T, Tn, h, e, Vt, p, t
     _vector(bwd, prefix + "embedding.grad_accumulate", T * h, p, reads=2, flops_per_element=1)
 
 
-def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: str = "bf16") -> Op:
+def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: str = "bf16",
+                 grad_bytes: float = 4.0) -> Op:
     """The element-wise optimizer update over the parameters a device updates.
 
     ``adam``, one fused kernel with fp32 master weights, reads master, m, v (4 bytes each) and the
@@ -845,6 +846,17 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
     forces it), fp16 runs first copy the 16-bit ones to fp32 (read 2, write 4) and unscale them
     with an inf check (read 4, write 4): 38 bytes per parameter in bf16, 52 in fp16. A norm
     above the clip threshold would add one more scaling pass; it is not counted.
+    ``adam-megatron-pa``: Megatron-Core's precision-aware optimizer (``--use-precision-aware-optimizer``,
+    megatron-core 0.16.1 optimizer/distrib_optimizer.py) hands its shard to Transformer Engine's
+    FusedAdam, which reads the gradient buffer as it is (``decoupled_grad``: ``grad_bytes``, 4 in
+    fp32, 2 in bf16) and keeps the fp32 master weights as the 16-bit remainders of the bf16 ones
+    (``store_param_remainders``, on by default from TE 2.1; TE 2.4 optimizers/fused_adam.py
+    ``multi_tensor_adam_param_remainder``): the norm (read g), then one kernel that reads the
+    gradient, the bf16 weight, the remainder and m, v (g + 2 + 2 + 4 + 4) and writes all but the
+    gradient (12), the 16-bit weight included, so no copy follows: 2g + 12 read, 12 written.
+    ``adam-megatron-pa-bf16`` also holds m and v in bf16 (``--exp-avg-dtype`` and
+    ``--exp-avg-sq-dtype bf16``, NeMo's DeepSeek-V3 recipe): the same kernel on fp32 copies of
+    them, made and written back tensor by tensor (:func:`bf16_moment_passes`).
     ``adam-deepspeed``: the flat passes of DeepSpeed's mixed-precision wrappers around its
     FusedAdam (DeepSpeed 0.9.5 runtime/fp16/fused_optimizer.py, runtime/bf16_optimizer.py); their
     per-tensor passes are :func:`deepspeed_tensor_passes`. fp16 (FP16_Optimizer): the 32-bit
@@ -856,6 +868,8 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
     """
     if optimizer == "adam-deepspeed":
         read, write, flops = (28.0, 20.0, 16.0) if precision == "fp16" else (20.0, 18.0, 12.0)
+    elif optimizer in ("adam-megatron-pa", "adam-megatron-pa-bf16"):
+        read, write, flops = 2.0 * grad_bytes + 12.0, 12.0, 14.0
     elif optimizer == "adam-megatron":
         if precision == "fp16":   # copy to fp32 main gradients, then unscale with an inf check
             read, write, flops = 30.0, 22.0, 15.0
@@ -878,6 +892,16 @@ class TensorPasses:
     read: float = 0.0
     write: float = 0.0
     synced: bool = False
+
+
+def bf16_moment_passes() -> TensorPasses:
+    """Transformer Engine's FusedAdam with bf16 moments (``optimizer=adam-megatron-pa-bf16``), per
+    parameter tensor of the shard (TE 2.4 optimizers/fused_adam.py): before its kernel each moment
+    is copied to fp32 (``get_unscaled_state``: ``.float()``, read 2, write 4), after it written
+    back (``_apply_scale``: ``copy_(unscaled.bfloat16())``, a cast, read 4, write 2, and the copy,
+    read 2, write 2). Six kernels, 16 bytes read and 16 written; the fp32 copies of every tensor
+    are held until the write-back (:func:`phaze.memory.optimizer_step_bytes_per_param`)."""
+    return TensorPasses(6, 16.0, 16.0)
 
 
 def deepspeed_tensor_passes(precision: str) -> tuple[TensorPasses, TensorPasses, TensorPasses]:

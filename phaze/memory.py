@@ -12,8 +12,11 @@ from .graph import fp8_fused_inputs, kv_width
 from .plan import recompute_modules_of
 from .workload import Model
 
-# fp32 master + m + v; SGD: none
-OPTIMIZER_BYTES_PER_PARAM = {"adam": 12.0, "adam-megatron": 12.0, "adam-deepspeed": 12.0, "sgd": 0.0}
+# fp32 master + m + v; Megatron-Core's precision-aware optimizer keeps the master weights as the 16-bit
+# remainders of the bf16 ones (2 + 4 + 4), and with bf16 moments 2 + 2 + 2 (phaze.graph.optimizer_op);
+# SGD: none
+OPTIMIZER_BYTES_PER_PARAM = {"adam": 12.0, "adam-megatron": 12.0, "adam-megatron-pa": 10.0,
+                             "adam-megatron-pa-bf16": 6.0, "adam-deepspeed": 12.0, "sgd": 0.0}
 GiB = 2.0 ** 30
 
 # Per-device memory the training framework holds outside the model's tensors (the memory reserve).
@@ -176,6 +179,14 @@ def state_bytes_per_param(optimizer: str, zero: int, dp: int, weight_bytes: int 
     opt = OPTIMIZER_BYTES_PER_PARAM[optimizer]
     return (weight_bytes / (dp if zero >= 3 else 1) + grad_bytes / (dp if zero >= 2 else 1)
             + opt / (dp if zero >= 1 else 1))
+
+
+def optimizer_step_bytes_per_param(optimizer: str) -> float:
+    """Bytes the optimizer step holds beyond the state, per parameter it updates: Transformer
+    Engine's FusedAdam with bf16 moments works on fp32 copies of both, made for every tensor of the
+    shard before its kernel and freed after the write-back (:func:`phaze.graph.bf16_moment_passes`);
+    0 for the others."""
+    return 8.0 if optimizer == "adam-megatron-pa-bf16" else 0.0
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from .step import (
     mode_cost_bounds,
     mode_cost_upper,
     mode_layout,
+    optimizer_error,
     runs_op_recompute,
     shard_ranks,
     stage_costs,
@@ -811,6 +812,9 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     bad = fp8_params_error(model, "off") if options.fp8_params else None
     if bad:
         raise ConfigError("--fp8-params", None, bad)
+    bad = optimizer_error(model, options.optimizer, options.fp8_params, "adam-megatron")
+    if bad:
+        raise ConfigError("PlacementOptions", "optimizer", bad)
     keep = max(1, top)
     tokens = global_batch * model.seq_len
     exhaustive = options.exhaustive

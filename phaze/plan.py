@@ -15,7 +15,12 @@ PLAN_RECOMPUTE = RECOMPUTE + ("block",)
 # the modes the placement search tries by default (``op`` is torchtitan's policy, chosen explicitly)
 SEARCHED_RECOMPUTE = ("none", "selective", "full", "block")
 ATTENTION = ("flash", "flash2", "standard")
-OPTIMIZERS = ("adam", "adam-megatron", "adam-deepspeed", "sgd")
+OPTIMIZERS = ("adam", "adam-megatron", "adam-megatron-pa", "adam-megatron-pa-bf16", "adam-deepspeed", "sgd")
+# Megatron's mixed-precision optimizers (its main gradients and their hooks, the zeroed buffer):
+# its own passes around FusedAdam, and its precision-aware optimizer (--use-precision-aware-optimizer,
+# Transformer Engine's FusedAdam) with fp32 or bf16 moments (phaze.graph.optimizer_op)
+MEGATRON_OPTIMIZERS = ("adam-megatron", "adam-megatron-pa", "adam-megatron-pa-bf16")
+PRECISION_AWARE = MEGATRON_OPTIMIZERS[1:]
 LOSSES = ("torch", "megatron")
 SCHEDULES = ("optimal", "sequential")
 ROUTING = ("forced", "dropless", "capacity")
@@ -155,8 +160,8 @@ class Plan:
     the cross entropy runs over the logits, ``torch`` (PyTorch's on the fp32-upcast logits: one
     log-softmax pass) or ``megatron`` (Megatron-LM's vocab-parallel cross entropy: upcast, then
     max, subtract, exp, sum and divide, each a pass over the fp32 logits). ``grad_accum_fusion``
-    (``optimizer=adam-megatron`` only): the weight-gradient GEMMs add into the main gradients
-    themselves (Megatron's gradient-accumulation fusion); without it each micro-batch's 16-bit
+    (Megatron's optimizers only, :data:`MEGATRON_OPTIMIZERS`): the weight-gradient GEMMs add into
+    the main gradients themselves (Megatron's gradient-accumulation fusion); without it each micro-batch's 16-bit
     gradients are added into them tensor by tensor (the data-parallel wrapper's backward hook).
     ``dp_shard`` (``zero`` 1-3): the data-parallel ranks one ZeRO shard group spans, hybrid
     sharding when fewer than dp (HSDP: the state is sharded inside each group, replicated across
@@ -268,7 +273,8 @@ class Plan:
                 + (",ep_overlap=1" if self.ep_overlap else "")
                 + (",dp_overlap=0" if not self.dp_overlap else "")
                 + (f",loss={self.loss}" if self.loss != "torch" else "")
-                + (",grad_accum_fusion=0" if not self.grad_accum_fusion and self.optimizer == "adam-megatron" else "")
+                + (",grad_accum_fusion=0" if not self.grad_accum_fusion and self.optimizer in MEGATRON_OPTIMIZERS
+                   else "")
                 + (f",dp_shard={dp_shard_text(self.dp_shard)}" if self.dp_shard and self.zero else "")
                 + (f",fsdp_pp={self.fsdp_pp}" if self.fsdp_pp != "micro_batch" and self.zero >= 3 and self.pp > 1
                    else "")

@@ -39,7 +39,7 @@ from .plan import (
     one_or_several,
     ordered_modules,
 )
-from .step import fp8_params_error
+from .step import fp8_params_error, optimizer_error
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model
@@ -663,6 +663,9 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
         bad = fp8_params_error(model, "false") if options.fp8_params else None
         if bad:
             raise p.error("fp8_params", bad)
+        bad = optimizer_error(model, options.optimizer, options.fp8_params, "adam-megatron")
+        if bad:
+            raise p.error("optimizer", bad)
         p.finish()
     f.finish()
     return WorkloadSpec(model, devices, batch, weight, options, source, system)

@@ -22,6 +22,7 @@ from .graph import (
     DROPLESS_LOAD,
     ExpertLayout,
     TensorPasses,
+    bf16_moment_passes,
     collective_groups,
     deepspeed_tensor_passes,
     edge_graph,
@@ -30,8 +31,14 @@ from .graph import (
     optimizer_op,
     tensor_flops,
 )
-from .memory import StageMemory, activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
-from .plan import DP_SHARD_NODE, Plan, cp_a2a_groups, graph_recompute
+from .memory import (
+    StageMemory,
+    activation_bytes_per_layer,
+    memory_reserve_bytes,
+    optimizer_step_bytes_per_param,
+    state_bytes_per_param,
+)
+from .plan import DP_SHARD_NODE, MEGATRON_OPTIMIZERS, PRECISION_AWARE, Plan, cp_a2a_groups, graph_recompute
 from .schedule import layer_bounds, schedule_layer
 from .workload import Model, with_seq_len
 
@@ -341,10 +348,17 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     bad = fp8_params_error(model, "fp8_params=0") if plan.fp8_params else None
     if bad:
         raise ConfigError("--plan", "fp8_params", bad)
+    bad = optimizer_error(model, plan.optimizer, plan.fp8_params, "optimizer=adam-megatron")
+    if bad:
+        raise ConfigError("--plan", "optimizer", bad)
     width = plan.tp * plan.pp * plan.cp
     if devices % width:
         raise ConfigError("--plan", "tp*pp*cp", f"{plan.tp}*{plan.pp}*{plan.cp} = {width} must divide "
                                                f"the devices ({devices})")
+    if plan.optimizer in PRECISION_AWARE and not plan.zero and devices // width > 1:
+        raise ConfigError("--plan", "zero", f"{plan.optimizer} is Megatron-Core's precision-aware optimizer, "
+                                            f"which runs only as its distributed optimizer (optimizer_config.py "
+                                            f"asserts it); allowed: zero 1-3")
     # interleaved, the embedding and the loss may take a chunk each (Megatron's
     # --account-for-embedding/loss-in-pipeline-split): the first and last chunks may hold no layer
     chunks = model.layers + (2 if plan.vp > 1 else 0)
@@ -398,6 +412,23 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if global_batch % (dp * plan.mbs):
         raise ConfigError("--global-batch", None, f"must be a multiple of dp*mbs = {dp}*{plan.mbs} "
                                                   f"= {dp * plan.mbs}, got {global_batch}")
+
+
+def optimizer_error(model: Model, optimizer: str, fp8_params: bool, allowed: str) -> str | None:
+    """Why ``model`` cannot run ``optimizer``, ending in what is allowed (``allowed``: the
+    caller's words for another optimizer); None when it can. Megatron-Core's precision-aware
+    optimizer is modelled for 16-bit bf16 weights (its 16-bit remainders of them): not for fp16's
+    loss-scaled weights, nor for fp8 weights (Transformer Engine's fp8 Adam kernel, not modelled)."""
+    if optimizer not in PRECISION_AWARE:
+        return None
+    if model.precision == "fp16":
+        return (f"{optimizer} (Megatron-Core's precision-aware optimizer) is modelled for bf16 weights, whose "
+                f"fp32 masters it keeps as 16-bit remainders; {model.name} trains in fp16: allowed: {allowed}")
+    if fp8_params:
+        return (f"{optimizer} (Megatron-Core's precision-aware optimizer) with fp8 weights updates them in "
+                f"Transformer Engine's fp8 Adam kernel, which is not modelled: allowed: {allowed}, or fp8 "
+                f"weights off")
+    return None
 
 
 def fp8_params_error(model: Model, off: str) -> str | None:
@@ -568,6 +599,20 @@ class StageCosts:
         plan = self.plan
         return self.model.expert_layer_params * (1.0 / (plan.ep * plan.etp) - 1.0 / plan.tp)
 
+    def updated_params(self, i: int, n):
+        """Parameters one device of stage ``i`` updates in the optimizer step with ``n`` layers:
+        its shard under ZeRO 1-3, the dense ones' over the shard group and context parallelism,
+        the routed experts' over the expert data-parallel group."""
+        plan = self.plan
+        params = self.params(i, n)
+        if plan.zero < 1:
+            return params
+        group = shard_ranks(plan, self.devices, self.chip) * plan.cp
+        if self.model.moe:
+            experts = self.expert_params(self.layers_on(i, n))
+            return (params - experts) / group + experts / expert_shard(plan, self.devices, self.chip)[0]
+        return params / group
+
     def expert_params(self, n):
         """Routed-expert parameters one device holds with ``n`` layers (0 for a dense model)."""
         return n * self.model.expert_layer_params / (self.plan.ep * self.plan.etp)
@@ -614,7 +659,7 @@ class StageCosts:
             k = self.micro_batches
             share = (k - 1) / k if m.precision == "fp16" else 1.0   # fp16: the first is kept
             return share * self._tensor_pass(deepspeed_tensor_passes(m.precision)[0], i, n)
-        if plan.optimizer != "adam-megatron":
+        if plan.optimizer not in MEGATRON_OPTIMIZERS:
             return 0.0 * n
         p = m.bytes_per_element
         g = 4 if plan.reduce_fp32 else p
@@ -649,7 +694,7 @@ class StageCosts:
             t = t + self.embedding
         if i == self.plan.pp - 1:
             t = t + self.head
-        if self.plan.optimizer in ("adam-deepspeed", "adam-megatron"):
+        if self.plan.optimizer == "adam-deepspeed" or self.plan.optimizer in MEGATRON_OPTIMIZERS:
             t = t + PhaseTime(memory=self.accumulation(i, n))
         return t
 
@@ -730,17 +775,20 @@ class StageCosts:
         # hybrid sharding (no replicas without ZeRO): under the last backward, after the reduce-scatter
         if replicas > 1 or (self.model.moe and e_replicas > 1):
             colls = (across(grad_bytes),) if colls is None else (colls[0] + across(grad_bytes), *colls[1:])
-        opt = optimizer_op(1.0, plan.optimizer, self.model.precision)   # per parameter: element-wise
-        updated = params / (group if plan.zero >= 1 else 1)
-        if self.model.moe and plan.zero >= 1:
-            updated = (params - experts) / group + experts / edp
+        opt = optimizer_op(1.0, plan.optimizer, self.model.precision, grad_bytes)   # per parameter: element-wise
+        updated = self.updated_params(i, n)
         opt_s = np.maximum(opt.flops * updated / chip.vector_flops_per_s,
                            opt.bytes * updated / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction))
         if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
             _, check, copies = deepspeed_tensor_passes(self.model.precision)
             opt_s = opt_s + self._tensor_pass(check, i, n) + self._tensor_pass(copies, i, n)
-        elif plan.optimizer == "adam-megatron":   # the whole main-gradient buffer zeroed, one kernel
+        elif plan.optimizer in MEGATRON_OPTIMIZERS:   # the whole main-gradient buffer zeroed, one kernel
             opt_s = opt_s + grad_bytes * params / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
+            if plan.optimizer == "adam-megatron-pa-bf16":   # bf16 moments copied to fp32 and back
+                # assumption: a device's shard holds its share of the stage's tensors (the pieces
+                # of tensors at the shard's edges are not counted)
+                opt_s = opt_s + tensor_pass_time(bf16_moment_passes(), self.tensors(i, n) * updated / params,
+                                                 updated, chip, eff)
         cast = self.weight_cast_bytes(i, n, updated / params)
         if cast is not None:
             opt_s = opt_s + cast / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
@@ -755,6 +803,7 @@ class StageCosts:
         pp, v, tp = plan.pp, plan.vp, plan.tp
         i = np.arange(pp, dtype=float)[:, None]
         inflight = inflight_micro_batches(pp, v, self.micro_batches, i)
+        given = ns
         ns = np.broadcast_to(ns, (pp, len(ns))).astype(float)
         ns[pp - 1] += m.mtp_layers   # the last stage's multi-token prediction layers (:meth:`layers_on`)
         q = ns * tp_layer_params(m, tp)
@@ -771,11 +820,16 @@ class StageCosts:
         transient += cp_transient_bytes(m, plan)
         transient += self.gathered_layer_bytes()
         cache = self._weight_cache()
+        act = self._layers("act_bytes", ns, r, ks) * inflight
+        step = optimizer_step_bytes_per_param(plan.optimizer)
+        if step:   # as memory(): the optimizer step's buffers once the activations are freed
+            counts = np.asarray(given, dtype=float)
+            updated = np.stack([self.updated_params(s, counts) for s in range(pp)])
+            transient = np.maximum(transient, step * updated - act)
         if m.moe:
             return (self.state_bytes_per_param * (q / tp + ns * self._expert_shift()) + ns * self._expert_state_shift()
-                    + ns * cache + self._layers("act_bytes", ns, r, ks) * inflight + transient)
-        return (self.state_bytes_per_param * (q / tp) + ns * cache + self._layers("act_bytes", ns, r, ks) * inflight
-                + transient)
+                    + ns * cache + act + transient)
+        return self.state_bytes_per_param * (q / tp) + ns * cache + act + transient
 
     def gathered_layer_bytes(self) -> float:
         """FSDP gathering per micro-batch: one layer's gathered 16-bit weights and the next one's,
@@ -806,7 +860,11 @@ class StageCosts:
         if m.moe:
             weights = weights + runs * self._expert_state_shift()
         weights = weights + runs * self._weight_cache()
-        return StageMemory(i, n, weights, self._layers("act_bytes", runs, r, k) * inflight, transient)
+        act = self._layers("act_bytes", runs, r, k) * inflight
+        step = optimizer_step_bytes_per_param(plan.optimizer)
+        if step:   # the optimizer step's buffers, after the last backward has freed the activations
+            transient = max(transient, step * self.updated_params(i, n) - act)
+        return StageMemory(i, n, weights, act, transient)
 
 
 def tensor_pass_time(passes: TensorPasses, tensors, params, chip: Chip, eff: Efficiency):

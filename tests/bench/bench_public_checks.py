@@ -12,6 +12,18 @@ what it does not state is said as an assumption.
   a global batch of 2,048 sequences of 2,048 tokens (the batch grew from 512 to 2,048 during
   training; the paper does not say at which its MFU was measured), full recompute, the
   ``maxtext`` preset as a stand-in for its JAX/Pathways stack.
+- DeepSeek-V3 on 2,048 H800s (DeepSeek-AI 2024, arXiv:2412.19437: Table 1, 2,664K H800 GPU hours
+  for 14.8T pre-training tokens, "180K H800 GPU hours" per trillion; Sec. 3.1, NVLink 160 GB/s and
+  InfiniBand 50 GB/s a GPU; Sec. 3.2, 16-way pipeline, 64-way expert parallelism over 8 nodes,
+  ZeRO-1 data parallelism, no tensor parallelism; Sec. 3.3, fp8 GEMMs, RMSNorm and the MLA up-
+  projections recomputed, bf16 Adam moments; Sec. 4.2, sequences of 4,096 tokens, batches of
+  15,360 after the first 469B tokens). Assumptions: the per-trillion rate holds at the batch of
+  15,360 (the step is its tokens at that rate: everything the run spent, restarts included); the
+  H800 is the H100 SXM with NVLink at the paper's 160 GB/s a direction; DualPipe is not modelled,
+  interleaved 1F1B with two chunks a stage and Megatron-Core's all-to-all overlap (``ep_overlap``)
+  stand in for it; DeepEP's dispatch stands in for its node-limited all-to-all; micro-batch 1;
+  the ``megatron-core`` preset stands in for its HAI-LLM framework; ``adam-megatron-pa-bf16``
+  (6 bytes of state a parameter) for its fp32 master weights and bf16 moments (8).
 
 Run: python tests/bench/bench_public_checks.py
 """
@@ -21,7 +33,7 @@ from dataclasses import replace
 
 from phaze import validate as v
 from phaze.arch import load_chip
-from phaze.framework import FRAMEWORKS, plan_with
+from phaze.framework import FRAMEWORKS, model_with, plan_with
 from phaze.plan import Plan
 from phaze.power import within_limit
 from phaze.system import apply_system, as_system, with_devices_per_node
@@ -44,20 +56,21 @@ def llama3_row(name, gpus, cp, dp, seq, batch, tflops, framework=""):
     return row
 
 
-def main() -> int:
-    params = v.load_default_params()
-    print("Llama 3 405B (Table 4), shipped calibration: measured step, predicted, error, plan")
-    for framework in ("", "torchtitan"):
-        for spec in LLAMA3:
-            case = v.row_to_case(llama3_row(*spec, framework=framework))
-            if not isinstance(case, v.Case):
-                print(f"  {spec[0]:16s} {framework or 'no framework':13s} skipped: {case.reason}")
-                continue
-            plan, predicted = v.scored_plan(case, v.params_for(case.chip, params))
-            err = predicted / case.measured_step_s - 1
-            print(f"  {spec[0]:16s} {framework or 'no framework':13s} {case.measured_step_s:7.2f} s "
-                  f"{predicted:7.2f} s {100 * err:+6.1f} %  {plan.label()}")
-    print("\nPaLM 540B on 6,144 TPU v4 (Table 3: 46.2 % MFU, 57.8 % HFU); assumptions in the docstring")
+def llama3(params, framework: str) -> list[tuple[str, float | None, str]]:
+    """(run, signed error, plan label or why it was skipped) of each Table 4 run."""
+    out = []
+    for spec in LLAMA3:
+        case = v.row_to_case(llama3_row(*spec, framework=framework))
+        if not isinstance(case, v.Case):
+            out.append((spec[0], None, case.reason))
+            continue
+        plan, predicted = v.scored_plan(case, v.params_for(case.chip, params))
+        out.append((spec[0], predicted / case.measured_step_s - 1, plan.label()))
+    return out
+
+
+def palm(params) -> list[tuple[str, float, float]]:
+    """(layers, signed error against 46.2 % MFU, clock as a share of nominal) for PaLM 540B."""
     model = load_model("palm-540b")
     fw = FRAMEWORKS["maxtext"]
     pods = with_devices_per_node(as_system("tpuv4-multislice"), 3072)    # two slices of a whole pod each
@@ -65,14 +78,55 @@ def main() -> int:
     eff = v.params_for(chip, params)
     plan = plan_with(fw, Plan(tp=12, sp=False, mbs=1, recompute="full", zero=3), {"recompute", "zero", "sp"},
                      model.precision)[0]
+    out = []
     for label, m in (("parallel block (the paper's)", model),
                      ("as sequential layers", replace(model, parallel_block=""))):
         run = within_limit(m, chip, 6144, 2048, plan, eff)      # as phaze evaluate runs it: within the TDP
         r = run.result
         measured_step = r.model_flops_per_step / (6144 * chip.peak_flops("bf16") * 0.462)
-        print(f"  {label:30s} step {r.step_time_s:6.2f} s at {run.clock_hz / 1e9:.2f} GHz "
-              f"({100 * run.clock_hz / run.nominal_clock_hz:.0f} % of nominal), "
-              f"{100 * (r.step_time_s / measured_step - 1):+5.1f} % against the {measured_step:.2f} s of 46.2 % MFU")
+        out.append((label, r.step_time_s / measured_step - 1, run.clock_hz / run.nominal_clock_hz))
+    return out
+
+
+def deepseek_v3(params):
+    """(the measured step, [(label, signed error, GiB a device, fits, plan label)]) for DeepSeek-V3's
+    pre-training on 2,048 H800s; assumptions in the module docstring."""
+    fw = FRAMEWORKS["megatron-core"]
+    model = model_with(fw, replace(load_model("deepseek-v3"), precision="fp8"))[0]
+    h100 = apply_system(load_chip("h100-sxm"), as_system("dgx-h100-superpod"))
+    links = tuple(replace(link, bandwidth_bytes_per_s=160e9) if link.name == "nvlink" else link
+                  for link in h100.links)
+    chip = replace(h100, name="H800", links=links).with_execution(fw.execution)
+    eff = v.params_for(chip, params)
+    gpus, batch = 2048, 15360
+    measured = batch * model.seq_len / (gpus * 1e12 / (180e3 * 3600))
+    base = Plan(tp=1, pp=16, vp=2, ep=64, mbs=1, zero=1, recompute="selective",
+                recompute_modules=("layernorm", "mla_up_proj"), dispatcher="deepep", optimizer="adam-megatron-pa-bf16")
+    given = {"recompute", "zero", "recompute_modules", "vp", "optimizer"}
+    out = []
+    for label, overlap in (("all-to-alls exposed", False), ("all-to-alls overlapped", True)):
+        plan = plan_with(fw, replace(base, ep_overlap=overlap), given, model.precision)[0]
+        r = within_limit(model, chip, gpus, batch, plan, eff).result
+        out.append((label, r.step_time_s / measured - 1, r.memory_per_device_bytes / 2 ** 30, r.fits, plan.label()))
+    return measured, out
+
+
+def main() -> int:
+    params = v.load_default_params()
+    print("Llama 3 405B (Table 4), shipped calibration: signed error, plan")
+    for framework in ("", "torchtitan"):
+        for run, err, said in llama3(params, framework):
+            shown = "skipped" if err is None else f"{100 * err:+6.1f} %"
+            print(f"  {run:16s} {framework or 'no framework':13s} {shown}  {said}")
+    print("\nPaLM 540B on 6,144 TPU v4 (Table 3: 46.2 % MFU, 57.8 % HFU); assumptions in the docstring")
+    for label, err, clock in palm(params):
+        print(f"  {label:30s} {100 * err:+5.1f} % at {100 * clock:.0f} % of the nominal clock")
+    measured, rows = deepseek_v3(params)
+    print(f"\nDeepSeek-V3 on 2,048 H800s (180K GPU hours per trillion tokens: {measured:.2f} s a step of "
+          f"15,360 sequences); assumptions in the docstring")
+    for label, err, gib, fits, said in rows:
+        print(f"  {label:24s} {100 * err:+6.1f} %, {gib:.1f} GiB a device ({'fits' if fits else 'does not fit'} "
+              f"in 80), {said}")
     return 0
 
 
