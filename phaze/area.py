@@ -453,6 +453,9 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             sent = _sent_bytes("all_reduce", grad_bytes * params, group)
         if replicas > 1:   # hybrid sharding (ZeRO 1-3): each shard's gradients over the replicas
             sent += _sent_bytes("all_reduce", grad_bytes * params / group, replicas)
+        table = costs.table_sync_bytes(i)
+        if table:   # the shared token table's gradients, summed by the first and last stages
+            sent += _sent_bytes("all_reduce", table, 2)
         if plan.cp > 1:   # context parallelism's K/V exchange, per layer and micro-batch
             if r == "block":
                 per_layer = (cp_sent_bytes(model, plan, "none", chip.compiled) * (n - k)

@@ -844,8 +844,12 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
     (read 4), Adam on the fp32 main gradient (read 16, write 12), the fp32 weights copied to the
     16-bit model (read 4, write 2); bf16 runs accumulate the main gradients in fp32 (Megatron
     forces it), fp16 runs first copy the 16-bit ones to fp32 (read 2, write 4) and unscale them
-    with an inf check (read 4, write 4): 38 bytes per parameter in bf16, 52 in fp16. A norm
-    above the clip threshold would add one more scaling pass; it is not counted.
+    with an inf check (read 4, write 4): 38 bytes per parameter in bf16, 52 in fp16. A bf16 run
+    whose main gradients are 16-bit (``grad_bytes`` 2: Megatron-Core's ``--grad-reduce-in-bf16``,
+    NeMo's ``grad_reduce_in_fp32`` False) copies them to fp32 first as fp16 does (megatron-core
+    0.16.1 distrib_optimizer.py ``_copy_model_grads_to_main_grads``: ``.float()``, read 2, write
+    4): 44 bytes. A norm above the clip threshold would add one more scaling pass; it is not
+    counted.
     ``adam-megatron-pa``: Megatron-Core's precision-aware optimizer (``--use-precision-aware-optimizer``,
     megatron-core 0.16.1 optimizer/distrib_optimizer.py) hands its shard to Transformer Engine's
     FusedAdam, which reads the gradient buffer as it is (``decoupled_grad``: ``grad_bytes``, 4 in
@@ -875,6 +879,8 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
             read, write, flops = 30.0, 22.0, 15.0
         else:
             read, write, flops = 24.0, 14.0, 14.0
+            if grad_bytes < 4:   # 16-bit main gradients, copied to fp32 for the norm and Adam
+                read, write = read + grad_bytes, write + 4.0
     else:
         read, write, flops = (14.0, 14.0, 12.0) if optimizer == "adam" else (4.0, 2.0, 2.0)
     n = float(params_on_device)

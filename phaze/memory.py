@@ -181,12 +181,17 @@ def state_bytes_per_param(optimizer: str, zero: int, dp: int, weight_bytes: int 
             + opt / (dp if zero >= 1 else 1))
 
 
-def optimizer_step_bytes_per_param(optimizer: str) -> float:
+def optimizer_step_bytes_per_param(optimizer: str, precision: str = "bf16", grad_bytes: float = 4.0) -> float:
     """Bytes the optimizer step holds beyond the state, per parameter it updates: Transformer
     Engine's FusedAdam with bf16 moments works on fp32 copies of both, made for every tensor of the
     shard before its kernel and freed after the write-back (:func:`phaze.graph.bf16_moment_passes`);
-    0 for the others."""
-    return 8.0 if optimizer == "adam-megatron-pa-bf16" else 0.0
+    Megatron's own optimizer copies 16-bit main gradients (fp16, or ``grad_bytes`` 2) to fp32
+    for all of them at once (:func:`phaze.graph.optimizer_op`); 0 for the others."""
+    if optimizer == "adam-megatron-pa-bf16":
+        return 8.0
+    if optimizer == "adam-megatron" and (precision == "fp16" or grad_bytes < 4):
+        return 4.0
+    return 0.0
 
 
 @dataclass(frozen=True)

@@ -699,12 +699,13 @@ class StageCosts:
         return t
 
     def tail(self, i: int, n, r: str, k=0):
-        """(exposed data-parallel communication, optimizer step) after the stage's last backward;
+        """(exposed data-parallel communication, the token table's gradient sum included
+        (:meth:`table_sync_s`), optimizer step) after the stage's last backward;
         ``n`` (and a ``block`` stage's ``k``) may be arrays of layer counts. Only the windows that
         hide the reduction depend on the recompute (:meth:`_tail_parts` keeps the rest)."""
-        params, colls, opt_s = self._tail_parts(i, n)
+        params, colls, opt_s, table_s = self._tail_parts(i, n)
         if colls is None:
-            return 0.0 * params, opt_s
+            return 0.0 * params + table_s, opt_s
         # gradients accumulate over micro-batches: only the last backward can hide their reduction;
         # FSDP under a pipeline schedule reduce-scatters them after it, and gathers the weights
         # under the next step's first forward (FSDP2 prefetches the next layer's)
@@ -716,13 +717,15 @@ class StageCosts:
             # all-gather the updated weights under the next step's first forward
             fwd_window = self._layers("fwd", self.layers_on(i, n), r, k) if self.plan.dp_overlap or once \
                 else 0.0 * params
-            return exposed(colls[0], bwd_window, self.eff) + exposed(colls[1], fwd_window, self.eff), opt_s
-        return exposed(colls[0], bwd_window, self.eff), opt_s
+            return (exposed(colls[0], bwd_window, self.eff) + exposed(colls[1], fwd_window, self.eff) + table_s,
+                    opt_s)
+        return exposed(colls[0], bwd_window, self.eff) + table_s, opt_s
 
     def _tail_parts(self, i: int, n):
-        """(parameters, the data-parallel collectives' times or None, optimizer seconds) of stage
-        ``i`` with ``n`` layers: what :meth:`tail` needs that no recompute mode changes, kept per
-        (stage, counts) as the placement asks for them under every mode."""
+        """(parameters, the data-parallel collectives' times or None, optimizer seconds, the table's
+        gradient sum's seconds) of stage ``i`` with ``n`` layers: what :meth:`tail` needs that no
+        recompute mode changes, kept per (stage, counts) as the placement asks for them under
+        every mode."""
         key = (i, n.shape, n.tobytes()) if isinstance(n, np.ndarray) else (i, n)
         hit = self._tails.get(key)
         if hit is not None:
@@ -792,8 +795,36 @@ class StageCosts:
         cast = self.weight_cast_bytes(i, n, updated / params)
         if cast is not None:
             opt_s = opt_s + cast / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
-        hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff))
+        hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff), self.table_sync_s(i))
         return hit
+
+    def table_sync_s(self, i: int) -> float:
+        """Seconds stage ``i`` spends summing the token table's gradients with the other stage that
+        holds a copy: when the last of several stages keeps its own copy (:meth:`_table_copy`, a
+        tied head or multi-token prediction), the first and last stages all-reduce the two copies'
+        gradients once a step, after the data-parallel reduction and before the optimizer, nothing
+        running beside it (Megatron-Core 0.16.1 finalize_model_grads.py
+        ``_allreduce_word_embedding_grads``, over the embedding group of the two stages; Megatron-LM's
+        2021 training.py ``_allreduce_embedding_grads``; DeepSpeed's pipeline engine
+        ``reduce_tied_grads``). The table's vocabulary-parallel shard (1/tp), its main gradients'
+        bytes (4 in fp32), between ranks ``pp - 1`` stages apart; under FSDP each rank's shard of it."""
+        nbytes = self.table_sync_bytes(i)
+        if not nbytes:
+            return 0.0
+        plan = self.plan
+        stride = plan.tp * plan.cp * plan.dp(self.devices) * (plan.pp - 1)
+        return collective_time("all_reduce", nbytes, 2, self.chip, stride, self.eff)
+
+    def table_sync_bytes(self, i: int) -> float:
+        """Bytes of the token table's gradients stage ``i`` all-reduces with the other copy's stage
+        (:meth:`table_sync_s`); 0 where it holds no shared copy."""
+        plan, m, pp = self.plan, self.model, self.plan.pp
+        if pp == 1 or i not in (0, pp - 1) or not self._table_copy(pp - 1):
+            return 0.0
+        nbytes = (4 if plan.reduce_fp32 else m.bytes_per_element) * m.table_params / plan.tp
+        if state_zero(plan) >= 3:
+            nbytes /= shard_ranks(plan, self.devices, self.chip) * plan.cp
+        return nbytes
 
     def memory_table(self, r: str, ns: np.ndarray, ks=0) -> np.ndarray:
         """``memory(i, n, r, k).total_bytes`` for every stage ``i`` (rows) and layer count in ``ns``
@@ -821,7 +852,7 @@ class StageCosts:
         transient += self.gathered_layer_bytes()
         cache = self._weight_cache()
         act = self._layers("act_bytes", ns, r, ks) * inflight
-        step = optimizer_step_bytes_per_param(plan.optimizer)
+        step = self.step_bytes_per_param()
         if step:   # as memory(): the optimizer step's buffers once the activations are freed
             counts = np.asarray(given, dtype=float)
             updated = np.stack([self.updated_params(s, counts) for s in range(pp)])
@@ -830,6 +861,13 @@ class StageCosts:
             return (self.state_bytes_per_param * (q / tp + ns * self._expert_shift()) + ns * self._expert_state_shift()
                     + ns * cache + act + transient)
         return self.state_bytes_per_param * (q / tp) + ns * cache + act + transient
+
+    def step_bytes_per_param(self) -> float:
+        """Bytes the optimizer step holds beyond the state per parameter it updates
+        (:func:`phaze.memory.optimizer_step_bytes_per_param`)."""
+        m = self.model
+        return optimizer_step_bytes_per_param(self.plan.optimizer, m.precision,
+                                              4 if self.plan.reduce_fp32 else m.bytes_per_element)
 
     def gathered_layer_bytes(self) -> float:
         """FSDP gathering per micro-batch: one layer's gathered 16-bit weights and the next one's,
@@ -861,7 +899,7 @@ class StageCosts:
             weights = weights + runs * self._expert_state_shift()
         weights = weights + runs * self._weight_cache()
         act = self._layers("act_bytes", runs, r, k) * inflight
-        step = optimizer_step_bytes_per_param(plan.optimizer)
+        step = self.step_bytes_per_param()
         if step:   # the optimizer step's buffers, after the last backward has freed the activations
             transient = max(transient, step * self.updated_params(i, n) - act)
         return StageMemory(i, n, weights, act, transient)

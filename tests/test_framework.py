@@ -261,14 +261,16 @@ def test_megatron_optimizer_makes_its_passes_around_fused_adam():
     assert plan_with(FRAMEWORKS["nemo"], Plan(), {"optimizer"})[0].optimizer == "adam"
     assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].optimizer == "adam-megatron"
     assert synthetic_case(framework="megatron-deepspeed").plan.optimizer == "adam-deepspeed"
-    # ZeRO 0 on one device, bf16: the step grows by 10 bytes per parameter at the HBM bandwidth
+    # ZeRO 0 on one device, bf16: the step grows by 10 bytes per parameter at the HBM bandwidth,
+    # and 6 more: this plan's main gradients are 16-bit (reduce_fp32 off), copied to fp32 (read 2,
+    # write 4) before the norm and Adam
     model, chip = load_model("gpt2-xl", 1024), load_chip("a100-80gb")
     ideal = Efficiency()
     fused = evaluate(model, chip, 1, 4, Plan(mbs=1), ideal)
     passes = evaluate(model, chip, 1, 4, Plan(mbs=1, optimizer="adam-megatron"), ideal)
     assert model.precision == "bf16"
     # ... and the whole 16-bit main-gradient buffer zeroed each step (write 2)
-    by_hand = (10 + 2) * model.params / chip.hbm_bandwidth_bytes_per_s
+    by_hand = (10 + 6 + 2) * model.params / chip.hbm_bandwidth_bytes_per_s
     assert passes.breakdown_s["optimizer_s"] - fused.breakdown_s["optimizer_s"] == pytest.approx(by_hand, rel=1e-6)
     # each of the 4 micro-batches: the hook adds the embedding tables' gradients (no GEMM computes
     # them) into the main gradients (read 2 + 2, write 2)
@@ -711,14 +713,15 @@ def test_deepspeed_fp16_optimizer_by_hand():
 def test_deepspeed_bf16_optimizer_by_hand():
     # BF16_Optimizer: every micro-batch adds each gradient into its fp32 copy (two kernels a
     # tensor, 18 bytes a parameter); the step takes each fp32 gradient's norm with .item() (one
-    # kernel and the copy, synchronised, 4 bytes); flat passes 38 bytes, as Megatron's bf16 ones,
-    # which zero their main gradients too (2 bytes: this plan's are 16-bit) and hook 36 tensors
+    # kernel and the copy, synchronised, 4 bytes); flat passes 38 bytes, Megatron's bf16 ones 44 (this
+    # plan's main gradients are 16-bit: copied to fp32 first, 6 bytes), which zero their main
+    # gradients too (2 bytes) and hook 36 tensors
     model, ds = _deepspeed("bf16")
     _, megatron = _deepspeed("bf16", "adam-megatron")
     bw = load_chip("a100-80gb").hbm_bandwidth_bytes_per_s
     n, q, e = 52, model.params, model.embedding_params
     assert ds.breakdown_s["optimizer_s"] - megatron.breakdown_s["optimizer_s"] == pytest.approx(
-        n * 2 * 25e-6 + (4 - 2) * q / bw, rel=1e-9)
+        n * 2 * 25e-6 + (4 - 2 - 6) * q / bw, rel=1e-9)
     assert ds.breakdown_s["memory_bound_s"] - megatron.breakdown_s["memory_bound_s"] == pytest.approx(
         4 * max(n * 2 * 20e-6, n * 2 * 5e-6 + 18 * q / bw) - 4 * max(36 * 20e-6, 36 * 5e-6 + 6 * e / bw), rel=1e-9)
 

@@ -14,6 +14,7 @@ from phaze.area import _step_activity
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL, kernel_overhead
 from phaze.graph import bf16_moment_passes, optimizer_op
+from phaze.memory import optimizer_step_bytes_per_param
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
 from phaze.step import check_plan, evaluate, shard_ranks, stage_costs, tensor_pass_time
@@ -49,6 +50,26 @@ def test_optimizer_kernel_bytes_by_hand():
     assert (old.bytes_read, old.bytes_written) == (24, 14)
     passes = bf16_moment_passes()   # per moment: .float() 2 -> 4, then .bfloat16() 4 -> 2 and copy_ 2 -> 2
     assert (passes.launches, passes.read, passes.write) == (2 * 3, 2 * (2 + 4 + 2), 2 * (4 + 2 + 2))
+
+
+def test_megatron_copies_16_bit_main_gradients_to_fp32(llama, dgx):
+    """Megatron's own optimizer copies 16-bit main gradients to fp32 (``.float()``: read 2, write 4)
+    before the norm and Adam, for every parameter at once: 44 bytes a parameter, and 4 more bytes
+    held through the step; fp32 main gradients need no copy, fp16's was counted already."""
+    assert (optimizer_op(1.0, "adam-megatron", "bf16", 2.0).bytes_read,
+            optimizer_op(1.0, "adam-megatron", "bf16", 2.0).bytes_written) == (24 + 2, 14 + 4)
+    assert optimizer_op(1.0, "adam-megatron", "bf16", 4.0).bytes == 38
+    assert optimizer_op(1.0, "adam-megatron", "fp16", 2.0).bytes == optimizer_op(1.0, "adam-megatron", "fp16").bytes
+    assert [optimizer_step_bytes_per_param(*a) for a in (("adam-megatron", "bf16", 2), ("adam-megatron", "bf16", 4),
+                                                         ("adam-megatron", "fp16", 4), ("adam", "bf16", 2))] \
+        == [4.0, 0.0, 4.0, 0.0]
+    # one device, full recompute: the copies (4 bytes a parameter) outweigh what the backward holds
+    costs = stage_costs(llama, dgx, 1, 1, Plan(optimizer="adam-megatron", recompute="full"), IDEAL)
+    mem = costs.memory(0, 32, "full")
+    assert mem.activation_bytes + mem.transient_bytes == pytest.approx(4 * costs.params(0, 32), rel=1e-12)
+    fp32 = stage_costs(llama, dgx, 1, 1, Plan(optimizer="adam-megatron", recompute="full", reduce_fp32=True),
+                       IDEAL).memory(0, 32, "full")
+    assert fp32.activation_bytes + fp32.transient_bytes < mem.activation_bytes + mem.transient_bytes
 
 
 def test_state_bytes_by_hand(llama, dgx):
@@ -102,12 +123,13 @@ def test_the_step_copies_of_bf16_moments_can_set_the_peak(llama, dgx):
 
 
 def test_energy_counts_the_kernel_and_the_passes_by_hand(llama, dgx):
-    """phaze.area's activity: per updated parameter the kernel moves 10 bytes less than Megatron's
-    passes with 16-bit gradients (28 against 38), and bf16 moments add their copies' 32."""
+    """phaze.area's activity: per updated parameter the kernel moves 16 bytes less than Megatron's
+    passes with 16-bit main gradients (28 against 44, their copy to fp32 included), and bf16
+    moments add their copies' 32."""
     base = Plan(tp=8, zero=1)
     act = {o: _step_activity(llama, dgx, 64, 8, replace(base, optimizer=o)) for o in ("adam-megatron", PA, PA16)}
     updated = stage_costs(llama, dgx, 64, 8, base, IDEAL).params(0, 32) / 8
-    assert act["adam-megatron"].hbm_bytes - act[PA].hbm_bytes == pytest.approx(10 * updated, rel=1e-9)
+    assert act["adam-megatron"].hbm_bytes - act[PA].hbm_bytes == pytest.approx(16 * updated, rel=1e-9)
     assert act[PA16].hbm_bytes - act[PA].hbm_bytes == pytest.approx(32 * updated, rel=1e-9)
 
 
