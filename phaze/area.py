@@ -33,6 +33,7 @@ from .step import (
     evaluate,
     gathered_bytes,
     layout_of,
+    main_grad_bytes,
     shard_ranks,
     stage_costs,
     stage_layers,
@@ -421,7 +422,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     shard_dp = shard_ranks(plan, devices, chip)
     group = shard_dp * plan.cp    # a ZeRO shard group (every data-parallel rank unless hybrid)
     replicas = plan.dp(devices) // shard_dp
-    grad_bytes = 4 if plan.reduce_fp32 else p
+    grad_bytes = main_grad_bytes(model, plan)
     total = Activity()
     for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True)):
         params = costs.params(i, n)
@@ -467,12 +468,13 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
         updated = params / (group if plan.zero >= 1 else 1)
         opt = optimizer_op(updated, plan.optimizer, model.precision, grad_bytes)
+        step_bytes = opt.bytes + cast   # the optimizer's kernels and the weights' cast
         if plan.optimizer == "adam-megatron-pa-bf16":   # its bf16 moments copied to fp32 and back
             moments = bf16_moment_passes()
-            cast += (moments.read + moments.write) * updated
-        total = total + stage + Activity(vector_flops=opt.flops, local_bytes=opt.bytes + cast,
-                                         shared_bytes=opt.bytes + cast + 2 * sent,
-                                         hbm_bytes=opt.bytes + cast + 2 * sent, link_bytes=sent)
+            step_bytes += (moments.read + moments.write) * updated
+        total = total + stage + Activity(vector_flops=opt.flops, local_bytes=step_bytes,
+                                         shared_bytes=step_bytes + 2 * sent,
+                                         hbm_bytes=step_bytes + 2 * sent, link_bytes=sent)
     return total * (1.0 / pp)
 
 

@@ -623,7 +623,7 @@ class StageCosts:
         plan, m = self.plan, self.model
         p = m.bytes_per_element
         edp = state_bytes_per_param(plan.optimizer, state_zero(plan), expert_shard(plan, self.devices, self.chip)[0], p,
-                                    4 if plan.reduce_fp32 else p)
+                                    main_grad_bytes(m, plan))
         return self.expert_params(1) * (edp - self.state_bytes_per_param)
 
     def tensors(self, i: int, n, hooked: bool = False):
@@ -662,7 +662,7 @@ class StageCosts:
         if plan.optimizer not in MEGATRON_OPTIMIZERS:
             return 0.0 * n
         p = m.bytes_per_element
-        g = 4 if plan.reduce_fp32 else p
+        g = main_grad_bytes(m, plan)
         passes = TensorPasses(1, float(p + g), float(g))
         if not plan.grad_accum_fusion:
             return self._tensor_pass(passes, i, n)
@@ -737,7 +737,7 @@ class StageCosts:
         shard = shard_ranks(plan, self.devices, chip)
         replicas = dp // shard     # hybrid sharding: each shard group's gradients all-reduced over them
         group, stride = shard * plan.cp, plan.tp   # rank order tp, cp, dp, pp (Megatron, torchtitan)
-        grad_bytes = 4 if plan.reduce_fp32 else p
+        grad_bytes = main_grad_bytes(self.model, plan)
 
         def coll(kind, nbytes, group=group, stride=stride):   # affine in its size: slope + latency
             key = (kind, group, stride)
@@ -821,7 +821,7 @@ class StageCosts:
         plan, m, pp = self.plan, self.model, self.plan.pp
         if pp == 1 or i not in (0, pp - 1) or not self._table_copy(pp - 1):
             return 0.0
-        nbytes = (4 if plan.reduce_fp32 else m.bytes_per_element) * m.table_params / plan.tp
+        nbytes = main_grad_bytes(m, plan) * m.table_params / plan.tp
         if state_zero(plan) >= 3:
             nbytes /= shard_ranks(plan, self.devices, self.chip) * plan.cp
         return nbytes
@@ -866,8 +866,7 @@ class StageCosts:
         """Bytes the optimizer step holds beyond the state per parameter it updates
         (:func:`phaze.memory.optimizer_step_bytes_per_param`)."""
         m = self.model
-        return optimizer_step_bytes_per_param(self.plan.optimizer, m.precision,
-                                              4 if self.plan.reduce_fp32 else m.bytes_per_element)
+        return optimizer_step_bytes_per_param(self.plan.optimizer, m.precision, main_grad_bytes(m, self.plan))
 
     def gathered_layer_bytes(self) -> float:
         """FSDP gathering per micro-batch: one layer's gathered 16-bit weights and the next one's,
@@ -965,6 +964,12 @@ def caches_fp8_weights(model: Model, plan: Plan) -> bool:
     ``get_weight_workspace``, ``cache_name="weight"``). Not with fp8 weights (the weight is its own
     cast), nor under FSDP, whose gathered weights are freed after each layer."""
     return model.fp8_fused and not plan.fp8_params and state_zero(plan) < 3
+
+
+def main_grad_bytes(model: Model, plan: Plan) -> int:
+    """Bytes of one main gradient: fp32 where the plan reduces in fp32 (``reduce_fp32``), else
+    the model's 16-bit element."""
+    return 4 if plan.reduce_fp32 else model.bytes_per_element
 
 
 def _shard(model: Model, plan: Plan) -> Model:
@@ -1173,7 +1178,7 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
         # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
         # layer's forward; in backward they are gathered again and the gradients
         # reduce-scattered on the same communication stream, under the layer's backward
-        grad_bytes = 4 if plan.reduce_fp32 else p
+        grad_bytes = main_grad_bytes(model, plan)
         gather = collective_time("all_gather", gathered_bytes(model, plan, p * tp_layer_params(model, tp) / tp,
                                                               fp8_linear_params(model, tp) / tp),
                                  shards, chip, tp, eff)
@@ -1208,7 +1213,7 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     full_act = activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, "none", plan.attention)
     # fp32 gradient reduction keeps fp32 main gradients (Megatron's --accumulate-allreduce-grads-in-fp32:
     # 18 bytes per parameter with Adam, 6 + 12/d with the distributed optimizer)
-    grad_bytes = 4 if plan.reduce_fp32 else p
+    grad_bytes = main_grad_bytes(model, plan)
     return StageCosts(model, plan, devices, global_batch // (dp * plan.mbs), full_act, emb, head, send,
                       state_bytes_per_param(plan.optimizer, state_zero(plan),
                                             shard_ranks(plan, devices, chip) * plan.cp, p, grad_bytes), chip, eff)
