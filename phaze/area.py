@@ -24,13 +24,15 @@ from functools import lru_cache
 from .arch import Chip, load_chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, tile_candidates
-from .graph import bf16_moment_passes, edge_graph, layer_graph, optimizer_op
+from .graph import ExpertLayout, collective_groups, edge_graph, layer_graph, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
 from .step import (
     _shard,
     check_plan,
     cp_sent_bytes,
     evaluate,
+    expert_layout,
+    expert_shard,
     gathered_bytes,
     layout_of,
     main_grad_bytes,
@@ -350,17 +352,18 @@ def _sent_bytes(kind: str, nbytes: float, n: int) -> float:
     return (2.0 if kind == "all_reduce" else 1.0) * (n - 1) / n * nbytes
 
 
-def _ops_activity(ops, chip: Chip, precision: str, p: int, tp: int) -> Activity:
+def _ops_activity(ops, chip: Chip, precision: str, p: int, groups: dict) -> Activity:
     """Activity of ``ops``. GEMMs: hardware FLOPs (``work_fraction`` applied), HBM bytes from the
     cost model's GEMM geometry, shared-buffer bytes of the tile that moves the fewest (the largest
     tile, the one the roofline picks for large GEMMs) plus the HBM traffic that passes through
     the buffer, local-SRAM bytes of that tile's operand feed. Vector ops: FLOPs plus one per
     transcendental, their bytes through HBM, the shared buffer and local SRAM once each.
-    Collectives: the bytes each device sends."""
+    Collectives: the bytes each device sends over its group (``groups``: name to (size, stride),
+    :func:`phaze.graph.collective_groups`)."""
     acc = [0.0] * 6
     for op in ops:
         if op.unit == "link":
-            acc[5] += _sent_bytes(op.collective.kind, op.collective.bytes, tp)
+            acc[5] += _sent_bytes(op.collective.kind, op.collective.bytes, groups[op.collective.group][0])
             continue
         if op.unit == "vector":
             acc[1] += op.flops + op.special
@@ -392,10 +395,11 @@ def _ops_activity(ops, chip: Chip, precision: str, p: int, tp: int) -> Activity:
 
 @lru_cache(maxsize=16384)
 def layer_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str,
-                   recompute: str) -> Activity:
-    """One layer, one micro-batch, forward and backward (recompute included), on one device."""
-    g = layer_graph(model, mbs, tp, sp, attention, recompute, None, chip.compiled)
-    return _ops_activity(g.ops, chip, model.precision, model.bytes_per_element, tp)
+                   recompute: str, moe: ExpertLayout | None = None) -> Activity:
+    """One layer, one micro-batch, forward and backward (recompute included), on one device
+    (a mixture of experts laid out by ``moe``: its all-to-alls' bytes, its experts' GEMMs)."""
+    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe, chip.compiled)
+    return _ops_activity(g.ops, chip, model.precision, model.bytes_per_element, collective_groups(tp, moe))
 
 
 @lru_cache(maxsize=4096)
@@ -404,8 +408,9 @@ def edge_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool,
     """(embedding, head) per micro-batch, forward and backward."""
     e = edge_graph(model, mbs, tp, sp, loss)
     p = model.bytes_per_element
-    return (_ops_activity(e["embedding"], chip, model.precision, p, tp),
-            _ops_activity(e["head"], chip, model.precision, p, tp))
+    groups = collective_groups(tp, None)
+    return (_ops_activity(e["embedding"], chip, model.precision, p, groups),
+            _ops_activity(e["head"], chip, model.precision, p, groups))
 
 
 @lru_cache(maxsize=16384)
@@ -422,38 +427,54 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     shard_dp = shard_ranks(plan, devices, chip)
     group = shard_dp * plan.cp    # a ZeRO shard group (every data-parallel rank unless hybrid)
     replicas = plan.dp(devices) // shard_dp
+    edp, e_replicas = expert_shard(plan, devices, chip)   # the routed experts' own group
+    moe = expert_layout(model, plan, chip, mean=True)   # every rank's mean tokens, not the busiest's
     grad_bytes = main_grad_bytes(model, plan)
+
+    def reduction(share, fp8_share, ranks, copies):
+        """Bytes a device sends reducing ``share`` of its parameters' gradients over a shard group
+        of ``ranks`` (``copies`` replicas of it), and gathering their weights (or FSDP's per-layer
+        gathers)."""
+        gathered = gathered_bytes(model, plan, p * share, fp8_share)   # fp8 weights: 1 byte a linear weight
+        if state_zero(plan) >= 3:
+            sent = m * _sent_bytes("all_gather", 2 * gathered, ranks) \
+                + m * _sent_bytes("reduce_scatter", grad_bytes * share, ranks)
+        elif plan.zero >= 1:
+            sent = _sent_bytes("reduce_scatter", grad_bytes * share, ranks) \
+                + _sent_bytes("all_gather", gathered, ranks)
+        else:
+            sent = _sent_bytes("all_reduce", grad_bytes * share, ranks)
+        if copies > 1:   # hybrid sharding (ZeRO 1-3): each shard's gradients over the replicas
+            sent += _sent_bytes("all_reduce", grad_bytes * share / ranks, copies)
+        return sent
+
     total = Activity()
     for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True)):
+        n_model = n   # the model's layers; n becomes those the device runs
         params = costs.params(i, n)
+        updated = costs.updated_params(i, n)   # its ZeRO shard; the experts' over their own group
+        experts = costs.expert_params(costs.layers_on(i, n)) if model.moe else 0.0
         fp8_weights = costs.fp8_weights(i, n) if plan.fp8_params else 0.0
-        sharded = 1.0 / group if plan.zero >= 1 else 1.0
-        cast = costs.weight_cast_bytes(i, n, sharded) or 0.0   # the step's one cast of the weights to fp8
+        cast = costs.weight_cast_bytes(i, n, updated / params) or 0.0   # the step's one cast of the weights to fp8
         n = costs.layers_on(i, n)   # the last stage's multi-token prediction layers too
         if r == "block":     # k layers re-run whole, the others nothing
-            per_mb = (layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "none") * (n - k)
-                      + layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "full") * k)
+            per_mb = (layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "none", moe) * (n - k)
+                      + layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "full", moe) * k)
         else:
             per_mb = layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention,
-                                    graph_recompute(r, plan.recompute_modules)) * n
+                                    graph_recompute(r, plan.recompute_modules), moe) * n
         if i == 0:
             per_mb = per_mb + emb
         if i == pp - 1:
             per_mb = per_mb + head
         stage = per_mb * m
         # data-parallel gradient reduction (and the distributed optimizer's weight all-gather, or
-        # FSDP's per-layer gathers); each byte sent is read from HBM and one received is written
-        gathered = gathered_bytes(model, plan, p * params, fp8_weights)   # fp8 weights: 1 byte a linear weight
-        if state_zero(plan) >= 3:
-            sent = m * _sent_bytes("all_gather", 2 * gathered, group) \
-                + m * _sent_bytes("reduce_scatter", grad_bytes * params, group)
-        elif plan.zero >= 1:
-            sent = _sent_bytes("reduce_scatter", grad_bytes * params, group) \
-                + _sent_bytes("all_gather", gathered, group)
-        else:
-            sent = _sent_bytes("all_reduce", grad_bytes * params, group)
-        if replicas > 1:   # hybrid sharding (ZeRO 1-3): each shard's gradients over the replicas
-            sent += _sent_bytes("all_reduce", grad_bytes * params / group, replicas)
+        # FSDP's per-layer gathers); each byte sent is read from HBM and one received is written.
+        # The routed experts' over the expert data-parallel group, as the step's time has them.
+        fp8_experts = fp8_weights * experts / params
+        sent = reduction(params - experts, fp8_weights - fp8_experts, group, replicas)
+        if experts:
+            sent += reduction(experts, fp8_experts, edp, e_replicas)
         table = costs.table_sync_bytes(i)
         if table:   # the shared token table's gradients, summed by the first and last stages
             sent += _sent_bytes("all_reduce", table, 2)
@@ -466,12 +487,11 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             sent += m * per_layer
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
-        updated = params / (group if plan.zero >= 1 else 1)
         opt = optimizer_op(updated, plan.optimizer, model.precision, grad_bytes)
-        step_bytes = opt.bytes + cast   # the optimizer's kernels and the weights' cast
-        if plan.optimizer == "adam-megatron-pa-bf16":   # its bf16 moments copied to fp32 and back
-            moments = bf16_moment_passes()
-            step_bytes += (moments.read + moments.write) * updated
+        # the optimizer's kernels, its per-tensor passes and the weights' cast, and every
+        # micro-batch's gradient accumulation (their bytes, as the step's time has them)
+        step_bytes = opt.bytes + cast + costs.step_pass_bytes(i, n_model) \
+            + m * costs.accumulation_bytes(i, n_model)
         total = total + stage + Activity(vector_flops=opt.flops, local_bytes=step_bytes,
                                          shared_bytes=step_bytes + 2 * sent,
                                          hbm_bytes=step_bytes + 2 * sent, link_bytes=sent)
@@ -540,8 +560,14 @@ def step_energy(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     byte of :func:`energy_coefficients`, plus the clocked logic's switching energy (the fitted
     ``switching_fj_per_transistor_cycle`` times the die's transistors and the cycles the units
     compute); leakage: the silicon's leakage power over the whole step.
+    The traffic is the one the step's time costs: every collective (a mixture of experts'
+    all-to-alls over ep and its experts' gradients over their own data-parallel group), the
+    optimizer's per-tensor passes and each micro-batch's gradient accumulation.
     Simplifications: every GEMM counts its fewest-bytes tile; the data-parallel reduction reads
-    and writes HBM once per byte sent; fp8 FLOPs cost as 16-bit ones.
+    and writes HBM once per byte sent; fp8 FLOPs cost as 16-bit ones; a mixture of experts counts
+    its mean rank's tokens (a dropless router's busiest rank sets the time, but the others see
+    fewer), and DeepEP's forwarding inside a node is not counted; the gradient accumulation's
+    adds count their bytes, not their one FLOP a parameter.
     ``voltage_ratio``: the core supply over its nominal one, for a chip run below its nominal clock
     (:mod:`phaze.power`): the core's switching energies scale with its square and leakage with it
     (first order: P_leak = V I_leak); HBM and the link PHYs have their own supplies."""

@@ -97,15 +97,18 @@ def dense_view(model: Model) -> Model:
                    shared_expert_ffn_hidden=0, moe_layer_interval=1)
 
 
-def expert_layout(model: Model, plan: Plan, chip: Chip | None = None) -> ExpertLayout | None:
+def expert_layout(model: Model, plan: Plan, chip: Chip | None = None, mean: bool = False) -> ExpertLayout | None:
     """The expert layers' layout of ``plan`` (None for a dense model): ep, etp, the busiest
     rank's load under the plan's routing (forced 1, capacity the capacity factor (padded),
     dropless :data:`phaze.graph.DROPLESS_LOAD`) and, for the ``deepep`` dispatcher, the nodes
-    (domains of the chip's first link level) the ep ranks span."""
+    (domains of the chip's first link level) the ep ranks span. ``mean``: the mean rank's load
+    instead (dropless 1; padding to capacity loads every rank alike), for counts summed over
+    the ranks such as the energy's."""
     if not model.moe:
         return None
     routing = plan.routing or ("capacity" if model.capacity_factor else "dropless")
-    load = {"forced": 1.0, "capacity": model.capacity_factor or 1.0, "dropless": DROPLESS_LOAD}[routing]
+    load = {"forced": 1.0, "capacity": model.capacity_factor or 1.0,
+            "dropless": 1.0 if mean else DROPLESS_LOAD}[routing]
     nodes = 1
     if plan.dispatcher == "deepep" and chip is not None and chip.links and chip.links[0].devices:
         local = max(1, min(plan.ep, chip.links[0].devices // plan.etp))
@@ -654,21 +657,48 @@ class StageCosts:
         bytes, write those); under gradient-accumulation fusion only the tensors no GEMM adds
         into (norms, biases, the router, the embedding tables: their bytes; the norms' and
         biases' few thousand values each are not counted, their kernels are)."""
+        share, passes, tensors, params = self._accumulation_passes(i, n)
+        return share * tensor_pass_time(passes, tensors, params, self.chip, self.eff)
+
+    def accumulation_bytes(self, i: int, n):
+        """HBM bytes per micro-batch of :meth:`accumulation` (read and written)."""
+        share, passes, _, params = self._accumulation_passes(i, n)
+        return share * (passes.read + passes.write) * params
+
+    def _accumulation_passes(self, i: int, n):
+        """(share of the micro-batches, :class:`TensorPasses`, tensors, parameters) of :meth:`accumulation`."""
         m, plan = self.model, self.plan
         if plan.optimizer == "adam-deepspeed":
             k = self.micro_batches
             share = (k - 1) / k if m.precision == "fp16" else 1.0   # fp16: the first is kept
-            return share * self._tensor_pass(deepspeed_tensor_passes(m.precision)[0], i, n)
+            return share, deepspeed_tensor_passes(m.precision)[0], self.tensors(i, n), self.params(i, n)
         if plan.optimizer not in MEGATRON_OPTIMIZERS:
-            return 0.0 * n
+            return 0.0, TensorPasses(), 0.0 * n, 0.0 * n
         p = m.bytes_per_element
         g = main_grad_bytes(m, plan)
         passes = TensorPasses(1, float(p + g), float(g))
         if not plan.grad_accum_fusion:
-            return self._tensor_pass(passes, i, n)
+            return 1.0, passes, self.tensors(i, n), self.params(i, n)
         table = m.table_params if self._table_copy(i) and m.mtp_layers else 0.0
         params = ((m.embedding_params if i == 0 else 0.0) + table) / plan.tp + 0.0 * n
-        return tensor_pass_time(passes, self.tensors(i, n, hooked=True), params, self.chip, self.eff)
+        return 1.0, passes, self.tensors(i, n, hooked=True), params
+
+    def step_pass_bytes(self, i: int, n):
+        """HBM bytes of the optimizer step's work beyond its element-wise kernel
+        (:func:`phaze.graph.optimizer_op`) and the weights' fp8 cast, as :meth:`_tail_parts` times
+        it: DeepSpeed's per-tensor check and copies, Megatron's zeroed main-gradient buffer and the
+        bf16 moments' copies to fp32 and back."""
+        plan = self.plan
+        if plan.optimizer == "adam-deepspeed":
+            _, check, copies = deepspeed_tensor_passes(self.model.precision)
+            return (check.read + check.write + copies.read + copies.write) * self.params(i, n)
+        if plan.optimizer not in MEGATRON_OPTIMIZERS:
+            return 0.0 * n
+        out = main_grad_bytes(self.model, plan) * self.params(i, n)
+        if plan.optimizer == "adam-megatron-pa-bf16":
+            moments = bf16_moment_passes()
+            out = out + (moments.read + moments.write) * self.updated_params(i, n)
+        return out
 
     def _tensor_pass(self, passes: TensorPasses, i: int, n):
         """Seconds of one per-tensor pass over stage ``i``'s tensors (:func:`tensor_pass_time`)."""
