@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from .arch import Chip, load_chip
 from .configio import ConfigError
-from .cost import IDEAL, Efficiency, _gemm_geometry, tile_candidates
+from .cost import IDEAL, Efficiency, _gemm_geometry, gemm_tiles
 from .graph import ExpertLayout, collective_groups, edge_graph, layer_graph, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
 from .step import (
@@ -376,9 +376,9 @@ def _ops_activity(ops, chip: Chip, precision: str, p: int, groups: dict) -> Acti
         fused = op.unit == "tensor+vector"
         w = op.work_fraction
         per_tile, hbm = _gemm_geometry(batch, M, K, N, chip, chip.tensor.count, q, w, fused,
-                                       op.operand_reuse)
+                                       op.operand_reuse, op.value_width)
         passes = op.flops / (2.0 * batch * M * K * N)
-        tiles = tile_candidates(chip, q)
+        tiles = gemm_tiles(chip, q, N, fused)
         j = min(range(len(per_tile)), key=lambda i: per_tile[i][2])
         tm, tn = tiles[j] if j < len(tiles) else (chip.tensor.rows, chip.tensor.cols)
         per_mac = q / op.operand_reuse if op.operand_reuse else q * (1.0 / tm + 1.0 / tn)

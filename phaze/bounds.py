@@ -36,7 +36,7 @@ import numpy as np
 
 from .arch import Chip
 from .area import _sent_bytes, _step_activity, activity_energy_j, energy_coefficients, logic_power_w, silicon
-from .cost import Efficiency
+from .cost import Efficiency, fused_columns
 from .graph import edge_graph, layer_graph
 from .placement import cp_values, place_bound, place_step_bounds
 from .plan import graph_recompute, layer_modes
@@ -145,10 +145,14 @@ def _ops_work(ops, eff: Efficiency, R: int, C: int, fill: bool) -> tuple[float, 
             b, M, K, N = o.gemm
             t += _gemm_cycles(b, M, K + k0, N, o.work_fraction, R, C, fill)
         elif o.unit == "tensor+vector":
+            # the query tiles pad to whole arrays; of the width, only the values' columns pad
+            # (phaze.cost.fused_columns), as the cost model's tiles do
             b, M, K, N = o.gemm
             w = o.work_fraction
             passes = o.flops / (2.0 * b * M * K * N)
-            t += passes * _gemm_cycles(b, M, K + k0 / w, N, w, R, C, fill) / eff.attention_fraction
+            cycles = b * w * (math.ceil(M / R) * fused_columns(N, o.value_width, C) / C * (K + k0 / w)
+                              + ((R + C) if fill else 0))
+            t += passes * cycles / eff.attention_fraction
             v += w * o.vector_flops
             s += w * o.special
         elif o.unit == "vector":
@@ -279,7 +283,9 @@ def _ops_energy(ops, k: dict, precision: str, p: int, tp: int) -> float:
             if op.unit == "tensor+vector":
                 e += op.work_fraction * (op.vector_flops + op.special) * k["vector"]
                 e += op.bytes * (k["hbm"] + k["shared_buffer"])
-            else:
+            elif not op.name.startswith("expert_"):
+                # (a routed expert's GEMMs here hold every expert on one rank, whose weights an
+                # ep-way layout splits over its ranks: their bytes are left out of the bound)
                 batch, M, K, N = op.gemm
                 q = 1 if (precision == "fp8" and op.weighted) else p
                 e += q * batch * (M * K + K * N + M * N) * (k["hbm"] + k["shared_buffer"])

@@ -92,6 +92,26 @@ def tile_candidates(chip: Chip, bytes_per_element: int) -> tuple[tuple[int, int]
     return tuple(out) or ((R, C),)
 
 
+def gemm_tiles(chip: Chip, bytes_per_element: int, N: int, fused: bool) -> tuple[tuple[int, int], ...]:
+    """The output tiles :func:`gemm_time` tries: :func:`tile_candidates`, or for a fused
+    attention kernel, each of their heights by the whole width N (a query tile's keys and values
+    go through one unit: the kernel splits the queries over the units, never the head)."""
+    tiles = tile_candidates(chip, bytes_per_element)
+    if not fused:
+        return tiles
+    return tuple((tm, N) for tm in sorted({tm for tm, _ in tiles}, reverse=True))
+
+
+def fused_columns(N: int, value_width: int, cols: int) -> int:
+    """Array columns a fused attention tile of width N = d + d_v occupies: the scores' product
+    writes a key block (as wide as the arrays, never short) while contracting d, the values'
+    product writes d_v columns, rounded up to the arrays' width (a leftover column computes
+    nothing); without ``value_width``, N rounded up."""
+    if not value_width:
+        return _ceil(N, cols) * cols
+    return N - value_width + _ceil(value_width, cols) * cols
+
+
 def _buffer_block(chip: Chip, p: int) -> int:
     """Side of the square output block whose A and B strips the shared buffer keeps resident."""
     return max(1, int(math.sqrt(chip.shared_buffer_bytes / (3.0 * p))))
@@ -99,20 +119,27 @@ def _buffer_block(chip: Chip, p: int) -> int:
 
 @lru_cache(maxsize=1 << 16)
 def _gemm_geometry(batch: int, M: int, K: int, N: int, chip: Chip, n_units: int, p: int,
-                   work_fraction: float, fused: bool, reuse: int = 0
+                   work_fraction: float, fused: bool, reuse: int = 0, value_width: int = 0
                    ) -> tuple[tuple[tuple[float, float, float, float], ...], float]:
     """Efficiency-independent part of a GEMM: per candidate tile (array passes per unit over all
     waves, cycles of those passes, bytes from the shared buffer, seconds to feed the arrays from
-    local SRAM), and the HBM bytes."""
+    local SRAM), and the HBM bytes. Fused attention: ``value_width`` (d_v, :func:`fused_columns`)."""
     tu = chip.tensor
     per_tile = []
-    for tm, tn in tile_candidates(chip, p):
+    for tm, tn in gemm_tiles(chip, p, N, fused):
         tiles = batch * _ceil(M, tm) * _ceil(N, tn) * work_fraction
         waves = math.ceil(tiles / n_units)
-        passes = waves * (tm * tn) / (tu.rows * tu.cols)
+        width = fused_columns(tn, value_width, tu.cols) if fused else tn
+        passes = waves * (tm * width) / (tu.rows * tu.cols)
         cycles = passes * K + waves * ((tu.rows + tu.cols) if tu.fill_drain else 0)
-        # shared buffer -> units: every tile streams its A strip and B strip; outputs written once
-        onchip = p * (tiles * K * (tm + tn) + (0 if fused else batch * M * N)) * n_units / tu.count
+        # shared buffer -> units: every tile streams its A strip and B strip; outputs written once.
+        # Fused (attention): the A operand (the query tile, then the probabilities) stays in the
+        # unit; each tile streams its B strip (keys and values) and loads and stores its own
+        # tm x tn block once (the queries in, the output out)
+        if fused:
+            onchip = p * tiles * (K * tn + tm * tn) * n_units / tu.count
+        else:
+            onchip = p * (tiles * K * (tm + tn) + batch * M * N) * n_units / tu.count
         # local SRAM -> array: each operand element read once per `reuse` rows (default: per tile)
         per_mac = p / reuse if reuse else p * (1.0 / tm + 1.0 / tn)
         local = 0.0
@@ -131,14 +158,16 @@ def _gemm_geometry(batch: int, M: int, K: int, N: int, chip: Chip, n_units: int,
 
 def gemm_time(batch: int, M: int, K: int, N: int, chip: Chip, precision: str = "bf16",
               eff: Efficiency = IDEAL, units: int | None = None, work_fraction: float = 1.0,
-              bytes_per_element: int = 2, fused: bool = False, reuse: int = 0) -> float:
+              bytes_per_element: int = 2, fused: bool = False, reuse: int = 0,
+              value_width: int = 0) -> float:
     """Seconds for ``batch`` products (M x K) . (K x N) on ``units`` tensor units (default all).
 
     ``fused`` is a product whose output never leaves the unit (fused attention's scores): no
     output traffic, and HBM traffic is left to the caller. ``reuse``: rows sharing each operand
-    element read from local SRAM (0: the whole output tile)."""
+    element read from local SRAM (0: the whole output tile); ``value_width``: a fused attention's
+    d_v (:func:`fused_columns`)."""
     per_tile, hbm = _gemm_geometry(batch, M, K, N, chip, units or chip.tensor.count,
-                                   bytes_per_element, work_fraction, fused, reuse)
+                                   bytes_per_element, work_fraction, fused, reuse, value_width)
     scale = chip.peak_flops(precision) / chip.implied_peak_flops_per_s
     rate = chip.clock_hz * scale * eff.tensor_fraction
     bw = chip.shared_buffer_bandwidth_bytes_per_s
@@ -259,7 +288,8 @@ def _device_time(op: Op, chip: Chip, precision: str, eff: Efficiency, tp: int, g
                           tile_overhead_k=eff.tile_overhead_k / op.work_fraction)
         passes = op.flops / (2.0 * batch * M * K * N)
         t = passes * gemm_time(batch, M, K, N, chip, precision, roof, units, op.work_fraction,
-                               bytes_per_element, fused=True, reuse=op.operand_reuse)
+                               bytes_per_element, fused=True, reuse=op.operand_reuse,
+                               value_width=op.value_width)
         t = t / eff.attention_fraction + kernel_overhead(chip, eff)
         # the softmax runs between the two products of each tile, on the vector and special units
         if vector_units is None and units is not None:

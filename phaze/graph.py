@@ -109,6 +109,8 @@ class Op:
     special: float = 0.0           # transcendental evaluations (exp, tanh) on special-function units
     vector_flops: float = 0.0      # fused ops: the element-wise FLOPs beside the GEMM ones
     operand_reuse: int = 0         # rows sharing each operand read from local SRAM (0: the tile)
+    value_width: int = 0           # fused attention: d_v, the width of the product (O = P.V) whose output
+                                   # columns the arrays tile (the scores' columns are keys, never short)
     hidden_by: str = ""            # a collective Megatron issues asynchronously under this GEMM (``tp_async``)
     ring: tuple[int, ...] = ()     # fused attention under context parallelism: the ring steps this op
                                    # runs; several run side by side (``gemm`` batch and FLOPs are theirs together)
@@ -494,8 +496,11 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if fused:
             flops = 2.0 * b * a_t * s * s * (d + dv)
             # fused: S = Q.K^T (query/key width d) and O = P.V (value width dv: MLA's differs) per
-            # query tile, accumulating over the keys (K = s; the tile model's N is d);
-            # the online softmax takes one exp and ~5 FLOPs per score. Under context parallelism
+            # query tile, accumulating over the keys (K = s). Each key step streams a block of
+            # keys and values (d + dv wide) against the resident query tile, so the tile model's
+            # N is d + dv: one product that moves the keys and values, not the queries or the
+            # probabilities (FlashAttention-2, Dao 2023, Algorithm 1; phaze.cost._gemm_geometry's
+            # ``fused``). The online softmax takes one exp and ~5 FLOPs per score. Under context parallelism
             # one kernel per ring step of local queries against one s x s block of keys (ring_steps)
             scores = b * a_t * s * s
             if cp > 1 and model.context_parallel_comm in ("all_gather", "a2a"):
@@ -505,9 +510,10 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 heads, rows = (a_t // cp, s * cp) if model.context_parallel_comm == "a2a" else (a_t, s)
                 kv_read = (qkv_read - model.q_dim // t) * (cp if model.context_parallel_comm == "all_gather" else 1)
                 fb.add(n(_ring_name(0)), "tensor+vector", flops=cp * flops, work_fraction=work,
-                       gemm=(b * heads, rows, sk, d), elements=cp * scores, special=cp * scores,
+                       gemm=(b * heads, rows, sk, d + dv), elements=cp * scores, special=cp * scores,
                        vector_flops=5 * cp * scores, bytes_read=p * T * (a_t * d + kv_read),
-                       bytes_written=p * T * a_t * dv, core_attention=True, operand_reuse=reuse)
+                       bytes_written=p * T * a_t * dv, core_attention=True, operand_reuse=reuse,
+                       value_width=dv)
                 return
             steps, step_work = ring_steps(model, work)
             # a2a+p2p: each step a block a times as long for an a-th of the heads (ring_steps)
@@ -521,9 +527,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 ring = tuple(range(k, min(steps, k + side))) if steps > 1 else ()
                 m = max(1, len(ring))
                 fb.add(n(_ring_name(k)), "tensor+vector", flops=m * g * flops,
-                       work_fraction=step_work, gemm=(m * b * a_t // g, s * g, s * g, d), elements=m * g * scores,
+                       work_fraction=step_work, gemm=(m * b * a_t // g, s * g, s * g, d + dv), elements=m * g * scores,
                        special=m * g * scores, vector_flops=5 * m * g * scores, bytes_read=m * p * T * qkv_read,
-                       bytes_written=m * p * T * a_t * dv, core_attention=True, operand_reuse=reuse,
+                       bytes_written=m * p * T * a_t * dv, core_attention=True, operand_reuse=reuse, value_width=dv,
                        ring=ring)
             return
         _gemm(fb, n("scores"), b * a_t, s, d, sk, p, weights=False, core_attention=True)
@@ -651,6 +657,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                                work_fraction=op.work_fraction, gemm=(bt // m, M, K, N),
                                elements=op.elements / m, special=op.elements / m,
                                vector_flops=8 * op.elements / m, operand_reuse=op.operand_reuse,
+                               value_width=op.value_width,
                                bytes_read=(op.bytes_read + 2 * op.bytes_written) / m,
                                bytes_written=op.bytes_read / m, core_attention=True,
                                ring=() if j is None else (j,)),)

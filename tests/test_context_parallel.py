@@ -49,8 +49,8 @@ def test_ring_attention_runs_cp_half_blocks():
     g = layer_graph(shard, 1, 1, False, "flash2", "none")
     fwd = [o for o in g.fwd if o.core_attention]
     bwd = [o for o in g.bwd if o.core_attention]
-    assert len(fwd) == len(bwd) == 4
-    assert all(o.gemm == (32, 2048, 2048, 128) and o.work_fraction == 0.5 for o in fwd)
+    assert len(fwd) == len(bwd) == 4   # N: a key's and a value's width, 128 + 128
+    assert all(o.gemm == (32, 2048, 2048, 256) and o.work_fraction == 0.5 for o in fwd)
     assert [o.ring for o in fwd] == [(0,), (1,), (2,), (3,)]
 
 
@@ -63,9 +63,9 @@ def test_transformer_engine_ring_runs_two_forward_steps_side_by_side():
     fwd = [o for o in g.fwd if o.core_attention]
     bwd = [o for o in g.bwd if o.core_attention]
     assert [o.ring for o in fwd] == [(0, 1), (2, 3)]
-    assert all(o.gemm == (64, 2048, 2048, 128) and o.work_fraction == 0.5 for o in fwd)
+    assert all(o.gemm == (64, 2048, 2048, 256) and o.work_fraction == 0.5 for o in fwd)
     assert sorted(o.ring for o in bwd) == [(0,), (1,), (2,), (3,)]
-    assert all(o.gemm == (32, 2048, 2048, 128) for o in bwd)
+    assert all(o.gemm == (32, 2048, 2048, 256) for o in bwd)
     assert attention_flops(shard) == pytest.approx(attention_flops(shard, "flash2"))
     assert sum(o.flops for o in bwd) == pytest.approx(2.5 * sum(o.flops for o in fwd))
 
@@ -83,8 +83,8 @@ def test_two_streams_fill_the_sms_that_one_half_block_leaves_idle():
     by side share the idle SMs: faster than one after the other, never faster than one step."""
     h100 = load_chip("h100-sxm")
     pair, one = _pair_and_step(LLAMA8B, 8, 4)
-    assert pair.ring == (0, 1) and pair.gemm == (8, 2048, 2048, 128)
-    assert one.gemm == (4, 2048, 2048, 128) and one.flops == pair.flops / 2
+    assert pair.ring == (0, 1) and pair.gemm == (8, 2048, 2048, 256)
+    assert one.gemm == (4, 2048, 2048, 256) and one.flops == pair.flops / 2
     t_pair, t_one = op_time(pair, h100, "bf16", IDEAL), op_time(one, h100, "bf16", IDEAL)
     assert t_one < t_pair < 0.95 * 2 * t_one
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from phaze.arch import LinkLevel, TensorUnits, load_chip
 from phaze.calibrate import BOUNDS, load_params
-from phaze.cost import Efficiency, collective_time, gemm_time, op_time, tile_candidates, vector_time
+from phaze.cost import Efficiency, collective_time, gemm_tiles, gemm_time, op_time, tile_candidates, vector_time
 from phaze.graph import Collective, Op
 
 
@@ -170,6 +170,42 @@ def test_fused_attention_efficiency_rises_with_sequence_length(chip):
     # not causal: every query tile keeps all s keys, the overhead weighs k / s: 64 / (64 + 32)
     full = op_time(_fused_attention(64, causal=False), chip, "bf16", eff)
     assert op_time(_fused_attention(64, causal=False), chip, "bf16") / full == pytest.approx(2 / 3)
+
+
+def test_fused_attention_streams_only_the_keys_and_values():
+    """FlashAttention-2's forward (Dao 2023, Algorithm 1): a query tile stays in the unit while the
+    keys and values stream past it. Toy chip at 1 GB/s from the shared buffer, 64 queries against
+    64 keys, d = d_v = 4 (N = 8): 16 query tiles of 4 x 8 (a tile's whole width in one unit),
+    each streaming its 64 x 8 strip of keys and values and loading and storing its 4 x 8 block
+    once, 2 B x 16 x (512 + 32) = 17,408 B: 17.408 us. An ordinary GEMM of that shape (16 x 2
+    tiles of 4 x 4) also streams each tile's A strip and writes its output: 2 B x (32 x 64 x 8 +
+    64 x 8) = 33,792 B."""
+    c = toy_chip(shared_buffer_bandwidth_bytes_per_s=1e9)
+    assert gemm_time(1, 64, 64, 8, c, fused=True) == pytest.approx(17.408e-6)
+    assert gemm_time(1, 64, 64, 8, c) == pytest.approx(33.792e-6)
+    # the fused kernel splits the queries over the units, never the width: 16 tiles of 4 x 8
+    assert gemm_tiles(c, 2, 8, True) == ((4, 8),) and gemm_tiles(c, 2, 8, False) == ((4, 4),)
+
+
+def test_fused_attention_pads_only_the_values_product():
+    """Of a fused tile's N = d + d_v columns, the scores' d are a contraction (their output, a
+    block of keys, fills the array) and the values' d_v are output columns, rounded up to the
+    array's width. Toy chip, 4 x 4 arrays, 16 queries (one wave of 4 tiles), 64 keys, d = d_v = 2:
+    2 + 4 = 6 columns, 1.5 passes of 64 cycles: 96 ns. Without d_v the whole N = 4 is one array
+    width: 64 ns."""
+    c = toy_chip()
+    assert gemm_time(1, 16, 64, 4, c, fused=True, value_width=2) == pytest.approx(96e-9)
+    assert gemm_time(1, 16, 64, 4, c, fused=True) == pytest.approx(64e-9)
+
+
+def test_mla_attention_tiles_the_key_and_value_widths():
+    """The fused kernel's product is as wide as a key plus a value: 128 + 128 for Llama 3 8B,
+    192 + 128 for DeepSeek-V3's MLA (its queries and keys 192 wide, its values 128)."""
+    from phaze.graph import layer_graph
+    from phaze.workload import load_model
+    for name, n in (("llama3-8b", 256), ("deepseek-v3", 320)):
+        ops = [o for o in layer_graph(load_model(name), 1, 1, False, "flash", "none").fwd if o.core_attention]
+        assert [o.gemm[3] for o in ops] == [n]
 
 
 def test_a_kernel_shorter_than_the_host_time_takes_the_host_time(chip):

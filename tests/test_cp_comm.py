@@ -145,7 +145,7 @@ def test_hierarchical_kernels_and_scores():
     hier = _shard(model, Plan(cp=8, cp_comm="a2a+p2p", cp_a2a=4))
     core = lambda m: [o for o in layer_graph(m, 1, 1, False, "flash", "none").fwd if o.core_attention]  # noqa: E731
     ops = core(hier)
-    assert [o.gemm for o in ops] == [(2 * 32 // 4, 4096, 4096, 128)] and ops[0].ring == (0, 1)
+    assert [o.gemm for o in ops] == [(2 * 32 // 4, 4096, 4096, 256)] and ops[0].ring == (0, 1)
     assert sum(o.elements * o.work_fraction for o in ops) == pytest.approx(
         sum(o.elements * o.work_fraction for o in core(ring)))
 
@@ -212,10 +212,11 @@ def test_kernels_of_each_mode():
         return [o for o in g.fwd if o.core_attention]
 
     ring, gathered, ulysses, torch = core("p2p"), core("all_gather"), core("a2a"), core("torch", "flash")
-    assert [o.gemm for o in ring] == [(2 * 32, 2048, 2048, 128)] * 2
-    assert [o.gemm for o in torch] == [(32, 2048, 2048, 128)] * 4    # one step at a time
-    assert [o.gemm for o in gathered] == [(32, 2048, 8192, 128)]
-    assert [o.gemm for o in ulysses] == [(8, 8192, 8192, 128)]
+    # N: the keys' and values' widths, 128 + 128 (the block each key step streams)
+    assert [o.gemm for o in ring] == [(2 * 32, 2048, 2048, 256)] * 2
+    assert [o.gemm for o in torch] == [(32, 2048, 2048, 256)] * 4    # one step at a time
+    assert [o.gemm for o in gathered] == [(32, 2048, 8192, 256)]
+    assert [o.gemm for o in ulysses] == [(8, 8192, 8192, 256)]
     scores = {mode: sum(o.elements * o.work_fraction for o in ops)
               for mode, ops in (("p2p", ring), ("all_gather", gathered), ("a2a", ulysses), ("torch", torch))}
     assert set(scores.values()) == {32 * 2048 * 8192 / 2}

@@ -99,3 +99,19 @@ def test_energy_counts_megatron_zeroed_buffer():
     a, b = _step_activity(m, chip, 8, 64, adam), _step_activity(m, chip, 8, 64, mega)
     opt = (optimizer_op(1.0, "adam-megatron", m.precision, 4).bytes - optimizer_op(1.0, "adam", m.precision, 4).bytes)
     assert b.hbm_bytes - a.hbm_bytes == pytest.approx(params * (4 + opt) + 8 * 10 * m.embedding_params, rel=1e-9)
+
+
+def test_the_energy_bound_stays_below_an_expert_parallel_layout(mixtral, h100):
+    """The exact search's closed-form energy bound (phaze.bounds._energy_min) lays the experts out
+    on one rank; an ep = 8 plan reads an eighth of their weights. The bound leaves the experts'
+    GEMM bytes out, so it stays below the energy model of every layout, ep = 8 included."""
+    from phaze.area import activity_energy_j, energy_coefficients
+    from phaze.bounds import _energy_min
+    from phaze.placement import PlacementOptions
+    from phaze.space import WorkloadSpec
+    k = energy_coefficients(h100)
+    spec = WorkloadSpec(mixtral, 16, 16, options=PlacementOptions(tp=(1,), mbs=(1,), recompute=("none",)))
+    bound = _energy_min(spec, k) / 16
+    for ep in (1, 8):
+        a = _step_activity(mixtral, h100, 16, 16, Plan(tp=1, ep=ep, mbs=1))
+        assert bound <= sum(activity_energy_j(a, k).values())
