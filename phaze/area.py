@@ -450,19 +450,18 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
 
     total = Activity()
     for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True)):
-        n_model = n   # the model's layers; n becomes those the device runs
         params = costs.params(i, n)
         updated = costs.updated_params(i, n)   # its ZeRO shard; the experts' over their own group
-        experts = costs.expert_params(costs.layers_on(i, n)) if model.moe else 0.0
+        runs = costs.layers_on(i, n)   # the layers the device runs: the last stage's multi-token prediction's too
+        experts = costs.expert_params(runs) if model.moe else 0.0
         fp8_weights = costs.fp8_weights(i, n) if plan.fp8_params else 0.0
         cast = costs.weight_cast_bytes(i, n, updated / params) or 0.0   # the step's one cast of the weights to fp8
-        n = costs.layers_on(i, n)   # the last stage's multi-token prediction layers too
         if r == "block":     # k layers re-run whole, the others nothing
-            per_mb = (layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "none", moe) * (n - k)
+            per_mb = (layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "none", moe) * (runs - k)
                       + layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "full", moe) * k)
         else:
             per_mb = layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention,
-                                    graph_recompute(r, plan.recompute_modules), moe) * n
+                                    graph_recompute(r, plan.recompute_modules), moe) * runs
         if i == 0:
             per_mb = per_mb + emb
         if i == pp - 1:
@@ -480,18 +479,17 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             sent += _sent_bytes("all_reduce", table, 2)
         if plan.cp > 1:   # context parallelism's K/V exchange, per layer and micro-batch
             if r == "block":
-                per_layer = (cp_sent_bytes(model, plan, "none", chip.compiled) * (n - k)
+                per_layer = (cp_sent_bytes(model, plan, "none", chip.compiled) * (runs - k)
                              + cp_sent_bytes(model, plan, "full", chip.compiled) * k)
             else:
-                per_layer = cp_sent_bytes(model, plan, graph_recompute(r, plan.recompute_modules), chip.compiled) * n
+                per_layer = cp_sent_bytes(model, plan, graph_recompute(r, plan.recompute_modules), chip.compiled) * runs
             sent += m * per_layer
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
         opt = optimizer_op(updated, plan.optimizer, model.precision, grad_bytes)
         # the optimizer's kernels, its per-tensor passes and the weights' cast, and every
         # micro-batch's gradient accumulation (their bytes, as the step's time has them)
-        step_bytes = opt.bytes + cast + costs.step_pass_bytes(i, n_model) \
-            + m * costs.accumulation_bytes(i, n_model)
+        step_bytes = opt.bytes + cast + costs.step_pass_bytes(i, n) + m * costs.accumulation_bytes(i, n)
         total = total + stage + Activity(vector_flops=opt.flops, local_bytes=step_bytes,
                                          shared_bytes=step_bytes + 2 * sent,
                                          hbm_bytes=step_bytes + 2 * sent, link_bytes=sent)

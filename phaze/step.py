@@ -685,24 +685,32 @@ class StageCosts:
 
     def step_pass_bytes(self, i: int, n):
         """HBM bytes of the optimizer step's work beyond its element-wise kernel
-        (:func:`phaze.graph.optimizer_op`) and the weights' fp8 cast, as :meth:`_tail_parts` times
-        it: DeepSpeed's per-tensor check and copies, Megatron's zeroed main-gradient buffer and the
-        bf16 moments' copies to fp32 and back."""
-        plan = self.plan
-        if plan.optimizer == "adam-deepspeed":
-            _, check, copies = deepspeed_tensor_passes(self.model.precision)
-            return (check.read + check.write + copies.read + copies.write) * self.params(i, n)
-        if plan.optimizer not in MEGATRON_OPTIMIZERS:
-            return 0.0 * n
-        out = main_grad_bytes(self.model, plan) * self.params(i, n)
-        if plan.optimizer == "adam-megatron-pa-bf16":
-            moments = bf16_moment_passes()
-            out = out + (moments.read + moments.write) * self.updated_params(i, n)
-        return out
+        (:func:`phaze.graph.optimizer_op`) and the weights' fp8 cast (:meth:`_step_passes`)."""
+        stream, passes = self._step_passes(i, n)
+        for tp, _, params in passes:
+            stream = stream + (tp.read + tp.write) * params
+        return stream
 
-    def _tensor_pass(self, passes: TensorPasses, i: int, n):
-        """Seconds of one per-tensor pass over stage ``i``'s tensors (:func:`tensor_pass_time`)."""
-        return tensor_pass_time(passes, self.tensors(i, n), self.params(i, n), self.chip, self.eff)
+    def _step_passes(self, i: int, n):
+        """(bytes streamed in one kernel, ((:class:`TensorPasses`, tensors, parameters), ...)) of
+        the optimizer step beyond its element-wise kernel, as :meth:`_tail_parts` times them and
+        :meth:`step_pass_bytes` counts them: DeepSpeed's per-tensor check and copies; Megatron's
+        zeroed main-gradient buffer (one kernel) and the bf16 moments' copies to fp32 and back."""
+        plan = self.plan
+        if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
+            _, check, copies = deepspeed_tensor_passes(self.model.precision)
+            tensors, params = self.tensors(i, n), self.params(i, n)
+            return 0.0 * n, ((check, tensors, params), (copies, tensors, params))
+        if plan.optimizer not in MEGATRON_OPTIMIZERS:
+            return 0.0 * n, ()
+        params = self.params(i, n)
+        stream = main_grad_bytes(self.model, plan) * params   # the whole main-gradient buffer zeroed
+        if plan.optimizer != "adam-megatron-pa-bf16":
+            return stream, ()
+        # bf16 moments copied to fp32 and back; assumption: a device's shard holds its share of
+        # the stage's tensors (the pieces of tensors at the shard's edges are not counted)
+        updated = self.updated_params(i, n)
+        return stream, ((bf16_moment_passes(), self.tensors(i, n) * updated / params, updated),)
 
     def _layers(self, attr: str, n, r: str, k=0):
         """``attr`` of ``n`` layers under ``r`` (``fwd``/``bwd``: their total seconds); a ``block``
@@ -812,16 +820,10 @@ class StageCosts:
         updated = self.updated_params(i, n)
         opt_s = np.maximum(opt.flops * updated / chip.vector_flops_per_s,
                            opt.bytes * updated / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction))
-        if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
-            _, check, copies = deepspeed_tensor_passes(self.model.precision)
-            opt_s = opt_s + self._tensor_pass(check, i, n) + self._tensor_pass(copies, i, n)
-        elif plan.optimizer in MEGATRON_OPTIMIZERS:   # the whole main-gradient buffer zeroed, one kernel
-            opt_s = opt_s + grad_bytes * params / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
-            if plan.optimizer == "adam-megatron-pa-bf16":   # bf16 moments copied to fp32 and back
-                # assumption: a device's shard holds its share of the stage's tensors (the pieces
-                # of tensors at the shard's edges are not counted)
-                opt_s = opt_s + tensor_pass_time(bf16_moment_passes(), self.tensors(i, n) * updated / params,
-                                                 updated, chip, eff)
+        stream, passes = self._step_passes(i, n)   # per-tensor checks, copies, the zeroed buffer
+        opt_s = opt_s + stream / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
+        for tp, tensors, count in passes:
+            opt_s = opt_s + tensor_pass_time(tp, tensors, count, chip, eff)
         cast = self.weight_cast_bytes(i, n, updated / params)
         if cast is not None:
             opt_s = opt_s + cast / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
