@@ -1,0 +1,421 @@
+"""phaze's operator times against what a GPU it was never calibrated on (an H200) measured.
+
+phaze's parameters are fitted on whole training steps of A100s, H100s and TPU v4s; an H200
+(``arch_configs/h200-sxm.yaml``: the H100's SMs with 4.8 TB/s of HBM3e) takes the H100 fit. Three
+measurements, all in ``results/kernels/``, none used to fit anything:
+
+- ``h200.csv``: each operator of real layers timed alone in PyTorch (``tests/bench/measure_kernels.py``
+  on the kernels ``cases.csv`` lists, which :func:`case_rows` writes);
+- ``sustained.txt``, ``sustained_fp8.txt``: square bf16 and fp8 products held for 15 s, the clock
+  and power read each second (``tests/bench/measure_sustained.py``);
+- ``step_{flash,cudnn}_{4,8}.csv``: every kernel of a training step of 4 and 8 Llama 3 8B layers
+  after 10 s of steps (``tests/bench/measure_step.py``); their difference over 4 is one layer.
+
+``tests/bench/bench_kernels.py`` prints the tables; ``tests/test_readme.py`` holds the docs to them.
+"""
+from __future__ import annotations
+
+import csv
+import re
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from phaze.arch import load_chip
+from phaze.cost import gemm_time, op_time
+from phaze.graph import ExpertLayout, layer_graph
+from phaze.validate import load_default_params
+from phaze.workload import load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "results" / "kernels"
+MEASURED = DATA / "h200.csv"
+CASES_CSV = DATA / "cases.csv"
+CHIP = "arch_configs/h200-sxm.yaml"
+PARAMS = "H100"   # the chip's family: the fit phaze scores an H200 with
+
+# (workload, sequence, micro-batch, tp, attention kernel, precision, expert parallelism[, overrides])
+CASES = (
+    ("llama2-7b", 4096, 1, 1, "flash", "bf16", 0),
+    ("llama2-7b", 4096, 1, 1, "flash2", "bf16", 0),
+    ("llama3-70b", 8192, 1, 8, "flash", "bf16", 0),
+    ("llama3-70b", 8192, 1, 8, "flash", "fp8", 0),
+    ("gpt3-175b", 2048, 1, 8, "flash", "bf16", 0),
+    ("megatron-gpt-1.7b", 2048, 4, 1, "standard", "bf16", 0),
+    ("gpt2-xl", 1024, 8, 1, "standard", "bf16", 0),
+    ("mpt-125m", 2048, 8, 1, "flash2", "bf16", 0),
+    ("mpt-1b", 2048, 4, 1, "flash2", "bf16", 0),
+    ("qwen3-30b-a3b", 4096, 1, 1, "flash", "bf16", 8),
+    ("deepseek-v3", 4096, 1, 1, "flash", "bf16", 8),
+)
+# fused attention alone, both kernels, by sequence and head width: 16,384 tokens of 2,048-wide
+# heads a micro-batch (llama2-7b's layer with its heads reshaped)
+ATTENTION_SWEEP = tuple(
+    ("llama2-7b", s, 16384 // s, 1, att, "bf16", 0, (("heads", 2048 // d), ("head_dim", d)))
+    for att in ("flash", "flash2") for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192, 16384))
+# square and token-by-width products outside any layer (weighted, bf16): the tile model's shape curve
+SWEEP = tuple((n, n, n) for n in (256, 512, 1024, 2048, 4096, 8192, 16384)) + tuple(
+    (4096, k, n) for k, n in ((1024, 1024), (4096, 256), (4096, 768), (768, 4096), (128, 4096)))
+# forward element-wise ops timed (the backward's are fused differently by each framework)
+VECTOR = {"ln1": "norm", "ln2": "norm", "attn_residual": "add", "ffn_residual": "add",
+          "gelu": "gelu", "softmax": "softmax", "attn_dropout": "dropout", "context.permute": "permute"}
+FIELDS = ("case", "op", "kind", "batch", "m", "k", "n", "dtype", "layout", "heads", "kv_heads",
+          "seq", "head_dim", "value_dim", "causal", "backend", "rows", "cols", "norm")
+ELEMENTWISE = ("norm", "add", "gelu", "softmax", "dropout", "permute")
+
+
+def case_name(c) -> str:
+    name, seq, mbs, tp, att, prec, ep, *over = c
+    extra = "".join(f"|{k}={v}" for k, v in (over[0] if over else ()))
+    return f"{name}|seq={seq}|mbs={mbs}|tp={tp}|attention={att}|precision={prec}|ep={ep}{extra}"
+
+
+def case_graph(c):
+    """(model, layer graph) of a case: one layer on one of tp ranks, no recompute."""
+    name, seq, mbs, tp, att, prec, ep, *over = c
+    m = load_model(name, seq)
+    if prec != m.precision:
+        m = replace(m, precision=prec)
+    if over:
+        o = dict(over[0])
+        o.setdefault("kv_heads", o.get("heads", m.kv_heads))
+        o.setdefault("v_head_dim", o.get("head_dim", m.v_head_dim))
+        m = replace(m, **o)
+    return m, layer_graph(m, mbs, tp, tp > 1, att, "none", ExpertLayout(ep=ep) if ep else None, False)
+
+
+def _layout(name: str) -> str:
+    """How the operands lie in memory for the PyTorch stand-in: a linear's forward reads its
+    weight transposed (``nt``), its weight gradient its input transposed (``tn``)."""
+    if name.endswith(".wgrad"):
+        return "tn"
+    if name.endswith(("dgrad", "dgrad_a", "dgrad_b", "context")):
+        return "nn"
+    return "nt"
+
+
+def case_rows() -> list[dict]:
+    """One row per kernel to time (``cases.csv``)."""
+    rows = []
+    for c in CASES + ATTENTION_SWEEP:
+        m, g = case_graph(c)
+        _, seq, mbs, tp, att, prec, *_ = c
+        sweep = c in ATTENTION_SWEEP
+        for op in g.fwd + g.bwd:
+            if sweep and op.unit != "tensor+vector":
+                continue
+            row = dict.fromkeys(FIELDS, "")
+            row.update(case=case_name(c), op=op.name)
+            if op.unit == "tensor":
+                b, M, K, N = op.gemm
+                fp8 = prec == "fp8" and op.weighted and b == 1
+                row.update(kind="gemm", batch=b, m=M, k=K, n=N, dtype="fp8" if fp8 else "bf16",
+                           layout=_layout(op.name))
+            elif op.unit == "tensor+vector":
+                row.update(kind="attention_bwd" if op.name.endswith(".bwd") else "attention_fwd",
+                           batch=mbs, heads=m.heads // tp, kv_heads=max(1, m.kv_heads // tp),
+                           seq=seq, head_dim=m.head_dim, value_dim=m.v_head_dim,
+                           causal=int(m.architecture == "decoder"),
+                           backend="cudnn" if att == "flash" else "flash")
+            elif op.unit == "vector" and op.name in VECTOR:
+                kind = VECTOR[op.name]
+                cols = {"softmax": seq, "dropout": seq, "permute": m.head_dim,
+                        "gelu": m.ffn_hidden // tp}.get(kind, m.hidden)
+                row.update(kind=kind, rows=int(op.elements) // cols, cols=cols, norm=m.norm,
+                           heads=m.heads // tp, batch=mbs, seq=seq)
+            else:
+                continue
+            rows.append(row)
+    for M, K, N in SWEEP:
+        row = dict.fromkeys(FIELDS, "")
+        row.update(case="sweep", op=f"{M}x{K}x{N}", kind="gemm", batch=1, m=M, k=K, n=N,
+                   dtype="bf16", layout="nt")
+        rows.append(row)
+    for op in ("eager_tiny_add", "graph_tiny_add", "eager_linear_step"):
+        row = dict.fromkeys(FIELDS, "")
+        row.update(case="launch", op=op, kind="launch")
+        rows.append(row)
+    return rows
+
+
+def cases_csv() -> str:
+    """``cases.csv`` as :func:`case_rows` writes it."""
+    lines = [",".join(FIELDS)]
+    for r in case_rows():
+        lines.append(",".join(str(r[f]) for f in FIELDS))
+    return "\n".join(lines) + "\n"
+
+
+def _h200():
+    """The H200 as phaze's kernels see it: issued from CUDA graphs (no host dispatch: the events
+    time the GPU alone), and the H100 fit without its fixed cost per kernel (compared apart)."""
+    chip = replace(load_chip(ROOT / CHIP), execution="cuda-graphs")
+    return chip, replace(load_default_params()[PARAMS], kernel_overhead_s=0.0)
+
+
+def predicted(rows: list[dict]) -> dict[tuple[str, str], float]:
+    """phaze's device seconds for each measured (case, op), from the current model."""
+    chip, eff = _h200()
+    graphs = {}
+    for c in CASES + ATTENTION_SWEEP:
+        m, g = case_graph(c)
+        graphs[case_name(c)] = (m, {op.name: op for op in g.fwd + g.bwd})
+    out = {}
+    for r in rows:
+        key = (r["case"], r["op"])
+        if r["case"] == "sweep":
+            out[key] = gemm_time(1, int(r["m"]), int(r["k"]), int(r["n"]), chip, "bf16", eff)
+        else:
+            m, ops = graphs[r["case"]]
+            out[key] = op_time(ops[r["op"]], chip, m.precision, eff, bytes_per_element=m.bytes_per_element)
+    return out
+
+
+def read_measured(path: Path = MEASURED) -> tuple[list[str], list[dict]]:
+    """(the ``#`` header lines, the rows) of a measured CSV."""
+    lines = path.read_text().splitlines()
+    return ([ln for ln in lines if ln.startswith("#")],
+            list(csv.DictReader(ln for ln in lines if not ln.startswith("#"))))
+
+
+def kernel_class(r: dict) -> str:
+    k = r["kind"]
+    if k == "gemm":
+        if r["case"] == "sweep":
+            return "GEMM, shape sweep"
+        return ("GEMM fp8" if r["dtype"] == "fp8" else "GEMM bf16") + (", batched" if int(r["batch"]) > 1 else "")
+    if k.startswith("attention"):
+        kernel = "cuDNN" if r["backend"] == "cudnn" else "FlashAttention-2"
+        return f"attention {'backward' if k.endswith('bwd') else 'forward'}, {kernel}"
+    return "element-wise (one kernel)" if k in ELEMENTWISE else k
+
+
+def kernel_errors(path: Path = MEASURED) -> list[tuple[dict, float, float]]:
+    """(row, measured s, phaze s) for each timed kernel that stands for one phaze operator (an
+    element-wise call that launched more than one kernel is left out)."""
+    _, rows = read_measured(path)
+    timed = [r for r in rows if r["measured_s"] and r["kind"] != "launch"
+             and (r["kind"] not in ELEMENTWISE or r["kernels"] == "1")]
+    pred = predicted(timed)
+    return [(r, float(r["measured_s"]), pred[(r["case"], r["op"])]) for r in timed]
+
+
+def _stats(errors: list[float]) -> str:
+    return (f"{len(errors)} | {100 * statistics.mean(abs(e) for e in errors):.1f} % | "
+            f"{100 * statistics.mean(errors):+.1f} % | {100 * statistics.median(errors):+.1f} %")
+
+
+def kernel_table(path: Path = MEASURED) -> str:
+    """phaze's operator time against each kernel timed alone, by kind of kernel: MAPE, signed
+    bias and median error of (phaze - measured) / measured."""
+    groups: dict[str, list[float]] = {}
+    for r, t, p in kernel_errors(path):
+        groups.setdefault(kernel_class(r), []).append((p - t) / t)
+    out = ["| kernels | n | MAPE | bias | median |", "|---|---|---|---|---|"]
+    every = []
+    for k in sorted(groups):
+        every += groups[k]
+        out.append(f"| {k} | {_stats(groups[k])} |")
+    out.append(f"| all | {_stats(every)} |")
+    return "\n".join(out)
+
+
+def attention_rates(path: Path = MEASURED) -> str:
+    """Fused attention's executed TFLOP/s (the causal half) by sequence, both kernels, head width
+    128, measured alone and as phaze gives it, forward and backward."""
+    rates: dict[tuple, float] = {}
+    for r, t, p in kernel_errors(path):
+        if "|heads=" not in r["case"] or r["head_dim"] != "128":
+            continue
+        b, h, s, d = int(r["batch"]), int(r["heads"]), int(r["seq"]), int(r["head_dim"])
+        bwd = r["kind"].endswith("bwd")
+        flops = 2.0 * b * h * s * s * 2 * d * 0.5 * (2.5 if bwd else 1.0)
+        for who, sec in (("measured", t), ("phaze", p)):
+            rates[(r["backend"], bwd, who, s)] = flops / sec / 1e12
+    seqs = sorted({k[3] for k in rates})
+    out = ["| head width 128, causal | " + " | ".join(f"{s:,}" for s in seqs) + " |",
+           "|---" * (len(seqs) + 1) + "|"]
+    for backend, label in (("cudnn", "cuDNN"), ("flash", "FlashAttention-2")):
+        for bwd in (False, True):
+            for who in ("measured", "phaze"):
+                cells = " | ".join(f"{rates[(backend, bwd, who, s)]:.0f}" for s in seqs)
+                out.append(f"| {label} {'backward' if bwd else 'forward'}, {who} | {cells} |")
+    return "\n".join(out)
+
+
+def launch_line(path: Path = MEASURED) -> str:
+    _, rows = read_measured(path)
+    got = {r["op"]: float(r["measured_s"]) for r in rows if r["kind"] == "launch" and r["measured_s"]}
+    eff = load_default_params()[PARAMS]
+    return (f"one-element adds issued eagerly: {got['eager_tiny_add'] * 1e6:.1f} us each (host-bound); "
+            f"replayed from a CUDA graph: {got['graph_tiny_add'] * 1e6:.2f} us each; a 64-wide MLP's "
+            f"eager training step: {got['eager_linear_step'] * 1e6:.1f} us per kernel. phaze's {PARAMS} fit: "
+            f"kernel_overhead_s {eff.kernel_overhead_s * 1e6:.1f} us, host_overhead_s "
+            f"{eff.host_overhead_s * 1e6:.1f} us")
+
+
+def sustained(path: Path) -> tuple[int, float, tuple[int, int], tuple[float, float]]:
+    """(seconds, median TFLOP/s, SM clock range, power range) of a ``measure_sustained.py`` log,
+    the first second (before the power limit acts) left out of the median and the ranges."""
+    pat = re.compile(r"second\s+(\d+):\s+([\d.]+) TFLOP/s.*: (\d+) MHz, ([\d.]+) W")
+    secs = [m.groups() for m in map(pat.search, path.read_text().splitlines()) if m]
+    held = [(float(r), int(c), float(w)) for n, r, c, w in secs if int(n) > 1]
+    return (len(secs), statistics.median(x[0] for x in held), (min(x[1] for x in held), max(x[1] for x in held)),
+            (min(x[2] for x in held), max(x[2] for x in held)))
+
+
+def sustained_table() -> str:
+    """Square 8,192 products back to back for 15 s, bf16 and fp8 (``_scaled_mm``), against the
+    datasheet peaks and phaze's fitted tensor_fraction (one share of either peak)."""
+    chip = load_chip(ROOT / CHIP)
+    tf = load_default_params()[PARAMS].tensor_fraction
+    out = ["| 8,192-square products, 15 s | TFLOP/s held | share of the datasheet peak | SM clock | power | "
+           f"phaze ({PARAMS} tensor_fraction) |", "|---|---|---|---|---|---|"]
+    for precision, name in (("bf16", "sustained.txt"), ("fp8", "sustained_fp8.txt")):
+        n, rate, (c0, c1), (w0, w1) = sustained(DATA / name)
+        peak = chip.peak_flops(precision) / 1e12
+        out.append(f"| {precision} | {rate:.0f} | {rate / peak:.3f} of {peak:.1f} | {c0:,}-{c1:,} MHz | "
+                   f"{w0:.0f}-{w1:.0f} W | {tf:.3f} ({tf * peak:.0f} TFLOP/s) |")
+    return "\n".join(out)
+
+
+def _step_kind(name: str) -> str:
+    n = name.lower()
+    if "flash" in n or "sdpa" in n or "cudnn" in n:
+        return "attention"
+    if re.search(r"gemm|nvjet|cutlass|xmma|cublas", n):
+        return "GEMMs"
+    return "other"
+
+
+def step_profile(path: Path) -> tuple[float, dict[str, float]]:
+    """(wall seconds per step, kernel seconds by kind) of a ``measure_step.py`` profile."""
+    text = path.read_text()
+    wall = float(re.search(r"median of \d+: ([\d.e+-]+) s", text).group(1))
+    kinds: dict[str, float] = {"GEMMs": 0.0, "attention": 0.0, "other": 0.0}
+    for r in csv.DictReader(ln for ln in text.splitlines() if not ln.startswith("#")):
+        kinds[_step_kind(r["name"])] += float(r["duration_us"]) * 1e-6
+    return wall, kinds
+
+
+def step_layer(backend: str) -> tuple[float, dict[str, float]]:
+    """One layer's wall and kernel seconds: the 8-layer step less the 4-layer one, over 4."""
+    w4, k4 = step_profile(DATA / f"step_{backend}_4.csv")
+    w8, k8 = step_profile(DATA / f"step_{backend}_8.csv")
+    return (w8 - w4) / 4, {k: (k8[k] - k4[k]) / 4 for k in k4}
+
+
+def phaze_layer(attention: str) -> tuple[float, dict[str, float]]:
+    """phaze's seconds for one Llama 3 8B layer (8,192 tokens, micro-batch 1, forward and
+    backward) on the H200, eager, with the H100 fit: the sum of its operators, by kind."""
+    chip = load_chip(ROOT / CHIP)
+    eff = load_default_params()[PARAMS]
+    m = load_model("llama3-8b", 8192)
+    g = layer_graph(m, 1, 1, False, attention, "none")
+    kinds = {"GEMMs": 0.0, "attention": 0.0, "other": 0.0}
+    for op in g.fwd + g.bwd:
+        kind = {"tensor": "GEMMs", "tensor+vector": "attention"}.get(op.unit, "other")
+        kinds[kind] += op_time(op, chip, m.precision, eff)
+    return sum(kinds.values()), kinds
+
+
+def step_table() -> str:
+    """One Llama 3 8B layer's forward and backward on the H200: its kernels in a real step
+    (torchtitan-shaped, eager PyTorch) against phaze's operators, in ms."""
+    out = ["| one layer, ms | GEMMs | attention | other kernels | all kernels | step |",
+           "|---|---|---|---|---|---|"]
+    for backend, kernel, label in (("flash", "flash2", "FlashAttention-2"), ("cudnn", "flash", "cuDNN attention")):
+        wall, k = step_layer(backend)
+        out.append(f"| measured, {label} | {1e3 * k['GEMMs']:.2f} | {1e3 * k['attention']:.2f} | "
+                   f"{1e3 * k['other']:.2f} | {1e3 * sum(k.values()):.2f} | {1e3 * wall:.2f} |")
+        total, p = phaze_layer(kernel)
+        out.append(f"| phaze, `attention={kernel}` | {1e3 * p['GEMMs']:.2f} | {1e3 * p['attention']:.2f} | "
+                   f"{1e3 * p['other']:.2f} | {1e3 * total:.2f} | {1e3 * total:.2f} "
+                   f"({100 * (total / wall - 1):+.0f} %) |")
+    return "\n".join(out)
+
+
+
+
+def pinned_fit(pinned: dict[str, float], family: str = PARAMS) -> str:
+    """What the published steps say of kernel-level values: the family's rows (the calibration's,
+    held-out sources left out) refitted with ``pinned`` parameters held, in-sample MAPE and bias
+    against the shipped fit's. A diagnostic: slow (a minute), not a docs table."""
+    from phaze import validate as v
+    from phaze.calibrate import BOUNDS, fit
+    cases = [c for c in v.split_held_out(v.load_items(v.default_runs_paths()))[0] if isinstance(c, v.Case)]
+    rows = [c for c in cases if v.in_group(c, family)]
+    shipped = load_default_params()[family]
+    start = replace(shipped, **pinned)
+    eff, _ = fit(rows, v.predict_case, names=[n for n in BOUNDS if n not in pinned], start=start,
+                 weights=v.case_weights(rows))
+    out = []
+    for label, e in (("shipped fit", shipped), ("pinned " + ", ".join(f"{k}={x:g}" for k, x in pinned.items()), eff)):
+        s = v.summarize(v.predict_all(rows, {"default": e}))["overall"]
+        vals = ", ".join(f"{n} {getattr(e, n):.4g}" for n in BOUNDS)
+        out.append(f"{family} rows ({s['rows']}), {label}: in-sample {s['mape_pct']:.1f} % / "
+                   f"{s['bias_pct']:+.1f} %; {vals}")
+    return "\n".join(out)
+
+
+def kernel_fit(path: Path = MEASURED) -> list[tuple[str, dict[str, float], str]]:
+    """The parameters the kernels timed alone ask for, within calibrate's bounds (log least
+    squares): tensor_fraction and tile_overhead_k on the bf16 GEMMs, then, with that
+    tensor_fraction, attention_fraction and tile_overhead_k on each attention kernel (forward and
+    backward). (label, values, MAPE / bias after the fit) each. At the idle chip's boost clock."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    from phaze.calibrate import BOUNDS
+    chip, base = _h200()
+    graphs = {}
+    for c in CASES + ATTENTION_SWEEP:
+        m, g = case_graph(c)
+        graphs[case_name(c)] = (m, {op.name: op for op in g.fwd + g.bwd})
+    errs = kernel_errors(path)
+
+    def seconds(r, eff):
+        if r["case"] == "sweep":
+            return gemm_time(1, int(r["m"]), int(r["k"]), int(r["n"]), chip, "bf16", eff)
+        m, ops = graphs[r["case"]]
+        return op_time(ops[r["op"]], chip, m.precision, eff, bytes_per_element=m.bytes_per_element)
+
+    def one(rows, names, start):
+        t = np.array([x[1] for x in rows])
+
+        def res(x):
+            e = replace(start, **dict(zip(names, x, strict=True)))
+            return np.log(np.array([seconds(r, e) for r, _, _ in rows]) / t)
+        lo, hi = [BOUNDS[n][0] for n in names], [BOUNDS[n][1] for n in names]
+        x = least_squares(res, [getattr(start, n) for n in names], bounds=(lo, hi)).x
+        e = replace(start, **dict(zip(names, x, strict=True)))
+        err = np.exp(res(x)) - 1
+        score = f"{100 * np.mean(abs(err)):.1f} % / {100 * np.mean(err):+.1f} %"
+        return e, {n: float(getattr(e, n)) for n in names}, score
+
+    gemms = [x for x in errs if x[0]["kind"] == "gemm" and x[0]["dtype"] == "bf16"]
+    e, vals, score = one(gemms, ("tensor_fraction", "tile_overhead_k"), base)
+    out = [(f"bf16 GEMMs ({len(gemms)})", vals, score)]
+    for backend, label in (("cudnn", "cuDNN attention"), ("flash", "FlashAttention-2")):
+        att = [x for x in errs if x[0]["kind"].startswith("attention") and x[0]["backend"] == backend]
+        _, vals, score = one(att, ("attention_fraction", "tile_overhead_k"), e)
+        out.append((f"{label} ({len(att)})", vals, score))
+    return out
+
+
+def kernel_fit_table(path: Path = MEASURED) -> str:
+    out = ["| kernels timed alone | tensor_fraction | attention_fraction | tile_overhead_k | MAPE / bias after |",
+           "|---|---|---|---|---|"]
+    for label, vals, score in kernel_fit(path):
+        cells = " | ".join(f"{vals[n]:.3g}" if n in vals else "" for n in
+                           ("tensor_fraction", "attention_fraction", "tile_overhead_k"))
+        out.append(f"| {label} | {cells} | {score} |")
+    eff = load_default_params()[PARAMS]
+    out.append(f"| published steps ({PARAMS} fit) | {eff.tensor_fraction:.3g} | {eff.attention_fraction:.3g} | "
+               f"{eff.tile_overhead_k:.3g} | |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(kernel_table(), attention_rates(), kernel_fit_table(), launch_line(), sustained_table(), step_table(),
+          sep="\n\n")

@@ -1,0 +1,77 @@
+"""The GPU measurements in results/kernels/ against the code that reads them and the docs that
+quote them (tests/kernel_tables.py): each test fails when the model's operators, the data or the
+page move apart."""
+import csv
+from pathlib import Path
+
+import kernel_tables as kt
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_cases_csv_is_what_the_code_writes():
+    # the kernels the GPU timed are the operators the current graphs have: a renamed or reshaped
+    # operator makes the shipped list stale, and the comparison would match the wrong kernels
+    assert kt.CASES_CSV.read_text() == kt.cases_csv()
+
+
+def test_every_measured_kernel_is_a_current_operator_of_the_same_shape():
+    _, rows = kt.read_measured()
+    cases = {(r["case"], r["op"]): r for r in csv.DictReader(kt.CASES_CSV.open())}
+    assert len(rows) == len(cases) == 301
+    for r in rows:
+        c = cases[(r["case"], r["op"])]
+        assert {k: r[k] for k in kt.FIELDS} == c   # same shape, layout, backend as timed
+    errs = kt.kernel_errors()
+    # every kernel timed, none failed; the element-wise calls that launched more than one kernel
+    # (none in this measurement) are the only ones left out
+    assert all(r["measured_s"] for r in rows)
+    assert len(errs) == len([r for r in rows if r["kind"] != "launch"]) == 298
+    assert all(t > 0 and p > 0 for _, t, p in errs)
+
+
+def test_a_gemm_prediction_by_hand():
+    # the 8,192-square bf16 product: phaze's time is whole 128 x 256 tiles in whole waves over
+    # 132 units (2,048 tiles: 16 waves), each K = 8,192 steps plus the fitted prologue, at
+    # tensor_fraction x the 1.83 GHz clock x 32 x 64 MACs a cycle: the comparison's own figure
+    chip, eff = kt._h200()
+    waves, passes = 16, 16 * (128 * 256) / (32 * 64)
+    by_hand = passes * (8192 + eff.tile_overhead_k) / (1.83e9 * eff.tensor_fraction)
+    row = {"case": "sweep", "op": "8192x8192x8192", "m": "8192", "k": "8192", "n": "8192"}
+    assert kt.predicted([row])[("sweep", "8192x8192x8192")] == pytest.approx(by_hand, rel=1e-9)
+    assert waves == -(-(8192 // 128) * (8192 // 256) // 132)
+
+
+def test_step_profiles_hold_one_layer_of_kernels_per_layer():
+    # a layer of the torchtitan-shaped step launches the same kernels in the 4- and 8-layer runs:
+    # FlashAttention-2's forward, backward, dO.O and dQ conversion (4 a layer), cuDNN's likewise;
+    # 9 GEMMs forward and 18 backward, less what autograd fuses (the profiles' own count)
+    for backend in ("flash", "cudnn"):
+        counts = []
+        for layers in (4, 8):
+            text = (kt.DATA / f"step_{backend}_{layers}.csv").read_text()
+            rows = list(csv.DictReader(x for x in text.splitlines() if not x.startswith("#")))
+            counts.append(sum(kt._step_kind(r["name"]) == "attention" for r in rows))
+        assert counts[1] - counts[0] == 4 * 4
+        wall, kinds = kt.step_layer(backend)
+        assert 0 < sum(kinds.values()) < wall   # the kernels fill most of a layer, not more
+
+
+def test_the_validation_page_quotes_the_tables():
+    page = (ROOT / "docs" / "validation.md").read_text()
+    for table in (kt.kernel_table(), kt.sustained_table(), kt.attention_rates(), kt.step_table(),
+                  kt.kernel_fit_table()):
+        assert table in page
+    assert kt.launch_line() in page
+
+
+def test_the_readme_quotes_the_layer_and_the_tensor_share():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    wall, _ = kt.step_layer("flash")
+    total, _ = kt.phaze_layer("flash2")
+    assert f"{100 * (total / wall - 1):+.0f} %" in readme
+    _, rate, _, _ = kt.sustained(kt.DATA / "sustained.txt")
+    share = rate / (kt.load_chip(ROOT / kt.CHIP).peak_flops("bf16") / 1e12)
+    assert f"{share:.3f} of the datasheet" in readme
+    assert f"fitted {kt.load_default_params()[kt.PARAMS].tensor_fraction:.3f}" in readme
