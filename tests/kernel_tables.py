@@ -8,8 +8,9 @@ measurements, all in ``results/kernels/``, none used to fit anything:
   on the kernels ``cases.csv`` lists, which :func:`case_rows` writes);
 - ``sustained.txt``, ``sustained_fp8.txt``: square bf16 and fp8 products held for 15 s, the clock
   and power read each second (``tests/bench/measure_sustained.py``);
-- ``step_{flash,cudnn}_{4,8}.csv``: every kernel of a training step of 4 and 8 Llama 3 8B layers
-  after 10 s of steps (``tests/bench/measure_step.py``); their difference over 4 is one layer.
+- ``step_{flash,cudnn,mpt}_{4,8}.csv``: every kernel of a training step of 4 and 8 layers (Llama
+  3 8B with either attention kernel, MPT-1B) after 10 s of steps (``tests/bench/measure_step.py``);
+  their difference over 4 is one layer.
 
 ``tests/bench/bench_kernels.py`` prints the tables; ``tests/test_readme.py`` holds the docs to them.
 """
@@ -298,20 +299,26 @@ def step_profile(path: Path) -> tuple[float, dict[str, float]]:
     return wall, kinds
 
 
-def step_layer(backend: str) -> tuple[float, dict[str, float]]:
+# the profiled steps: (file stem, what ran, workload, sequence, micro-batch, phaze's attention kernel)
+STEPS = (("flash", "Llama 3 8B, 8,192 tokens, FlashAttention-2", "llama3-8b", 8192, 1, "flash2"),
+         ("cudnn", "Llama 3 8B, 8,192 tokens, cuDNN attention", "llama3-8b", 8192, 1, "flash"),
+         ("mpt", "MPT-1B, 8 x 2,048 tokens, FlashAttention-2", "mpt-1b", 2048, 8, "flash2"))
+
+
+def step_layer(stem: str) -> tuple[float, dict[str, float]]:
     """One layer's wall and kernel seconds: the 8-layer step less the 4-layer one, over 4."""
-    w4, k4 = step_profile(DATA / f"step_{backend}_4.csv")
-    w8, k8 = step_profile(DATA / f"step_{backend}_8.csv")
+    w4, k4 = step_profile(DATA / f"step_{stem}_4.csv")
+    w8, k8 = step_profile(DATA / f"step_{stem}_8.csv")
     return (w8 - w4) / 4, {k: (k8[k] - k4[k]) / 4 for k in k4}
 
 
-def phaze_layer(attention: str) -> tuple[float, dict[str, float]]:
-    """phaze's seconds for one Llama 3 8B layer (8,192 tokens, micro-batch 1, forward and
-    backward) on the H200, eager, with the H100 fit: the sum of its operators, by kind."""
+def phaze_layer(workload: str, seq: int, mbs: int, attention: str) -> tuple[float, dict[str, float]]:
+    """phaze's seconds for one layer's forward and backward on the H200, eager, with the H100
+    fit: the sum of its operators, by kind."""
     chip = load_chip(ROOT / CHIP)
     eff = load_default_params()[PARAMS]
-    m = load_model("llama3-8b", 8192)
-    g = layer_graph(m, 1, 1, False, attention, "none")
+    m = load_model(workload, seq)
+    g = layer_graph(m, mbs, 1, False, attention, "none")
     kinds = {"GEMMs": 0.0, "attention": 0.0, "other": 0.0}
     for op in g.fwd + g.bwd:
         kind = {"tensor": "GEMMs", "tensor+vector": "attention"}.get(op.unit, "other")
@@ -320,21 +327,19 @@ def phaze_layer(attention: str) -> tuple[float, dict[str, float]]:
 
 
 def step_table() -> str:
-    """One Llama 3 8B layer's forward and backward on the H200: its kernels in a real step
-    (torchtitan-shaped, eager PyTorch) against phaze's operators, in ms."""
+    """One layer's forward and backward on the H200: its kernels in a real step (eager PyTorch,
+    one GPU) against phaze's operators, in ms."""
     out = ["| one layer, ms | GEMMs | attention | other kernels | all kernels | step |",
            "|---|---|---|---|---|---|"]
-    for backend, kernel, label in (("flash", "flash2", "FlashAttention-2"), ("cudnn", "flash", "cuDNN attention")):
-        wall, k = step_layer(backend)
+    for stem, label, workload, seq, mbs, kernel in STEPS:
+        wall, k = step_layer(stem)
         out.append(f"| measured, {label} | {1e3 * k['GEMMs']:.2f} | {1e3 * k['attention']:.2f} | "
                    f"{1e3 * k['other']:.2f} | {1e3 * sum(k.values()):.2f} | {1e3 * wall:.2f} |")
-        total, p = phaze_layer(kernel)
+        total, p = phaze_layer(workload, seq, mbs, kernel)
         out.append(f"| phaze, `attention={kernel}` | {1e3 * p['GEMMs']:.2f} | {1e3 * p['attention']:.2f} | "
                    f"{1e3 * p['other']:.2f} | {1e3 * total:.2f} | {1e3 * total:.2f} "
                    f"({100 * (total / wall - 1):+.0f} %) |")
     return "\n".join(out)
-
-
 
 
 def pinned_fit(pinned: dict[str, float], family: str = PARAMS) -> str:

@@ -1,14 +1,15 @@
-"""Profile a real training step of Llama-style layers on a CUDA GPU, PyTorch alone.
+"""Profile a real training step of transformer layers on a CUDA GPU, PyTorch alone.
 
-    python tests/bench/measure_step.py OUT.csv [--layers 4] [--seq 8192] [--device cpu]
+    python tests/bench/measure_step.py OUT.csv [--layers 4] [--seq 8192] [--shape mpt-1b --mbs 8]
 
 A torchtitan-shaped Llama 3 8B (RMSNorm, rotary embedding by complex multiplication, grouped-query
 attention through ``scaled_dot_product_attention`` (PyTorch's FlashAttention-2, or cuDNN's), SwiGLU,
-untied 128,256-token output and cross entropy), bf16 weights, one micro-batch, eager. It times
-whole forward and backward steps (the median of ten, synchronised) and profiles one: every GPU
-kernel's name, start and duration. ``tests/bench/bench_step.py`` sets them beside phaze's
-operators and the kernels timed alone (``measure_kernels.py``): what a step spends that its
-kernels alone do not.
+untied 128,256-token output and cross entropy), or with ``--shape mpt-1b`` llm-foundry's MPT-1B
+(LayerNorm and linears with biases, a fused q/k/v projection, GELU, learned positions, the output
+tied to the 50,368-token table), bf16 weights, eager. It times whole forward and backward steps
+(the median of ten, synchronised) and profiles one: every GPU kernel's name, start and duration.
+``tests/kernel_tables.py`` sets one layer of them (the 8-layer step less the 4-layer one) beside
+phaze's operators.
 
 ``--device cpu`` runs a tiny model with no profile: a check of this script, not a measurement.
 """
@@ -60,13 +61,39 @@ def rotary(x, freqs):
     return torch.view_as_real(xc * freqs[None, :, None, :]).flatten(3).type_as(x)
 
 
-class Model(nn.Module):
-    def __init__(self, layers, h, heads, kv, ffn, vocab, seq, dev, dt):
+class MPTLayer(nn.Module):
+    """llm-foundry's MPT block as benchmarked (mpt-*.yaml): pre-LayerNorm with biases, one fused
+    q/k/v linear, multi-head attention, GELU FFN of four times the width, biased linears."""
+
+    def __init__(self, h: int, heads: int, kv: int, ffn: int, dev: str, dt):
         super().__init__()
+        self.heads, self.d = heads, h // heads
+        kw = {"device": dev, "dtype": dt}
+        self.wqkv, self.wo = nn.Linear(h, 3 * h, **kw), nn.Linear(h, h, **kw)
+        self.up, self.down = nn.Linear(h, ffn, **kw), nn.Linear(ffn, h, **kw)
+        self.n1, self.n2 = nn.LayerNorm(h, **kw), nn.LayerNorm(h, **kw)
+
+    def forward(self, x, freqs):
+        b, s, h = x.shape
+        q, k, v = self.wqkv(self.n1(x)).view(b, s, 3, self.heads, self.d).unbind(2)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.wo(o.transpose(1, 2).reshape(b, s, h))
+        return x + self.down(F.gelu(self.up(self.n2(x)), approximate="tanh"))
+
+
+class Model(nn.Module):
+    def __init__(self, layers, h, heads, kv, ffn, vocab, seq, dev, dt, mpt: bool = False):
+        super().__init__()
+        self.mpt = mpt
         self.emb = nn.Embedding(vocab, h, device=dev, dtype=dt)
-        self.layers = nn.ModuleList(Layer(h, heads, kv, ffn, dev, dt) for _ in range(layers))
-        self.norm = nn.RMSNorm(h, device=dev, dtype=dt)
-        self.out = nn.Linear(h, vocab, bias=False, device=dev, dtype=dt)
+        block = MPTLayer if mpt else Layer
+        self.layers = nn.ModuleList(block(h, heads, kv, ffn, dev, dt) for _ in range(layers))
+        if mpt:   # learned positions, a final LayerNorm, the output tied to the token table
+            self.pos = nn.Embedding(seq, h, device=dev, dtype=dt)
+            self.norm = nn.LayerNorm(h, device=dev, dtype=dt)
+        else:
+            self.norm = nn.RMSNorm(h, device=dev, dtype=dt)
+            self.out = nn.Linear(h, vocab, bias=False, device=dev, dtype=dt)
         d = h // heads
         inv = 1.0 / (500000.0 ** (torch.arange(0, d, 2, device=dev).float() / d))
         angles = torch.outer(torch.arange(seq, device=dev).float(), inv)
@@ -74,9 +101,12 @@ class Model(nn.Module):
 
     def forward(self, tokens, labels):
         x = self.emb(tokens)
+        if self.mpt:
+            x = x + self.pos.weight[None, : tokens.shape[1]]
         for layer in self.layers:
             x = layer(x, self.freqs)
-        logits = self.out(self.norm(x))
+        y = self.norm(x)
+        logits = y @ self.emb.weight.t() if self.mpt else self.out(y)
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
@@ -94,6 +124,9 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--shape", choices=("llama3-8b", "mpt-1b"), default="llama3-8b",
+                    help="llama3-8b: torchtitan's Llama; mpt-1b: llm-foundry's MPT-1B (give --seq 2048)")
+    ap.add_argument("--mbs", type=int, default=1, help="micro-batch (sequences a step)")
     ap.add_argument("--attention", choices=("flash", "cudnn"), default="flash",
                     help="SDPA backend: flash (FlashAttention-2, torchtitan's) or cudnn (Transformer Engine's)")
     ap.add_argument("--warm-seconds", type=float, default=0.0,
@@ -102,12 +135,18 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
     cuda = a.device == "cuda"
-    dims = (a.layers, 4096, 32, 8, 14336, 128256, a.seq) if cuda else (2, 64, 4, 2, 128, 256, 32)
+    mpt = a.shape == "mpt-1b"
+    if not cuda:
+        dims = (2, 64, 4, 4 if mpt else 2, 128, 256, 32)
+    elif mpt:
+        dims = (a.layers, 2048, 16, 16, 8192, 50368, a.seq)
+    else:
+        dims = (a.layers, 4096, 32, 8, 14336, 128256, a.seq)
     torch.manual_seed(0)
-    model = Model(*dims, a.device, torch.bfloat16)
+    model = Model(*dims, a.device, torch.bfloat16, mpt)
     seq, vocab = dims[6], dims[5]
-    tokens = torch.randint(0, vocab, (1, seq), device=a.device)
-    labels = torch.randint(0, vocab, (1, seq), device=a.device)
+    tokens = torch.randint(0, vocab, (a.mbs, seq), device=a.device)
+    labels = torch.randint(0, vocab, (a.mbs, seq), device=a.device)
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -154,8 +193,8 @@ def main() -> None:
     wall = statistics.median(walls)
     with open(a.out, "w", newline="") as f:
         f.write(f"# measured with tests/bench/measure_step.py: torch {torch.__version__}, "
-                f"{torch.cuda.get_device_name(0) if cuda else 'cpu'}; Llama 3 8B shapes, {dims[0]} layers, "
-                f"sequence {seq}, micro-batch 1, bf16, eager, SDPA backend {a.attention}, "
+                f"{torch.cuda.get_device_name(0) if cuda else 'cpu'}; {a.shape} shapes, {dims[0]} layers, "
+                f"sequence {seq}, micro-batch {a.mbs}, bf16, eager, SDPA backend {a.attention}, "
                 f"after {a.warm_seconds:g} s of steps\n")
         f.write(f"# step (forward and backward) wall time, median of {len(walls)}: {wall:.6e} s "
                 f"(all: {', '.join(f'{w:.4e}' for w in walls)})\n")
