@@ -8,9 +8,9 @@ measurements, all in ``results/kernels/``, none used to fit anything:
   on the kernels ``cases.csv`` lists, which :func:`case_rows` writes);
 - ``sustained.txt``, ``sustained_fp8.txt``: square bf16 and fp8 products held for 15 s, the clock
   and power read each second (``tests/bench/measure_sustained.py``);
-- ``step_{flash,cudnn,mpt}_{4,8}.csv``: every kernel of a training step of 4 and 8 layers (Llama
-  3 8B with either attention kernel, MPT-1B) after 10 s of steps (``tests/bench/measure_step.py``);
-  their difference over 4 is one layer.
+- ``step_*.csv``: every kernel of a training step of two depths (4 and 8 layers: Llama 3 8B with
+  either attention kernel, MPT-1B; 2 and 4: MPT-1B at 65,536 tokens) after 8-10 s of steps
+  (``tests/bench/measure_step.py``); their difference is the layers between them.
 
 ``tests/bench/bench_kernels.py`` prints the tables; ``tests/test_readme.py`` holds the docs to them.
 """
@@ -304,17 +304,21 @@ def step_profile(path: Path) -> tuple[float, dict[str, float]]:
     return wall, kinds
 
 
-# the profiled steps: (file stem, what ran, workload, sequence, micro-batch, phaze's attention kernel)
-STEPS = (("flash", "Llama 3 8B, 8,192 tokens, FlashAttention-2", "llama3-8b", 8192, 1, "flash2"),
-         ("cudnn", "Llama 3 8B, 8,192 tokens, cuDNN attention", "llama3-8b", 8192, 1, "flash"),
-         ("mpt", "MPT-1B, 8 x 2,048 tokens, FlashAttention-2", "mpt-1b", 2048, 8, "flash2"))
+# the profiled steps: (file stem, what ran, workload, sequence, micro-batch, phaze's attention
+# kernel, the two layer counts profiled)
+STEPS = (("flash", "Llama 3 8B, 8,192 tokens, FlashAttention-2", "llama3-8b", 8192, 1, "flash2", (4, 8)),
+         ("cudnn", "Llama 3 8B, 8,192 tokens, cuDNN attention", "llama3-8b", 8192, 1, "flash", (4, 8)),
+         ("mpt", "MPT-1B, 8 x 2,048 tokens, FlashAttention-2", "mpt-1b", 2048, 8, "flash2", (4, 8)),
+         ("mpt64k", "MPT-1B, 65,536 tokens, FlashAttention-2", "mpt-1b", 65536, 1, "flash2", (2, 4)))
 
 
 def step_layer(stem: str) -> tuple[float, dict[str, float]]:
-    """One layer's wall and kernel seconds: the 8-layer step less the 4-layer one, over 4."""
-    w4, k4 = step_profile(DATA / f"step_{stem}_4.csv")
-    w8, k8 = step_profile(DATA / f"step_{stem}_8.csv")
-    return (w8 - w4) / 4, {k: (k8[k] - k4[k]) / 4 for k in k4}
+    """One layer's wall and kernel seconds: the deeper step less the shallower one, over the
+    layers between them."""
+    lo, hi = next(s[6] for s in STEPS if s[0] == stem)
+    w4, k4 = step_profile(DATA / f"step_{stem}_{lo}.csv")
+    w8, k8 = step_profile(DATA / f"step_{stem}_{hi}.csv")
+    return (w8 - w4) / (hi - lo), {k: (k8[k] - k4[k]) / (hi - lo) for k in k4}
 
 
 def phaze_layer(workload: str, seq: int, mbs: int, attention: str) -> tuple[float, dict[str, float]]:
@@ -336,7 +340,7 @@ def step_table() -> str:
     one GPU) against phaze's operators, in ms."""
     out = ["| one layer, ms | GEMMs | attention | other kernels | all kernels | step |",
            "|---|---|---|---|---|---|"]
-    for stem, label, workload, seq, mbs, kernel in STEPS:
+    for stem, label, workload, seq, mbs, kernel, _ in STEPS:
         wall, k = step_layer(stem)
         out.append(f"| measured, {label} | {1e3 * k['GEMMs']:.2f} | {1e3 * k['attention']:.2f} | "
                    f"{1e3 * k['other']:.2f} | {1e3 * sum(k.values()):.2f} | {1e3 * wall:.2f} |")

@@ -47,15 +47,16 @@ def test_step_profiles_hold_one_layer_of_kernels_per_layer():
     # a layer of the torchtitan-shaped step launches the same kernels in the 4- and 8-layer runs:
     # FlashAttention-2's forward, backward, dO.O and dQ conversion (4 a layer), cuDNN's likewise;
     # 9 GEMMs forward and 18 backward, less what autograd fuses (the profiles' own count)
-    for stem, *_ in kt.STEPS:
+    for stem, *_, (lo, hi) in kt.STEPS:
         counts = []
-        for layers in (4, 8):
+        for layers in (lo, hi):
             text = (kt.DATA / f"step_{stem}_{layers}.csv").read_text()
             rows = list(csv.DictReader(x for x in text.splitlines() if not x.startswith("#")))
             counts.append(sum(kt._step_kind(r["name"]) == "attention" for r in rows))
-        assert counts[1] - counts[0] == 4 * 4
+        assert counts[1] - counts[0] == 4 * (hi - lo)
         wall, kinds = kt.step_layer(stem)
-        assert 0 < sum(kinds.values()) < wall   # the kernels fill most of a layer, not more
+        # the kernels fill the layer: 85-102 % of its wall time (a difference of two medians)
+        assert 0.85 * wall < sum(kinds.values()) < 1.02 * wall
 
 
 def test_the_validation_page_quotes_the_tables():
@@ -68,9 +69,11 @@ def test_the_validation_page_quotes_the_tables():
 
 def test_the_readme_quotes_the_layer_and_the_tensor_share():
     readme = " ".join((ROOT / "README.md").read_text().split())
-    wall, _ = kt.step_layer("flash")
-    total, _ = kt.phaze_layer("llama3-8b", 8192, 1, "flash2")
-    assert f"{100 * (total / wall - 1):+.0f} %" in readme
+    for stem, _, workload, seq, mbs, kernel, _ in kt.STEPS:
+        if stem in ("flash", "mpt64k"):   # the two layers the README quotes
+            wall, _ = kt.step_layer(stem)
+            total, _ = kt.phaze_layer(workload, seq, mbs, kernel)
+            assert f"{100 * (total / wall - 1):+.0f} %" in readme
     _, rate, _, _ = kt.sustained(kt.DATA / "sustained.txt")
     share = rate / (kt.load_chip(ROOT / kt.CHIP).peak_flops("bf16") / 1e12)
     assert f"{share:.3f} of the datasheet" in readme
