@@ -1,7 +1,7 @@
 """phaze's operator times against what a GPU it was never calibrated on (an H200) measured.
 
 phaze's parameters are fitted on whole training steps of A100s, H100s and TPU v4s; an H200
-(``arch_configs/h200-sxm.yaml``: the H100's SMs with 4.8 TB/s of HBM3e) takes the H100 fit. Three
+(``arch_configs/h200-sxm.yaml``: the H100's SMs with 4.8 TB/s of HBM3e) takes the H100 fit. The
 measurements, all in ``results/kernels/``, none used to fit anything:
 
 - ``h200.csv``: each operator of real layers timed alone in PyTorch (``tests/bench/measure_kernels.py``
@@ -12,7 +12,9 @@ measurements, all in ``results/kernels/``, none used to fit anything:
   either attention kernel, MPT-1B; 2 and 4: MPT-1B at 65,536 tokens) after 8-10 s of steps
   (``tests/bench/measure_step.py``); their difference is the layers between them.
 
-``tests/bench/bench_kernels.py`` prints the tables; ``tests/test_readme.py`` holds the docs to them.
+(``h200_properties.txt``, from ``tests/bench/measure_properties.py``, is the chip file's source.)
+``tests/bench/bench_kernels.py`` prints the tables; ``tests/test_kernel_tables.py`` holds the docs
+to them.
 """
 from __future__ import annotations
 
@@ -154,22 +156,28 @@ def _h200():
     return chip, replace(load_default_params()[PARAMS], kernel_overhead_s=0.0)
 
 
+def _operators() -> dict[str, tuple]:
+    """case name -> (model, its operators by name), for every case timed."""
+    out = {}
+    for c in CASES + ATTENTION_SWEEP:
+        m, g = case_graph(c)
+        out[case_name(c)] = (m, {op.name: op for op in g.fwd + g.bwd})
+    return out
+
+
+def _seconds(r: dict, chip, eff, operators: dict) -> float:
+    """phaze's device seconds for one measured row (a swept product, or a case's operator)."""
+    if r["case"] == "sweep":
+        return gemm_time(1, int(r["m"]), int(r["k"]), int(r["n"]), chip, "bf16", eff)
+    m, ops = operators[r["case"]]
+    return op_time(ops[r["op"]], chip, m.precision, eff, bytes_per_element=m.bytes_per_element)
+
+
 def predicted(rows: list[dict]) -> dict[tuple[str, str], float]:
     """phaze's device seconds for each measured (case, op), from the current model."""
     chip, eff = _h200()
-    graphs = {}
-    for c in CASES + ATTENTION_SWEEP:
-        m, g = case_graph(c)
-        graphs[case_name(c)] = (m, {op.name: op for op in g.fwd + g.bwd})
-    out = {}
-    for r in rows:
-        key = (r["case"], r["op"])
-        if r["case"] == "sweep":
-            out[key] = gemm_time(1, int(r["m"]), int(r["k"]), int(r["n"]), chip, "bf16", eff)
-        else:
-            m, ops = graphs[r["case"]]
-            out[key] = op_time(ops[r["op"]], chip, m.precision, eff, bytes_per_element=m.bytes_per_element)
-    return out
+    operators = _operators()
+    return {(r["case"], r["op"]): _seconds(r, chip, eff, operators) for r in rows}
 
 
 def read_measured(path: Path = MEASURED) -> tuple[list[str], list[dict]]:
@@ -382,24 +390,15 @@ def kernel_fit(path: Path = MEASURED) -> list[tuple[str, dict[str, float], str]]
 
     from phaze.calibrate import BOUNDS
     chip, base = _h200()
-    graphs = {}
-    for c in CASES + ATTENTION_SWEEP:
-        m, g = case_graph(c)
-        graphs[case_name(c)] = (m, {op.name: op for op in g.fwd + g.bwd})
+    operators = _operators()
     errs = kernel_errors(path)
-
-    def seconds(r, eff):
-        if r["case"] == "sweep":
-            return gemm_time(1, int(r["m"]), int(r["k"]), int(r["n"]), chip, "bf16", eff)
-        m, ops = graphs[r["case"]]
-        return op_time(ops[r["op"]], chip, m.precision, eff, bytes_per_element=m.bytes_per_element)
 
     def one(rows, names, start):
         t = np.array([x[1] for x in rows])
 
         def res(x):
             e = replace(start, **dict(zip(names, x, strict=True)))
-            return np.log(np.array([seconds(r, e) for r, _, _ in rows]) / t)
+            return np.log(np.array([_seconds(r, chip, e, operators) for r, _, _ in rows]) / t)
         lo, hi = [BOUNDS[n][0] for n in names], [BOUNDS[n][1] for n in names]
         x = least_squares(res, [getattr(start, n) for n in names], bounds=(lo, hi)).x
         e = replace(start, **dict(zip(names, x, strict=True)))

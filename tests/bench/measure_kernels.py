@@ -104,8 +104,8 @@ def _shrink(n: int, device: str, to: int = 64) -> int:
 
 
 def gemm(r: dict, timer: Timer, device: str):
-    b, M, K, N = (_shrink(_int(r, k), device) if k != "batch" else min(_int(r, k), 2 if device != "cuda" else 10**9)
-                  for k in ("batch", "m", "k", "n"))
+    M, K, N = (_shrink(_int(r, k), device) for k in ("m", "k", "n"))
+    b = _int(r, "batch") if device == "cuda" else min(_int(r, "batch"), 2)
     dt = torch.bfloat16
     if r["dtype"] == "fp8":
         if device != "cuda":
