@@ -9,8 +9,9 @@ measurements, all in ``results/kernels/``, none used to fit anything:
 - ``sustained.txt``, ``sustained_fp8.txt``: square bf16 and fp8 products held for 15 s, the clock
   and power read each second (``tests/bench/measure_sustained.py``);
 - ``step_*.csv``: every kernel of a training step of two depths (4 and 8 layers: Llama 3 8B with
-  either attention kernel, MPT-1B; 2 and 4: MPT-1B at 65,536 tokens) after 8-10 s of steps
-  (``tests/bench/measure_step.py``); their difference is the layers between them.
+  either attention kernel, MPT-1B; 2 and 4: MPT-1B at 65,536 tokens, with and without full
+  recompute) after 6-10 s of steps (``tests/bench/measure_step.py``); their difference is the
+  layers between them.
 
 (``h200_properties.txt``, from ``tests/bench/measure_properties.py``, is the chip file's source.)
 ``tests/bench/bench_kernels.py`` prints the tables; ``tests/test_kernel_tables.py`` holds the docs
@@ -313,29 +314,31 @@ def step_profile(path: Path) -> tuple[float, dict[str, float]]:
 
 
 # the profiled steps: (file stem, what ran, workload, sequence, micro-batch, phaze's attention
-# kernel, the two layer counts profiled)
-STEPS = (("flash", "Llama 3 8B, 8,192 tokens, FlashAttention-2", "llama3-8b", 8192, 1, "flash2", (4, 8)),
-         ("cudnn", "Llama 3 8B, 8,192 tokens, cuDNN attention", "llama3-8b", 8192, 1, "flash", (4, 8)),
-         ("mpt", "MPT-1B, 8 x 2,048 tokens, FlashAttention-2", "mpt-1b", 2048, 8, "flash2", (4, 8)),
-         ("mpt64k", "MPT-1B, 65,536 tokens, FlashAttention-2", "mpt-1b", 65536, 1, "flash2", (2, 4)))
+# kernel, phaze's recompute, the two layer counts profiled)
+STEPS = (("flash", "Llama 3 8B, 8,192 tokens, FlashAttention-2", "llama3-8b", 8192, 1, "flash2", "none", (4, 8)),
+         ("cudnn", "Llama 3 8B, 8,192 tokens, cuDNN attention", "llama3-8b", 8192, 1, "flash", "none", (4, 8)),
+         ("mpt", "MPT-1B, 8 x 2,048 tokens, FlashAttention-2", "mpt-1b", 2048, 8, "flash2", "none", (4, 8)),
+         ("mpt64k", "MPT-1B, 65,536 tokens, FlashAttention-2", "mpt-1b", 65536, 1, "flash2", "none", (2, 4)),
+         ("mpt64kr", "the same, full recompute", "mpt-1b", 65536, 1, "flash2", "full", (2, 4)))
 
 
 def step_layer(stem: str) -> tuple[float, dict[str, float]]:
     """One layer's wall and kernel seconds: the deeper step less the shallower one, over the
     layers between them."""
-    lo, hi = next(s[6] for s in STEPS if s[0] == stem)
+    lo, hi = next(s[-1] for s in STEPS if s[0] == stem)
     w4, k4 = step_profile(DATA / f"step_{stem}_{lo}.csv")
     w8, k8 = step_profile(DATA / f"step_{stem}_{hi}.csv")
     return (w8 - w4) / (hi - lo), {k: (k8[k] - k4[k]) / (hi - lo) for k in k4}
 
 
-def phaze_layer(workload: str, seq: int, mbs: int, attention: str) -> tuple[float, dict[str, float]]:
+def phaze_layer(workload: str, seq: int, mbs: int, attention: str,
+                recompute: str = "none") -> tuple[float, dict[str, float]]:
     """phaze's seconds for one layer's forward and backward on the H200, eager, with the H100
     fit: the sum of its operators, by kind."""
     chip = load_chip(ROOT / CHIP)
     eff = load_default_params()[PARAMS]
     m = load_model(workload, seq)
-    g = layer_graph(m, mbs, 1, False, attention, "none")
+    g = layer_graph(m, mbs, 1, False, attention, recompute)
     kinds = {"GEMMs": 0.0, "attention": 0.0, "other": 0.0}
     for op in g.fwd + g.bwd:
         kind = {"tensor": "GEMMs", "tensor+vector": "attention"}.get(op.unit, "other")
@@ -348,15 +351,35 @@ def step_table() -> str:
     one GPU) against phaze's operators, in ms."""
     out = ["| one layer, ms | GEMMs | attention | other kernels | all kernels | step |",
            "|---|---|---|---|---|---|"]
-    for stem, label, workload, seq, mbs, kernel, _ in STEPS:
+    for stem, label, workload, seq, mbs, kernel, recompute, _ in STEPS:
         wall, k = step_layer(stem)
         out.append(f"| measured, {label} | {1e3 * k['GEMMs']:.2f} | {1e3 * k['attention']:.2f} | "
                    f"{1e3 * k['other']:.2f} | {1e3 * sum(k.values()):.2f} | {1e3 * wall:.2f} |")
-        total, p = phaze_layer(workload, seq, mbs, kernel)
-        out.append(f"| phaze, `attention={kernel}` | {1e3 * p['GEMMs']:.2f} | {1e3 * p['attention']:.2f} | "
+        total, p = phaze_layer(workload, seq, mbs, kernel, recompute)
+        plan = f"attention={kernel}" + (f",recompute={recompute}" if recompute != "none" else "")
+        out.append(f"| phaze, `{plan}` | {1e3 * p['GEMMs']:.2f} | {1e3 * p['attention']:.2f} | "
                    f"{1e3 * p['other']:.2f} | {1e3 * total:.2f} | {1e3 * total:.2f} "
                    f"({100 * (total / wall - 1):+.0f} %) |")
     return "\n".join(out)
+
+
+def published_line(run_id: str = "R0083", stem: str = "mpt64kr") -> str:
+    """A published run of the same layers set beside the profiled step: its measured seconds per
+    sequence and layer on one GPU (the step over the sequences each GPU runs, over the layers; the
+    token table, head and optimizer counted in, a small share at long sequences) against one layer
+    of the profile, and phaze's leave-one-source-out error on the run."""
+    from phaze import validate as v
+    runs = {r["run_id"]: r for p in v.default_runs_paths() for r in csv.DictReader(p.open())}
+    pred = {r["run_id"]: r for r in csv.DictReader((ROOT / "results" / "validation" / "predictions.csv").open())}
+    run, p = runs[run_id], pred[run_id]
+    per_gpu = float(run["global_batch"]) / float(run["gpu_count"])
+    published = float(p["measured_step_s"]) / per_gpu / float(run["layers"])
+    wall, _ = step_layer(stem)
+    return (f"{run_id} ({run['source_id']}: {run['model']}, {run['seq_len']} tokens, {run['gpu_count']} "
+            f"{run['gpu']}, recompute {run['recompute']}): {float(p['measured_step_s']):.2f} s a step of "
+            f"{per_gpu:.0f} sequences a GPU, {1e3 * published:.0f} ms a sequence and layer, "
+            f"{published / wall:.2f} times this GPU's {1e3 * wall:.0f} ms; phaze, leave one source out: "
+            f"{100 * float(p['loso_error']):+.1f} %")
 
 
 def pinned_fit(pinned: dict[str, float], family: str = PARAMS) -> str:

@@ -44,16 +44,16 @@ def test_a_gemm_prediction_by_hand():
 
 
 def test_step_profiles_hold_one_layer_of_kernels_per_layer():
-    # a layer of the torchtitan-shaped step launches the same kernels in the 4- and 8-layer runs:
-    # FlashAttention-2's forward, backward, dO.O and dQ conversion (4 a layer), cuDNN's likewise;
-    # 9 GEMMs forward and 18 backward, less what autograd fuses (the profiles' own count)
-    for stem, *_, (lo, hi) in kt.STEPS:
+    # a layer launches the same attention kernels in the shallower and the deeper run:
+    # FlashAttention-2's forward, backward, dO.O and dQ conversion (4 a layer), cuDNN's likewise
+    for stem, *_, recompute, (lo, hi) in kt.STEPS:
         counts = []
         for layers in (lo, hi):
             text = (kt.DATA / f"step_{stem}_{layers}.csv").read_text()
             rows = list(csv.DictReader(x for x in text.splitlines() if not x.startswith("#")))
             counts.append(sum(kt._step_kind(r["name"]) == "attention" for r in rows))
-        assert counts[1] - counts[0] == 4 * (hi - lo)
+        # a full recompute runs each layer's forward kernel twice
+        assert counts[1] - counts[0] == (5 if recompute == "full" else 4) * (hi - lo)
         wall, kinds = kt.step_layer(stem)
         # the kernels fill the layer: 85-102 % of its wall time (a difference of two medians)
         assert 0.85 * wall < sum(kinds.values()) < 1.02 * wall
@@ -65,14 +65,15 @@ def test_the_validation_page_quotes_the_tables():
                   kt.kernel_fit_table()):
         assert table in page
     assert kt.launch_line() in page
+    assert kt.published_line() in " ".join(page.split())
 
 
 def test_the_readme_quotes_the_layer_and_the_tensor_share():
     readme = " ".join((ROOT / "README.md").read_text().split())
-    for stem, _, workload, seq, mbs, kernel, _ in kt.STEPS:
+    for stem, _, workload, seq, mbs, kernel, recompute, _ in kt.STEPS:
         if stem in ("flash", "mpt64k"):   # the two layers the README quotes
             wall, _ = kt.step_layer(stem)
-            total, _ = kt.phaze_layer(workload, seq, mbs, kernel)
+            total, _ = kt.phaze_layer(workload, seq, mbs, kernel, recompute)
             assert f"{100 * (total / wall - 1):+.0f} %" in readme
     _, rate, _, _ = kt.sustained(kt.DATA / "sustained.txt")
     share = rate / (kt.load_chip(ROOT / kt.CHIP).peak_flops("bf16") / 1e12)

@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -82,9 +83,9 @@ class MPTLayer(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, layers, h, heads, kv, ffn, vocab, seq, dev, dt, mpt: bool = False):
+    def __init__(self, layers, h, heads, kv, ffn, vocab, seq, dev, dt, mpt: bool = False, recompute: bool = False):
         super().__init__()
-        self.mpt = mpt
+        self.mpt, self.recompute = mpt, recompute
         self.emb = nn.Embedding(vocab, h, device=dev, dtype=dt)
         block = MPTLayer if mpt else Layer
         self.layers = nn.ModuleList(block(h, heads, kv, ffn, dev, dt) for _ in range(layers))
@@ -104,7 +105,10 @@ class Model(nn.Module):
         if self.mpt:
             x = x + self.pos.weight[None, : tokens.shape[1]]
         for layer in self.layers:
-            x = layer(x, self.freqs)
+            if self.recompute:   # full recompute: each layer's forward runs again in the backward
+                x = torch.utils.checkpoint.checkpoint(layer, x, self.freqs, use_reentrant=False)
+            else:
+                x = layer(x, self.freqs)
         y = self.norm(x)
         logits = y @ self.emb.weight.t() if self.mpt else self.out(y)
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
@@ -127,6 +131,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=("llama3-8b", "mpt-1b"), default="llama3-8b",
                     help="llama3-8b: torchtitan's Llama; mpt-1b: llm-foundry's MPT-1B (give --seq 2048)")
     ap.add_argument("--mbs", type=int, default=1, help="micro-batch (sequences a step)")
+    ap.add_argument("--recompute", action="store_true", help="full recompute: every layer checkpointed")
     ap.add_argument("--attention", choices=("flash", "cudnn"), default="flash",
                     help="SDPA backend: flash (FlashAttention-2, torchtitan's) or cudnn (Transformer Engine's)")
     ap.add_argument("--warm-seconds", type=float, default=0.0,
@@ -143,7 +148,7 @@ def main() -> None:
     else:
         dims = (a.layers, 4096, 32, 8, 14336, 128256, a.seq)
     torch.manual_seed(0)
-    model = Model(*dims, a.device, torch.bfloat16, mpt)
+    model = Model(*dims, a.device, torch.bfloat16, mpt, a.recompute)
     seq, vocab = dims[6], dims[5]
     tokens = torch.randint(0, vocab, (a.mbs, seq), device=a.device)
     labels = torch.randint(0, vocab, (a.mbs, seq), device=a.device)
@@ -195,6 +200,7 @@ def main() -> None:
         f.write(f"# measured with tests/bench/measure_step.py: torch {torch.__version__}, "
                 f"{torch.cuda.get_device_name(0) if cuda else 'cpu'}; {a.shape} shapes, {dims[0]} layers, "
                 f"sequence {seq}, micro-batch {a.mbs}, bf16, eager, SDPA backend {a.attention}, "
+                f"{'full recompute, ' if a.recompute else ''}"
                 f"after {a.warm_seconds:g} s of steps\n")
         f.write(f"# step (forward and backward) wall time, median of {len(walls)}: {wall:.6e} s "
                 f"(all: {', '.join(f'{w:.4e}' for w in walls)})\n")
