@@ -253,6 +253,19 @@ def attention_rates(path: Path = MEASURED) -> str:
     return "\n".join(out)
 
 
+def fragment_share(path: Path = MEASURED) -> tuple[float, float, float, int]:
+    """What FlashAttention-2 reaches of what phaze's tile model gives it, beside cuDNN's kernel:
+    for each pair of the attention sweep (head width, sequence, forward or backward), the measured
+    time ratio cuDNN / FlashAttention-2 over phaze's ratio ``flash`` / ``flash2``. (median, least,
+    most, pairs)."""
+    pairs: dict[tuple, dict] = {}
+    for r, t, p in kernel_errors(path):
+        if "|heads=" in r["case"]:
+            pairs.setdefault((r["head_dim"], r["seq"], r["kind"]), {})[r["backend"]] = (t, p)
+    shares = [(v["cudnn"][0] / v["flash"][0]) / (v["cudnn"][1] / v["flash"][1]) for v in pairs.values()]
+    return statistics.median(shares), min(shares), max(shares), len(shares)
+
+
 def launch_line(path: Path = MEASURED) -> str:
     _, rows = read_measured(path)
     got = {r["op"]: float(r["measured_s"]) for r in rows if r["kind"] == "launch" and r["measured_s"]}

@@ -66,6 +66,8 @@ def test_the_validation_page_quotes_the_tables():
         assert table in page
     assert kt.launch_line() in page
     assert kt.published_line() in " ".join(page.split())
+    median, _, _, pairs = kt.fragment_share()
+    assert f"the kernels above ask for {median:.2f}, the median of the sweep's {pairs} pairs" in " ".join(page.split())
 
 
 def test_the_readme_quotes_the_layer_and_the_tensor_share():
