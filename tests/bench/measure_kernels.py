@@ -13,8 +13,9 @@ count), since only a one-kernel call stands for phaze's one operator. ``launch``
 dispatch of a one-element add (host-bound wall time per kernel), the same kernels replayed from
 a CUDA graph (device time per kernel), and a small MLP's training step (wall time per kernel).
 
-``--device cpu`` runs every path with wall-clock timers on tiny shapes: a check of this script,
-not a measurement. Not a phaze dependency; the GPU machine needs only PyTorch.
+``--device cpu`` runs every path with wall-clock timers on tiny shapes: meant as a check of this
+script where no GPU is, not a measurement (not yet run: the machine that wrote it has no PyTorch,
+and its GPU runs used ``cuda``). Not a phaze dependency; the GPU machine needs only PyTorch.
 """
 from __future__ import annotations
 

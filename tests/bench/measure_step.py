@@ -11,7 +11,8 @@ tied to the 50,368-token table), bf16 weights, eager. It times whole forward and
 ``tests/kernel_tables.py`` sets one layer of them (the 8-layer step less the 4-layer one) beside
 phaze's operators.
 
-``--device cpu`` runs a tiny model with no profile: a check of this script, not a measurement.
+``--device cpu`` runs a tiny model with no profile: meant as a check of this script, not a
+measurement (not yet run: the machine that wrote it has no PyTorch; its GPU runs used ``cuda``).
 """
 from __future__ import annotations
 
