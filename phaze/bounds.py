@@ -125,12 +125,15 @@ class Work:
     special: float
 
 
-def _gemm_cycles(b: int, M: int, K: float, N: int, w: float, R: int, C: int, fill: bool) -> float:
+def _gemm_cycles(b: int, M: int, K: float, N: int, w: float, R: int, C: int, fill: bool,
+                 columns: int = 0) -> float:
     """Unit-cycles of ``b`` products M x K . K x N (share ``w`` executed) on R x C arrays: every
     output tile is a multiple of the array, so the outputs pad to whole arrays, each pass streams
     its K (plus the tile's prologue) and each wave fills and drains the array once (a product has
-    at least one tile per batch entry)."""
-    return b * w * (math.ceil(M / R) * math.ceil(N / C) * K + ((R + C) if fill else 0))
+    at least one tile per batch entry). ``columns``: the array columns the N outputs occupy
+    (default N padded to whole arrays; a fused attention's, :func:`phaze.cost.fused_columns`)."""
+    width = columns / C if columns else math.ceil(N / C)
+    return b * w * (math.ceil(M / R) * width * K + ((R + C) if fill else 0))
 
 
 def _ops_work(ops, eff: Efficiency, R: int, C: int, fill: bool) -> tuple[float, float, float]:
@@ -150,8 +153,7 @@ def _ops_work(ops, eff: Efficiency, R: int, C: int, fill: bool) -> tuple[float, 
             b, M, K, N = o.gemm
             w = o.work_fraction
             passes = o.flops / (2.0 * b * M * K * N)
-            cycles = b * w * (math.ceil(M / R) * fused_columns(N, o.value_width, C) / C * (K + k0 / w)
-                              + ((R + C) if fill else 0))
+            cycles = _gemm_cycles(b, M, K + k0 / w, N, w, R, C, fill, fused_columns(N, o.value_width, C))
             t += passes * cycles / eff.attention_fraction
             v += w * o.vector_flops
             s += w * o.special
