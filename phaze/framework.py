@@ -15,7 +15,7 @@ from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
 from .plan import CP_COMMS, DP_SHARD_NODE, LOSSES, OPTIMIZERS, Plan, dp_shard_text, hides_dp_reduction
-from .workload import BIAS_KERNELS, FP8_CASTS, Model
+from .workload import BIAS_KERNELS, FP8_CASTS, KV_REPEATS, ROTARY_KERNELS, Model
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ class Framework:
                                 # the norms by Transformer Engine's modules | separate kernels
     bias_kernels: str = "fused"  # where a biased model's bias adds and gradients run
                                  # (phaze.workload.BIAS_KERNELS): GEMM epilogues | separate kernels
+    rotary_kernels: str = "fused"  # how a rotary model's rotations run (phaze.workload.ROTARY_KERNELS)
+    kv_repeat: str = "grouped"     # how its attention reads grouped-query key/value heads
+                                   # (phaze.workload.KV_REPEATS)
     bf16_zero: int | None = None  # the ZeRO stage of a run that is not fp16, when its optimizer
                                   # shards whatever the config says; None: ``zero``
     recompute_modules: tuple[str, ...] = ()   # what its selective recompute re-runs by default
@@ -84,6 +87,8 @@ class Framework:
         assert self.optimizer in OPTIMIZERS, self.optimizer
         assert self.fp8_casts in FP8_CASTS, self.fp8_casts
         assert self.bias_kernels in BIAS_KERNELS, self.bias_kernels
+        assert self.rotary_kernels in ROTARY_KERNELS, self.rotary_kernels
+        assert self.kv_repeat in KV_REPEATS, self.kv_repeat
         assert self.cp_comm in CP_COMMS, self.cp_comm
 
 
@@ -104,7 +109,11 @@ _NEMO_SOURCE = ("Megatron-Core with Transformer Engine fused attention, tp_comm_
                 "other GPUs: the same load on every expert); its fp8 mixed-precision plugins hold the linear "
                 "weights in fp8 and gather them in fp8 (nemo_toolkit 2.0.0 bf16_with_fp8_mixed: fp8_params "
                 "True, which sets Transformer Engine's FP8_PARAMETERS and fp8_param_gather; 2.3.0 to 2.6.2: "
-                "fp8_param_gather True in each fp8 recipe the performance scripts use)")
+                "fp8_param_gather True in each fp8 recipe the performance scripts use); rotary embeddings "
+                "through Transformer Engine's fused kernel (apply_rope_fusion True in its Llama, Mixtral and "
+                "Nemotron configs, nemo_toolkit 2.6.2 llm/gpt/model/llama.py, mixtral.py, nemotron.py; its "
+                "DeepSeek and Qwen configs leave Megatron-Core's False, the unfused formula: such a run says "
+                "rotary_kernels separate)")
 _NEMO_2024 = Framework("nemo-2024", attention="flash", tp_async=True, tp_overlap=True, zero=1,
                        reduce_fp32=False, dropout=False, selective="attention", execution="eager",
                        interleave=True, vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
@@ -119,7 +128,7 @@ FRAMEWORKS = {f.name: f for f in (
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, dp_overlap=False, loss="megatron", optimizer="adam-megatron",
               bf16_reduce_fp32=True, flop_convention="narayanan96", bias_kernels="separate",
-              grad_accum_fusion=False,
+              grad_accum_fusion=False, rotary_kernels="separate",
               source="Megatron-LM 2021-22 (v2.x-v3.0) arguments.py defaults: hidden and attention dropout "
                      "0.1, no distributed optimizer, the gradient all-reduce in fp16 for fp16 runs and in "
                      "fp32 for bf16 ones (arguments.py forces --accumulate-allreduce-grads-in-fp32 for "
@@ -153,12 +162,15 @@ FRAMEWORKS = {f.name: f for f in (
                      "are concatenated in the backward; --recompute-method block (v3.0) re-runs "
                      "--recompute-num-layers layers of each pipeline stage whole and none of the rest "
                      "(assumption: the 2021 v2.x releases had it as --activations-checkpoint-method block; "
-                     "their arguments.py was not at hand)"),
+                     "their arguments.py was not at hand); a rotary model (none then: its rotary "
+                     "embedding came with Megatron-Core in 2023) gets Megatron's unfused formula "
+                     "(megatron-core 0.16.1 rope_utils.py _apply_rotary_pos_emb_bshd: rotate-half, two "
+                     "multiplies, an add and a cat, the cos and sin tables made at each call)"),
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False, block_recompute=False,
               dp_overlap=False, loss="megatron", optimizer="adam-deepspeed", flop_convention="narayanan96",
-              bias_kernels="separate", bf16_reduce_fp32=True, bf16_zero=1,
+              bias_kernels="separate", bf16_reduce_fp32=True, bf16_zero=1, rotary_kernels="separate",
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
                      "scale-mask-softmax, the biases and unfused attention of megatron-lm) under "
                      "DeepSpeed's engine, whose zero_optimization.stage defaults to 0 and which "
@@ -176,11 +188,13 @@ FRAMEWORKS = {f.name: f for f in (
                      "schedule; its activation checkpointing re-runs whole layers, every "
                      "activation_checkpoint_interval layers of the PipelineModule (no selective "
                      "recompute, no count of layers left without it) and it has no Megatron sequence "
-                     "parallelism"),
+                     "parallelism; assumption: a rotary model runs Megatron's unfused formula (its "
+                     "rotary_pos_embedding.py, not at hand, taken as megatron-core's "
+                     "_apply_rotary_pos_emb_bshd)"),
     Framework("nemo-megatron", attention="standard", tp_async=True, tp_overlap=False, zero=0,
               reduce_fp32=True, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, dp_overlap_flat=True, loss="megatron", optimizer="adam-megatron",
-              interleaving=False, bias_kernels="separate", grad_accum_fusion=False,
+              interleaving=False, bias_kernels="separate", grad_accum_fusion=False, rotary_kernels="separate",
               source="NVIDIA NeMo-Megatron (NeMo 1.x, 2022; the NeMo-Megatron launcher's GPT-3 recipes), "
                      "read from nemo_toolkit 1.11.0 (August 2022): NeMo's own Megatron-style transformer "
                      "(modules/common/megatron/transformer.py; Transformer Engine and FlashAttention came "
@@ -202,7 +216,9 @@ FRAMEWORKS = {f.name: f for f in (
                      "gradients all-reduced under the backward only without pipeline and sequence "
                      "parallelism (megatron_gpt_model.py training_step: after the backward otherwise); "
                      "fp16 cannot run O2 there and autocasts fp32 weights, whose gradients are fp32 too "
-                     "(assumption: its optimizer step costed as bf16's)"),
+                     "(assumption: its optimizer step costed as bf16's); assumption: a rotary model "
+                     "(position_embedding_type rope) runs the unfused rotate-half formula in 16 bits, as "
+                     "megatron-core's _apply_rotary_pos_emb_bshd"),
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
@@ -224,7 +240,10 @@ FRAMEWORKS = {f.name: f for f in (
                      "--recompute-method block re-runs --recompute-num-layers layers of each pipeline stage "
                      "whole and none of the rest (transformer_config.py, 0.16); its selective recompute "
                      "re-runs --recompute-modules, by default core_attn, the core attention whatever its "
-                     "kernel (attention.py checkpoint_core_attention: a fused one too)"),
+                     "kernel (attention.py checkpoint_core_attention: a fused one too); rotary embeddings "
+                     "through Transformer Engine's fused kernel (apply_rope_fusion; assumption: Megatron-LM's "
+                     "arguments.py, not in the megatron-core package, turns it on unless --no-rope-fusion, as "
+                     "NeMo's Llama and Mixtral configs do; TransformerConfig's own default is False)"),
     _NEMO_2024,
     replace(_NEMO_2024, name="nemo", bf16_reduce_fp32=False,
             source="NVIDIA NeMo 2 LLM performance recipes of 2025 on (containers 25.xx, nemo_toolkit 2.2 to "
@@ -236,6 +255,7 @@ FRAMEWORKS = {f.name: f for f in (
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
               block_recompute=False,
               fp8_casts="separate", bias_kernels="separate", cp_comm="torch", fsdp_pp="step",
+              rotary_kernels="complex", kv_repeat="copied",
               source="pytorch/torchtitan defaults: FSDP2 (ZeRO-3) with param bf16 and reduce fp32, "
                      "SDPA (FlashAttention-2 backend), selective activation checkpointing per op (its "
                      "activation checkpointing is full, selective per op or a compiler memory budget: "
@@ -253,7 +273,14 @@ FRAMEWORKS = {f.name: f for f in (
                      "through the step (torchtitan 0.3 distributed/fsdp.py: reshard_after_forward off when "
                      "PP is on, 'to avoid per-microbatch all-gathers') and PyTorch's schedules defer the "
                      "gradient reduce-scatter to the stage's last backward, accumulating fp32 gradients whole "
-                     "in between (torch 2.7 pipelining/stage.py backward_maybe_with_nosync; fsdp_pp=step)"),
+                     "in between (torch 2.7 pipelining/stage.py backward_maybe_with_nosync; fsdp_pp=step); "
+                     "its rotary embedding multiplies the queries and keys as fp32 complex numbers "
+                     "(apply_rotary_emb: x.float() as complex, times freqs_cis, type_as(x); torchtitan 0.1.0 "
+                     "to 0.3.0) and its attention reads key/value heads copied to one per query head "
+                     "(repeat_kv, expand then reshape: torchtitan 0.1.0 and 0.2.0 models/llama3/model/model.py, "
+                     "and the code of its 2024 benchmarks; 0.3.0 passes enable_gqa to SDPA instead, so a "
+                     "run of it says kv_repeat grouped); eager: its torch.compile option, which fuses the "
+                     "element-wise kernels, is not modelled"),
     Framework("maxtext", attention="flash", tp_async=True, tp_overlap=True, zero=3,
               reduce_fp32=False, dropout=False, selective="attention", execution="xla", interleave=False,
               block_recompute=False, recompute_modules=("core_attn",),
@@ -278,7 +305,8 @@ FRAMEWORKS = {f.name: f for f in (
                      "parallelism gathers K and V (cp_comm=all_gather: maxtext 0.2.5 base.yml "
                      "context_parallel_strategy all_gather, the default; layers/attention_op.py replicates K "
                      "and V over the context axis at the attention's shard_map, Q stays sharded, on TPU's "
-                     "splash kernel and GPU's Transformer Engine alike)"),
+                     "splash kernel and GPU's Transformer Engine alike); assumption: XLA fuses a rotary "
+                     "embedding's element-wise ops into one pass over each of the queries and keys"),
     Framework("llm-foundry", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="attention", execution="eager", interleave=False,
               flop_convention="6n_12lqs",
@@ -288,7 +316,9 @@ FRAMEWORKS = {f.name: f for f in (
                      "Transformer Engine's te.Linear (fc_type te); assumption: the norms stay separate "
                      "(its LayerNorm-fused te_ln_mlp FFN is opt-in), so each linear casts its input; "
                      "biases as torchtitan's (its MPT models set no_bias); activation_checkpointing_target can "
-                     "checkpoint only some blocks (first-n, range-i-j: llm-foundry 0.22 models/utils/act_ckpt.py)"),
+                     "checkpoint only some blocks (first-n, range-i-j: llm-foundry 0.22 models/utils/act_ckpt.py); "
+                     "assumption: a rotary model runs flash-attn's rotary kernel (rope_impl dail, its default "
+                     "as remembered, not checked), one pass per tensor"),
 )}
 
 # Spellings of each framework in a free ``framework`` column, tried in this order (a NeMo run
@@ -363,14 +393,18 @@ def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
 
 
 def model_with(fw: Framework, model: Model) -> tuple[Model, dict]:
-    """``model`` with the preset's fp8 casts (an fp8 model), bias kernels (a model with biases)
-    and expert capacity (a mixture of experts) where the model does not say them, and what was
-    set."""
+    """``model`` with the preset's fp8 casts (an fp8 model), bias kernels (a model with biases),
+    rotary kernels (a rotary model), key/value copies (grouped-query attention) and expert
+    capacity (a mixture of experts) where the model does not say them, and what was set."""
     changes = {}
     if model.precision == "fp8" and not model.fp8_casts:
         changes["fp8_casts"] = fw.fp8_casts
     if model.biased_linears and not model.bias_kernels:
         changes["bias_kernels"] = fw.bias_kernels
+    if model.rotated_width and not model.rotary_kernels:
+        changes["rotary_kernels"] = fw.rotary_kernels
+    if model.kv_heads < model.heads and not model.kv_repeat:
+        changes["kv_repeat"] = fw.kv_repeat
     if model.moe and fw.moe_capacity and not model.capacity_factor:
         changes["capacity_factor"] = fw.moe_capacity
     return (replace(model, **changes) if changes else model), changes

@@ -259,6 +259,41 @@ _COLUMN_PARALLEL = ("qkv", "ffn_up", "shared_up")
 _ROW_PARALLEL = ("attn_out", "ffn_down", "shared_down")
 
 
+# The kernels a rotary embedding runs on each query or key tensor (ROTARY_KERNELS), as (name,
+# elements of the tensor it reads and writes in the compute precision, and in fp32, FLOPs), per
+# element of the rotated part; ``rotary`` and ``rotary.pass_cat`` pass over the whole head (a
+# partial rotation copies the rest). The backward turns the gradient back by the same kernels (a
+# rotation's gradient is the inverse rotation: the same passes, and no saved tensor read).
+_ROTARY = {
+    # Transformer Engine's fused_apply_rotary_pos_emb: one kernel
+    "fused": (("rotary", (1, 0), (1, 0), 3.0),),
+    # torchtitan's apply_rotary_emb: x.float() viewed as complex, times freqs_cis, view_as_real,
+    # type_as(x) (its fp32 freqs_cis, one row per position shared by every head, not counted)
+    "complex": (("rotary.upcast", (1, 0), (0, 1), 0.0), ("rotary.rotate", (0, 1), (0, 1), 3.0),
+                ("rotary.downcast", (0, 1), (1, 0), 0.0)),
+    # megatron-core's _apply_rotary_pos_emb_bshd: t * cos_ + _rotate_half(t) * sin_ (the negated
+    # second half, a cat, two multiplies, an add), then torch.cat((t, t_pass))
+    "separate": (("rotary.neg", (0.5, 0), (0.5, 0), 0.5), ("rotary.cat", (1, 0), (1, 0), 0.0),
+                 ("rotary.cos_mul", (1, 0), (1, 0), 1.0), ("rotary.sin_mul", (1, 0), (1, 0), 1.0),
+                 ("rotary.add", (2, 0), (1, 0), 1.0), ("rotary.pass_cat", (1, 0), (1, 0), 0.0)),
+}
+# separate's tables, made again at each call: cos_ = (torch.cos(freqs) * mscale).to(dtype) and
+# sin_ likewise, on the fp32 [s, rotated width] angles (elements read and written, as above)
+_ROTARY_TABLES = (("cos", (0, 1), (0, 1)), ("cos_scale", (0, 1), (0, 1)), ("cos_cast", (0, 1), (1, 0)),
+                  ("sin", (0, 1), (0, 1)), ("sin_scale", (0, 1), (0, 1)), ("sin_cast", (0, 1), (1, 0)))
+
+
+def rotary_kernels(model: Model) -> str:
+    """How the model's rotary embedding runs (:data:`phaze.workload.ROTARY_KERNELS`), or "" without one."""
+    return (model.rotary_kernels or "fused") if model.rotated_width else ""
+
+
+def copies_kv(model: Model, tp: int) -> bool:
+    """Whether the attention reads key/value heads copied to one per query head
+    (``kv_repeat`` copied and fewer key/value heads than query heads on a rank)."""
+    return model.kv_repeat == "copied" and model.head_dim * (model.heads // tp) > kv_width(model, tp)
+
+
 def separate_biases(model: Model) -> frozenset:
     """The linears whose biases cost kernels of their own (``bias_kernels`` separate, Megatron's
     layers and PyTorch's autograd): every bias gradient is a reduction of the output gradient over
@@ -299,7 +334,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     a_t, d, dv = model.heads // t, model.head_dim, model.v_head_dim
     # what a fused attention kernel reads per token: queries, keys and the values at their own
     # width (MLA's are narrower than its keys)
-    qkv_read = model.q_dim // t + kv_t + max(1, model.kv_heads // t) * dv
+    copied = copies_kv(model, t)
+    kv_read_heads = model.heads // t if copied else max(1, model.kv_heads // t)
+    qkv_read = model.q_dim // t + (a_t * d if copied else kv_t) + kv_read_heads * dv
     ffn_out = model.ffn_hidden * (2 if model.activation == "swiglu" else 1) // t
     f_t = model.ffn_hidden // t
     fused = attention in ("flash", "flash2")
@@ -375,6 +412,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             mla_projections(fb, n)
         else:
             linear(fb, n("qkv"), T, h, qkv_n)
+        heads_prepared(fb, n)
         _attention_core(fb, n)
         if model.parallel_block:
             # the FFN reads the layer's input too; the attention's partial output waits for the
@@ -397,6 +435,35 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             dense_ffn(fb, n, tail)
         if tail:
             _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+
+    rot, rw = rotary_kernels(model), model.rotated_width
+    kv_local = kv_t // d                # key/value heads on this rank
+
+    def heads_prepared(fb: _Builder, n) -> None:
+        """What runs between the projections and the attention: the per-head norms of the queries
+        and keys (``qk_norm``), their rotary embedding (:data:`_ROTARY`; MLA rotates its queries'
+        rope part and its one shared rope key) and, with ``kv_repeat`` copied, the key and value
+        heads copied to one per query head (torchtitan's repeat_kv: expand, then reshape)."""
+        if model.qk_norm:
+            _vector(fb, n("q.norm"), T * a_t * d, p, flops_per_element=8)
+            _vector(fb, n("k.norm"), T * kv_t, p, flops_per_element=8)
+        if rot:
+            heads = {"q": a_t, "k": 1 if model.mla else kv_local}
+            for x, count in heads.items():
+                rotated = T * count * rw
+                whole = rotated if model.mla else T * count * d
+                if rot == "separate":
+                    for tab, (rp, r4), (wp, w4) in _ROTARY_TABLES:
+                        _vector(fb, n(f"{x}.rotary.{tab}"), s * rw, p, reads=rp + r4 * 4 / p,
+                                writes=wp + w4 * 4 / p, flops_per_element=0 if tab.endswith("cast") else 1,
+                                special_per_element=1 if tab in ("cos", "sin") else 0)
+                for name, (rp, r4), (wp, w4), f in _ROTARY[rot]:
+                    e = whole if name in ("rotary", "rotary.pass_cat") else rotated
+                    _vector(fb, n(f"{x}.{name}"), e, p, reads=rp + r4 * 4 / p, writes=wp + w4 * 4 / p,
+                            flops_per_element=f * rotated / e)
+        if copied:
+            for x, width in (("k", d), ("v", dv)):
+                _vector(fb, n(f"{x}.repeat"), T * a_t * width, p, reads=kv_local / a_t, flops_per_element=0)
 
     def activation(fb: _Builder, name: str, elements: float) -> None:
         """The FFN's element-wise activation: SwiGLU reads its two inputs; GELU and SwiGLU take
@@ -555,6 +622,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if t > 1 and sp:
             _coll(fb, n("ln1.all_gather"), "all_gather", "tp", p * ln1_write * T * h)
         linear(fb, n("qkv"), T, h, kv_t)
+        heads_prepared(fb, n)
         linear(fb, n("attn_out"), T, model.o_dim // t, h)
         _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
         _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
@@ -583,8 +651,10 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         wanted = set()
         if "layernorm" in mods:
             wanted |= ({"ln1"} if model.mla else set()) | ({"ln2"} if model.moe else set())
-        if "mla_up_proj" in mods and model.mla:
-            wanted |= {"q_up", "kv_up"}
+        if "mla_up_proj" in mods and model.mla:   # its checkpoint applies the rotary embedding too
+            probe = _Builder("fwd")
+            heads_prepared(probe, lambda x: x)
+            wanted |= {"q_up", "kv_up"} | {o.name for o in probe.ops}
         if "mlp" in mods and not model.moe:
             wanted |= ffn | {"ln2"}
         if "moe" in mods and model.moe:
@@ -639,6 +709,17 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                     nbytes = c.bytes / p
                 grad = (_coll(bb, f"{op.name}.bwd", mirror[c.kind], c.group, nbytes, deps=grad,
                               hidden_by=under),)
+            continue
+        if op.unit == "vector" and ".rotary." in f".{op.name}.":
+            # the inverse rotation by the same kernels; the tables are not differentiated
+            if op.name.split(".rotary.")[-1] not in {tab for tab, _, _ in _ROTARY_TABLES}:
+                grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
+                               bytes_read=op.bytes_read, bytes_written=op.bytes_written),)
+            continue
+        if op.unit == "vector" and op.name.endswith(".repeat"):
+            # the copies' gradients summed back over each group of query heads
+            grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.elements, elements=op.elements,
+                           bytes_read=op.bytes_written, bytes_written=op.bytes_read),)
             continue
         if op.unit == "vector":
             grad = (_vector(bb, f"{op.name}.bwd", op.elements, p, reads=2 * op.bytes_read / (p * op.elements),

@@ -24,6 +24,7 @@ from .graph import (
     TensorPasses,
     bf16_moment_passes,
     collective_groups,
+    copies_kv,
     deepspeed_tensor_passes,
     edge_graph,
     kv_width,
@@ -1065,9 +1066,10 @@ def _act_bytes(model: Model, plan: Plan, r: str) -> float:
 def _cp_blocks(model: Model, plan: Plan) -> tuple[float, float, float]:
     """Bytes one context-parallel rank holds per layer and micro-batch: its K and V, its Q, and
     its attention output (``tp``'s share of the heads, ``seq/cp`` tokens, 16-bit). V is as wide as
-    the value heads (MLA's 128 beside its 192-wide keys)."""
+    the value heads (MLA's 128 beside its 192-wide keys); key/value heads copied to one per query
+    head (``kv_repeat`` copied) are exchanged as the copies the attention reads."""
     tokens = model.bytes_per_element * plan.mbs * (model.seq_len // plan.cp)
-    kv_heads = kv_width(model, plan.tp) // model.head_dim
+    kv_heads = model.heads // plan.tp if copies_kv(model, plan.tp) else kv_width(model, plan.tp) // model.head_dim
     return (tokens * kv_heads * (model.head_dim + model.v_head_dim), tokens * (model.q_dim // plan.tp),
             tokens * (model.o_dim // plan.tp))
 

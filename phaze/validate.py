@@ -76,7 +76,9 @@ from .plan import (
 from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import (
+    KV_REPEATS,
     PARALLEL_BLOCKS,
+    ROTARY_KERNELS,
     Model,
     load_model,
     mtp_error,
@@ -99,7 +101,7 @@ EXPLICIT_COLUMNS = (
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
     "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers", "parallel_block", "fsdp_pp",
-    "fp8_param_gather")
+    "fp8_param_gather", "rotary_kernels", "kv_repeat")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -731,6 +733,9 @@ def _row_model(row: dict, seq: int, precision: str, fw: Framework | None = None)
     bad = parallel_block_error(model)
     if bad:
         raise ValueError(f"column 'parallel_block': {bad}")
+    # how the rotary embedding and grouped key/value heads run: blank is the framework's
+    model = dataclasses.replace(model, rotary_kernels=_choice(row, "rotary_kernels", ROTARY_KERNELS, ""),
+                                kv_repeat=_choice(row, "kv_repeat", KV_REPEATS, ""))
     return model if fw is None else model_with(fw, model)[0]
 
 

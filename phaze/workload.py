@@ -21,6 +21,19 @@ FP8_CASTS = ("fused", "separate")
 # cuBLASLt bias and bias-gradient epilogues, XLA); ``separate``, kernels of their own (Megatron's
 # tensor-parallel layers and PyTorch autograd: each bias gradient is a reduction over the tokens)
 BIAS_KERNELS = ("fused", "separate")
+# how a rotary embedding turns the queries and keys, in each direction: ``fused``, one kernel per
+# tensor reading and writing it in 16 bits (Transformer Engine's fused RoPE, flash-attn's rotary
+# kernel, a compiler's fusion); ``complex``, the pairs as fp32 complex numbers times the rotations
+# (torchtitan's apply_rotary_emb: upcast, multiply, downcast, three kernels per tensor);
+# ``separate``, Megatron's unfused rotate-half formula in 16 bits (megatron-core's
+# _apply_rotary_pos_emb_bshd: neg, cat, two multiplies, add and a cat per tensor, and the cos and
+# sin tables made again each call)
+ROTARY_KERNELS = ("fused", "complex", "separate")
+# how grouped-query attention reads its key and value heads: ``grouped``, each once for its group
+# of query heads (FlashAttention's and Transformer Engine's kernels, SDPA's enable_gqa);
+# ``copied``, first copied to one per query head (torchtitan 0.1 and 0.2's repeat_kv), whose
+# gradients the backward sums back over each group
+KV_REPEATS = ("grouped", "copied")
 # what a full recompute re-runs: ``whole``, the layer's forward to its end (Megatron's and
 # DeepSpeed's checkpoint functions call it again); ``needed``, only the ops whose results the
 # backward reads (JAX's remat and XLA: a pre-norm layer's last projection and residual add are
@@ -68,6 +81,10 @@ class Model:
     bias_kernels: str = ""               # a biased model's bias adds and gradients (BIAS_KERNELS): in
                                          # the GEMM epilogues | separate kernels; "": the framework's,
                                          # else fused
+    rotary_kernels: str = ""             # a rotary model's rotations (ROTARY_KERNELS); "": the
+                                         # framework's, else fused
+    kv_repeat: str = ""                  # grouped-query attention's key/value heads (KV_REPEATS); "":
+                                         # the framework's, else grouped
     recompute_rerun: str = ""            # what a full recompute re-runs (RECOMPUTE_RERUN): the whole
                                          # forward | what the backward reads; "": needed on a chip
                                          # that runs one compiled program (xla), else whole
@@ -87,6 +104,8 @@ class Model:
                                          # a2a+p2p: a ring of groups of context_parallel_a2a ranks
     context_parallel_a2a: int = 1        # a2a+p2p: ranks of one all-to-all group (the plan's cp_a2a; else 1)
     qk_norm: bool = False                # RMSNorm on each query and key head (Qwen3): 2 x head_dim weights
+    rotary_dim: int = 0                  # rotated width of each query and key head (GPT-NeoX: a quarter);
+                                         # 0 = all of it (MLA: its qk_rope_head_dim)
     attention_sinks: bool = False        # one learned sink logit per head (GPT-OSS)
     # multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = ordinary attention. With MLA,
     # ``head_dim`` is the query/key head width (qk_nope_head_dim + qk_rope_head_dim)
@@ -319,6 +338,14 @@ class Model:
         return n
 
     @property
+    def rotated_width(self) -> int:
+        """The rotated width of each query and key head: 0 without a rotary embedding; MLA rotates
+        its decoupled ``qk_rope_head_dim`` only."""
+        if self.position_embedding != "rotary":
+            return 0
+        return self.qk_rope_head_dim if self.mla else min(self.rotary_dim or self.head_dim, self.head_dim)
+
+    @property
     def biased_linears(self) -> frozenset:
         """The linear layers (as the layer graph names them) that carry a bias: every one with
         ``bias``, the q, k, v projection with ``qkv_bias``, the router and experts with
@@ -451,8 +478,11 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         precision=f.choice("precision", PRECISIONS, "bf16"),
         fp8_casts=f.choice("fp8_casts", FP8_CASTS, ""),
         bias_kernels=f.choice("bias_kernels", BIAS_KERNELS, ""),
+        rotary_kernels=f.choice("rotary_kernels", ROTARY_KERNELS, ""),
+        kv_repeat=f.choice("kv_repeat", KV_REPEATS, ""),
         recompute_rerun=f.choice("recompute_rerun", RECOMPUTE_RERUN, ""),
         qk_norm=f.bool("qk_norm", False),
+        rotary_dim=f.int("rotary_dim", 0, minimum=0),
         attention_sinks=f.bool("attention_sinks", False),
         sliding_window=f.int("sliding_window", 0, minimum=0),
         attention_chunk=f.int("attention_chunk", 0, minimum=0),
@@ -492,6 +522,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     if model.position_embedding == "learned" and model.max_positions < model.seq_len:
         raise ConfigError(source, "seq_len", f"must be <= max_positions ({model.max_positions}) "
                                              f"with learned positions, got {model.seq_len}")
+    if model.rotary_dim and (model.rotary_dim > model.head_dim or model.rotary_dim % 2):
+        raise ConfigError(source, "rotary_dim", f"must be an even width up to head_dim ({model.head_dim}), "
+                                                f"got {model.rotary_dim}")
     return model
 
 
@@ -760,6 +793,16 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append(local_attention_phrase(window, extra.get("attention_chunk", 0),
                                             extra.get("window_layer_share", 1.0))
                      + " (in effect when the sequence is longer)")
+    # a partial rotation: GPT-NeoX's rotary_pct, Phi's and StableLM's partial_rotary_factor, GPT-J's
+    # and CodeGen's rotary_dim (its rotated width itself)
+    rot_dim = 0
+    if position == "rotary":
+        width = extra.get("head_dim", 0) or cfg.get("head_dim") or hidden // heads
+        share = _first(cfg, "rotary_pct", "partial_rotary_factor", default=1.0)
+        rot_dim = cfg.get("rotary_dim") if isinstance(cfg.get("rotary_dim"), int) else int(width * share) // 2 * 2
+        rot_dim = rot_dim if 0 < rot_dim < width else 0
+        if rot_dim:
+            notes.append(f"rotary embedding on {rot_dim} of each head's {width} dimensions")
     return Model(
         name=name or cfg.get("_name_or_path") or mtype or "hf-model",
         architecture="encoder" if encoder else "decoder",
@@ -774,7 +817,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                             "attention_dropout", default=0.0)),
         embedding_norm=encoder or mtype == "bloom", embedding_projection_dim=proj if proj and proj != hidden else 0,
         token_types=cfg.get("type_vocab_size", 0) if encoder else 0, precision=precision,
-        qkv_bias=qkv_bias, sliding_window=window, parallel_block=block, notes=tuple(notes), **extra,
+        qkv_bias=qkv_bias, sliding_window=window, parallel_block=block, rotary_dim=rot_dim, notes=tuple(notes),
+        **extra,
     )
 
 

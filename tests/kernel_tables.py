@@ -27,6 +27,7 @@ from pathlib import Path
 
 from phaze.arch import load_chip
 from phaze.cost import gemm_time, op_time
+from phaze.framework import FRAMEWORKS, model_with
 from phaze.graph import ExpertLayout, layer_graph
 from phaze.validate import load_default_params
 from phaze.workload import load_model
@@ -334,6 +335,10 @@ STEPS = (("flash", "Llama 3 8B, 8,192 tokens, FlashAttention-2", "llama3-8b", 81
          ("mpt64k", "MPT-1B, 65,536 tokens, FlashAttention-2", "mpt-1b", 65536, 1, "flash2", "none", (2, 4)),
          ("mpt64kr", "the same, full recompute", "mpt-1b", 65536, 1, "flash2", "full", (2, 4)))
 
+# the framework each profiled model's code follows (tests/bench/measure_step.py): the Llama layer
+# is torchtitan's (complex rotary embedding, key/value heads copied), MPT llm-foundry's
+SHAPED_AFTER = {"llama3-8b": "torchtitan", "mpt-1b": "llm-foundry"}
+
 
 def step_layer(stem: str) -> tuple[float, dict[str, float]]:
     """One layer's wall and kernel seconds: the deeper step less the shallower one, over the
@@ -347,10 +352,11 @@ def step_layer(stem: str) -> tuple[float, dict[str, float]]:
 def phaze_layer(workload: str, seq: int, mbs: int, attention: str,
                 recompute: str = "none") -> tuple[float, dict[str, float]]:
     """phaze's seconds for one layer's forward and backward on the H200, eager, with the H100
-    fit: the sum of its operators, by kind."""
+    fit and the model settings of the framework the profiled code follows: the sum of its
+    operators, by kind."""
     chip = load_chip(ROOT / CHIP)
     eff = load_default_params()[PARAMS]
-    m = load_model(workload, seq)
+    m, _ = model_with(FRAMEWORKS[SHAPED_AFTER[workload]], load_model(workload, seq))
     g = layer_graph(m, mbs, 1, False, attention, recompute)
     kinds = {"GEMMs": 0.0, "attention": 0.0, "other": 0.0}
     for op in g.fwd + g.bwd:
@@ -373,6 +379,68 @@ def step_table() -> str:
         out.append(f"| phaze, `{plan}` | {1e3 * p['GEMMs']:.2f} | {1e3 * p['attention']:.2f} | "
                    f"{1e3 * p['other']:.2f} | {1e3 * total:.2f} | {1e3 * total:.2f} "
                    f"({100 * (total / wall - 1):+.0f} %) |")
+    return "\n".join(out)
+
+
+# torchtitan's rotary embedding and key/value copies in the profiled Llama layer, by kernel name
+# (PyTorch's element-wise kernels), against phaze's operators of the same work: the casts to and
+# from fp32 (q and k, forward and backward), the complex products, the copies and their sums
+ROTARY_KERNELS = (
+    ("fp32 casts", r"direct_copy_kernel_cuda.*lambda\(float\)|bfloat16_copy_kernel_cuda",
+     ("rotary.upcast", "rotary.downcast")),
+    ("complex products", r"MulFunctor<c10::complex<float>", ("rotary.rotate",)),
+    ("key/value copies and their sums",
+     r"direct_copy_kernel_cuda.*lambda\(c10::BFloat16\)|reduce_kernel.*sum_functor<c10::BFloat16", (".repeat",)),
+)
+
+
+def _layer_kernels(stem: str, pattern: str) -> tuple[float, float]:
+    """(kernels, seconds) per layer of the profile's kernels whose name matches ``pattern``."""
+    lo, hi = next(s[-1] for s in STEPS if s[0] == stem)
+    out = []
+    for layers in (lo, hi):
+        text = (DATA / f"step_{stem}_{layers}.csv").read_text()
+        rows = [r for r in csv.DictReader(x for x in text.splitlines() if not x.startswith("#"))
+                if re.search(pattern, r["name"])]
+        out.append((len(rows), sum(float(r["duration_us"]) for r in rows) * 1e-6))
+    return (out[1][0] - out[0][0]) / (hi - lo), (out[1][1] - out[0][1]) / (hi - lo)
+
+
+def rotary_share(stem: str = "flash") -> tuple[int, int, float]:
+    """(kernels, all kernels, share of the layer's wall time) of the rotary embedding and
+    key/value copies in one profiled layer."""
+    found = [_layer_kernels(stem, pattern) for _, pattern, _ in ROTARY_KERNELS]
+    everything = _layer_kernels(stem, r"^(?!Memset)")   # kernels, not the memsets
+    wall, _ = step_layer(stem)
+    return round(sum(n for n, _ in found)), round(everything[0]), sum(t for _, t in found) / wall
+
+
+def rotary_coverage(stem: str = "flash") -> float:
+    """phaze's seconds for the rotary embedding and key/value copies of the profiled layer over
+    the measured kernels' (:data:`ROTARY_KERNELS`)."""
+    _, _, workload, seq, mbs, kernel, recompute, _ = next(s for s in STEPS if s[0] == stem)
+    chip, eff = load_chip(ROOT / CHIP), load_default_params()[PARAMS]
+    m, _ = model_with(FRAMEWORKS[SHAPED_AFTER[workload]], load_model(workload, seq))
+    ops = layer_graph(m, mbs, 1, False, kernel, recompute)
+    names = [x for _, _, group in ROTARY_KERNELS for x in group]
+    ours = sum(op_time(o, chip, m.precision, eff) for o in ops.fwd + ops.bwd if any(x in o.name for x in names))
+    return ours / sum(_layer_kernels(stem, pattern)[1] for _, pattern, _ in ROTARY_KERNELS)
+
+
+def rotary_table(stem: str = "flash") -> str:
+    """The profiled Llama layer's rotary embedding and key/value copies against phaze's, in us."""
+    _, _, workload, seq, mbs, kernel, recompute, _ = next(s for s in STEPS if s[0] == stem)
+    chip, eff = load_chip(ROOT / CHIP), load_default_params()[PARAMS]
+    m, _ = model_with(FRAMEWORKS[SHAPED_AFTER[workload]], load_model(workload, seq))
+    ops = layer_graph(m, mbs, 1, False, kernel, recompute)
+    out = ["| one layer, torchtitan's code | kernels measured | us measured | operators, phaze | us, phaze |",
+           "|---|---|---|---|---|"]
+    for label, pattern, names in ROTARY_KERNELS:
+        n, t = _layer_kernels(stem, pattern)
+        mine = [o for o in ops.fwd + ops.bwd if any(x in o.name for x in names)]
+        ours = sum(op_time(o, chip, m.precision, eff) for o in mine)
+        out.append(f"| {label} | {n:.0f} | {1e6 * t:.0f} | {len(mine)} | "
+                   f"{1e6 * ours:.0f} ({100 * (ours / t - 1):+.0f} %) |")
     return "\n".join(out)
 
 

@@ -86,10 +86,15 @@ def test_valid_workload_copy_runs(tmp_path):
     ({"fp8_casts": "maybe"}, "fp8_casts", "fused, separate"),
     ({"bias_kernels": "epilogue"}, "bias_kernels", "fused, separate"),
     ({"recompute_rerun": "some"}, "recompute_rerun", "whole, needed"),
+    ({"rotary_kernels": "triton"}, "rotary_kernels", "fused, complex, separate"),
+    ({"kv_repeat": "expand"}, "kv_repeat", "grouped, copied"),
+    ({"rotary_dim": 4096}, "rotary_dim", "even width up to head_dim"),
+    ({"rotary_dim": 31}, "rotary_dim", "even width up to head_dim"),
     ({"hidden": 12288.5}, "hidden", "positive integer"),
     ({"hidden": "big"}, "hidden", "positive integer"),
 ], ids=["missing-layers", "negative-hidden", "zero-heads", "unknown-key", "bad-precision", "bad-fp8-casts",
-        "bad-bias-kernels", "bad-recompute-rerun", "fractional-hidden", "string-hidden"])
+        "bad-bias-kernels", "bad-recompute-rerun", "bad-rotary-kernels", "bad-kv-repeat", "wide-rotary-dim",
+        "odd-rotary-dim", "fractional-hidden", "string-hidden"])
 def test_bad_workload_field(tmp_path, change, field, allowed):
     data = {k: v for k, v in {**WORKLOAD, **change}.items() if v is not None}
     path = write_yaml(tmp_path / "w.yaml", data)

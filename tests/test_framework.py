@@ -515,6 +515,39 @@ def test_the_predictions_name_the_plan_a_searched_row_was_scored_with(tmp_path):
     assert out["layout_from"] == "searched" and out["plan"] == fastest.label()
 
 
+def _said(model):
+    """``model`` saying its rotary kernels and key/value reads, which every preset sets otherwise."""
+    return dataclasses.replace(model, rotary_kernels="fused", kv_repeat="grouped")
+
+
+def test_rotary_kernels_and_kv_copies_follow_the_framework_unless_the_model_says():
+    # torchtitan's complex product and repeat_kv; Megatron's unfused rotate-half for the 2021-22
+    # stacks; Transformer Engine's fused RoPE (Megatron-Core, NeMo), XLA's and flash-attn's fusion
+    llama = load_model("llama3-8b", 2048)     # rotary, 32 query heads, 8 key/value heads
+    assert (llama.rotary_kernels, llama.kv_repeat) == ("", "")
+    separate = {"megatron-lm", "megatron-deepspeed", "nemo-megatron"}
+    for name, fw in FRAMEWORKS.items():
+        model, changes = model_with(fw, llama)
+        want = "complex" if name == "torchtitan" else "separate" if name in separate else "fused"
+        assert model.rotary_kernels == changes["rotary_kernels"] == want, name
+        assert model.kv_repeat == changes["kv_repeat"] == ("copied" if name == "torchtitan" else "grouped")
+    # nothing to say: learned positions and multi-head attention (GPT-2), or the model's own
+    gpt = load_model("gpt2-xl", 1024)
+    assert {"rotary_kernels", "kv_repeat"}.isdisjoint(model_with(FRAMEWORKS["torchtitan"], gpt)[1])
+    own = dataclasses.replace(llama, rotary_kernels="fused", kv_repeat="grouped")
+    assert {"rotary_kernels", "kv_repeat"}.isdisjoint(model_with(FRAMEWORKS["torchtitan"], own)[1])
+    # a row: a gated model is rotary (its rule), so the preset acts; a GPT row's learned positions not
+    row = synthetic_case(framework="torchtitan", activation="swiglu", kv_heads="4").model
+    assert (row.rotary_kernels, row.kv_repeat) == ("complex", "copied")
+    assert synthetic_case(framework="torchtitan").model.rotary_kernels == ""
+    # the row's own columns win over the preset; a value outside the list is the row's error
+    own = synthetic_case(framework="torchtitan", activation="swiglu", kv_heads="4", rotary_kernels="fused",
+                         kv_repeat="grouped").model
+    assert (own.rotary_kernels, own.kv_repeat) == ("fused", "grouped")
+    bad = v.row_to_case(synthetic(framework="torchtitan", activation="swiglu", rotary_kernels="triton"))
+    assert isinstance(bad, v.Skipped) and "rotary_kernels" in bad.reason and "complex" in bad.reason
+
+
 def test_fp8_casts_follow_the_framework_unless_the_model_says():
     # Transformer Engine's LayerNorm-fused modules for the Megatron-based presets; torchao's
     # Float8Linear (torchtitan) and te.Linear without fused norms (llm-foundry) cast separately
@@ -524,9 +557,9 @@ def test_fp8_casts_follow_the_framework_unless_the_model_says():
     for name, fw in FRAMEWORKS.items():
         model, changes = model_with(fw, fp8)
         assert model.fp8_casts == changes["fp8_casts"] == want.get(name, "fused")
-    bf16 = load_model("llama3-8b", 2048)
+    bf16 = _said(load_model("llama3-8b", 2048))
     assert model_with(FRAMEWORKS["torchtitan"], bf16) == (bf16, {})            # 16-bit: nothing to say
-    said = dataclasses.replace(fp8, fp8_casts="fused")
+    said = _said(dataclasses.replace(fp8, fp8_casts="fused"))
     assert model_with(FRAMEWORKS["torchtitan"], said) == (said, {})           # the model's own wins
     # validation rows: the framework column sets it, a mixture of experts included
     assert synthetic_case(precision="fp8", framework="torchtitan").model.fp8_casts == "separate"
@@ -567,7 +600,7 @@ def test_bias_kernels_follow_the_framework_unless_the_model_says():
     for name, fw in FRAMEWORKS.items():
         model, changes = model_with(fw, gpt)
         assert model.bias_kernels == changes["bias_kernels"] == ("separate" if name in separate else "fused")
-    llama = load_model("llama3-8b", 2048)
+    llama = _said(load_model("llama3-8b", 2048))
     assert not llama.bias and model_with(FRAMEWORKS["megatron-lm"], llama) == (llama, {})   # no biases
     said = dataclasses.replace(gpt, bias_kernels="fused")
     assert model_with(FRAMEWORKS["megatron-lm"], said) == (said, {})                          # the model's own wins
@@ -589,9 +622,9 @@ def test_nemo_drops_tokens_at_capacity_one_unless_the_model_or_row_says():
         assert model.capacity_factor == (1.0 if name in ("nemo", "nemo-2024") else 0.0), name
         assert ("capacity_factor" in changes) == (name in ("nemo", "nemo-2024"))
     nemo = FRAMEWORKS["nemo"]
-    dense = load_model("llama3-8b")
+    dense = _said(load_model("llama3-8b"))
     assert model_with(nemo, dense) == (dense, {})
-    own = dataclasses.replace(qwen, capacity_factor=1.25)
+    own = _said(dataclasses.replace(qwen, capacity_factor=1.25))
     assert model_with(nemo, own) == (own, {})
     model = model_with(nemo, qwen)[0]
     plan = Plan(tp=1, pp=1, ep=8)
@@ -622,7 +655,7 @@ def test_nemo_drops_tokens_at_capacity_one_unless_the_model_or_row_says():
 
 def test_full_recompute_reruns_what_the_backward_reads_on_a_compiled_program(tmp_path):
     # no preset sets it: it follows the execution model (XLA drops the recomputation nothing reads)
-    llama = load_model("llama3-8b", 2048)
+    llama = _said(load_model("llama3-8b", 2048))
     assert all(model_with(fw, llama) == (llama, {}) for fw in FRAMEWORKS.values())
     out = ok_cli(phaze_cli(tmp_path, "evaluate", "--workload", "llama3-8b", "--arch", "tpuv4", "--devices", "8",
                            "--global-batch", "8", "--seq-len", "2048", "--framework", "maxtext", "--plan",

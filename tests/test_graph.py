@@ -119,8 +119,9 @@ def test_per_op_recompute_reruns_k_o_and_up_of_swiglu_by_hand(tp, sp):
     rerun = [o for o in op.bwd if o.name.startswith("recompute.")]
     assert tensor_flops(op.bwd) - tensor_flops(none.bwd) == pytest.approx(2 * T * h * (kv + h + f) / tp)
     assert not any(o.core_attention for o in rerun)
+    # the rotary embedding of q and k too: the attention reads its outputs, which are not saved
     assert {o.name for o in rerun if o.unit == "vector"} == {
-        "recompute." + x for x in ("ln1", "attn_residual", "ln2", "swiglu", "ffn_residual")}
+        "recompute." + x for x in ("ln1", "q.rotary", "k.rotary", "attn_residual", "ln2", "swiglu", "ffn_residual")}
     gathers = [o.collective.kind for o in rerun if o.collective]
     assert gathers == (["all_gather", "all_gather"] if sp else [])
 
@@ -434,7 +435,8 @@ def test_expert_modules_by_hand():
     assert "dispatch.all_to_all" in moe_ops and "combine.all_to_all" in moe_ops
     assert base - act(qwen, 1, 1, False, "selective+moe", "flash") == pytest.approx(moe_activation_bytes(qwen, s, 1))
     assert _reruns(ds, "selective+shared_experts", moe=lay) == ["shared_up", "shared_swiglu", "shared_down"]
-    assert _reruns(ds, "selective+mla_up_proj", moe=lay) == ["q_up", "kv_up"]
+    # the up projections' checkpoint applies the rotary embedding too (its rope part of q and k)
+    assert _reruns(ds, "selective+mla_up_proj", moe=lay) == ["q_up", "kv_up", "q.rotary", "k.rotary"]
     a = ds.heads
     drop = act(ds, 1, 1, False, "selective", "flash") - act(ds, 1, 1, False, "selective+mla_up_proj", "flash")
     assert drop == pytest.approx(2 * s * a * (192 + 192 + 128))      # Q, K, V; the latents stay
@@ -467,3 +469,97 @@ def test_recompute_modules_in_a_plan():
         with pytest.raises(ConfigError) as err:
             parse_plan(bad)
         assert err.value.field == field
+
+
+# --- rotary embeddings, per-head norms and copied key/value heads ----------------------------------
+def _llama(**kw):
+    """Llama 3 8B's layer (32 query heads, 8 key/value heads of 128) at 256 tokens."""
+    return dataclasses_replace(load_model("llama3-8b", 256), **kw)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_rotary_kernels_by_hand(tp):
+    T, q, k = 256, 32 * 128 // tp, 8 * 128 // tp          # this rank's query and key widths
+    fused = _ops(layer_graph(_llama(rotary_kernels="fused"), 1, tp, False, "flash", "none"))
+    for x, w in (("q", q), ("k", k)):
+        # Transformer Engine's fused RoPE: read and write each 2-byte element, 3 FLOPs (two
+        # products and a sum), forward and backward alike
+        for name in (f"{x}.rotary", f"{x}.rotary.bwd"):
+            o = fused[name]
+            assert (o.elements, o.bytes_read, o.bytes_written, o.flops) == (T * w, 2 * T * w, 2 * T * w, 3 * T * w)
+        assert fused[f"{x}.rotary"].phase == "fwd" and fused[f"{x}.rotary.bwd"].phase == "bwd"
+    complex_ = _ops(layer_graph(_llama(rotary_kernels="complex"), 1, tp, False, "flash", "none"))
+    # torchtitan: x.float() 2 -> 4 bytes, the complex product 4 -> 4, type_as 4 -> 2
+    for name, r, w in (("q.rotary.upcast", 2, 4), ("q.rotary.rotate", 4, 4), ("q.rotary.downcast", 4, 2)):
+        for n in (name, name + ".bwd"):
+            assert (complex_[n].bytes_read, complex_[n].bytes_written) == (r * T * q, w * T * q)
+    assert sum(o.bytes for n, o in complex_.items() if n.startswith("k.rotary")) == 2 * 20 * T * k
+    separate = _ops(layer_graph(_llama(rotary_kernels="separate"), 1, tp, False, "flash", "none"))
+    # megatron's rotate-half: neg (half), cat, two multiplies, add (two inputs), cat with the
+    # unrotated part: 6.5 + 5.5 elements per element each way; six table kernels of 256 x 128 fp32
+    # values per tensor, forward only
+    main = [n for n in separate if n.startswith("q.rotary.") and not n.split(".")[2].startswith(("cos", "sin"))
+            or n.startswith("q.rotary.") and n.split(".")[2] in ("cos_mul", "sin_mul")]
+    assert len(main) == 12 and sum(separate[n].bytes for n in main) == 2 * 2 * 12 * T * q
+    tables = [n for n in separate if n.startswith("k.rotary.") and n.split(".")[2] in
+              ("cos", "cos_scale", "cos_cast", "sin", "sin_scale", "sin_cast")]
+    assert len(tables) == 6 and all(separate[n].elements == T * 128 for n in tables)
+    assert sum(separate[n].bytes for n in tables) == T * 128 * (6 * 4 + 4 * 4 + 2 * 2)
+    # learned positions: no rotation
+    gpt = _ops(layer_graph(load_model("gpt3-175b", 256), 1, tp, False, "flash", "none"))
+    assert not any("rotary" in n for n in gpt)
+
+
+def test_partial_and_latent_rotations():
+    # GPT-NeoX-20B rotates 24 of each 96-wide head: the fused kernel still passes the whole head
+    neox = load_model("gpt-neox-20b", 256)
+    g = _ops(layer_graph(neox, 1, 1, False, "flash", "none"))
+    assert g["q.rotary"].bytes_read == 2 * 256 * 6144 and g["q.rotary"].flops == 3 * 256 * 64 * 24
+    # DeepSeek-V3's MLA: its 128 queries' 64-wide rope parts and one shared 64-wide rope key
+    ds = load_model("deepseek-v3", 256)
+    g = _ops(layer_graph(ds, 1, 1, False, "flash", "none", ExpertLayout(ep=64)))
+    assert g["q.rotary"].elements == 256 * 128 * 64 and g["k.rotary"].elements == 256 * 64
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_copied_key_value_heads_by_hand(tp):
+    T, heads, kv = 256, 32 // tp, 8 // tp
+    grouped = layer_graph(_llama(kv_repeat="grouped"), 1, tp, False, "flash2", "none")
+    copied = layer_graph(_llama(kv_repeat="copied"), 1, tp, False, "flash2", "none")
+    g, c = _ops(grouped), _ops(copied)
+    assert set(c) - set(g) == {"k.repeat", "v.repeat", "k.repeat.bwd", "v.repeat.bwd"}
+    for x in "kv":
+        # the copy reads each of this rank's key/value heads once, writes one per query head;
+        # the backward sums the copies' gradients back
+        fwd, bwd = c[f"{x}.repeat"], c[f"{x}.repeat.bwd"]
+        assert (fwd.bytes_read, fwd.bytes_written) == (2 * T * kv * 128, 2 * T * heads * 128)
+        assert (bwd.bytes_read, bwd.bytes_written) == (2 * T * heads * 128, 2 * T * kv * 128)
+    # the attention reads (and its backward writes) K and V as wide as Q
+    assert c["flash_attention"].bytes_read == 2 * T * 3 * heads * 128
+    assert g["flash_attention"].bytes_read == 2 * T * (heads + 2 * kv) * 128
+    assert c["flash_attention.bwd"].bytes_written == c["flash_attention"].bytes_read
+    # multi-head attention has nothing to copy
+    mha = _ops(layer_graph(_llama(kv_repeat="copied", kv_heads=32), 1, tp, False, "flash2", "none"))
+    assert not any("repeat" in n for n in mha)
+
+
+def test_copied_key_value_heads_are_kept_and_exchanged_as_copies():
+    from phaze.memory import activation_bytes_per_layer
+    from phaze.step import _cp_blocks
+    s, h, kv = 256, 4096, 1024
+    grouped, copied = _llama(kv_repeat="grouped"), _llama(kv_repeat="copied")
+    # the attention keeps K and V as wide as Q: 2 x (4096 - 1024) more 2-byte values per token
+    extra = activation_bytes_per_layer(copied, 1, 1, False, "none", "flash2") \
+        - activation_bytes_per_layer(grouped, 1, 1, False, "none", "flash2")
+    assert extra == pytest.approx(2 * 2 * s * (h - kv))
+    # context parallelism moves what the attention reads: four times the K/V block here
+    plan = Plan(cp=4, tp=1)
+    assert _cp_blocks(copied, plan)[0] == 4 * _cp_blocks(grouped, plan)[0] == 2 * (s // 4) * 32 * 256
+
+
+def test_qk_norm_normalises_each_query_and_key_head():
+    qwen = load_model("qwen3-8b", 256)      # 32 query heads, 8 key/value heads of 128
+    g = _ops(layer_graph(qwen, 1, 2, False, "flash", "none"))
+    assert g["q.norm"].elements == 256 * 16 * 128 and g["k.norm"].elements == 256 * 4 * 128
+    assert g["q.norm.bwd"].bytes_read == 2 * g["q.norm"].bytes_read      # reads its input and the gradient
+    assert "q.norm" not in _ops(layer_graph(_llama(), 1, 2, False, "flash", "none"))

@@ -59,10 +59,26 @@ def test_step_profiles_hold_one_layer_of_kernels_per_layer():
         assert 0.85 * wall < sum(kinds.values()) < 1.02 * wall
 
 
+def test_the_rotary_kernels_are_torchtitans_by_count():
+    # per layer: q and k each cast up and down in the forward and the backward (8), multiplied as
+    # complex numbers forward and backward (4); K and V copied forward and summed backward (4);
+    # the Llama layer has no biases, whose gradients would be such sums too
+    for label, pattern, _ in kt.ROTARY_KERNELS:
+        n, t = kt._layer_kernels("flash", pattern)
+        assert n == (8 if label == "fp32 casts" else 4) and t > 0
+    assert "| fp32 casts | 8 |" in kt.rotary_table()
+    n, every, share = kt.rotary_share()
+    doc = " ".join((ROOT / "docs" / "frameworks.md").read_text().split())
+    assert f"these kernels are {n} of its {every} and {100 * share:.1f} % of its time" in doc
+    page = " ".join((ROOT / "docs" / "validation.md").read_text().split())
+    assert (f"spends {100 * share:.1f} % of its time in these kernels; phaze now gives them "
+            f"{100 * kt.rotary_coverage():.0f} % of that") in page
+
+
 def test_the_validation_page_quotes_the_tables():
     page = (ROOT / "docs" / "validation.md").read_text()
     for table in (kt.kernel_table(), kt.sustained_table(), kt.attention_rates(), kt.step_table(),
-                  kt.kernel_fit_table()):
+                  kt.kernel_fit_table(), kt.rotary_table()):
         assert table in page
     assert kt.launch_line() in page
     assert kt.published_line() in " ".join(page.split())

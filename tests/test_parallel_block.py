@@ -170,8 +170,14 @@ def test_hf_configs_give_their_block_kv_heads_and_biases():
     m = model_from_hf_config(neox)
     assert m.parallel_block == "two_norms" and m.params == load_model("gpt-neox-20b").params
     assert model_from_hf_config(dict(neox, use_parallel_residual=False)).parallel_block == ""
+    # partial rotations: GPT-NeoX-20B's rotary_pct 0.25 of its 96-wide heads, as its file says;
+    # GPT-J's rotary_dim 64 of 256; a factor of 1 (or none) rotates the whole head
+    shipped = load_model("gpt-neox-20b").rotated_width
+    assert model_from_hf_config(dict(neox, rotary_pct=0.25)).rotated_width == shipped == 24
+    assert model_from_hf_config(dict(neox, partial_rotary_factor=1.0)).rotated_width == 96
     gptj = dict(model_type="gptj", n_embd=4096, n_head=16, n_layer=28, vocab_size=50400, n_positions=2048)
     assert model_from_hf_config(gptj).parallel_block == "shared_norm"
+    assert model_from_hf_config(dict(gptj, rotary_dim=64)).rotated_width == 64
     bloom = dict(model_type="bloom", hidden_size=14336, n_head=112, n_layer=70, vocab_size=250880)
     m = model_from_hf_config(bloom)
     assert m.embedding_norm and m.position_embedding == "alibi"

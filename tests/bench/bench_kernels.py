@@ -39,7 +39,7 @@ if __name__ == "__main__":
     headers, _ = kt.read_measured()
     print("\n".join(headers))
     print(kt.kernel_table(), kt.attention_rates(), kt.kernel_fit_table(), kt.launch_line(), kt.sustained_table(),
-          kt.step_table(), sep="\n\n")
+          kt.step_table(), kt.rotary_table(), sep="\n\n")
     if a.detail:
         for r, t, p in kt.kernel_errors():
             print(f"{r['case']:84s} {r['op']:22s} {t * 1e6:10.1f} us {p * 1e6:10.1f} us {100 * (p / t - 1):+7.1f} %")
