@@ -281,6 +281,7 @@ _ROTARY = {
 # sin_ likewise, on the fp32 [s, rotated width] angles (elements read and written, as above)
 _ROTARY_TABLES = (("cos", (0, 1), (0, 1)), ("cos_scale", (0, 1), (0, 1)), ("cos_cast", (0, 1), (1, 0)),
                   ("sin", (0, 1), (0, 1)), ("sin_scale", (0, 1), (0, 1)), ("sin_cast", (0, 1), (1, 0)))
+_ROTARY_TABLE_NAMES = frozenset(name for name, _, _ in _ROTARY_TABLES)
 
 
 def rotary_kernels(model: Model) -> str:
@@ -292,6 +293,12 @@ def copies_kv(model: Model, tp: int) -> bool:
     """Whether the attention reads key/value heads copied to one per query head
     (``kv_repeat`` copied and fewer key/value heads than query heads on a rank)."""
     return model.kv_repeat == "copied" and model.head_dim * (model.heads // tp) > kv_width(model, tp)
+
+
+def kv_heads_read(model: Model, tp: int) -> int:
+    """Key (and value) heads the attention reads, keeps and exchanges on one of ``tp`` ranks: this
+    rank's own (:func:`kv_width`), or one per query head when they are copied (:func:`copies_kv`)."""
+    return model.heads // tp if copies_kv(model, tp) else kv_width(model, tp) // model.head_dim
 
 
 def separate_biases(model: Model) -> frozenset:
@@ -335,8 +342,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     # what a fused attention kernel reads per token: queries, keys and the values at their own
     # width (MLA's are narrower than its keys)
     copied = copies_kv(model, t)
-    kv_read_heads = model.heads // t if copied else max(1, model.kv_heads // t)
-    qkv_read = model.q_dim // t + (a_t * d if copied else kv_t) + kv_read_heads * dv
+    qkv_read = model.q_dim // t + kv_heads_read(model, t) * (d + dv)
     ffn_out = model.ffn_hidden * (2 if model.activation == "swiglu" else 1) // t
     f_t = model.ffn_hidden // t
     fused = attention in ("flash", "flash2")
@@ -712,7 +718,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             continue
         if op.unit == "vector" and ".rotary." in f".{op.name}.":
             # the inverse rotation by the same kernels; the tables are not differentiated
-            if op.name.split(".rotary.")[-1] not in {tab for tab, _, _ in _ROTARY_TABLES}:
+            if op.name.rpartition(".")[2] not in _ROTARY_TABLE_NAMES:
                 grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
                                bytes_read=op.bytes_read, bytes_written=op.bytes_written),)
             continue

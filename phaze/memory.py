@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import copies_kv, fp8_fused_inputs, kv_width
+from .graph import fp8_fused_inputs, kv_heads_read, kv_width
 from .plan import recompute_modules_of
 from .workload import Model
 
@@ -73,9 +73,7 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     replicated = (p + saved["qkv"] + mask + ln2_in + ffn_in + mask) * sb * h * rep
     # K and V as the tp ranks hold them together (a KV head replicated when tp > kv heads); copied
     # to one per query head (kv_repeat copied), the attention keeps the copies
-    q, kv, f = model.q_dim, kv_width(model, t) * t, model.ffn_hidden
-    if copies_kv(model, t):
-        kv = model.heads * model.head_dim
+    q, kv, f = model.q_dim, kv_heads_read(model, t) * t * model.head_dim, model.ffn_hidden
     v = kv * model.v_head_dim // model.head_dim          # the values' width (MLA's is narrower)
     act_inputs = 2 if model.activation == "swiglu" else 1
     # Q, K, V, out-proj in (heads x value width), act in, down in

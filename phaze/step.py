@@ -24,9 +24,9 @@ from .graph import (
     TensorPasses,
     bf16_moment_passes,
     collective_groups,
-    copies_kv,
     deepspeed_tensor_passes,
     edge_graph,
+    kv_heads_read,
     kv_width,
     layer_graph,
     optimizer_op,
@@ -1069,7 +1069,7 @@ def _cp_blocks(model: Model, plan: Plan) -> tuple[float, float, float]:
     the value heads (MLA's 128 beside its 192-wide keys); key/value heads copied to one per query
     head (``kv_repeat`` copied) are exchanged as the copies the attention reads."""
     tokens = model.bytes_per_element * plan.mbs * (model.seq_len // plan.cp)
-    kv_heads = model.heads // plan.tp if copies_kv(model, plan.tp) else kv_width(model, plan.tp) // model.head_dim
+    kv_heads = kv_heads_read(model, plan.tp)
     return (tokens * kv_heads * (model.head_dim + model.v_head_dim), tokens * (model.q_dim // plan.tp),
             tokens * (model.o_dim // plan.tp))
 

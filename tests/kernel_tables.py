@@ -23,6 +23,7 @@ import csv
 import re
 import statistics
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 from phaze.arch import load_chip
@@ -317,13 +318,21 @@ def _step_kind(name: str) -> str:
     return "other"
 
 
-def step_profile(path: Path) -> tuple[float, dict[str, float]]:
-    """(wall seconds per step, kernel seconds by kind) of a ``measure_step.py`` profile."""
+@cache
+def _profile(path: Path) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """(wall seconds per step, every kernel's (name, seconds)) of a ``measure_step.py`` profile."""
     text = path.read_text()
     wall = float(re.search(r"median of \d+: ([\d.e+-]+) s", text).group(1))
+    rows = csv.DictReader(ln for ln in text.splitlines() if not ln.startswith("#"))
+    return wall, tuple((r["name"], float(r["duration_us"]) * 1e-6) for r in rows)
+
+
+def step_profile(path: Path) -> tuple[float, dict[str, float]]:
+    """(wall seconds per step, kernel seconds by kind) of a ``measure_step.py`` profile."""
+    wall, kernels = _profile(path)
     kinds: dict[str, float] = {"GEMMs": 0.0, "attention": 0.0, "other": 0.0}
-    for r in csv.DictReader(ln for ln in text.splitlines() if not ln.startswith("#")):
-        kinds[_step_kind(r["name"])] += float(r["duration_us"]) * 1e-6
+    for name, seconds in kernels:
+        kinds[_step_kind(name)] += seconds
     return wall, kinds
 
 
@@ -354,15 +363,19 @@ def phaze_layer(workload: str, seq: int, mbs: int, attention: str,
     """phaze's seconds for one layer's forward and backward on the H200, eager, with the H100
     fit and the model settings of the framework the profiled code follows: the sum of its
     operators, by kind."""
-    chip = load_chip(ROOT / CHIP)
-    eff = load_default_params()[PARAMS]
+    kinds = {"GEMMs": 0.0, "attention": 0.0, "other": 0.0}
+    for op, seconds in _layer_ops(workload, seq, mbs, attention, recompute):
+        kinds[{"tensor": "GEMMs", "tensor+vector": "attention"}.get(op.unit, "other")] += seconds
+    return sum(kinds.values()), kinds
+
+
+def _layer_ops(workload: str, seq: int, mbs: int, attention: str, recompute: str = "none") -> list:
+    """(operator, phaze's seconds on the H200 with the H100 fit) of one layer's forward and
+    backward, with the model settings of the framework the profiled code follows."""
+    chip, eff = load_chip(ROOT / CHIP), load_default_params()[PARAMS]
     m, _ = model_with(FRAMEWORKS[SHAPED_AFTER[workload]], load_model(workload, seq))
     g = layer_graph(m, mbs, 1, False, attention, recompute)
-    kinds = {"GEMMs": 0.0, "attention": 0.0, "other": 0.0}
-    for op in g.fwd + g.bwd:
-        kind = {"tensor": "GEMMs", "tensor+vector": "attention"}.get(op.unit, "other")
-        kinds[kind] += op_time(op, chip, m.precision, eff)
-    return sum(kinds.values()), kinds
+    return [(op, op_time(op, chip, m.precision, eff)) for op in g.fwd + g.bwd]
 
 
 def step_table() -> str:
@@ -399,10 +412,8 @@ def _layer_kernels(stem: str, pattern: str) -> tuple[float, float]:
     lo, hi = next(s[-1] for s in STEPS if s[0] == stem)
     out = []
     for layers in (lo, hi):
-        text = (DATA / f"step_{stem}_{layers}.csv").read_text()
-        rows = [r for r in csv.DictReader(x for x in text.splitlines() if not x.startswith("#"))
-                if re.search(pattern, r["name"])]
-        out.append((len(rows), sum(float(r["duration_us"]) for r in rows) * 1e-6))
+        found = [t for name, t in _profile(DATA / f"step_{stem}_{layers}.csv")[1] if re.search(pattern, name)]
+        out.append((len(found), sum(found)))
     return (out[1][0] - out[0][0]) / (hi - lo), (out[1][1] - out[0][1]) / (hi - lo)
 
 
@@ -415,31 +426,31 @@ def rotary_share(stem: str = "flash") -> tuple[int, int, float]:
     return round(sum(n for n, _ in found)), round(everything[0]), sum(t for _, t in found) / wall
 
 
+def _rotary_rows(stem: str = "flash") -> list[tuple[str, float, float, int, float]]:
+    """Per group of :data:`ROTARY_KERNELS`: (label, kernels measured, seconds measured, phaze's
+    operators, phaze's seconds) for one layer of the profile ``stem``."""
+    _, _, workload, seq, mbs, kernel, recompute, _ = next(s for s in STEPS if s[0] == stem)
+    ops = _layer_ops(workload, seq, mbs, kernel, recompute)
+    rows = []
+    for label, pattern, names in ROTARY_KERNELS:
+        mine = [t for op, t in ops if any(x in op.name for x in names)]
+        rows.append((label, *_layer_kernels(stem, pattern), len(mine), sum(mine)))
+    return rows
+
+
 def rotary_coverage(stem: str = "flash") -> float:
     """phaze's seconds for the rotary embedding and key/value copies of the profiled layer over
     the measured kernels' (:data:`ROTARY_KERNELS`)."""
-    _, _, workload, seq, mbs, kernel, recompute, _ = next(s for s in STEPS if s[0] == stem)
-    chip, eff = load_chip(ROOT / CHIP), load_default_params()[PARAMS]
-    m, _ = model_with(FRAMEWORKS[SHAPED_AFTER[workload]], load_model(workload, seq))
-    ops = layer_graph(m, mbs, 1, False, kernel, recompute)
-    names = [x for _, _, group in ROTARY_KERNELS for x in group]
-    ours = sum(op_time(o, chip, m.precision, eff) for o in ops.fwd + ops.bwd if any(x in o.name for x in names))
-    return ours / sum(_layer_kernels(stem, pattern)[1] for _, pattern, _ in ROTARY_KERNELS)
+    rows = _rotary_rows(stem)
+    return sum(r[4] for r in rows) / sum(r[2] for r in rows)
 
 
 def rotary_table(stem: str = "flash") -> str:
     """The profiled Llama layer's rotary embedding and key/value copies against phaze's, in us."""
-    _, _, workload, seq, mbs, kernel, recompute, _ = next(s for s in STEPS if s[0] == stem)
-    chip, eff = load_chip(ROOT / CHIP), load_default_params()[PARAMS]
-    m, _ = model_with(FRAMEWORKS[SHAPED_AFTER[workload]], load_model(workload, seq))
-    ops = layer_graph(m, mbs, 1, False, kernel, recompute)
     out = ["| one layer, torchtitan's code | kernels measured | us measured | operators, phaze | us, phaze |",
            "|---|---|---|---|---|"]
-    for label, pattern, names in ROTARY_KERNELS:
-        n, t = _layer_kernels(stem, pattern)
-        mine = [o for o in ops.fwd + ops.bwd if any(x in o.name for x in names)]
-        ours = sum(op_time(o, chip, m.precision, eff) for o in mine)
-        out.append(f"| {label} | {n:.0f} | {1e6 * t:.0f} | {len(mine)} | "
+    for label, n, t, count, ours in _rotary_rows(stem):
+        out.append(f"| {label} | {n:.0f} | {1e6 * t:.0f} | {count} | "
                    f"{1e6 * ours:.0f} ({100 * (ours / t - 1):+.0f} %) |")
     return "\n".join(out)
 
