@@ -38,7 +38,7 @@ from .step import (
     main_grad_bytes,
     shard_ranks,
     stage_costs,
-    stage_layers,
+    stage_split,
     state_zero,
 )
 from .validate import calibrated_efficiency
@@ -419,7 +419,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     check_plan(model, devices, global_batch, plan)
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), IDEAL)
     pp, tp, m = plan.pp, plan.tp, costs.micro_batches
-    counts = plan.stages or stage_layers(model.layers, pp, plan.vp)
+    counts = stage_split(model, plan)
     recs, ks = plan.stage_modes()
     shard = _shard(model, plan)
     p = model.bytes_per_element

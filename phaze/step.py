@@ -214,11 +214,18 @@ def _layers_flops(model: Model, recompute: str, compiled: bool = False, mtp: boo
 
 
 @lru_cache(maxsize=65536)
-def stage_layers(layers: int, pp: int, vp: int = 1) -> tuple[int, ...]:
+def stage_layers(layers: int, pp: int, vp: int = 1, last: int = 0) -> tuple[int, ...]:
     """Even contiguous split; the remainder goes to the middle stages, away from the first
     (embedding) and last (logits and loss) stages. Interleaved (``vp`` chunks per stage), the
     layers split so into pp * vp chunks (the shorter ones first and last, as Megatron's uneven
-    first and last pipeline stages), stage i holding chunks i, i + pp, ...: its layer count."""
+    first and last pipeline stages), stage i holding chunks i, i + pp, ...: its layer count.
+    ``last``: layers the last stage runs besides its share (multi-token prediction modules'),
+    split as layers and taken from its share, unless that would leave it none."""
+    if last:
+        counts = stage_layers(layers + last, pp, vp)
+        if counts[-1] > last:
+            return (*counts[:-1], counts[-1] - last)
+        return stage_layers(layers, pp, vp)
     if vp > 1:
         chunks = stage_layers(layers, pp * vp)
         return tuple(sum(chunks[i::pp]) for i in range(pp))
@@ -228,6 +235,14 @@ def stage_layers(layers: int, pp: int, vp: int = 1) -> tuple[int, ...]:
     for i in order[:extra]:
         counts[i] += 1
     return tuple(counts)
+
+
+def stage_split(model: Model, plan: Plan) -> tuple[int, ...]:
+    """Layers per pipeline stage: the plan's ``stages``, else the default split, in which the last
+    stage's multi-token prediction layers (:meth:`StageCosts.layers_on`) take slots of the split as
+    Megatron-Core's pipeline layouts place them ('m'); so NeMo 2.6's DeepSeek-V3 recipe splits its
+    61 layers and one module over 16 stages: 3, fourteen of 4, and 2 beside the module."""
+    return plan.stages or stage_layers(model.layers, plan.pp, plan.vp, model.mtp_layers)
 
 
 @dataclass(frozen=True)
@@ -462,7 +477,7 @@ def _check_block(model: Model, plan: Plan) -> None:
         raise ConfigError("--plan", "recompute_layers", f"a block stage needs its count of layers re-run whole: "
                                                         f"one count, or one per stage (pp = {plan.pp}), got "
                                                         f"{':'.join(map(str, ks)) or 'none'}")
-    counts = plan.stages or stage_layers(model.layers, plan.pp, plan.vp)
+    counts = stage_split(model, plan)
     for i, (r, n, k) in enumerate(zip(recs, counts, per, strict=True)):
         if r == "block" and not 1 <= k <= n:
             raise ConfigError("--plan", "recompute_layers", f"stage {i} (block, {n} layers) must re-run 1 to {n} "
@@ -1305,7 +1320,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     check_plan(model, devices, global_batch, plan)
     pp, v = plan.pp, plan.vp
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), eff)
-    counts = plan.stages or stage_layers(model.layers, pp, v)
+    counts = stage_split(model, plan)
     recs, ks = plan.stage_modes()
     step, crit, last, times = step_time_of(costs, counts, recs, ks)
     per_mb = costs.time(crit, counts[crit], recs[crit], ks[crit])

@@ -73,7 +73,7 @@ from .plan import (
     hides_dp_reduction,
     ordered_modules,
 )
-from .step import check_plan, evaluate, model_flops_per_sample, stage_layers
+from .step import check_plan, evaluate, model_flops_per_sample, stage_split
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import (
     KV_REPEATS,
@@ -666,7 +666,7 @@ def _fewest_block_layers(model: Model, devices: int, batch: int, plan: Plan, fit
         check_plan(model, devices, batch, swap(plan, recompute="none", recompute_layers=()))
     except ConfigError:
         return swap(plan, recompute_layers=(1,))       # invalid whatever the count: the check says why
-    most = min(plan.stages or stage_layers(model.layers, plan.pp, plan.vp))
+    most = min(stage_split(model, plan))
     lo, hi = 1, most
     while lo < hi:
         mid = (lo + hi) // 2

@@ -8,7 +8,7 @@ from conftest import toy_chip
 from phaze.configio import ConfigError
 from phaze.graph import edge_graph, tensor_flops
 from phaze.plan import Plan
-from phaze.step import evaluate, model_flops_per_sample, stage_costs, tp_layer_params
+from phaze.step import evaluate, model_flops_per_sample, stage_costs, stage_layers, stage_split, tp_layer_params
 from phaze.workload import Model, load_model
 
 
@@ -122,6 +122,33 @@ def test_step_and_memory_grow_and_report_it():
     assert r1.stage_memory[1].total_bytes > r0.stage_memory[1].total_bytes
     assert r1.stage_memory[0].total_bytes == r0.stage_memory[0].total_bytes
     assert r1.model_flops_per_step == pytest.approx(model_flops_per_sample(m1) * 8)
+
+
+@pytest.mark.parametrize("layers,mtp,pp,vp,want", [
+    (61, 1, 16, 1, (3,) + (4,) * 14 + (2,)),     # NeMo 2.6's DeepSeek-V3 recipe: first 3, last 2
+    (61, 1, 16, 2, (3,) + (4,) * 14 + (2,)),     # 62 slots in 32 chunks: the last chunk the module's
+    (8, 1, 2, 1, (5, 3)),                        # 9 slots: 5 and 4 (the first takes the odd one), 4 less 1
+    (8, 2, 2, 1, (5, 3)),                        # 10 slots: 5 and 5, the last's 5 less its 2 modules
+    (3, 1, 3, 1, (1, 1, 1)),                     # 4 slots: 1, 2, 1; the last would keep none: plain split
+])
+def test_default_split_counts_the_modules_as_layers(layers, mtp, pp, vp, want):
+    """Without ``stages``, the last stage's module layers take slots of the even split, as
+    Megatron-Core's pipeline layouts place them ('m'); a last stage left with no layer of its own
+    keeps the plain split."""
+    model = dense(layers=layers, mtp_layers=mtp)
+    assert stage_split(model, Plan(pp=pp, vp=vp)) == want == stage_layers(layers, pp, vp, mtp)
+    assert sum(want) == layers
+    assert stage_split(model, Plan(pp=pp, vp=vp, stages=stage_layers(layers, pp, vp))) == stage_layers(layers, pp, vp)
+
+
+def test_default_split_lightens_the_last_stage():
+    """8 layers and two modules on 2 stages: 5 and 3 + the modules, where the plain split's last
+    stage ran 4 + the modules (6 layers' work and the heads): the step is shorter."""
+    chip = toy_chip()
+    model = dense(layers=8, mtp_layers=2)
+    plan = Plan(tp=1, pp=2, mbs=1)
+    assert evaluate(model, chip, 2, 8, plan).step_time_s < evaluate(
+        model, chip, 2, 8, Plan(tp=1, pp=2, mbs=1, stages=(4, 4))).step_time_s
 
 
 def test_workload_key_and_its_refusals(tmp_path):
