@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import fitstore
 from . import validate as val
 from .api import as_chip, as_model, as_plan, calibrated_efficiency
 from .area import DEFAULT, silicon
@@ -459,6 +460,14 @@ def _check_output(flag: str, path: str, image: bool = False) -> None:
                                           f"{', '.join(sorted(formats))}")
 
 
+def _say_reused() -> None:
+    """One stderr line when fits were taken from the disk store (:mod:`phaze.fitstore`)."""
+    n = fitstore.counts()
+    if n["reused"]:
+        print(f"phaze: {n['reused']} of {n['reused'] + n['fitted']} fits reused from an earlier run of the same "
+              f"rows and code (PHAZE_CACHE_DIR=off fits anew)", file=sys.stderr)
+
+
 def cmd_validate(args) -> int:
     groups = _groups(args.group)
     if args.out:
@@ -503,6 +512,7 @@ def cmd_validate(args) -> int:
         summary["unseen_gpu"] = dict(val.unseen_gpu(cases, train, test), clean=False, note=(
             "computed with the current cost model, which was changed after that GPU's errors had "
             "been seen; the clean figure (README) uses the model as it was before"))
+    _say_reused()
     if args.plot:
         _plot(args.plot, loso_preds or preds, held_out=bool(loso_preds))
     summary["overall"] = summary["in_sample"]["overall"]   # totals: expressed / skipped / total
@@ -645,6 +655,7 @@ def cmd_calibrate(args) -> int:
         raise ConfigError(runs_paths[0], None, "no run could be expressed; nothing to calibrate on")
     with tqdm.tqdm(total=len(val.fit_groups(cases)), desc="calibrate", unit="fit") as bar:
         params = val.calibrate_cases(cases, progress=lambda _: bar.update(1))
+    _say_reused()
     fitted = {fam: val.summarize(val.predict_all([c for c in cases if val.in_group(c, fam)],
                                              {"default": e}))["overall"]
               for fam, e in params.items()}
@@ -1414,7 +1425,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_closed()
     except KeyboardInterrupt:
-        print("phaze: interrupted", file=sys.stderr)
+        kept = fitstore.counts()["fitted"] if args.func in (cmd_validate, cmd_calibrate) else 0
+        resume = (f"; the {kept} fits it finished are kept: the same command resumes"
+                  if kept and fitstore.fits_dir() is not None else "")
+        print(f"phaze: interrupted{resume}", file=sys.stderr)
         return 130
     finally:
         if argv is None:    # the process ends here: a Ctrl-C now would only cut its exit short

@@ -57,8 +57,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from . import fitstore
 from .arch import EXECUTION, Chip, load_chip
-from .calibrate import fit, load_params
+from .calibrate import FITTED, fit, load_params
 from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
@@ -936,8 +937,15 @@ def case_weights(cases) -> list[float]:
 
 
 def fit_cases(cases) -> Efficiency:
-    """One efficiency set fitted on ``cases`` with :func:`case_weights`."""
-    return fit(cases, predict_case, weights=case_weights(cases))[0]
+    """One efficiency set fitted on ``cases`` with :func:`case_weights`, or the same fit made
+    before, from the disk store (:mod:`phaze.fitstore`): an interrupted validation resumes."""
+    weights = case_weights(cases)
+    key = fitstore.fit_key(cases, weights, FITTED)
+    eff = fitstore.load(key)
+    if eff is None:
+        eff, report = fit(cases, predict_case, weights=weights)
+        fitstore.save(key, eff, report)
+    return eff
 
 
 def fitted_families(cases) -> list[str]:

@@ -1,0 +1,98 @@
+"""The disk store of fits (phaze/fitstore.py): a fit made once is served bitwise again, a changed
+row or a damaged record is fitted anew, and an interrupted leave-one-source-out resumes with only
+the fits it had not finished."""
+import dataclasses
+import json
+
+import pytest
+from test_validate import case, ok_cli, phaze_cli, rows, write_csv
+
+from phaze import fitstore
+from phaze import validate as v
+
+ROWS = ("R0000", "R0010", "R0015", "R0016", "R0017")    # S01 (3) and S02 (2): A100s, quick to fit
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    real = v.fit
+
+    def counting(cases, *args, **kw):
+        calls.append(tuple(c.run_id for c in cases))
+        return real(cases, *args, **kw)
+
+    monkeypatch.setattr(v, "fit", counting)
+    return tmp_path / "cache" / "fits", calls
+
+
+def cases():
+    return [case(r) for r in ROWS]
+
+
+def test_a_fit_is_kept_and_served_bitwise(store):
+    fits, calls = store
+    first = v.fit_cases(cases())
+    assert len(calls) == 1 and len(list(fits.glob("*.json"))) == 1
+    again = v.fit_cases(cases())
+    assert len(calls) == 1                           # served from the store, not fitted
+    assert again == first                            # every field bitwise
+    changed = [dataclasses.replace(c, measured_step_s=c.measured_step_s * 1.1) if c.run_id == "R0000" else c
+               for c in cases()]
+    v.fit_cases(changed)
+    assert len(calls) == 2 and len(list(fits.glob("*.json"))) == 2    # another row: another fit
+
+
+def test_a_damaged_or_foreign_record_is_fitted_anew(store):
+    fits, calls = store
+    first = v.fit_cases(cases())
+    (path,) = fits.glob("*.json")
+    for text in ("{not json", json.dumps({"key": "other", "parameters": {}}),
+                 path.read_text().replace('"tensor_fraction":', '"tensor_fraction":"x","was":')):
+        path.write_text(text)
+        assert v.fit_cases(cases()) == first
+    assert len(calls) == 4
+    assert fitstore.load(path.stem) == first         # the last refit overwrote the record
+
+
+def test_off_keeps_nothing(store, monkeypatch):
+    fits, calls = store
+    monkeypatch.setenv("PHAZE_CACHE_DIR", "off")
+    assert fitstore.fits_dir() is None
+    v.fit_cases(cases())
+    v.fit_cases(cases())
+    assert len(calls) == 2 and not fits.exists()
+
+
+def test_an_interrupted_leave_one_source_out_resumes(store, monkeypatch):
+    """Ctrl-C after the first of two fits; the second run fits only the other, and its results
+    are those of an uninterrupted run without the store."""
+    fits, calls = store
+    done = []
+
+    def stop_after_one(what):
+        done.append(what)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        v.leave_one_source_out(cases(), progress=stop_after_one)
+    assert len(calls) == 1 and done == ["S01_narayanan2021: default"]
+    summary, preds = v.leave_one_source_out(cases())
+    assert len(calls) == 2 and calls[1] != calls[0]
+    assert v.loso_fits(cases()) == 2
+    monkeypatch.setenv("PHAZE_CACHE_DIR", "off")
+    fresh_summary, fresh = v.leave_one_source_out(cases())
+    assert [(p.run_id, p.predicted_step_s) for p in preds] == [(p.run_id, p.predicted_step_s) for p in fresh]
+    assert summary == fresh_summary
+
+
+def test_cli_says_what_it_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PHAZE_CACHE_DIR", str(tmp_path / "cache"))
+    runs = write_csv(tmp_path / "runs.csv", [rows()[r] for r in ROWS])
+    argv = ("validate", "--runs", str(runs), "--unseen", "", "--hold-out", "none")
+    first = ok_cli(phaze_cli(tmp_path, *argv))
+    assert "reused" not in first.stderr
+    second = ok_cli(phaze_cli(tmp_path, *argv))
+    assert "phaze: 2 of 2 fits reused from an earlier run" in second.stderr
+    assert second.stdout == first.stdout
