@@ -60,12 +60,16 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     if recompute == "op":
         return _op_checkpoint_bytes(model, sb, t, rep, attention)
     mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
-    # the linears' saved inputs: with Transformer Engine's fp8 casts (fp8_casts fused) the norms
-    # before qkv and a dense FFN keep their fp8 output, and under sequence parallelism the
-    # row-parallel projections their row-wise fp8 input (1 byte); otherwise both fp8 layouts or
-    # the 16-bit tensor (p bytes)
-    norm_fed, rowwise = fp8_fused_inputs(model, t, sp)
-    saved = {n: 1.0 if n in norm_fed or n in rowwise else p for n in ("qkv", "ffn_up", "attn_out", "ffn_down")}
+    # the linears' saved inputs (bytes an element): 16-bit, or with Transformer Engine's fp8 casts
+    # (fp8_casts fused) one fp8 layout (TE 1.13 and 2.8 keep the column-wise copy, or the row-wise
+    # one under sequence parallelism): the norms before qkv and a dense FFN write it, the down
+    # projection's is the only copy of its input, and the out-projection's sits beside the 16-bit
+    # output a fused attention keeps for its own backward
+    saved = {n: p for n in ("qkv", "ffn_up", "attn_out", "ffn_down")}
+    if model.fp8_fused:
+        norm_fed, _ = fp8_fused_inputs(model, t, sp)
+        saved.update({n: 1.0 for n in norm_fed}, ffn_down=1.0,
+                     attn_out=1.0 + (p if attention in ("flash", "flash2") else 0.0))
     # ln1 in, qkv in, mask, ln2 in, ffn in, mask; a parallel block's norms both read the layer's
     # input, and a shared norm's output is the FFN's input too
     ln2_in = 0.0 if model.parallel_block else p
@@ -80,7 +84,7 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     split = sb * (p * (q + kv + v) + saved["attn_out"] * model.o_dim + p * act_inputs * f
                   + saved["ffn_down"] * f) / t
     if model.moe:
-        split += moe_activation_bytes(model, sb, t) - p * sb * (act_inputs * f + f) / t
+        split += moe_activation_bytes(model, sb, t) - sb * (p * act_inputs * f + saved["ffn_down"] * f) / t
     a = model.heads
     if attention in ("flash", "flash2"):
         core = 4.0 * a * sb / t                                    # fp32 log-sum-exp per row
@@ -121,19 +125,20 @@ def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved:
         q, kv = model.q_dim, kv_width(model, t) * t
         out += p * sb * (q + kv + kv * model.v_head_dim // model.head_dim) / t
     if "mlp" in mods:
-        down = p if model.moe else saved["ffn_down"]
+        down = saved["ffn_down"]   # an MoE model's dense layers too (:func:`_linear_input_bytes`)
         norm_out = 0.0 if model.parallel_block == "shared_norm" else saved["ffn_up"]   # kept for qkv
         out += (norm_out * sb * h * rep + sb * (p * act_inputs * f + down * f) / t) * w_dense
     if model.moe:
         local, k, E = sb / t, model.top_k, model.experts
         gate = 2 if model.activation == "swiglu" else 1
         ef, sf = model.expert_ffn, model.shared_experts * model.shared_ffn
-        routed = 4 * local * E + p * local * k * (h + gate * ef + ef)
-        shared = p * sb * (gate * sf + sf) / t
+        lin = _linear_input_bytes(model)
+        routed = 4 * local * E + local * k * (lin * h + p * gate * ef + lin * ef)
+        shared = sb * (p * gate * sf + lin * sf) / t
         if "moe" in mods:
-            out += (routed + shared) * w_moe
+            out += (routed + shared + (sb * h / t if sf and model.fp8_fused else 0.0)) * w_moe
         else:
-            out += ((p * local * k * ef if "moe_act" in mods else 0.0)
+            out += ((lin * local * k * ef if "moe_act" in mods else 0.0)
                     + (shared if "shared_experts" in mods else 0.0)) * w_moe
     return out
 
@@ -161,15 +166,27 @@ def moe_activation_bytes(model: Model, tokens: int, tp: int) -> float:
     """Bytes an MoE layer's FFN keeps for backward on one device (balanced routing), its dense
     layers' FFN averaged in: the router's probabilities (fp32), the ``top_k`` dispatched copies of
     each of its tokens/tp tokens (the experts' input), their activation input and down-projection
-    input, and the shared experts' (tensor-parallel) activation and down-projection inputs."""
+    input, and the shared experts' (tensor-parallel) activation and down-projection inputs. With
+    Transformer Engine's fp8 (``fp8_casts`` fused) the linears keep one fp8 layout of their
+    inputs (:func:`_linear_input_bytes`), the shared experts' first linear a copy of the router's
+    16-bit input."""
     p, h, k = model.bytes_per_element, model.hidden, model.top_k
     gate = 2 if model.activation == "swiglu" else 1
     local = tokens / tp
+    lin = _linear_input_bytes(model)
     ef, sf = model.expert_ffn, model.shared_experts * model.shared_ffn
-    routed = 4 * local * model.experts + p * local * k * (h + gate * ef + ef)
-    moe = routed + p * tokens * (gate * sf + sf) / tp
-    dense = p * tokens * (gate + 1) * model.ffn_hidden / tp
+    routed = 4 * local * model.experts + local * k * (lin * h + p * gate * ef + lin * ef)
+    moe = routed + tokens * (p * gate * sf + lin * sf + (h if sf and model.fp8_fused else 0.0)) / tp
+    dense = tokens * (p * gate + lin) * model.ffn_hidden / tp
     return (model.moe_layers * moe + model.dense_ffn_layers * dense) / model.layers
+
+
+def _linear_input_bytes(model: Model) -> float:
+    """Bytes an element of a linear's input that no other operator keeps (the experts' dispatched
+    tokens, an activation's output): 16-bit, or under Transformer Engine's fp8 (``fp8_casts``
+    fused) the one fp8 layout its GEMMs keep (TE 1.13 and 2.8 ``Linear`` and ``GroupedLinear``
+    save the column-wise copy and free the 16-bit tensor)."""
+    return 1.0 if model.fp8_fused else model.bytes_per_element
 
 
 def state_bytes_per_param(optimizer: str, zero: int, dp: int, weight_bytes: int = 2,

@@ -70,19 +70,22 @@ def test_per_op_checkpoint_bytes_hand_count(tp, sp):
 
 
 @pytest.mark.parametrize("tp, sp", [(1, False), (4, True), (4, False)])
-def test_fp8_linear_inputs_kept_as_transformer_engine_keeps_them(tp, sp):
-    # fused casts: the norms' fp8 outputs (qkv and FFN inputs) are 1 byte instead of 2; under
-    # sequence parallelism the row-parallel projections keep their row-wise fp8 input (out-proj
-    # q wide, down-projection f wide, split over tp); separate casts keep both layouts (2 bytes)
+@pytest.mark.parametrize("attention", ["flash", "standard"])
+def test_fp8_linear_inputs_kept_as_transformer_engine_keeps_them(tp, sp, attention):
+    # fused casts (TE 1.13 and 2.8 keep one fp8 layout of a linear's input): the norms' fp8 outputs
+    # (qkv and FFN inputs) and the down projection's copy, 1 byte where bf16 keeps 2; the
+    # out-projection's fp8 copy sits beside the 16-bit output a fused attention keeps (2 + 1 bytes;
+    # unfused, the copy alone); separate casts (torchao) keep the 16-bit tensors
     from dataclasses import replace
     m = load_model("llama3-8b", 4096)
     s, h, q, f = 4096, m.hidden, m.q_dim, m.ffn_hidden
-    bf16 = activation_bytes_per_layer(m, 1, tp, sp, "none", "flash")
-    fused = activation_bytes_per_layer(replace(m, precision="fp8"), 1, tp, sp, "none", "flash")
+    bf16 = activation_bytes_per_layer(m, 1, tp, sp, "none", attention)
+    fused = activation_bytes_per_layer(replace(m, precision="fp8"), 1, tp, sp, "none", attention)
     separate = activation_bytes_per_layer(replace(m, precision="fp8", fp8_casts="separate"), 1, tp, sp, "none",
-                                          "flash")
+                                          attention)
     rep = 1 / tp if sp else 1
-    saved = 2 * s * h * rep + (s * (q + f) / tp if sp and tp > 1 else 0)
+    out_proj = -1 if attention == "flash" else 1        # bytes an element fp8 saves on the out-projection's input
+    saved = 2 * s * h * rep + s * (out_proj * q + f) / tp
     assert bf16 - fused == pytest.approx(saved)
     assert separate == bf16
     # full recompute keeps the 16-bit layer input only
