@@ -498,7 +498,7 @@ def cmd_validate(args) -> int:
     if not args.no_loso and cases:
         with tqdm.tqdm(total=val.loso_fits(cases), desc="leave-one-source-out", unit="fit") as bar:
             loso, loso_preds = val.leave_one_source_out(
-                cases, progress=lambda what: (bar.set_postfix_str(what, refresh=False), bar.update(1)))
+                cases, progress=lambda what: (bar.set_postfix_str(what, refresh=False), bar.update(1)), jobs=args.jobs)
         for name, prefixes in groups.items():
             loso.setdefault("groups", {})[name] = val.error_stats(
                 [p.error for p in loso_preds if p.source.startswith(prefixes)])
@@ -654,7 +654,7 @@ def cmd_calibrate(args) -> int:
     if not cases:
         raise ConfigError(runs_paths[0], None, "no run could be expressed; nothing to calibrate on")
     with tqdm.tqdm(total=len(val.fit_groups(cases)), desc="calibrate", unit="fit") as bar:
-        params = val.calibrate_cases(cases, progress=lambda _: bar.update(1))
+        params = val.calibrate_cases(cases, progress=lambda _: bar.update(1), jobs=args.jobs)
     _say_reused()
     fitted = {fam: val.summarize(val.predict_all([c for c in cases if val.in_group(c, fam)],
                                              {"default": e}))["overall"]
@@ -1240,6 +1240,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="score the held-out sources (once, at the end of a round of modelling)")
     va.add_argument("--unseen", default="A100:H100", metavar="TRAIN:TEST",
                     help="calibrate on one chip family, predict another (default A100:H100; '' skips)")
+    va.add_argument("--jobs", type=_positive_int, default=1,
+                    help="fits run at once, in worker processes (default 1; the results do not depend on it)")
     va.set_defaults(func=cmd_validate)
 
     pl = sub.add_parser("place", help="the best data/tensor/pipeline layout, micro-batch and recompute")
@@ -1318,6 +1320,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--out", required=True, help="parameter file to write (JSON)")
     ca.add_argument("--hold-out", default=None, metavar="SRC,SRC",
                     help="source ids not fitted on (default: the bundled sets' frozen split; 'none' fits all)")
+    ca.add_argument("--jobs", type=_positive_int, default=1,
+                    help="fits run at once, in worker processes (default 1; the results do not depend on it)")
     ca.set_defaults(func=cmd_calibrate)
     sc = sub.add_parser("schedule", help="optimal operator schedule of one layer on one chip (CP-SAT)")
     sc.add_argument("--workload", required=True, help="shipped name (gpt3-175b), a YAML, or a HF config.json")

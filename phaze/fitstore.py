@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, fields
 from functools import lru_cache
 from importlib import metadata
@@ -23,7 +21,7 @@ from pathlib import Path
 
 from .calibrate import BOUNDS, PRIOR_WEIGHT
 from .cost import Efficiency
-from .schedule import cache_dir
+from .schedule import cache_dir, prune_disk_cache, write_record
 
 FORMAT = 1
 MAX_FILES = 2000     # about 1 KB each; a full ``phaze validate`` writes about 45
@@ -51,17 +49,6 @@ def fits_dir() -> Path | None:
     """Where fits are kept (None: the cache is off)."""
     d = cache_dir()
     return None if d is None else d / "fits"
-
-
-def _prune(d: Path) -> None:
-    """Keep the :data:`MAX_FILES` most recently written fits (older code's are never served)."""
-    try:
-        files = list(d.glob("*.json"))
-        if len(files) > MAX_FILES:
-            for f in sorted(files, key=lambda f: f.stat().st_mtime)[:len(files) - MAX_FILES]:
-                f.unlink(missing_ok=True)
-    except OSError:
-        pass
 
 
 def fit_key(cases, weights, names) -> str:
@@ -93,28 +80,21 @@ def load(key: str) -> Efficiency | None:
 
 def save(key: str, eff: Efficiency, report: dict) -> None:
     """Keep ``eff`` under ``key`` (best effort: a read-only or full disk only loses the reuse)."""
-    _counts["fitted"] += 1
     d = fits_dir()
     if d is None:
         return
     rec = {"key": key, "parameters": {k: float(x) for k, x in asdict(eff).items()},
            "rows": report.get("rows"), "evaluations": report.get("evaluations")}
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(rec, fh, separators=(",", ":"))
-            os.replace(tmp, d / f"{key}.json")
-            _prune(d)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        prune_disk_cache(d, MAX_FILES)
+        write_record(d, key, rec)
     except OSError:
         pass
+
+
+def note_fitted() -> None:
+    """Count one fit run (where it ran: the caller's process counts its workers' fits)."""
+    _counts["fitted"] += 1
 
 
 def counts() -> dict[str, int]:

@@ -261,11 +261,12 @@ CODE_VERSION = _code_version()
 _writes = [0]
 
 
-def _prune_disk_cache(d: Path) -> None:
-    """Keep at most ``PHAZE_CACHE_MAX_FILES`` (default :data:`DISK_CACHE_MAX_FILES`) schedules:
-    drop the least recently written ones, down to 90 % of the cap."""
+def prune_disk_cache(d: Path, cap: int | None = None) -> None:
+    """Keep at most ``cap`` records in ``d`` (default ``PHAZE_CACHE_MAX_FILES``, else
+    :data:`DISK_CACHE_MAX_FILES`, schedules): drop the least recently written ones, down to 90 %
+    of the cap."""
     try:
-        cap = int(os.environ.get("PHAZE_CACHE_MAX_FILES", DISK_CACHE_MAX_FILES))
+        cap = int(os.environ.get("PHAZE_CACHE_MAX_FILES", DISK_CACHE_MAX_FILES)) if cap is None else cap
         files = list(d.glob("*.json"))
         if len(files) <= cap:
             return
@@ -399,23 +400,29 @@ def _cache_put(key: str, s: Schedule) -> None:
     rec = {"key": key, "formulation": FORMULATION, "code": CODE_VERSION, "schedule": schedule,
            "sha256": _checksum(schedule)}
     try:
-        d.mkdir(parents=True, exist_ok=True)
         if _writes[0] % _DISK_PRUNE_EVERY == 0:
-            _prune_disk_cache(d)
+            prune_disk_cache(d)
         _writes[0] += 1
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(rec, fh, separators=(",", ":"))
-            os.replace(tmp, d / f"{key}.json")
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_record(d, key, rec)
     except OSError:
         pass    # the disk cache is best effort
+
+
+def write_record(d: Path, key: str, rec: dict) -> None:
+    """Write ``rec`` as ``d/<key>.json`` atomically (a reader, another worker, never sees half a
+    file); OSError when it cannot."""
+    d.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{key}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(rec, fh, separators=(",", ":"))
+        os.replace(tmp, d / f"{key}.json")
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # --- the solver ---------------------------------------------------------------------------------

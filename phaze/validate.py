@@ -53,6 +53,7 @@ import dataclasses
 import itertools
 import math
 import re
+import signal
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -937,15 +938,67 @@ def case_weights(cases) -> list[float]:
 
 
 def fit_cases(cases) -> Efficiency:
-    """One efficiency set fitted on ``cases`` with :func:`case_weights`, or the same fit made
-    before, from the disk store (:mod:`phaze.fitstore`): an interrupted validation resumes."""
-    weights = case_weights(cases)
-    key = fitstore.fit_key(cases, weights, FITTED)
-    eff = fitstore.load(key)
-    if eff is None:
-        eff, report = fit(cases, predict_case, weights=weights)
-        fitstore.save(key, eff, report)
-    return eff
+    """One efficiency set fitted on ``cases`` with :func:`case_weights` (:func:`fit_each`)."""
+    return fit_each([cases])[0]
+
+
+def fit_each(groups, jobs: int = 1, done=None) -> list[Efficiency]:
+    """One efficiency set for each list of cases in ``groups``, fitted with :func:`case_weights`:
+    a fit made before comes from the disk store (:mod:`phaze.fitstore`), so an interrupted
+    validation resumes; the others run one after another, or ``jobs`` at a time in worker
+    processes, each kept as it finishes. ``done(i)`` is called as group ``i``'s fit is ready (in
+    the order they finish). The results do not depend on ``jobs``: each fit is the same
+    computation wherever it runs."""
+    out: list = [None] * len(groups)
+    todo = []
+    for i, cases in enumerate(groups):
+        weights = case_weights(cases)
+        key = fitstore.fit_key(cases, weights, FITTED)
+        out[i] = fitstore.load(key)
+        if out[i] is None:
+            todo.append((i, cases, weights, key))
+        elif done:
+            done(i)
+
+    def finished(i: int, eff: Efficiency) -> None:
+        fitstore.note_fitted()
+        out[i] = eff
+        if done:
+            done(i)
+
+    if jobs <= 1 or len(todo) <= 1:
+        for task in todo:
+            finished(*_fit_kept(task))
+        return out
+    todo.sort(key=lambda task: -len(task[1]))     # the largest first, so the workers end together
+    # spawned (not forked) workers: a fork of a process running OR-Tools' or the Ctrl-C watcher's
+    # threads may deadlock; imported here as only a parallel validation needs it
+    import multiprocessing
+    pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(todo)), initializer=_ignore_ctrl_c)
+    try:
+        for i, eff in pool.imap_unordered(_fit_kept, todo):
+            finished(i, eff)
+        pool.close()
+    except BaseException:
+        pool.terminate()      # Ctrl-C: the fits that finished are in the store
+        raise
+    finally:
+        pool.join()
+    return out
+
+
+def _fit_kept(task) -> tuple[int, Efficiency]:
+    """One fit of :func:`fit_each` (in a worker or not), kept in the store."""
+    i, cases, weights, key = task
+    eff, report = fit(cases, predict_case, weights=weights)
+    fitstore.save(key, eff, report)
+    return i, eff
+
+
+def _ignore_ctrl_c() -> None:
+    """A worker's start: Ctrl-C reaches the whole process group; the parent alone handles it and
+    ends the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def fitted_families(cases) -> list[str]:
@@ -983,18 +1036,17 @@ def in_group(case, key: str) -> bool:
     return case.chip.family == key
 
 
-def calibrate_cases(cases, progress=None) -> dict[str, Efficiency]:
+def calibrate_cases(cases, progress=None, jobs: int = 1) -> dict[str, Efficiency]:
     """Fit efficiency parameters per chip family, per execution model and ``default`` pooled over
     all rows (:func:`fit_groups`). A family gets its own fit only when runs of two or more
     sources cover it (:func:`fitted_families`); a chip without one uses the fit of its execution
     model (:func:`fitted_executions`: a proposed accelerator, compiled as a TPU is, takes the
-    TPU runs' fit), else ``default``."""
-    params = {}
-    for key in fit_groups(cases):
-        params[key] = fit_cases([c for c in cases if in_group(c, key)])
-        if progress:
-            progress(key)
-    return params
+    TPU runs' fit), else ``default``. ``progress(key)`` as each fit is ready; ``jobs``: fits run
+    at once (:func:`fit_each`)."""
+    keys = fit_groups(cases)
+    fits = fit_each([[c for c in cases if in_group(c, key)] for key in keys], jobs,
+                    (lambda i: progress(keys[i])) if progress else None)
+    return dict(zip(keys, fits, strict=True))
 
 
 def fit_key(chip: Chip, params: dict[str, Efficiency] | None) -> str | None:
@@ -1073,13 +1125,17 @@ def split_held_out(items, held_out=HELD_OUT_SOURCES) -> tuple[list, list]:
     return [c for c in items if c.source not in held], [c for c in items if c.source in held]
 
 
-def leave_one_source_out(cases, progress=None) -> tuple[dict, list[Prediction]]:
-    """Calibrate without each source in turn and predict that source: the honest error."""
+def leave_one_source_out(cases, progress=None, jobs: int = 1) -> tuple[dict, list[Prediction]]:
+    """Calibrate without each source in turn and predict that source: the honest error.
+    ``progress("SOURCE: key")`` as each fit is ready; ``jobs``: fits run at once (:func:`fit_each`)."""
     sources = sorted({c.source for c in cases})
+    tasks = [(s, key, [c for c in cases if c.source != s and in_group(c, key)])
+             for s in sources for key in fit_groups([c for c in cases if c.source != s])]
+    fits = fit_each([group for _, _, group in tasks], jobs,
+                    (lambda i: progress(f"{tasks[i][0]}: {tasks[i][1]}")) if progress else None)
     preds = []
     for s in sources:
-        train = [c for c in cases if c.source != s]
-        params = calibrate_cases(train, progress=(lambda fam, s=s: progress(f"{s}: {fam}")) if progress else None)
+        params = {key: eff for (src, key, _), eff in zip(tasks, fits, strict=True) if src == s}
         preds += predict_all([c for c in cases if c.source == s], params)
     return summarize(preds), preds
 

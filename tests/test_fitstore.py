@@ -96,3 +96,17 @@ def test_cli_says_what_it_reused(tmp_path, monkeypatch):
     second = ok_cli(phaze_cli(tmp_path, *argv))
     assert "phaze: 2 of 2 fits reused from an earlier run" in second.stderr
     assert second.stdout == first.stdout
+
+
+def test_fits_in_worker_processes_are_the_same_fits(store, monkeypatch):
+    """Three fits on two spawned workers: none runs here, each is kept, each reported once, and
+    each is bitwise the fit made here without the store."""
+    fits, calls = store
+    groups = [cases()[:3], cases()[1:], cases()]
+    done = []
+    got = v.fit_each(groups, jobs=2, done=done.append)
+    assert not calls and sorted(done) == [0, 1, 2] and len(list(fits.glob("*.json"))) == 3
+    assert fitstore.counts()["fitted"] >= 3
+    monkeypatch.setenv("PHAZE_CACHE_DIR", "off")
+    assert got == [v.fit_cases(g) for g in groups]
+    assert len(calls) == 3
