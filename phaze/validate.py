@@ -52,8 +52,10 @@ import csv
 import dataclasses
 import itertools
 import math
+import multiprocessing
 import re
 import signal
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -950,21 +952,33 @@ def fit_each(groups, jobs: int = 1, done=None) -> list[Efficiency]:
     the order they finish). The results do not depend on ``jobs``: each fit is the same
     computation wherever it runs."""
     out: list = [None] * len(groups)
-    todo = []
+    todo, same = [], {}        # same: the key of a fit -> the groups that need it
     for i, cases in enumerate(groups):
         weights = case_weights(cases)
         key = fitstore.fit_key(cases, weights, FITTED)
+        if key in same:         # the same cases again (a family no held-out source touches): one fit
+            same[key].append(i)
+            continue
+        same[key] = [i]
         out[i] = fitstore.load(key)
         if out[i] is None:
             todo.append((i, cases, weights, key))
         elif done:
             done(i)
+    for first, *others in same.values():
+        if others and out[first] is not None:
+            for i in others:
+                out[i] = out[first]
+                if done:
+                    done(i)
+    keys = {i: key for key, members in same.items() for i in members}
 
     def finished(i: int, eff: Efficiency) -> None:
         fitstore.note_fitted()
-        out[i] = eff
-        if done:
-            done(i)
+        for j in same[keys[i]]:
+            out[j] = eff
+            if done:
+                done(j)
 
     if jobs <= 1 or len(todo) <= 1:
         for task in todo:
@@ -972,12 +986,19 @@ def fit_each(groups, jobs: int = 1, done=None) -> list[Efficiency]:
         return out
     todo.sort(key=lambda task: -len(task[1]))     # the largest first, so the workers end together
     # spawned (not forked) workers: a fork of a process running OR-Tools' or the Ctrl-C watcher's
-    # threads may deadlock; imported here as only a parallel validation needs it
-    import multiprocessing
+    # threads may deadlock
     pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(todo)), initializer=_ignore_ctrl_c)
     try:
-        for i, eff in pool.imap_unordered(_fit_kept, todo):
-            finished(i, eff)
+        pending = [pool.apply_async(_fit_kept, (task,)) for task in todo]
+        while pending:
+            ready = [r for r in pending if r.ready()]
+            for r in ready:
+                finished(*r.get())
+            pending = [r for r in pending if r not in ready]
+            if not ready:
+                # wait here, in phaze's code, where Ctrl-C is raised (phaze.search.interruptible
+                # defers it in a library's frames, such as a pool's own wait)
+                time.sleep(0.05)
         pool.close()
     except BaseException:
         pool.terminate()      # Ctrl-C: the fits that finished are in the store

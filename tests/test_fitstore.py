@@ -110,3 +110,47 @@ def test_fits_in_worker_processes_are_the_same_fits(store, monkeypatch):
     monkeypatch.setenv("PHAZE_CACHE_DIR", "off")
     assert got == [v.fit_cases(g) for g in groups]
     assert len(calls) == 3
+
+
+def test_ctrl_c_ends_the_workers_and_keeps_what_finished(store):
+    """Ctrl-C (SIGINT) as the first of six parallel fits is ready: fit_each raises
+    KeyboardInterrupt, no worker is left, the fits that finished are in the store, and the same
+    call then fits only the others."""
+    import multiprocessing
+    import os
+    import signal
+
+    from phaze.search import interruptible
+    fits, _ = store
+    groups = [[case(r) for r in ROWS if r != left] for left in ROWS] + [cases()]
+    seen = []
+
+    def first_stops(i):
+        seen.append(i)
+        if len(seen) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt), interruptible():
+        v.fit_each(groups, jobs=2, done=first_stops)
+    assert not multiprocessing.active_children()
+    kept = len(list(fits.glob("*.json")))
+    assert 1 <= kept < len(groups)
+    before = fitstore.counts()
+    v.fit_each(groups, jobs=2)
+    after = fitstore.counts()
+    assert after["reused"] - before["reused"] == kept
+    assert after["fitted"] - before["fitted"] == len(groups) - kept
+
+
+@pytest.mark.parametrize("off", [False, True])
+def test_the_same_cases_twice_are_fitted_once(store, monkeypatch, off):
+    """Leave-one-source-out fits a family no held-out source touches once for each such source
+    (the bundled sets: 27 different fits among 38); one fit serves them, with the store or without."""
+    fits, calls = store
+    if off:
+        monkeypatch.setenv("PHAZE_CACHE_DIR", "off")
+    done = []
+    a, b = cases(), cases()[1:]
+    got = v.fit_each([a, b, a], done=done.append)
+    assert len(calls) == 2 and sorted(done) == [0, 1, 2]
+    assert got[0] == got[2] != got[1]
