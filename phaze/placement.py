@@ -48,7 +48,7 @@ from .step import (
     runs_op_recompute,
     shard_ranks,
     stage_costs,
-    stage_layers,
+    stage_split,
 )
 from .workload import Model
 
@@ -773,7 +773,7 @@ def _deferred_baseline(base: Plan, costs: StageCosts, sibling: list, modes, base
     the extra sends, its memory is computed at the even split alone."""
     scosts, sopts = sibling[1], sibling[5]
     pp, v = base.pp, base.vp
-    even = stage_layers(costs.model.layers, pp, v, costs.model.mtp_layers)
+    even = stage_split(costs.model, base)
     rows = np.arange(pp)
     ns = np.asarray(even, dtype=float)
     reserve = memory_reserve_bytes(costs.chip, costs.plan.memory_reserve)
@@ -835,7 +835,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         if interleaved and _variant_key(base, True) not in flat:
             continue            # nothing fits even without interleaving: nothing fits with it
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
-        even = stage_layers(L, pp, base.vp, model.mtp_layers)
+        even = stage_split(model, base)
         allowed_n = _allowed_n(L, pp, base.vp)
         if interleaved:
             # interleaved: bounded through its vp = 1 sibling, its tables built only if that bound

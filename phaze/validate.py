@@ -952,33 +952,33 @@ def fit_each(groups, jobs: int = 1, done=None) -> list[Efficiency]:
     the order they finish). The results do not depend on ``jobs``: each fit is the same
     computation wherever it runs."""
     out: list = [None] * len(groups)
-    todo, same = [], {}        # same: the key of a fit -> the groups that need it
+    # the key of a fit -> the groups that need it (the same cases again, a family no held-out
+    # source touches, is one fit) and its weights
+    members: dict[str, list[int]] = {}
+    weights: dict[str, list[float]] = {}
     for i, cases in enumerate(groups):
-        weights = case_weights(cases)
-        key = fitstore.fit_key(cases, weights, FITTED)
-        if key in same:         # the same cases again (a family no held-out source touches): one fit
-            same[key].append(i)
-            continue
-        same[key] = [i]
-        out[i] = fitstore.load(key)
-        if out[i] is None:
-            todo.append((i, cases, weights, key))
-        elif done:
-            done(i)
-    for first, *others in same.values():
-        if others and out[first] is not None:
-            for i in others:
-                out[i] = out[first]
-                if done:
-                    done(i)
-    keys = {i: key for key, members in same.items() for i in members}
+        w = case_weights(cases)
+        key = fitstore.fit_key(cases, w, FITTED)
+        members.setdefault(key, []).append(i)
+        weights.setdefault(key, w)
 
-    def finished(i: int, eff: Efficiency) -> None:
-        fitstore.note_fitted()
-        for j in same[keys[i]]:
-            out[j] = eff
+    def ready(key: str, eff: Efficiency) -> None:
+        for i in members[key]:
+            out[i] = eff
             if done:
-                done(j)
+                done(i)
+
+    todo = []
+    for key, (first, *_) in members.items():
+        eff = fitstore.load(key)
+        if eff is None:
+            todo.append((key, groups[first], weights[key]))
+        else:
+            ready(key, eff)
+
+    def finished(key: str, eff: Efficiency) -> None:
+        fitstore.note_fitted()
+        ready(key, eff)
 
     if jobs <= 1 or len(todo) <= 1:
         for task in todo:
@@ -991,11 +991,11 @@ def fit_each(groups, jobs: int = 1, done=None) -> list[Efficiency]:
     try:
         pending = [pool.apply_async(_fit_kept, (task,)) for task in todo]
         while pending:
-            ready = [r for r in pending if r.ready()]
-            for r in ready:
+            arrived = [r for r in pending if r.ready()]
+            for r in arrived:
                 finished(*r.get())
-            pending = [r for r in pending if r not in ready]
-            if not ready:
+            pending = [r for r in pending if r not in arrived]
+            if not arrived:
                 # wait here, in phaze's code, where Ctrl-C is raised (phaze.search.interruptible
                 # defers it in a library's frames, such as a pool's own wait)
                 time.sleep(0.05)
@@ -1008,12 +1008,12 @@ def fit_each(groups, jobs: int = 1, done=None) -> list[Efficiency]:
     return out
 
 
-def _fit_kept(task) -> tuple[int, Efficiency]:
-    """One fit of :func:`fit_each` (in a worker or not), kept in the store."""
-    i, cases, weights, key = task
+def _fit_kept(task) -> tuple[str, Efficiency]:
+    """One fit of :func:`fit_each` (in a worker or not), kept in the store under its key."""
+    key, cases, weights = task
     eff, report = fit(cases, predict_case, weights=weights)
     fitstore.save(key, eff, report)
-    return i, eff
+    return key, eff
 
 
 def _ignore_ctrl_c() -> None:
