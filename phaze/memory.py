@@ -129,17 +129,12 @@ def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved:
         norm_out = 0.0 if model.parallel_block == "shared_norm" else saved["ffn_up"]   # kept for qkv
         out += (norm_out * sb * h * rep + sb * (p * act_inputs * f + down * f) / t) * w_dense
     if model.moe:
-        local, k, E = sb / t, model.top_k, model.experts
-        gate = 2 if model.activation == "swiglu" else 1
-        ef, sf = model.expert_ffn, model.shared_experts * model.shared_ffn
-        lin = _linear_input_bytes(model)
-        routed = 4 * local * E + local * k * (lin * h + p * gate * ef + lin * ef)
-        shared = sb * (p * gate * sf + lin * sf) / t
+        routed, shared, copy = _expert_tensors(model, sb, t)
         if "moe" in mods:
-            out += (routed + shared + (sb * h / t if sf and model.fp8_fused else 0.0)) * w_moe
+            out += (routed + shared + copy) * w_moe
         else:
-            out += ((lin * local * k * ef if "moe_act" in mods else 0.0)
-                    + (shared if "shared_experts" in mods else 0.0)) * w_moe
+            down_in = _linear_input_bytes(model) * sb / t * model.top_k * model.expert_ffn
+            out += ((down_in if "moe_act" in mods else 0.0) + (shared if "shared_experts" in mods else 0.0)) * w_moe
     return out
 
 
@@ -170,15 +165,26 @@ def moe_activation_bytes(model: Model, tokens: int, tp: int) -> float:
     Transformer Engine's fp8 (``fp8_casts`` fused) the linears keep one fp8 layout of their
     inputs (:func:`_linear_input_bytes`), the shared experts' first linear a copy of the router's
     16-bit input."""
+    gate = 2 if model.activation == "swiglu" else 1
+    moe = sum(_expert_tensors(model, tokens, tp))
+    dense = tokens * (model.bytes_per_element * gate + _linear_input_bytes(model)) * model.ffn_hidden / tp
+    return (model.moe_layers * moe + model.dense_ffn_layers * dense) / model.layers
+
+
+def _expert_tensors(model: Model, tokens: float, tp: int) -> tuple[float, float, float]:
+    """Bytes one MoE layer keeps on a device for its experts: (the router's fp32 probabilities and
+    the ``top_k`` dispatched copies of its tokens/tp tokens with their activation and
+    down-projection inputs; the shared experts' activation and down-projection inputs; under
+    Transformer Engine's fp8 the shared experts' first linear's fp8 copy of the router's input)."""
     p, h, k = model.bytes_per_element, model.hidden, model.top_k
     gate = 2 if model.activation == "swiglu" else 1
     local = tokens / tp
     lin = _linear_input_bytes(model)
     ef, sf = model.expert_ffn, model.shared_experts * model.shared_ffn
     routed = 4 * local * model.experts + local * k * (lin * h + p * gate * ef + lin * ef)
-    moe = routed + tokens * (p * gate * sf + lin * sf + (h if sf and model.fp8_fused else 0.0)) / tp
-    dense = tokens * (p * gate + lin) * model.ffn_hidden / tp
-    return (model.moe_layers * moe + model.dense_ffn_layers * dense) / model.layers
+    shared = tokens * (p * gate * sf + lin * sf) / tp
+    copy = tokens * h / tp if sf and model.fp8_fused else 0.0
+    return routed, shared, copy
 
 
 def _linear_input_bytes(model: Model) -> float:
