@@ -112,7 +112,8 @@ def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved:
     layer's pre-MLP norm; the others are fused into the next linear), ``mla_up_proj`` MLA's Q, K
     and V (the latents stay), ``mlp`` a dense layer's FFN (its input norm is fused into the first
     linear), ``moe_act`` the experts' activation outputs, ``shared_experts`` the shared experts'
-    inputs to their activation and down projection, ``moe`` all of an MoE layer's (its input, the
+    inputs to their activation and down projection (and, in fp8, their first linear's copy of its
+    input), ``moe`` all of an MoE layer's (its input, the
     pre-MLP norm's output, stays). An MoE model's dense layers weigh by their share."""
     p, h = model.bytes_per_element, model.hidden
     w_moe = model.moe_layers / model.layers if model.moe else 0.0
@@ -134,7 +135,10 @@ def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved:
             out += (routed + shared + copy) * w_moe
         else:
             down_in = _linear_input_bytes(model) * sb / t * model.top_k * model.expert_ffn
-            out += ((down_in if "moe_act" in mods else 0.0) + (shared if "shared_experts" in mods else 0.0)) * w_moe
+            # Megatron-Core checkpoints the shared experts' whole module (moe_layer.py, te_checkpoint
+            # under fp8): their first linear's fp8 copy goes too
+            out += ((down_in if "moe_act" in mods else 0.0)
+                    + (shared + copy if "shared_experts" in mods else 0.0)) * w_moe
     return out
 
 

@@ -549,7 +549,7 @@ def test_dispatchers_and_overlap_from_the_flag_and_the_sweep(tmp_path):
         assert e.value.field == f"workloads[0].placement.{key}" and "non-empty list" in e.value.message
 
 
-@pytest.mark.parametrize("recompute", ["none", "selective+moe_act", "selective+moe"])
+@pytest.mark.parametrize("recompute", ["none", "selective+moe_act", "selective+moe", "selective+shared_experts"])
 def test_fp8_experts_keep_one_fp8_layout_of_their_linear_inputs(recompute):
     """Transformer Engine's fp8 GroupedLinear (1.13 and 2.8) keeps one fp8 layout of each expert's
     input and of its down projection's input, and the 16-bit dispatched tokens are freed: 1 byte
@@ -558,14 +558,16 @@ def test_fp8_experts_keep_one_fp8_layout_of_their_linear_inputs(recompute):
     token a layer: 58 of 61 layers MoE (k = 8, h = 7,168, expert 2,048, shared 2,048), 3 dense
     (f = 18,432, the down projection's input), and the out-projection's fp8 copy (o = 16,384) beside
     the fused attention's 16-bit output. moe_act drops the experts' down-projection inputs, moe
-    all of the layer's expert tensors (their bytes, and the shared copy, fp8 too)."""
+    all of the layer's expert tensors (their bytes, and the shared copy, fp8 too), shared_experts
+    the shared expert's whole module, its fp8 copy included (Megatron-Core checkpoints it whole)."""
     from phaze.memory import activation_bytes_per_layer
     from phaze.workload import load_model
     m = load_model("deepseek-v3", 4096)
     s, h, k, ef, sf, f, o = 4096, 7168, 8, 2048, 2048, 18432, 16384
     bf16 = activation_bytes_per_layer(m, 1, 1, False, recompute, "flash")
     fp8 = activation_bytes_per_layer(replace(m, precision="fp8"), 1, 1, False, recompute, "flash")
-    moe = {"none": k * (h + ef) + sf - h, "selective+moe_act": k * h + sf - h, "selective+moe": 0}[recompute]
+    moe = {"none": k * (h + ef) + sf - h, "selective+moe_act": k * h + sf - h, "selective+moe": 0,
+           "selective+shared_experts": k * (h + ef)}[recompute]
     assert bf16 - fp8 == pytest.approx(s * (58 * moe + 3 * f) / 61 - s * o, rel=1e-12)
     assert activation_bytes_per_layer(replace(m, precision="fp8", fp8_casts="separate"), 1, 1, False, recompute,
                                       "flash") == bf16
