@@ -310,10 +310,12 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("llm-foundry", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="attention", execution="eager", interleave=False,
               flop_convention="6n_12lqs",
-              fp8_casts="separate", bias_kernels="separate",
+              fp8_casts="te-linear", bias_kernels="separate",
               source="mosaicml/llm-foundry MPT yamls: FSDP FULL_SHARD (ZeRO-3), mixed_precision DEFAULT "
                      "(fp32 reduction), attn_impl flash (FlashAttention-2), no dropout; fp8 through "
-                     "Transformer Engine's te.Linear (fc_type te); assumption: the norms stay separate "
+                     "Transformer Engine's te.Linear (fc_type te; llm-foundry 0.22 models/layers/fc.py registers "
+                     "te.Linear), which casts its input and keeps the fp8 copy for the backward "
+                     "(fp8_casts te-linear); assumption: the norms stay separate "
                      "(its LayerNorm-fused te_ln_mlp FFN is opt-in), so each linear casts its input; "
                      "biases as torchtitan's (its MPT models set no_bias); activation_checkpointing_target can "
                      "checkpoint only some blocks (first-n, range-i-j: llm-foundry 0.22 models/utils/act_ckpt.py); "

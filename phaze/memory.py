@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import fp8_fused_inputs, kv_heads_read, kv_width
+from .graph import kv_heads_read, kv_width
 from .plan import recompute_modules_of
 from .workload import Model
 
@@ -60,20 +60,23 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     if recompute == "op":
         return _op_checkpoint_bytes(model, sb, t, rep, attention)
     mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
-    # the linears' saved inputs (bytes an element): 16-bit, or with Transformer Engine's fp8 casts
-    # (fp8_casts fused) one fp8 layout (TE 1.13 and 2.8 keep the column-wise copy, or the row-wise
-    # one under sequence parallelism): the norms before qkv and a dense FFN write it, the down
-    # projection's is the only copy of its input, and the out-projection's sits beside the 16-bit
-    # output a fused attention keeps for its own backward
+    # the linears' saved inputs (bytes an element): 16-bit, or with Transformer Engine's modules in
+    # fp8 one fp8 layout (TE 1.13 and 2.8 keep the column-wise copy, or the row-wise one under
+    # sequence parallelism): the inputs of qkv (unless MLA's two down projections read it) and of a
+    # dense FFN, which the norm before them writes in fp8 under fused casts and which a te.Linear
+    # casts itself (the norm's 16-bit output freed); the down projection's is the only copy of its
+    # input, and the out-projection's sits beside the 16-bit output a fused attention keeps for its
+    # own backward
     saved = {n: p for n in ("qkv", "ffn_up", "attn_out", "ffn_down")}
-    if model.fp8_fused:
-        norm_fed, _ = fp8_fused_inputs(model, t, sp)
-        saved.update({n: 1.0 for n in norm_fed}, ffn_down=1.0,
+    if model.fp8_saved_inputs:
+        saved.update({n: 1.0 for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe)) if on},
+                     ffn_down=1.0,
                      attn_out=1.0 + (p if attention in ("flash", "flash2") else 0.0))
     # ln1 in, qkv in, mask, ln2 in, ffn in, mask; a parallel block's norms both read the layer's
-    # input, and a shared norm's output is the FFN's input too
+    # input, and a shared norm's output is the FFN's input too (te.Linear: each keeps its own copy)
     ln2_in = 0.0 if model.parallel_block else p
-    ffn_in = 0.0 if model.parallel_block == "shared_norm" else saved["ffn_up"]
+    own_copies = model.fp8_saved_inputs and not model.fp8_fused
+    ffn_in = 0.0 if model.parallel_block == "shared_norm" and not own_copies else saved["ffn_up"]
     replicated = (p + saved["qkv"] + mask + ln2_in + ffn_in + mask) * sb * h * rep
     # K and V as the tp ranks hold them together (a KV head replicated when tp > kv heads); copied
     # to one per query head (kv_repeat copied), the attention keeps the copies
@@ -166,9 +169,9 @@ def moe_activation_bytes(model: Model, tokens: int, tp: int) -> float:
     layers' FFN averaged in: the router's probabilities (fp32), the ``top_k`` dispatched copies of
     each of its tokens/tp tokens (the experts' input), their activation input and down-projection
     input, and the shared experts' (tensor-parallel) activation and down-projection inputs. With
-    Transformer Engine's fp8 (``fp8_casts`` fused) the linears keep one fp8 layout of their
-    inputs (:func:`_linear_input_bytes`), the shared experts' first linear a copy of the router's
-    16-bit input."""
+    Transformer Engine's fp8 (``fp8_casts`` fused or te-linear) the linears keep one fp8 layout of
+    their inputs (:func:`_linear_input_bytes`), the shared experts' first linear a copy of the
+    router's 16-bit input."""
     gate = 2 if model.activation == "swiglu" else 1
     moe = sum(_expert_tensors(model, tokens, tp))
     dense = tokens * (model.bytes_per_element * gate + _linear_input_bytes(model)) * model.ffn_hidden / tp
@@ -187,16 +190,16 @@ def _expert_tensors(model: Model, tokens: float, tp: int) -> tuple[float, float,
     ef, sf = model.expert_ffn, model.shared_experts * model.shared_ffn
     routed = 4 * local * model.experts + local * k * (lin * h + p * gate * ef + lin * ef)
     shared = tokens * (p * gate * sf + lin * sf) / tp
-    copy = tokens * h / tp if sf and model.fp8_fused else 0.0
+    copy = tokens * h / tp if sf and model.fp8_saved_inputs else 0.0
     return routed, shared, copy
 
 
 def _linear_input_bytes(model: Model) -> float:
     """Bytes an element of a linear's input that no other operator keeps (the experts' dispatched
     tokens, an activation's output): 16-bit, or under Transformer Engine's fp8 (``fp8_casts``
-    fused) the one fp8 layout its GEMMs keep (TE 1.13 and 2.8 ``Linear`` and ``GroupedLinear``
-    save the column-wise copy and free the 16-bit tensor)."""
-    return 1.0 if model.fp8_fused else model.bytes_per_element
+    fused or te-linear) the one fp8 layout its GEMMs keep (TE 1.13 and 2.8 ``Linear`` and
+    ``GroupedLinear`` save the column-wise copy and free the 16-bit tensor)."""
+    return 1.0 if model.fp8_saved_inputs else model.bytes_per_element
 
 
 def state_bytes_per_param(optimizer: str, zero: int, dp: int, weight_bytes: int = 2,

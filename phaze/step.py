@@ -457,9 +457,9 @@ def fp8_params_error(model: Model, off: str) -> str | None:
         return (f"holds an fp8 run's linear weights in fp8; {model.name} trains in {model.precision}: "
                 f"allowed: {off}, or precision fp8")
     if not model.fp8_fused:
-        return ("is Transformer Engine's fp8 weights under Megatron-Core (fp8_casts fused); with separate "
-                "casts (torchao's float8 all-gather, torchtitan's enable_fsdp_float8_all_gather) it is not "
-                f"modelled: allowed: {off}, or fp8_casts fused")
+        return ("is Transformer Engine's fp8 weights under Megatron-Core (fp8_casts fused); with fp8_casts "
+                f"{model.fp8_casts} (a cast in each linear; torchao's float8 all-gather, torchtitan's "
+                f"enable_fsdp_float8_all_gather) it is not modelled: allowed: {off}, or fp8_casts fused")
     return None
 
 

@@ -15,8 +15,11 @@ PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
 # fp8 training's casts: ``fused``, Transformer Engine's modules as Megatron-Core lays out a layer
 # (delayed scaling lets the norm before qkv and the up-projection write fp8, gathered in fp8 under
 # sequence parallelism; transposes for the weight gradients in the backward); ``separate``, a cast
-# kernel per linear input and output gradient, both layouts at once (torchao's dynamic scaling)
-FP8_CASTS = ("fused", "separate")
+# kernel per linear input and output gradient, both layouts at once, the 16-bit input kept for the
+# backward (torchao 0.18's Float8Linear: matmul_with_hp_or_float8_args saves input_hp);
+# ``te-linear``, the same kernels in Transformer Engine's te.Linear, which keeps the fp8 copy of
+# its input instead and frees the 16-bit one (TE 1.13 and 2.8 module/linear.py; llm-foundry)
+FP8_CASTS = ("fused", "separate", "te-linear")
 # where a biased model's biases cost time: ``fused``, in the GEMMs' epilogues (Transformer Engine's
 # cuBLASLt bias and bias-gradient epilogues, XLA); ``separate``, kernels of their own (Megatron's
 # tensor-parallel layers and PyTorch autograd: each bias gradient is a reduction over the tokens)
@@ -76,7 +79,8 @@ class Model:
     token_types: int = 0                 # BERT segment embeddings
     precision: str = "bf16"
     fp8_casts: str = ""                  # fp8 only, where the casts to fp8 run (FP8_CASTS): fused into
-                                         # the norms (Transformer Engine's LayerNormLinear) | separate;
+                                         # the norms (Transformer Engine's LayerNormLinear) | separate
+                                         # | te-linear (separate, the fp8 input kept);
                                          # "": the framework's, else fused
     bias_kernels: str = ""               # a biased model's bias adds and gradients (BIAS_KERNELS): in
                                          # the GEMM epilogues | separate kernels; "": the framework's,
@@ -193,6 +197,12 @@ class Model:
         """An fp8 run under Transformer Engine's modules in Megatron-Core's layer spec (``fp8_casts``
         fused, or unset): its norms write fp8 for the linears after them, and it casts the weights
         once a step and keeps the casts."""
+        return self.precision == "fp8" and self.fp8_casts not in ("separate", "te-linear")
+
+    @property
+    def fp8_saved_inputs(self) -> bool:
+        """An fp8 run whose linears keep an fp8 copy of their input for the backward, not the
+        16-bit tensor (Transformer Engine's modules: ``fp8_casts`` fused or te-linear)."""
         return self.precision == "fp8" and self.fp8_casts != "separate"
 
     @property

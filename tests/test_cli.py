@@ -83,7 +83,7 @@ def test_valid_workload_copy_runs(tmp_path):
     ({"heads": 0}, "heads", "positive integer"),
     ({"colour": "blue"}, "colour", "unknown key; allowed keys here: activation"),
     ({"precision": "fp4"}, "precision", "fp32, fp16, bf16, fp8"),
-    ({"fp8_casts": "maybe"}, "fp8_casts", "fused, separate"),
+    ({"fp8_casts": "maybe"}, "fp8_casts", "fused, separate, te-linear"),
     ({"bias_kernels": "epilogue"}, "bias_kernels", "fused, separate"),
     ({"recompute_rerun": "some"}, "recompute_rerun", "whole, needed"),
     ({"rotary_kernels": "triton"}, "rotary_kernels", "fused, complex, separate"),

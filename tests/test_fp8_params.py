@@ -197,6 +197,8 @@ def test_separate_casts_cast_the_weights_every_forward(fp8_llama):
     assert all(o.bytes_read == 2 * o.elements and o.bytes_written == 2 * o.elements for o in casts.values())
     assert sum(per_rank.values()) * 2 == LINEAR_PER_LAYER
     assert not [o for o in g.bwd if "weight.fp8_cast" in o.name]            # its backward is nothing
+    # te.Linear runs the same kernels (it differs in what it keeps: tests/test_memory.py)
+    assert layer_graph(replace(sep, fp8_casts="te-linear"), 1, 2, True, "flash", "none") == g
     rerun = layer_graph(sep, 1, 2, True, "flash", "full")
     assert len([o for o in rerun.bwd if o.name.endswith(".weight.fp8_cast")]) == 4   # the re-run casts again
     for model in (fp8_llama, replace(fp8_llama, precision="bf16", fp8_casts="")):

@@ -550,10 +550,11 @@ def test_rotary_kernels_and_kv_copies_follow_the_framework_unless_the_model_says
 
 def test_fp8_casts_follow_the_framework_unless_the_model_says():
     # Transformer Engine's LayerNorm-fused modules for the Megatron-based presets; torchao's
-    # Float8Linear (torchtitan) and te.Linear without fused norms (llm-foundry) cast separately
+    # Float8Linear (torchtitan) and te.Linear without fused norms (llm-foundry) cast separately,
+    # te.Linear keeping the fp8 copy of its input
     fp8 = dataclasses.replace(load_model("llama3-8b", 2048), precision="fp8")
     assert fp8.fp8_casts == ""
-    want = {"torchtitan": "separate", "llm-foundry": "separate"}
+    want = {"torchtitan": "separate", "llm-foundry": "te-linear"}
     for name, fw in FRAMEWORKS.items():
         model, changes = model_with(fw, fp8)
         assert model.fp8_casts == changes["fp8_casts"] == want.get(name, "fused")

@@ -1,8 +1,10 @@
 """Activation and state memory against Korthikanti et al. 2022 and a hand count."""
+from dataclasses import replace
+
 import pytest
 
 from phaze.memory import activation_bytes_per_layer, state_bytes_per_param
-from phaze.workload import load_model
+from phaze.workload import Model, load_model
 
 MODELS = ["gpt3-175b", "megatron-gpt-18b", "megatron-gpt-1t"]
 
@@ -88,6 +90,26 @@ def test_fp8_linear_inputs_kept_as_transformer_engine_keeps_them(tp, sp, attenti
     saved = 2 * s * h * rep + s * (out_proj * q + f) / tp
     assert bf16 - fused == pytest.approx(saved)
     assert separate == bf16
+    # te.Linear (llm-foundry) casts each input itself and keeps the fp8 copy, as the fused layers
+    te_linear = activation_bytes_per_layer(replace(m, precision="fp8", fp8_casts="te-linear"), 1, tp, sp, "none",
+                                           attention)
+    assert te_linear == pytest.approx(fused, rel=1e-12)
     # full recompute keeps the 16-bit layer input only
     assert activation_bytes_per_layer(replace(m, precision="fp8"), 1, tp, sp, "full") == \
         activation_bytes_per_layer(m, 1, tp, sp, "full")
+
+
+def test_te_linear_shared_norm_keeps_a_copy_per_linear():
+    # a parallel block with one norm (GPT-J): in 16 bits qkv and the FFN read the one norm output;
+    # under te.Linear each linear keeps its own fp8 copy (2 x 1 byte = the 2 bytes of bf16),
+    # torchao keeps the shared 16-bit tensor
+    m = Model(name="g", layers=4, hidden=256, heads=8, ffn_hidden=1024, vocab=1000, seq_len=128,
+              dropout=False, parallel_block="shared_norm")
+    s, f = m.seq_len, m.ffn_hidden
+    bf16 = activation_bytes_per_layer(m, 1, 1, False, "none", "flash2")
+    te = activation_bytes_per_layer(replace(m, precision="fp8", fp8_casts="te-linear"), 1, 1, False, "none", "flash2")
+    separate = activation_bytes_per_layer(replace(m, precision="fp8", fp8_casts="separate"), 1, 1, False, "none",
+                                          "flash2")
+    assert separate == bf16
+    # norm output: 2 -> 1 + 1; the out-projection's input 2 -> 2 + 1; the down projection's 2 -> 1
+    assert te - bf16 == pytest.approx(s * m.o_dim - s * f)
