@@ -236,11 +236,15 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
 def fp8_fused_inputs(model: Model, tp: int, sp: bool) -> tuple[frozenset, frozenset]:
     """Transformer Engine's fused fp8 casts (``fp8_casts`` fused, Megatron-Core's layer spec):
     the linears whose input the norm before them writes in fp8 (qkv unless MLA projects it, a
-    dense FFN's up-projection), and the row-parallel ones that cast their input row-wise only
-    (under sequence parallelism). Both empty for a 16-bit model or separate casts."""
+    dense FFN's up-projection, MLA's up-projections behind their latents' norms:
+    TELayerNormColumnParallelLinear in megatron-core 0.16.1 gpt_layer_specs.py when qk_layernorm),
+    and the row-parallel ones that cast their input row-wise only (under sequence parallelism).
+    Both empty for a 16-bit model or separate casts."""
     if not model.fp8_fused:
         return frozenset(), frozenset()
-    norm_fed = frozenset(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe)) if on)
+    norm_fed = frozenset(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe),
+                                         ("q_up", model.mla and model.q_lora_rank > 0),
+                                         ("kv_up", model.mla)) if on)
     rowwise = frozenset(n for n, on in (("attn_out", True), ("ffn_down", not model.moe)) if on and tp > 1 and sp)
     return norm_fed, rowwise
 
@@ -500,12 +504,12 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         nope = d - rope
         if r_q:
             linear(fb, n("q_down"), T, h, r_q)
-            _vector(fb, n("q_norm"), T * r_q, p, flops_per_element=4)
+            _vector(fb, n("q_norm"), T * r_q, p, flops_per_element=4, writes=1 / p if "q_up" in norm_fed else 1.0)
             linear(fb, n("q_up"), T, r_q, a_t * d)
         else:
             linear(fb, n("q_up"), T, h, a_t * d)
         linear(fb, n("kv_down"), T, h, r_kv + rope)
-        _vector(fb, n("kv_norm"), T * r_kv, p, flops_per_element=4)
+        _vector(fb, n("kv_norm"), T * r_kv, p, flops_per_element=4, writes=1 / p if "kv_up" in norm_fed else 1.0)
         linear(fb, n("kv_up"), T, r_kv, a_t * (nope + model.v_head_dim))
 
     def moe_ffn(fb: _Builder, n, tail: bool = True) -> None:
@@ -647,20 +651,20 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         module in ``mods`` re-run in the backward pass. ``core_attn`` the core attention, fused
         kernel or not (its checkpoint re-runs it whatever the kernel); ``layernorm`` the norms that
         are modules of their own in its Transformer Engine layer spec (an MLA layer's input norm, an
-        MoE layer's pre-MLP norm; gpt_layer_specs.py); ``mla_up_proj`` MLA's up projections;
-        ``mlp`` a dense layer's FFN with the norm fused into its first linear; ``moe`` the whole
-        MoE layer, its all-to-alls included; ``moe_act`` the experts' activation;
-        ``shared_experts`` the shared experts' FFN."""
+        MoE layer's pre-MLP norm; gpt_layer_specs.py); ``mla_up_proj`` MLA's up projections, the
+        latents' norms fused into them; ``mlp`` a dense layer's FFN with the norm fused into its
+        first linear; ``moe`` the whole MoE layer, its all-to-alls included; ``moe_act`` the
+        experts' activation; ``shared_experts`` the shared experts' FFN."""
         probe = _Builder("fwd")
         (moe_ffn if model.moe else dense_ffn)(probe, lambda x: x)
         ffn = {o.name for o in probe.ops}
         wanted = set()
         if "layernorm" in mods:
             wanted |= ({"ln1"} if model.mla else set()) | ({"ln2"} if model.moe else set())
-        if "mla_up_proj" in mods and model.mla:   # its checkpoint applies the rotary embedding too
-            probe = _Builder("fwd")
+        if "mla_up_proj" in mods and model.mla:   # its checkpoint applies the rotary embedding too,
+            probe = _Builder("fwd")                 # and the latents' norms fused into the up projections
             heads_prepared(probe, lambda x: x)
-            wanted |= {"q_up", "kv_up"} | {o.name for o in probe.ops}
+            wanted |= {"q_norm", "q_up", "kv_norm", "kv_up"} | {o.name for o in probe.ops}
         if "mlp" in mods and not model.moe:
             wanted |= ffn | {"ln2"}
         if "moe" in mods and model.moe:

@@ -98,8 +98,9 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
         core = (p + (mask + p if model.dropout else 0.0)) * a * s * model.context_parallel * sb / t
     if model.mla:
         # MLA's latents: the down projections' outputs (the norms' inputs) and the normed latents
-        # (the up projections' inputs), replicated over tp (Megatron-Core's MLA)
-        replicated += 2 * p * sb * (model.q_lora_rank + model.kv_lora_rank) * rep
+        # (the up projections' inputs: fp8 under Transformer Engine's fp8, whose LayerNormLinear
+        # writes them), replicated over tp (Megatron-Core's MLA)
+        replicated += (p + _linear_input_bytes(model)) * sb * (model.q_lora_rank + model.kv_lora_rank) * rep
     mods = recompute_modules_of(recompute)
     if mods:
         if "core_attn" in mods:   # the checkpointed core attention keeps only its inputs (Q, K, V)
@@ -112,8 +113,12 @@ def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved:
     """Bytes per layer that Megatron-Core's selective recompute of ``mods`` does not keep (besides
     the core attention's): ``layernorm`` discards the outputs of the norms that are modules of their
     own in its Transformer Engine layer spec (gpt_layer_specs.py: an MLA layer's input norm, an MoE
-    layer's pre-MLP norm; the others are fused into the next linear), ``mla_up_proj`` MLA's Q, K
-    and V (the latents stay), ``mlp`` a dense layer's FFN (its input norm is fused into the first
+    layer's pre-MLP norm; the others are fused into the next linear), which under fp8 frees
+    nothing of MLA's input norm (its two down projections keep fp8 copies of their own),
+    ``mla_up_proj`` MLA's Q, K and V and the normed latents (its checkpoint, run without
+    autograd, keeps only its inputs, the down projections' outputs, and the latents' norms are
+    fused into the up projections: multi_latent_attention.py, megatron-core 0.16.1), ``mlp`` a
+    dense layer's FFN (its input norm is fused into the first
     linear), ``moe_act`` the experts' activation outputs, ``shared_experts`` the shared experts'
     inputs to their activation and down projection (and, in fp8, their first linear's copy of its
     input), ``moe`` all of an MoE layer's (its input, the
@@ -124,10 +129,12 @@ def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved:
     f = model.ffn_hidden
     out = 0.0
     if "layernorm" in mods:
-        out += (saved["qkv"] if model.mla else 0.0) * sb * h * rep + saved["ffn_up"] * sb * h * rep * w_moe
+        mla_norm = saved["qkv"] if model.mla and not model.fp8_saved_inputs else 0.0
+        out += mla_norm * sb * h * rep + saved["ffn_up"] * sb * h * rep * w_moe
     if "mla_up_proj" in mods and model.mla:
         q, kv = model.q_dim, kv_width(model, t) * t
         out += p * sb * (q + kv + kv * model.v_head_dim // model.head_dim) / t
+        out += _linear_input_bytes(model) * sb * (model.q_lora_rank + model.kv_lora_rank) * rep
     if "mlp" in mods:
         down = saved["ffn_down"]   # an MoE model's dense layers too (:func:`_linear_input_bytes`)
         norm_out = 0.0 if model.parallel_block == "shared_norm" else saved["ffn_up"]   # kept for qkv

@@ -435,12 +435,43 @@ def test_expert_modules_by_hand():
     assert "dispatch.all_to_all" in moe_ops and "combine.all_to_all" in moe_ops
     assert base - act(qwen, 1, 1, False, "selective+moe", "flash") == pytest.approx(moe_activation_bytes(qwen, s, 1))
     assert _reruns(ds, "selective+shared_experts", moe=lay) == ["shared_up", "shared_swiglu", "shared_down"]
-    # the up projections' checkpoint applies the rotary embedding too (its rope part of q and k)
-    assert _reruns(ds, "selective+mla_up_proj", moe=lay) == ["q_up", "kv_up", "q.rotary", "k.rotary"]
+    # the up projections' checkpoint runs the latents' norms fused into them (TE's spec) and
+    # applies the rotary embedding too (its rope part of q and k)
+    assert _reruns(ds, "selective+mla_up_proj", moe=lay) == ["q_norm", "q_up", "kv_norm", "kv_up", "q.rotary",
+                                                            "k.rotary"]
     a = ds.heads
     drop = act(ds, 1, 1, False, "selective", "flash") - act(ds, 1, 1, False, "selective+mla_up_proj", "flash")
-    assert drop == pytest.approx(2 * s * a * (192 + 192 + 128))      # Q, K, V; the latents stay
+    # Q, K, V and the normed latents (1,536 + 512; nothing in the checkpoint keeps them); the down
+    # projections' outputs, the checkpoint's inputs, stay
+    assert drop == pytest.approx(2 * s * a * (192 + 192 + 128) + 2 * s * (1536 + 512))
 
+
+
+def test_mla_latent_norms_are_fused_into_the_up_projections_under_fp8():
+    """Megatron-Core's TE spec builds MLA's up projections as TELayerNormColumnParallelLinear
+    (megatron-core 0.16.1 gpt_layer_specs.py, qk_layernorm): under fp8 the latents' norms write
+    fp8 and the up projections cast nothing; their weight gradients transpose the saved fp8 input
+    in the backward. The down projections (TE Linear) cast their own input; in bf16 and with
+    separate casts the norms write 16 bits. DeepSeek-V3, one micro-batch of 4,096 tokens."""
+    from phaze.memory import activation_bytes_per_layer as act
+    ds = load_model("deepseek-v3", 4096)
+    s, h, a, rq, rkv = 4096, 7168, 128, 1536, 512
+    fp8 = dataclasses_replace(ds, precision="fp8")
+    for model, fused in ((fp8, True), (dataclasses_replace(fp8, fp8_casts="separate"), False), (ds, False)):
+        g = layer_graph(model, 1, 1, False, "flash", "none")
+        fwd, bwd = {o.name: o for o in g.fwd}, {o.name for o in g.bwd}
+        for norm, up, r in (("q_norm", "q_up", rq), ("kv_norm", "kv_up", rkv)):
+            assert fwd[norm].bytes_written == (1 if fused else 2) * s * r
+            assert (f"{up}.fp8_cast" in fwd) == (model.precision == "fp8" and not fused)
+            assert (f"{up}.fp8_transpose" in bwd) == fused
+        assert ("q_down.fp8_cast" in fwd) == (model.precision == "fp8")
+    # memory under fp8: the layernorm module frees nothing of MLA's input norm (the two down
+    # projections keep fp8 copies of their own), only the MoE layers' pre-MLP norm (16 bits, the
+    # router keeps it); mla_up_proj frees Q, K, V and the fp8 normed latents
+    drop = act(fp8, 1, 1, False, "selective", "flash") - act(fp8, 1, 1, False, "selective+layernorm", "flash")
+    assert drop == pytest.approx(2 * s * h * 58 / 61)
+    drop = act(fp8, 1, 1, False, "selective", "flash") - act(fp8, 1, 1, False, "selective+mla_up_proj", "flash")
+    assert drop == pytest.approx(2 * s * a * (192 + 192 + 128) + 1 * s * (rq + rkv))
 
 def test_mlp_module_reruns_a_dense_ffn_with_its_fused_norm():
     from phaze.memory import activation_bytes_per_layer as act

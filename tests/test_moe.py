@@ -556,18 +556,19 @@ def test_fp8_experts_keep_one_fp8_layout_of_their_linear_inputs(recompute):
     where bf16 keeps 2, on each of the k copies; the shared expert's down projection likewise,
     while its first linear keeps an fp8 copy (h) of the router's 16-bit input. DeepSeek-V3, one
     token a layer: 58 of 61 layers MoE (k = 8, h = 7,168, expert 2,048, shared 2,048), 3 dense
-    (f = 18,432, the down projection's input), and the out-projection's fp8 copy (o = 16,384) beside
-    the fused attention's 16-bit output. moe_act drops the experts' down-projection inputs, moe
+    (f = 18,432, the down projection's input), MLA's normed latents (query 1,536 + key/value 512),
+    which the norms fused into the up projections write in fp8, and the out-projection's fp8 copy
+    (o = 16,384) beside the fused attention's 16-bit output. moe_act drops the experts' down-projection inputs, moe
     all of the layer's expert tensors (their bytes, and the shared copy, fp8 too), shared_experts
     the shared expert's whole module, its fp8 copy included (Megatron-Core checkpoints it whole)."""
     from phaze.memory import activation_bytes_per_layer
     from phaze.workload import load_model
     m = load_model("deepseek-v3", 4096)
-    s, h, k, ef, sf, f, o = 4096, 7168, 8, 2048, 2048, 18432, 16384
+    s, h, k, ef, sf, f, o, latents = 4096, 7168, 8, 2048, 2048, 18432, 16384, 1536 + 512
     bf16 = activation_bytes_per_layer(m, 1, 1, False, recompute, "flash")
     fp8 = activation_bytes_per_layer(replace(m, precision="fp8"), 1, 1, False, recompute, "flash")
     moe = {"none": k * (h + ef) + sf - h, "selective+moe_act": k * h + sf - h, "selective+moe": 0,
            "selective+shared_experts": k * (h + ef)}[recompute]
-    assert bf16 - fp8 == pytest.approx(s * (58 * moe + 3 * f) / 61 - s * o, rel=1e-12)
+    assert bf16 - fp8 == pytest.approx(s * (58 * moe + 3 * f) / 61 + s * latents - s * o, rel=1e-12)
     assert activation_bytes_per_layer(replace(m, precision="fp8", fp8_casts="separate"), 1, 1, False, recompute,
                                       "flash") == bf16
