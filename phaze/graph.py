@@ -233,18 +233,25 @@ def ring_steps(model: Model, work: float) -> tuple[int, float]:
     return steps, min(1.0, work * groups / steps)
 
 
+def norm_fed_linears(model: Model) -> tuple[str, ...]:
+    """The linears whose input is a norm's output that no other operator reads: qkv (unless MLA's
+    two down projections read the layer's norm) and a dense FFN's up projection (an MoE layer's
+    router reads its norm's output too). Under Transformer Engine's fp8 only their fp8 copy of
+    that input is kept."""
+    return tuple(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe)) if on)
+
+
 def fp8_fused_inputs(model: Model, tp: int, sp: bool) -> tuple[frozenset, frozenset]:
     """Transformer Engine's fused fp8 casts (``fp8_casts`` fused, Megatron-Core's layer spec):
-    the linears whose input the norm before them writes in fp8 (qkv unless MLA projects it, a
-    dense FFN's up-projection, MLA's up-projections behind their latents' norms:
+    the linears whose input the norm before them writes in fp8 (:func:`norm_fed_linears`, and
+    MLA's up-projections behind their latents' norms:
     TELayerNormColumnParallelLinear in megatron-core 0.16.1 gpt_layer_specs.py when qk_layernorm),
     and the row-parallel ones that cast their input row-wise only (under sequence parallelism).
     Both empty for a 16-bit model or separate casts."""
     if not model.fp8_fused:
         return frozenset(), frozenset()
-    norm_fed = frozenset(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe),
-                                         ("q_up", model.mla and model.q_lora_rank > 0),
-                                         ("kv_up", model.mla)) if on)
+    mla_ups = (("q_up", model.q_lora_rank > 0), ("kv_up", True)) if model.mla else ()
+    norm_fed = frozenset(norm_fed_linears(model)) | {n for n, on in mla_ups if on}
     rowwise = frozenset(n for n, on in (("attn_out", True), ("ffn_down", not model.moe)) if on and tp > 1 and sp)
     return norm_fed, rowwise
 

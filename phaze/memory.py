@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import kv_heads_read, kv_width
+from .graph import kv_heads_read, kv_width, norm_fed_linears
 from .plan import recompute_modules_of
 from .workload import Model
 
@@ -62,15 +62,13 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
     # the linears' saved inputs (bytes an element): 16-bit, or with Transformer Engine's modules in
     # fp8 one fp8 layout (TE 1.13 and 2.8 keep the column-wise copy, or the row-wise one under
-    # sequence parallelism): the inputs of qkv (unless MLA's two down projections read it) and of a
-    # dense FFN, which the norm before them writes in fp8 under fused casts and which a te.Linear
-    # casts itself (the norm's 16-bit output freed); the down projection's is the only copy of its
-    # input, and the out-projection's sits beside the 16-bit output a fused attention keeps for its
-    # own backward
+    # sequence parallelism): the norm-fed ones' (graph.norm_fed_linears), which the norm writes in
+    # fp8 under fused casts and a te.Linear casts itself (the norm's 16-bit output freed); the
+    # down projection's is the only copy of its input, and the out-projection's sits beside the
+    # 16-bit output a fused attention keeps for its own backward
     saved = {n: p for n in ("qkv", "ffn_up", "attn_out", "ffn_down")}
     if model.fp8_saved_inputs:
-        saved.update({n: 1.0 for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe)) if on},
-                     ffn_down=1.0,
+        saved.update({n: 1.0 for n in norm_fed_linears(model)}, ffn_down=1.0,
                      attn_out=1.0 + (p if attention in ("flash", "flash2") else 0.0))
     # ln1 in, qkv in, mask, ln2 in, ffn in, mask; a parallel block's norms both read the layer's
     # input, and a shared norm's output is the FFN's input too (te.Linear: each keeps its own copy)
@@ -118,11 +116,11 @@ def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved:
     ``mla_up_proj`` MLA's Q, K and V and the normed latents (its checkpoint, run without
     autograd, keeps only its inputs, the down projections' outputs, and the latents' norms are
     fused into the up projections: multi_latent_attention.py, megatron-core 0.16.1), ``mlp`` a
-    dense layer's FFN (its input norm is fused into the first
-    linear), ``moe_act`` the experts' activation outputs, ``shared_experts`` the shared experts'
-    inputs to their activation and down projection (and, in fp8, their first linear's copy of its
-    input), ``moe`` all of an MoE layer's (its input, the
-    pre-MLP norm's output, stays). An MoE model's dense layers weigh by their share."""
+    dense layer's FFN (its input norm is fused into the first linear), ``moe_act`` the experts'
+    activation outputs, ``shared_experts`` the shared experts' inputs to their activation and down
+    projection (and, in fp8, their first linear's copy of its input), ``moe`` all of an MoE
+    layer's (its input, the pre-MLP norm's output, stays). An MoE model's dense layers weigh by
+    their share."""
     p, h = model.bytes_per_element, model.hidden
     w_moe = model.moe_layers / model.layers if model.moe else 0.0
     w_dense = 1.0 - w_moe
