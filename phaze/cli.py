@@ -27,7 +27,7 @@ from .configio import ConfigError
 from .cost import IDEAL
 from .exact import Certificate
 from .framework import FRAMEWORKS, PLAN_KEYS, describe, framework, model_with, options_with, plan_with
-from .graph import reruns_needed
+from .graph import megatron_softmax_off, reruns_needed
 from .lazy import tqdm
 from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
 from .placement import (
@@ -247,6 +247,9 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     if model.local_attention and "attention_window" not in out:
         out["attention_window"] = local_attention_phrase(model.sliding_window, model.attention_chunk,
                                                          model.window_layer_share) + " (the workload's)"
+    if plan is not None and plan.attention == "standard" and megatron_softmax_off(model, plan.mbs, plan.tp):
+        out["softmax"] = ("PyTorch's in fp32, five kernels each way, where Megatron's kernel cannot run: "
+                          + megatron_softmax_off(model, plan.mbs, plan.tp) + " (softmax_kernel megatron)")
     if plan is not None:
         defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",
@@ -257,6 +260,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "cp_comm": "cp_comm=p2p (a ring of K/V sends, each under one step's attention)",
                     "fsdp_pp": "fsdp_pp=micro_batch (FSDP gathers each stage's weights for every micro-batch)",
                     "fp8_params": "fp8_params off (16-bit weights, cast to fp8 for the GEMMs)",
+                    "pipe_p2p": "pipe_p2p=batched (each pipeline send paired with a receive, Megatron's)",
                     "grad_accum_fusion": "grad_accum_fusion on (Megatron's weight-gradient GEMMs add into "
                                          "the main gradients)",
                     "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
@@ -266,7 +270,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                  and not (k == "grad_accum_fusion" and plan.optimizer not in MEGATRON_OPTIMIZERS)
                  and not (k == "dp_shard" and not plan.zero) and not (k == "cp_comm" and plan.cp == 1)
                  and not (k == "fsdp_pp" and (plan.zero < 3 or plan.pp == 1))
-                 and not (k == "fp8_params" and model.precision != "fp8")]
+                 and not (k == "fp8_params" and model.precision != "fp8")
+                 and not (k == "pipe_p2p" and plan.pp == 1)]
         if unset:
             out["plan_defaults"] = ", ".join(unset)
         tp = plan.tp
@@ -1202,7 +1207,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "dp_overlap, tp_overlap, tp_async, reduce_fp32, "
                     "loss (torch/megatron), grad_accum_fusion (adam-megatron*), dp_shard (all/node/N, zero 1-3), "
                     "fsdp_pp (micro_batch/step: zero 3 with pp > 1), fp8_params (an fp8 run's weights held "
-                    "and gathered in fp8), schedule (optimal/sequential), "
+                    "and gathered in fp8), pipe_p2p (batched/blocking: how pipeline stages exchange "
+                    "activations), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
                     "ep_overlap; default tp=1,pp=1,mbs=1")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
-from .plan import CP_COMMS, DP_SHARD_NODE, LOSSES, OPTIMIZERS, Plan, dp_shard_text, hides_dp_reduction
-from .workload import BIAS_KERNELS, FP8_CASTS, KV_REPEATS, ROTARY_KERNELS, Model
+from .plan import CP_COMMS, DP_SHARD_NODE, LOSSES, OPTIMIZERS, PIPE_P2P, Plan, dp_shard_text, hides_dp_reduction
+from .workload import BIAS_KERNELS, FP8_CASTS, KV_REPEATS, ROTARY_KERNELS, SOFTMAX_KERNELS, Model
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ class Framework:
     rotary_kernels: str = "fused"  # how a rotary model's rotations run (phaze.workload.ROTARY_KERNELS)
     kv_repeat: str = "grouped"     # how its attention reads grouped-query key/value heads
                                    # (phaze.workload.KV_REPEATS)
+    softmax_kernel: str = "fused"  # how its unfused attention's softmax runs (phaze.workload.SOFTMAX_KERNELS)
+    pipe_p2p: str = "batched"      # how its pipeline's stages exchange activations (phaze.plan.PIPE_P2P)
     bf16_zero: int | None = None  # the ZeRO stage of a run that is not fp16, when its optimizer
                                   # shards whatever the config says; None: ``zero``
     recompute_modules: tuple[str, ...] = ()   # what its selective recompute re-runs by default
@@ -89,6 +91,8 @@ class Framework:
         assert self.bias_kernels in BIAS_KERNELS, self.bias_kernels
         assert self.rotary_kernels in ROTARY_KERNELS, self.rotary_kernels
         assert self.kv_repeat in KV_REPEATS, self.kv_repeat
+        assert self.softmax_kernel in SOFTMAX_KERNELS, self.softmax_kernel
+        assert self.pipe_p2p in PIPE_P2P, self.pipe_p2p
         assert self.cp_comm in CP_COMMS, self.cp_comm
 
 
@@ -128,7 +132,7 @@ FRAMEWORKS = {f.name: f for f in (
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, dp_overlap=False, loss="megatron", optimizer="adam-megatron",
               bf16_reduce_fp32=True, flop_convention="narayanan96", bias_kernels="separate",
-              grad_accum_fusion=False, rotary_kernels="separate",
+              grad_accum_fusion=False, rotary_kernels="separate", softmax_kernel="megatron",
               source="Megatron-LM 2021-22 (v2.x-v3.0) arguments.py defaults: hidden and attention dropout "
                      "0.1, no distributed optimizer, the gradient all-reduce in fp16 for fp16 runs and in "
                      "fp32 for bf16 ones (arguments.py forces --accumulate-allreduce-grads-in-fp32 for "
@@ -165,12 +169,18 @@ FRAMEWORKS = {f.name: f for f in (
                      "their arguments.py was not at hand); a rotary model (none then: its rotary "
                      "embedding came with Megatron-Core in 2023) gets Megatron's unfused formula "
                      "(megatron-core 0.16.1 rope_utils.py _apply_rotary_pos_emb_bshd: rotate-half, two "
-                     "multiplies, an add and a cat, the cos and sin tables made at each call)"),
+                     "multiplies, an add and a cat, the cos and sin tables made at each call); its "
+                     "scale-mask-softmax kernel runs only on the shapes its rule allows, the others "
+                     "taking PyTorch's softmax in fp32 with the layer-number scaling "
+                     "(softmax_kernel megatron; --apply-query-key-layer-scaling on by default, which "
+                     "sets --attention-softmax-in-fp32, as NeMo 1.11's copy of its transformer.py has "
+                     "it)"),
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False, block_recompute=False,
               dp_overlap=False, loss="megatron", optimizer="adam-deepspeed", flop_convention="narayanan96",
               bias_kernels="separate", bf16_reduce_fp32=True, bf16_zero=1, rotary_kernels="separate",
+              softmax_kernel="megatron", pipe_p2p="blocking",
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
                      "scale-mask-softmax, the biases and unfused attention of megatron-lm) under "
                      "DeepSpeed's engine, whose zero_optimization.stage defaults to 0 and which "
@@ -190,11 +200,19 @@ FRAMEWORKS = {f.name: f for f in (
                      "recompute, no count of layers left without it) and it has no Megatron sequence "
                      "parallelism; assumption: a rotary model runs Megatron's unfused formula (its "
                      "rotary_pos_embedding.py, not at hand, taken as megatron-core's "
-                     "_apply_rotary_pos_emb_bshd)"),
+                     "_apply_rotary_pos_emb_bshd); its softmax is megatron-lm's (softmax_kernel megatron); its "
+                     "pipeline engine sends each activation and gradient with a blocking p2p.send, its "
+                     "metadata first, and receives with a blocking p2p.recv, one after another "
+                     "(pipe/engine.py, p2p.py; the activations split over the tensor-parallel ranks and "
+                     "gathered on arrival, PartitionedTensor), so a stage between two others waits "
+                     "through four transfers a micro-batch (pipe_p2p blocking; its TrainSchedule's "
+                     "instruction order, schedule.py); Megatron-DeepSpeed's GPT keeps the attention "
+                     "mask in args (pretrain_gpt.py), not sent between stages"),
     Framework("nemo-megatron", attention="standard", tp_async=True, tp_overlap=False, zero=0,
               reduce_fp32=True, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, dp_overlap_flat=True, loss="megatron", optimizer="adam-megatron",
               interleaving=False, bias_kernels="separate", grad_accum_fusion=False, rotary_kernels="separate",
+              softmax_kernel="megatron",
               source="NVIDIA NeMo-Megatron (NeMo 1.x, 2022; the NeMo-Megatron launcher's GPT-3 recipes), "
                      "read from nemo_toolkit 1.11.0 (August 2022): NeMo's own Megatron-style transformer "
                      "(modules/common/megatron/transformer.py; Transformer Engine and FlashAttention came "
@@ -218,7 +236,11 @@ FRAMEWORKS = {f.name: f for f in (
                      "fp16 cannot run O2 there and autocasts fp32 weights, whose gradients are fp32 too "
                      "(assumption: its optimizer step costed as bf16's); assumption: a rotary model "
                      "(position_embedding_type rope) runs the unfused rotate-half formula in 16 bits, as "
-                     "megatron-core's _apply_rotary_pos_emb_bshd"),
+                     "megatron-core's _apply_rotary_pos_emb_bshd; its CoreAttention scales the queries "
+                     "and keys by the layer number with the softmax in fp32 "
+                     "(apply_query_key_layer_scaling True by default, transformer.py, megatron_gpt_model.py) "
+                     "through apex's FusedScaleMaskSoftmax: the kernel on the shapes its rule allows, "
+                     "PyTorch's chain on the others (softmax_kernel megatron)"),
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
@@ -382,7 +404,7 @@ def padded_vocab(vocab: int, multiple: int) -> int:
 
 
 PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer",
-             "grad_accum_fusion", "dp_shard", "cp_comm", "fsdp_pp", "fp8_params")
+             "grad_accum_fusion", "dp_shard", "cp_comm", "fsdp_pp", "fp8_params", "pipe_p2p")
 
 
 def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
@@ -396,8 +418,9 @@ def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
 
 def model_with(fw: Framework, model: Model) -> tuple[Model, dict]:
     """``model`` with the preset's fp8 casts (an fp8 model), bias kernels (a model with biases),
-    rotary kernels (a rotary model), key/value copies (grouped-query attention) and expert
-    capacity (a mixture of experts) where the model does not say them, and what was set."""
+    rotary kernels (a rotary model), key/value copies (grouped-query attention), unfused softmax
+    (Megatron's kernel rule) and expert capacity (a mixture of experts) where the model does not
+    say them, and what was set."""
     changes = {}
     if model.precision == "fp8" and not model.fp8_casts:
         changes["fp8_casts"] = fw.fp8_casts
@@ -407,6 +430,8 @@ def model_with(fw: Framework, model: Model) -> tuple[Model, dict]:
         changes["rotary_kernels"] = fw.rotary_kernels
     if model.kv_heads < model.heads and not model.kv_repeat:
         changes["kv_repeat"] = fw.kv_repeat
+    if fw.softmax_kernel != "fused" and not model.softmax_kernel:
+        changes["softmax_kernel"] = fw.softmax_kernel
     if model.moe and fw.moe_capacity and not model.capacity_factor:
         changes["capacity_factor"] = fw.moe_capacity
     return (replace(model, **changes) if changes else model), changes

@@ -293,6 +293,8 @@ _ROTARY = {
 _ROTARY_TABLES = (("cos", (0, 1), (0, 1)), ("cos_scale", (0, 1), (0, 1)), ("cos_cast", (0, 1), (1, 0)),
                   ("sin", (0, 1), (0, 1)), ("sin_scale", (0, 1), (0, 1)), ("sin_cast", (0, 1), (1, 0)))
 _ROTARY_TABLE_NAMES = frozenset(name for name, _, _ in _ROTARY_TABLES)
+# the ops of an unfused softmax run by PyTorch (softmax_kernel megatron off its kernel's shapes)
+_TORCH_SOFTMAX = frozenset(("softmax.float", "softmax.scale", "softmax.mask", "softmax.fp32", "softmax.half"))
 
 
 def rotary_kernels(model: Model) -> str:
@@ -304,6 +306,45 @@ def copies_kv(model: Model, tp: int) -> bool:
     """Whether the attention reads key/value heads copied to one per query head
     (``kv_repeat`` copied and fewer key/value heads than query heads on a rank)."""
     return model.kv_repeat == "copied" and model.head_dim * (model.heads // tp) > kv_width(model, tp)
+
+
+def megatron_softmax_fused(model: Model, mbs: int, tp: int) -> bool:
+    """Whether an unfused attention's softmax runs as one kernel: always unless ``softmax_kernel``
+    is ``megatron``, whose scaled masked softmax kernel runs only where its shape rule holds
+    (:func:`megatron_softmax_off`)."""
+    return not megatron_softmax_off(model, mbs, tp)
+
+
+def megatron_softmax_off(model: Model, mbs: int, tp: int) -> str:
+    """Why Megatron's scaled masked softmax kernel cannot run this layer's scores ("" where it
+    can, or where ``softmax_kernel`` is not ``megatron``). Its rule (megatron-core 0.3.0 to 0.16.1
+    fusions/fused_softmax.py ``is_kernel_available``): 16-bit scores, 16 < keys <= 4096, queries
+    and keys multiples of 4, and the micro-batch times the rank's heads a multiple of 4 and of the
+    kernel's rows per thread block, 4 beyond 128 keys and 8 up to 128 (its
+    ``get_batch_per_block``: 128 threads a block, one warp of up to 32 lanes a row, two rows a warp
+    up to 128 keys; Transformer Engine 2.8 pytorch softmax.py carries the same formula); a padding
+    mask (an encoder) asks the queries, not the rows, to divide by the rows per block.
+    Assumption: Megatron-LM 2021-22's, Megatron-DeepSpeed's and apex's (NeMo 1.x) copies of the
+    rule are this one (not at hand)."""
+    if model.softmax_kernel != "megatron":
+        return ""
+    sq, sk = model.seq_len, model.seq_len * model.context_parallel
+    rows = mbs * (model.heads // tp)
+    pow2 = 1 << (sk - 1).bit_length()
+    per_block = (128 // min(pow2, 32)) * (2 if pow2 <= 128 else 1)
+    if model.bytes_per_element != 2:
+        return "its kernel takes 16-bit scores only"
+    if not 16 < sk <= 4096:
+        return f"{sk} keys, outside its kernel's 17 to 4,096"
+    if sq % 4 or sk % 4:
+        return f"{sk} keys, not a multiple of 4"
+    if rows % 4:
+        return f"micro-batch {mbs} x {model.heads // tp} heads a rank = {rows} rows, not a multiple of 4"
+    if model.architecture == "decoder" and rows % per_block:
+        return f"micro-batch {mbs} x {model.heads // tp} heads a rank = {rows} rows, not a multiple of {per_block}"
+    if model.architecture != "decoder" and sq % per_block:
+        return f"{sq} queries, not a multiple of {per_block}"
+    return ""
 
 
 def kv_heads_read(model: Model, tp: int) -> int:
@@ -617,8 +658,21 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                        ring=ring)
             return
         _gemm(fb, n("scores"), b * a_t, s, d, sk, p, weights=False, core_attention=True)
-        _vector(fb, n("softmax"), b * a_t * s * sk, p, flops_per_element=5, core_attention=True,
-                special_per_element=1)
+        scores = b * a_t * s * sk
+        if megatron_softmax_fused(model, b, t):
+            _vector(fb, n("softmax"), scores, p, flops_per_element=5, core_attention=True,
+                    special_per_element=1)
+        else:
+            # PyTorch's chain in fp32 (FusedScaleMaskSoftmax.forward_torch_softmax): upcast, scale
+            # by the layer number, masked_fill_ (the [1, 1, s, s] mask, read once, not counted),
+            # softmax, downcast; each op a kernel of its own (_TORCH_SOFTMAX)
+            w = 4 / p
+            chain = ((("softmax.float", 1, w, 0),) if p < 4 else ()) + (
+                ("softmax.scale", w, w, 1), ("softmax.mask", w, w, 0), ("softmax.fp32", w, w, 5)) + (
+                (("softmax.half", w, 1, 0),) if p < 4 else ())
+            for name, reads, writes, flops in chain:
+                _vector(fb, n(name), scores, p, reads=reads, writes=writes, flops_per_element=flops,
+                        core_attention=True, special_per_element=1 if name == "softmax.fp32" else 0)
         if model.dropout:
             _vector(fb, n("attn_dropout"), b * a_t * s * sk, p, writes=1.5, core_attention=True)
         _gemm(fb, n("context"), b * a_t, s, sk, dv, p, weights=False, core_attention=True)
@@ -726,6 +780,14 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                     nbytes = c.bytes / p
                 grad = (_coll(bb, f"{op.name}.bwd", mirror[c.kind], c.group, nbytes, deps=grad,
                               hidden_by=under),)
+            continue
+        if op.unit == "vector" and op.name in _TORCH_SOFTMAX:
+            # autograd's: each gradient in its input's precision from its output's, the softmax's
+            # also reading its saved fp32 output
+            saved = op.bytes_written if op.name == "softmax.fp32" else 0.0
+            grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
+                           bytes_read=op.bytes_written + saved, bytes_written=op.bytes_read,
+                           special=op.special, core_attention=True),)
             continue
         if op.unit == "vector" and ".rotary." in f".{op.name}.":
             # the inverse rotation by the same kernels; the tables are not differentiated

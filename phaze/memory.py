@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .graph import kv_heads_read, kv_width, norm_fed_linears
+from .graph import kv_heads_read, kv_width, megatron_softmax_fused, norm_fed_linears
 from .plan import recompute_modules_of
 from .workload import Model
 
@@ -92,8 +92,11 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     elif recompute == "selective":
         core = 0.0
     else:
-        # scores against every key of the sequence (a context-parallel shard's too)
-        core = (p + (mask + p if model.dropout else 0.0)) * a * s * model.context_parallel * sb / t
+        # scores against every key of the sequence (a context-parallel shard's too): the softmax's
+        # output (fp32 when PyTorch runs it, and then without dropout also its 16-bit copy, the
+        # product's input), the dropout's mask and output
+        probs = p if megatron_softmax_fused(model, mbs, t) else 4.0 + (0.0 if model.dropout else p)
+        core = (probs + (mask + p if model.dropout else 0.0)) * a * s * model.context_parallel * sb / t
     if model.mla:
         # MLA's latents: the down projections' outputs (the norms' inputs) and the normed latents
         # (the up projections' inputs: fp8 under Transformer Engine's fp8, whose LayerNormLinear

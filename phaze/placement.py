@@ -95,6 +95,7 @@ class PlacementOptions:
     grad_accum_fusion: bool = True   # adam-megatron's weight-gradient GEMMs add into the main gradients
     fsdp_pp: str = "micro_batch"     # zero 3 with pp > 1: weights gathered per micro-batch | per step
     fp8_params: bool = False         # an fp8 run's linear weights held and gathered in fp8
+    pipe_p2p: str = "batched"        # how pipeline stages exchange activations (phaze.plan.PIPE_P2P)
     dp_shard: int | tuple[int, ...] = 0   # data-parallel ranks of a ZeRO shard group, or the groupings
                                           # searched (phaze.plan.Plan.dp_shard; :attr:`dp_shards`)
     cp_comm: str | tuple[str, ...] = "p2p"   # context parallelism's K/V exchange, or the exchanges
@@ -599,7 +600,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     loss=options.loss, recompute_modules=options.recompute_modules,
                                     grad_accum_fusion=options.grad_accum_fusion, dp_shard=shard,
                                     cp_comm=comm, cp_a2a=a2a, dispatcher=disp, ep_overlap=overlap,
-                                    fsdp_pp=options.fsdp_pp, fp8_params=options.fp8_params)
+                                    fsdp_pp=options.fsdp_pp, fp8_params=options.fp8_params,
+                                    pipe_p2p=options.pipe_p2p)
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:

@@ -34,6 +34,13 @@ CP_COMMS_ALLOWED = "one of " + ", ".join(CP_COMMS)
 # or gathered once per step and kept whole, the gradients accumulated whole and reduce-scattered
 # once after the stage's last backward (PyTorch's pipelining with FSDP2, torchtitan's default)
 FSDP_PP = ("micro_batch", "step")
+# how a pipeline's stages pass activations and gradients: ``batched``, a send and a receive at once
+# (Megatron's batch_isend_irecv: send_forward_recv_backward and its mirror, two transfers a
+# micro-batch); ``blocking``, each send and receive on its own, one after another, with a small
+# metadata tensor before each (DeepSpeed's pipeline engine: p2p.send and p2p.recv, a
+# PartitionedTensor's meta and data), so that a stage between two others waits through four
+# transfers a micro-batch
+PIPE_P2P = ("batched", "blocking")
 
 
 def cp_a2a_groups(cp: int) -> tuple[int, ...]:
@@ -189,7 +196,8 @@ class Plan:
     the optimizer casts its fp32 shard to fp8 before the gather); without it they are 16-bit, and
     where Transformer Engine's modules run under Megatron-Core (the model's ``fp8_casts`` fused,
     ZeRO below 3) each step's first micro-batch casts them to fp8 in both layouts and caches the
-    casts for the step's other micro-batches, beside the 16-bit weights."""
+    casts for the step's other micro-batches, beside the 16-bit weights. ``pipe_p2p``: how the
+    pipeline's stages exchange activations and gradients (:data:`PIPE_P2P`)."""
 
     tp: int = 1
     pp: int = 1
@@ -226,6 +234,7 @@ class Plan:
     cp_a2a: int = 1                        # a2a+p2p: context-parallel ranks of one all-to-all group
     fsdp_pp: str = "micro_batch"           # zero 3 with pp > 1: weights gathered per micro-batch | per step
     fp8_params: bool = False               # an fp8 run's linear weights held and gathered in fp8
+    pipe_p2p: str = "batched"              # pipeline sends: batched | blocking (PIPE_P2P)
 
     def __post_init__(self):
         if self.sp is None:
@@ -280,7 +289,8 @@ class Plan:
                    else "")
                 + (",recompute_modules=" + "+".join(self.recompute_modules)
                    if self.recompute_modules and "selective" in self.stage_modes()[0] else "")
-                + (",fp8_params=1" if self.fp8_params else ""))
+                + (",fp8_params=1" if self.fp8_params else "")
+                + (f",pipe_p2p={self.pipe_p2p}" if self.pipe_p2p != "batched" and self.pp > 1 else ""))
 
 
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp", "cp_a2a")
@@ -289,7 +299,7 @@ PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attentio
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
              "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard", "cp_comm",
-             "cp_a2a", "fsdp_pp", "fp8_params")
+             "cp_a2a", "fsdp_pp", "fp8_params", "pipe_p2p")
 BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
               "off": False}   # a switch's words, in --plan and in the flags that take off,on
 
@@ -353,7 +363,7 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
         else:
             choices = {"recompute": PLAN_RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
                        "schedule": SCHEDULES, "routing": ROUTING,
-                       "dispatcher": DISPATCHERS, "loss": LOSSES, "fsdp_pp": FSDP_PP}[key]
+                       "dispatcher": DISPATCHERS, "loss": LOSSES, "fsdp_pp": FSDP_PP, "pipe_p2p": PIPE_P2P}[key]
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()

@@ -83,6 +83,7 @@ from .workload import (
     KV_REPEATS,
     PARALLEL_BLOCKS,
     ROTARY_KERNELS,
+    SOFTMAX_KERNELS,
     Model,
     load_model,
     mtp_error,
@@ -105,7 +106,7 @@ EXPLICIT_COLUMNS = (
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
     "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers", "parallel_block", "fsdp_pp",
-    "fp8_param_gather", "rotary_kernels", "kv_repeat")
+    "fp8_param_gather", "rotary_kernels", "kv_repeat", "softmax_kernel")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -506,7 +507,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 grad_accum_fusion=_flag(row, "grad_accum_fusion", preset["grad_accum_fusion"]),
                 dp_shard=_dp_shard(row, preset["dp_shard"]), cp_comm=_cp_comm(row, preset["cp_comm"]),
                 cp_a2a=_int(row, "cp_a2a", 1), fsdp_pp=_choice(row, "fsdp_pp", FSDP_PP, preset["fsdp_pp"]),
-                fp8_params=_flag(row, "fp8_param_gather", preset["fp8_params"]))
+                fp8_params=_flag(row, "fp8_param_gather", preset["fp8_params"]), pipe_p2p=preset["pipe_p2p"])
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
@@ -739,7 +740,8 @@ def _row_model(row: dict, seq: int, precision: str, fw: Framework | None = None)
         raise ValueError(f"column 'parallel_block': {bad}")
     # how the rotary embedding and grouped key/value heads run: blank is the framework's
     model = dataclasses.replace(model, rotary_kernels=_choice(row, "rotary_kernels", ROTARY_KERNELS, ""),
-                                kv_repeat=_choice(row, "kv_repeat", KV_REPEATS, ""))
+                                kv_repeat=_choice(row, "kv_repeat", KV_REPEATS, ""),
+                                softmax_kernel=_choice(row, "softmax_kernel", SOFTMAX_KERNELS, ""))
     return model if fw is None else model_with(fw, model)[0]
 
 

@@ -37,6 +37,12 @@ ROTARY_KERNELS = ("fused", "complex", "separate")
 # ``copied``, first copied to one per query head (torchtitan 0.1 and 0.2's repeat_kv), whose
 # gradients the backward sums back over each group
 KV_REPEATS = ("grouped", "copied")
+# how an unfused ("standard") attention's softmax runs: ``fused``, one kernel reading and writing
+# the scores in 16 bits whatever their shape; ``megatron``, Megatron's scaled masked softmax
+# kernel where its shape rule lets it run (:func:`phaze.graph.megatron_softmax_fused`), else
+# PyTorch's chain in fp32 (upcast, the layer-number scaling, masked fill, softmax, downcast):
+# Megatron-LM's FusedScaleMaskSoftmax with query-key layer scaling on, its default
+SOFTMAX_KERNELS = ("fused", "megatron")
 # what a full recompute re-runs: ``whole``, the layer's forward to its end (Megatron's and
 # DeepSpeed's checkpoint functions call it again); ``needed``, only the ops whose results the
 # backward reads (JAX's remat and XLA: a pre-norm layer's last projection and residual add are
@@ -89,6 +95,8 @@ class Model:
                                          # framework's, else fused
     kv_repeat: str = ""                  # grouped-query attention's key/value heads (KV_REPEATS); "":
                                          # the framework's, else grouped
+    softmax_kernel: str = ""             # an unfused attention's softmax (SOFTMAX_KERNELS); "": the
+                                         # framework's, else fused
     recompute_rerun: str = ""            # what a full recompute re-runs (RECOMPUTE_RERUN): the whole
                                          # forward | what the backward reads; "": needed on a chip
                                          # that runs one compiled program (xla), else whole
@@ -490,6 +498,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         bias_kernels=f.choice("bias_kernels", BIAS_KERNELS, ""),
         rotary_kernels=f.choice("rotary_kernels", ROTARY_KERNELS, ""),
         kv_repeat=f.choice("kv_repeat", KV_REPEATS, ""),
+        softmax_kernel=f.choice("softmax_kernel", SOFTMAX_KERNELS, ""),
         recompute_rerun=f.choice("recompute_rerun", RECOMPUTE_RERUN, ""),
         qk_norm=f.bool("qk_norm", False),
         rotary_dim=f.int("rotary_dim", 0, minimum=0),

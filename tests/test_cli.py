@@ -88,18 +88,34 @@ def test_valid_workload_copy_runs(tmp_path):
     ({"recompute_rerun": "some"}, "recompute_rerun", "whole, needed"),
     ({"rotary_kernels": "triton"}, "rotary_kernels", "fused, complex, separate"),
     ({"kv_repeat": "expand"}, "kv_repeat", "grouped, copied"),
+    ({"softmax_kernel": "apex"}, "softmax_kernel", "fused, megatron"),
     ({"rotary_dim": 4096}, "rotary_dim", "even width up to head_dim"),
     ({"rotary_dim": 31}, "rotary_dim", "even width up to head_dim"),
     ({"hidden": 12288.5}, "hidden", "positive integer"),
     ({"hidden": "big"}, "hidden", "positive integer"),
 ], ids=["missing-layers", "negative-hidden", "zero-heads", "unknown-key", "bad-precision", "bad-fp8-casts",
-        "bad-bias-kernels", "bad-recompute-rerun", "bad-rotary-kernels", "bad-kv-repeat", "wide-rotary-dim",
+        "bad-bias-kernels", "bad-recompute-rerun", "bad-rotary-kernels", "bad-kv-repeat", "bad-softmax-kernel",
+        "wide-rotary-dim",
         "odd-rotary-dim", "fractional-hidden", "string-hidden"])
 def test_bad_workload_field(tmp_path, change, field, allowed):
     data = {k: v for k, v in {**WORKLOAD, **change}.items() if v is not None}
     path = write_yaml(tmp_path / "w.yaml", data)
     one_line_error(evaluate_workload(tmp_path, path), str(path), f"field '{field}'", allowed)
 
+
+def test_evaluate_says_when_megatrons_softmax_kernel_cannot_run(tmp_path):
+    # GPT-2 XL's 25 heads: micro-batch 1 is 25 rows, off the kernel's multiples of 4; 4 is on them
+    args = ("evaluate", "--workload", "gpt2-xl", "--arch", "a100-80gb", "--devices", "4", "--global-batch", "16",
+            "--seq-len", "1024", "--framework", "megatron-deepspeed")
+    off = phaze_cli(tmp_path, *args, "--plan", "tp=1,mbs=1")
+    on = phaze_cli(tmp_path, *args, "--plan", "tp=1,mbs=4")
+    assert off.returncode == on.returncode == 0, off.stderr + on.stderr
+    line = [x for x in off.stdout.splitlines() if x.strip().startswith("softmax ")]
+    assert len(line) == 1 and "25 rows, not a multiple of 4" in line[0] and "fp32" in line[0]
+    assert "softmax_kernel=megatron" in off.stdout
+    assert not [x for x in on.stdout.splitlines() if x.strip().startswith("softmax ")]
+    flash = phaze_cli(tmp_path, *args, "--plan", "tp=1,mbs=1,attention=flash")
+    assert not [x for x in flash.stdout.splitlines() if x.strip().startswith("softmax ")]
 
 @pytest.mark.parametrize("text", ["name: x\nlayers: [96\n", "name: x\n  layers: 3\n: :\n"],
                          ids=["unclosed-list", "bad-indent"])

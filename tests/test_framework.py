@@ -13,12 +13,12 @@ from test_validate import ROOT, ok_cli, one_line_error, phaze_cli, synthetic, sy
 from phaze import validate as v
 from phaze.arch import load_chip
 from phaze.configio import ConfigError
-from phaze.cost import Efficiency, gemm_time, op_time, vector_time
+from phaze.cost import IDEAL, Efficiency, collective_time, gemm_time, op_time, vector_time
 from phaze.framework import FRAMEWORKS, framework, model_with, options_with, plan_with, resolve_framework
-from phaze.graph import Op
+from phaze.graph import Op, megatron_softmax_fused
 from phaze.placement import PlacementOptions, layouts, place
 from phaze.plan import Plan, parse_plan
-from phaze.system import load_system
+from phaze.system import apply_system, load_system
 from phaze.workload import load_model
 
 EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, host_overhead_s=20e-6)
@@ -388,7 +388,6 @@ def test_dp_over_dcn_by_hand():
     weights over 512 chips. One 512-chip ICI torus: each moves 511/512 of P*2 bytes over ICI. Two
     256-chip slices: 255/256 of it over ICI, then half of the 1/256 share over DCN."""
     from phaze.step import evaluate
-    from phaze.system import apply_system
     model = load_model("llama2-7b", 2048)
     chip = load_chip("tpuv4")
     plan = Plan(zero=1, dp_overlap=False)
@@ -516,8 +515,8 @@ def test_the_predictions_name_the_plan_a_searched_row_was_scored_with(tmp_path):
 
 
 def _said(model):
-    """``model`` saying its rotary kernels and key/value reads, which every preset sets otherwise."""
-    return dataclasses.replace(model, rotary_kernels="fused", kv_repeat="grouped")
+    """``model`` saying its rotary kernels, key/value reads and softmax, which presets set otherwise."""
+    return dataclasses.replace(model, rotary_kernels="fused", kv_repeat="grouped", softmax_kernel="fused")
 
 
 def test_rotary_kernels_and_kv_copies_follow_the_framework_unless_the_model_says():
@@ -547,6 +546,42 @@ def test_rotary_kernels_and_kv_copies_follow_the_framework_unless_the_model_says
     bad = v.row_to_case(synthetic(framework="torchtitan", activation="swiglu", rotary_kernels="triton"))
     assert isinstance(bad, v.Skipped) and "rotary_kernels" in bad.reason and "complex" in bad.reason
 
+
+def test_softmax_kernel_follows_the_framework_unless_the_model_says():
+    # Megatron's FusedScaleMaskSoftmax for the 2021-22 Megatron presets (their standard attention);
+    # the others keep phaze's one fused kernel
+    gpt = load_model("gpt2-xl", 1024)
+    assert gpt.softmax_kernel == ""
+    megatron = {"megatron-lm", "megatron-deepspeed", "nemo-megatron"}
+    for name, fw in FRAMEWORKS.items():
+        model, changes = model_with(fw, gpt)
+        assert model.softmax_kernel == changes.get("softmax_kernel", "") == ("megatron" if name in megatron else "")
+    own = dataclasses.replace(gpt, softmax_kernel="fused")
+    assert "softmax_kernel" not in model_with(FRAMEWORKS["megatron-deepspeed"], own)[1]
+    # a row: the preset's, or its own column; a value outside the list is the row's error
+    assert synthetic_case(framework="Megatron-DeepSpeed").model.softmax_kernel == "megatron"
+    assert synthetic_case(framework="Megatron-DeepSpeed", softmax_kernel="fused").model.softmax_kernel == "fused"
+    assert synthetic_case(framework="NeMo 24.07").model.softmax_kernel == ""
+    bad = v.row_to_case(synthetic(framework="Megatron-DeepSpeed", softmax_kernel="apex"))
+    assert isinstance(bad, v.Skipped) and "softmax_kernel" in bad.reason and "megatron" in bad.reason
+    # a small GPT off the kernel's shapes (25 heads, micro-batch 1) is slower than on them per
+    # sequence: PyTorch's fp32 chain moves nine times the kernel's bytes forward
+    xl = {"model": "gpt2-xl", "layers": "48", "hidden": "1600", "heads": "25", "seq_len": "1024",
+          "gpu_count": "4", "tp": "1", "global_batch": "16", "precision": "fp16"}
+    step = {}
+    for b, said in ((1, ""), (1, "fused"), (4, ""), (4, "fused")):
+        case = synthetic_case(framework="Megatron-DeepSpeed", micro_batch=str(b), softmax_kernel=said, **xl)
+        step[b, said] = v.scored_plan(case, v.params_for(case.chip, None))[1]
+    assert step[1, ""] > 1.05 * step[1, "fused"]
+    assert step[4, ""] == step[4, "fused"]
+
+
+def test_every_bundled_standard_row_runs_megatrons_softmax_kernel():
+    # docs/frameworks.md says so: softmax_kernel leaves the calibration as it was
+    cases = [c for c in v.load_items(v.default_runs_paths()) if isinstance(c, v.Case)]
+    standard = [c for c in cases if c.plan.attention == "standard"]
+    assert len(standard) >= 30 and {c.model.softmax_kernel for c in standard} == {"megatron"}
+    assert all(megatron_softmax_fused(c.model, c.plan.mbs, c.plan.tp) for c in standard)
 
 def test_fp8_casts_follow_the_framework_unless_the_model_says():
     # Transformer Engine's LayerNorm-fused modules for the Megatron-based presets; torchao's
@@ -603,7 +638,7 @@ def test_bias_kernels_follow_the_framework_unless_the_model_says():
         assert model.bias_kernels == changes["bias_kernels"] == ("separate" if name in separate else "fused")
     llama = _said(load_model("llama3-8b", 2048))
     assert not llama.bias and model_with(FRAMEWORKS["megatron-lm"], llama) == (llama, {})   # no biases
-    said = dataclasses.replace(gpt, bias_kernels="fused")
+    said = _said(dataclasses.replace(gpt, bias_kernels="fused"))
     assert model_with(FRAMEWORKS["megatron-lm"], said) == (said, {})                          # the model's own wins
     assert synthetic_case(framework="Megatron-LM (2021)").model.bias_kernels == "separate"
     assert synthetic_case(framework="NeMo 24.07").model.bias_kernels == "fused"
@@ -775,6 +810,107 @@ def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
         _deepspeed("fp16", zero=2)
     assert "zero" in str(e.value) and "allowed: zero 0-1" in str(e.value)
 
+
+def _deepspeed_pipeline_period(stages: int, f: float, b: float, c: float, micro_batches: int = 40) -> float:
+    """Seconds one more micro-batch adds to DeepSpeed's pipeline: its TrainSchedule (DeepSpeed 0.9.5
+    pipe/schedule.py: 2 (m + p - 1) steps, a stage forward on the steps of its own parity, the
+    commands of a step in the order the schedule yields them) run with blocking sends and receives
+    (p2p.py), each transfer taking ``c`` once both ends reach it, written out here apart from phaze."""
+    def program(s, m):
+        cmds, prev = [], -1
+        for step in range(2 * (m + stages - 1)):
+            forward = (step % 2) == (s % 2)
+            if forward:
+                mb = (step - (step % 2)) // 2 - s // 2
+            elif step % 2 == 0:
+                mb = step // 2 - stages + (s + 1) // 2
+            else:
+                mb = (step - 1) // 2 - stages + 1 + s // 2
+            valid, prev_valid = 0 <= mb < m, 0 <= prev < m
+            if forward:
+                cmds += [("send_grad", s - 1)] if prev_valid and s > 0 else []
+                cmds += [("recv_act", s - 1)] if valid and s > 0 else []
+            else:
+                cmds += [("recv_grad", s + 1)] if valid and s < stages - 1 else []
+                cmds += [("send_act", s + 1)] if prev_valid and s < stages - 1 else []
+            cmds += [("fwd" if forward else "bwd", None)] if valid else []
+            prev = mb
+        return cmds
+
+    pair = {"send_grad": "recv_grad", "recv_grad": "send_grad", "send_act": "recv_act", "recv_act": "send_act"}
+
+    def run(m):
+        progs = [program(s, m) for s in range(stages)]
+        pc, t = [0] * stages, [0.0] * stages
+        while any(pc[s] < len(progs[s]) for s in range(stages)):
+            moved = False
+            for s in range(stages):
+                while pc[s] < len(progs[s]):
+                    op, peer = progs[s][pc[s]]
+                    if op in ("fwd", "bwd"):
+                        t[s] += f if op == "fwd" else b
+                        pc[s] += 1
+                    elif pc[peer] < len(progs[peer]) and progs[peer][pc[peer]] == (pair[op], s):
+                        t[s] = t[peer] = max(t[s], t[peer]) + c
+                        pc[s] += 1
+                        pc[peer] += 1
+                    else:
+                        break
+                    moved = True
+            assert moved, "deadlock"
+        return max(t)
+    return run(micro_batches + 1) - run(micro_batches)
+
+
+def test_deepspeed_pipeline_waits_through_four_transfers_a_micro_batch():
+    # the schedule, simulated: a micro-batch costs its forward, backward and four transfers once a
+    # stage has neighbours on both sides, two with two stages; without transfers, Megatron's 1F1B
+    for stages in (2, 3, 4, 8):
+        k = 4 if stages > 2 else 2
+        for c in (0.0, 0.05, 0.3):
+            assert _deepspeed_pipeline_period(stages, 1.0, 3.0, c) == pytest.approx(4.0 + k * c)
+    # phaze's stage costs: a blocking pipeline (the megatron-deepspeed preset's) sends twice what a
+    # batched one does between two stages and as much at the ends (tp 1: no metadata); with tp a
+    # split tensor's metadata goes first, a small send of its own
+    m, chip = load_model("gpt3-175b"), load_chip("a100-80gb")
+    from phaze.step import stage_costs
+    for pp in (2, 4):
+        batched = stage_costs(m, chip, pp * 8, 64, Plan(pp=pp), IDEAL).send_s
+        blocking = stage_costs(m, chip, pp * 8, 64, Plan(pp=pp, pipe_p2p="blocking"), IDEAL).send_s
+        assert batched > 0 and blocking == pytest.approx(batched * (2 if pp > 2 else 1))
+        tp_batched = stage_costs(m, chip, pp * 8, 64, Plan(tp=8, pp=pp, sp=False), IDEAL).send_s
+        tp_blocking = stage_costs(m, chip, pp * 8, 64, Plan(tp=8, pp=pp, sp=False, pipe_p2p="blocking"),
+                                  IDEAL).send_s
+        meta = collective_time("send", 8 * (7 + 8), 2, chip, 8, IDEAL)
+        assert tp_blocking == pytest.approx((2 if pp > 2 else 1) * (tp_batched + 2 * meta))
+    assert stage_costs(m, chip, 8, 64, Plan(pipe_p2p="blocking"), IDEAL).send_s == 0.0   # no pipeline
+    # the preset sets it, a plan's own wins, the plan text and its label carry it
+    ds = FRAMEWORKS["megatron-deepspeed"]
+    assert plan_with(ds, Plan(pp=4), precision="fp16")[0].pipe_p2p == "blocking"
+    assert plan_with(ds, Plan(pp=4, pipe_p2p="batched"), {"pipe_p2p"}, "fp16")[0].pipe_p2p == "batched"
+    assert plan_with(FRAMEWORKS["megatron-lm"], Plan(pp=4))[0].pipe_p2p == "batched"
+    assert options_with(ds, PlacementOptions(), precision="fp16")[0].pipe_p2p == "blocking"
+    assert synthetic_case(framework="Megatron-DeepSpeed", pp="2", tp="1").plan.pipe_p2p == "blocking"
+    assert parse_plan("pp=4,pipe_p2p=blocking").label().endswith(",pipe_p2p=blocking")
+    assert "pipe_p2p" not in parse_plan("pipe_p2p=blocking").label()         # nothing to send
+    with pytest.raises(ConfigError) as e:
+        parse_plan("pp=4,pipe_p2p=async")
+    assert "pipe_p2p" in str(e.value) and "batched, blocking" in str(e.value)
+    placed = place(m, chip, 64, 64, PlacementOptions(tp=(8,), pp=(4,), mbs=(1,), pipe_p2p="blocking"))
+    assert placed.best.plan.pipe_p2p == "blocking" and placed.best.plan.pp == 4
+    # the figures docs/frameworks.md quotes: BLOOM-176B's and MT-NLG 530B's plans under the preset
+    a100 = apply_system(load_chip("a100-80gb"), load_system("dgx-a100-superpod")).with_execution(ds.execution)
+    eff = v.params_for(a100, v.load_default_params())
+    doc = " ".join((ROOT / "docs" / "frameworks.md").read_text().split())
+    for name, devices, batch, layout in (("bloom-176b", 384, 2048, Plan(tp=4, pp=12, mbs=2, recompute="full")),
+                                         ("megatron-gpt-530b", 2240, 1920, Plan(tp=8, pp=35, mbs=1, recompute="full"))):
+        model = model_with(ds, load_model(name))[0]
+        plan = plan_with(ds, layout, {"recompute"}, model.precision)[0]
+        assert plan.pipe_p2p == "blocking"
+        batched = dataclasses.replace(plan, pipe_p2p="batched")
+        slower = (v.evaluate(model, a100, devices, batch, plan, eff).step_time_s
+                  / v.evaluate(model, a100, devices, batch, batched, eff).step_time_s)
+        assert slower > 1 and f"{100 * (slower - 1):.1f} %" in doc, (name, slower)
 
 def test_megatron_core_selective_recompute_is_its_modules():
     """Megatron-Core and NeMo re-run --recompute-modules (core_attn by default, a fused kernel

@@ -351,6 +351,88 @@ def test_megatron_unfused_attention_kernels_by_hand(tp):
     assert not any(k in n for n in flash for k in ("permute", ".scale", "split"))
 
 
+def _kernel_rule(b, heads, s, precision="fp16", encoder=False):
+    """Megatron-Core 0.16.1's is_kernel_available for a self-attention of b x heads rows of s
+    keys, written out here independently of phaze.graph (the CUDA header's rows per block: 128
+    threads, a warp of min(32, next power of two) lanes a row, two rows a warp up to 128 keys)."""
+    pow2 = 1
+    while pow2 < s:
+        pow2 *= 2
+    warp = min(pow2, 32)
+    per_block = (128 // warp) * (2 if pow2 <= 128 else 1)
+    batches = b * heads
+    if precision not in ("fp16", "bf16") or not 16 < s <= 4096 or s % 4 or batches % 4:
+        return False
+    return (s if encoder else batches) % per_block == 0
+
+
+def test_megatron_softmax_kernel_rule_against_its_definition():
+    from phaze.graph import megatron_softmax_fused
+    gpt = _gpt("fused", softmax_kernel="megatron")
+    seen = set()
+    for heads in (1, 2, 3, 4, 6, 8, 12, 25):
+        for b in (1, 2, 3, 4, 8):
+            for s in (16, 20, 32, 64, 100, 128, 132, 2048, 4096, 4100, 8192):
+                for precision in ("fp16", "bf16", "fp32"):
+                    m = dataclasses_replace(gpt, heads=heads, kv_heads=heads, seq_len=s, precision=precision)
+                    got = megatron_softmax_fused(m, b, 1)
+                    assert got == _kernel_rule(b, heads, s, precision), (heads, b, s, precision)
+                    seen.add(got)
+    assert seen == {True, False}
+    # by hand: GPT-2 XL's 25 heads take the kernel only at micro-batches that are multiples of 4;
+    # up to 128 keys a block holds 8 rows (4 x 1 heads short of it), beyond it 4; tp splits the heads
+    xl = dataclasses_replace(load_model("gpt2-xl", 1024), softmax_kernel="megatron")
+    assert [megatron_softmax_fused(xl, b, 1) for b in (1, 2, 3, 4, 8)] == [False, False, False, True, True]
+    for s in (64, 128):                                                   # 4 heads, 8 rows a block
+        short = dataclasses_replace(gpt, seq_len=s)
+        assert not megatron_softmax_fused(short, 1, 1) and megatron_softmax_fused(short, 2, 1)
+        assert not megatron_softmax_fused(short, 2, 2)                     # 2 heads a rank: 4 rows
+    longer = dataclasses_replace(gpt, seq_len=132)                         # 4 rows a block
+    assert megatron_softmax_fused(longer, 1, 1) and not megatron_softmax_fused(longer, 1, 2)
+    # an encoder's padding mask asks the queries, not the rows, to fill the blocks
+    bert = dataclasses_replace(load_model("bert-large", 132), softmax_kernel="megatron")   # 16 heads
+    assert megatron_softmax_fused(bert, 1, 1)
+    assert not megatron_softmax_fused(dataclasses_replace(bert, seq_len=100), 1, 1)
+    assert _kernel_rule(1, 16, 132, encoder=True) and not _kernel_rule(1, 16, 100, encoder=True)
+    # any other softmax_kernel is one kernel whatever the shape
+    assert megatron_softmax_fused(dataclasses_replace(xl, softmax_kernel="fused"), 1, 1)
+    assert megatron_softmax_fused(dataclasses_replace(xl, softmax_kernel=""), 1, 1)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_megatron_softmax_off_its_kernel_runs_pytorchs_fp32_chain_by_hand(precision):
+    # 4 heads of 64 tokens at tp 2: 2 rows, short of the kernel's multiple of 8. PyTorch's chain
+    # (FusedScaleMaskSoftmax.forward_torch_softmax with the softmax in fp32 and the layer-number
+    # scale): upcast 2 + 4 B a score, scale 4 + 4, masked_fill_ 4 + 4, softmax 4 + 4, downcast
+    # 4 + 2; backward the mirror, the softmax reading its saved output; an fp32 model casts nothing
+    m = dataclasses_replace(_gpt("fused", softmax_kernel="megatron"), precision=precision)
+    g = layer_graph(m, 1, 2, False, "standard", "none")
+    ops = _ops(g)
+    n = 2 * 64 * 64                                     # scores on this rank
+    p = 2 if precision == "fp16" else 4
+    fwd = [(o.name, o.bytes_read / n, o.bytes_written / n) for o in g.fwd if o.name.startswith("softmax")]
+    chain = [("softmax.scale", 4, 4), ("softmax.mask", 4, 4), ("softmax.fp32", 4, 4)]
+    if p == 2:
+        chain = [("softmax.float", 2, 4)] + chain + [("softmax.half", 4, 2)]
+    assert fwd == chain
+    bwd = [(o.name, o.bytes_read / n, o.bytes_written / n) for o in g.bwd if o.name.startswith("softmax")]
+    want = {"softmax.float": (4, 2), "softmax.scale": (4, 4), "softmax.mask": (4, 4), "softmax.fp32": (8, 4),
+            "softmax.half": (2, 4)}
+    assert bwd == [(f"{name}.bwd",) + want[name] for name, _, _ in reversed(chain)]
+    assert ops["softmax.fp32"].special == n and ops["softmax.fp32.bwd"].special == n
+    # the chain sits between the scores and the dropout, each way
+    assert ops["attn_dropout"].deps == (chain[-1][0],)
+    assert ops["scores.dgrad_a"].deps == (f"{chain[0][0]}.bwd",)
+    # on the kernel's shapes (16-bit, micro-batch 2 at tp 1: 8 rows), or under another
+    # softmax_kernel, one op each way; fp32 scores never take the kernel
+    for graph in (layer_graph(dataclasses_replace(m, precision="fp16"), 2, 1, False, "standard", "none"),
+                  layer_graph(dataclasses_replace(m, softmax_kernel="fused"), 1, 2, False, "standard", "none")):
+        names = [o.name for o in graph.fwd + graph.bwd if o.name.startswith("softmax")]
+        assert names == ["softmax", "softmax.bwd"]
+    # selective recompute re-runs the chain with the rest of the core attention
+    sel = layer_graph(m, 1, 2, False, "standard", "selective")
+    assert [o.name for o in sel.bwd if o.name.startswith("recompute.softmax")] == [f"recompute.{c[0]}" for c in chain]
+
 def test_recompute_rerun_bench_phaze_rows_match_the_docs():
     # the measured JAX and PyTorch rows need those libraries; phaze's own rows are checked here
     import importlib.util

@@ -30,6 +30,30 @@ def test_activation_bytes_equal_korthikanti(name, tp, sp, recompute, mbs):
     assert ours == pytest.approx(expect, rel=1e-12)
 
 
+@pytest.mark.parametrize("dropout", [True, False])
+def test_pytorch_softmax_keeps_its_fp32_output_by_hand(dropout):
+    # GPT-2 XL, 25 heads, 1,024 tokens, fp16: micro-batch 1 is off Megatron's kernel (25 rows, not
+    # a multiple of 4), 4 is on it. Off it, autograd keeps the softmax's fp32 output (4 B a score)
+    # for its backward where the kernel keeps its 16-bit one (2 B); the dropout keeps its mask (1 B)
+    # and output (2 B), the next product's input; without dropout that input is the downcast copy
+    m = replace(load_model("gpt2-xl", 1024), precision="fp16", dropout=dropout)
+    meg = replace(m, softmax_kernel="megatron")
+    a, s = m.heads, m.seq_len
+    for b in (1, 4):
+        scores = a * s * s * b
+        one = activation_bytes_per_layer(m, b, 1, False, "none", "standard")
+        assert activation_bytes_per_layer(replace(m, softmax_kernel="fused"), b, 1, False, "none", "standard") == one
+        if b == 4:   # on the kernel's shapes: the same bytes
+            assert activation_bytes_per_layer(meg, b, 1, False, "none", "standard") == one
+            continue
+        extra = (4 - 2) + (0 if dropout else 2)
+        assert activation_bytes_per_layer(meg, b, 1, False, "none", "standard") - one == pytest.approx(extra * scores)
+        # selective recompute (the core attention) and flash keep none of it
+        for rc, att in (("selective", "standard"), ("none", "flash")):
+            kept = activation_bytes_per_layer(meg, b, 1, False, rc, att)
+            assert kept == activation_bytes_per_layer(m, b, 1, False, rc, att)
+
+
 def test_flash_attention_drops_the_quadratic_term():
     m = load_model("gpt3-175b")
     sel = activation_bytes_per_layer(m, 1, 8, True, "selective", "standard")
