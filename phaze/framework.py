@@ -178,7 +178,7 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-deepspeed", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False, block_recompute=False,
-              dp_overlap=False, loss="megatron", optimizer="adam-deepspeed", flop_convention="narayanan96",
+              dp_overlap=False, loss="megatron", optimizer="adam-deepspeed", flop_convention="narayanan24k",
               bias_kernels="separate", bf16_reduce_fp32=True, bf16_zero=1, rotary_kernels="separate",
               softmax_kernel="megatron", pipe_p2p="blocking",
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
@@ -207,7 +207,10 @@ FRAMEWORKS = {f.name: f for f in (
                      "gathered on arrival, PartitionedTensor), so a stage between two others waits "
                      "through four transfers a micro-batch (pipe_p2p blocking; its TrainSchedule's "
                      "instruction order, schedule.py); Megatron-DeepSpeed's GPT keeps the attention "
-                     "mask in args (pretrain_gpt.py), not sent between stages"),
+                     "mask in args (pretrain_gpt.py), not sent between stages; its throughput log counts "
+                     "24·k·B·s·l·h²(1 + s/6h + V/16lh) FLOPs a step, k = 4 with activation recompute and 3 "
+                     "without, the vocabulary term unchanged (megatron/utils.py throughput_calculator; "
+                     "assumption: as remembered, not at hand: flop_convention narayanan24k)"),
     Framework("nemo-megatron", attention="standard", tp_async=True, tp_overlap=False, zero=0,
               reduce_fp32=True, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, dp_overlap_flat=True, loss="megatron", optimizer="adam-megatron",

@@ -27,7 +27,8 @@ with which a plan the row allows fits (``selective`` is Megatron's core-attentio
 ``selective_recompute`` says ``op``; block re-runs the fewest layers of each stage whole that fit),
 ``searched`` when not none, and each other plan the row allows competes with the least recompute
 with which it fits (a tuned run recomputes more where that lets a faster interleaving or
-micro-batch fit), except where the measured FLOPs count the recompute (``narayanan96``); a row
+micro-batch fit), except where the measured FLOPs count the recompute (``narayanan96``,
+``narayanan24k``); a row
 that says block without ``recompute_layers``: the fewest that fit, ``searched``; sequence
 parallelism on when tp > 1 unless the preset says off; ZeRO stage 0; attention ``flash`` (the
 framework's fused kernel); no dropout; no fp32 reduction; no tensor-parallel overlap and no
@@ -115,8 +116,8 @@ MODEL_COLUMNS = REQUIRED_COLUMNS + EXPLICIT_COLUMNS + OPTIONAL_COLUMNS
 # does not describe (experts, another architecture): it is skipped unless it resolved to experts
 PARAMS_GUARD = 1.5
 METRICS = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "tokens_per_s_total", "step_time_s")
-CONVENTIONS = ("model", "narayanan96", "6n_12lqs", "model_causal")
-RECOMPUTE_CONVENTIONS = ("narayanan96",)   # those that count a full recompute's FLOPs
+CONVENTIONS = ("model", "narayanan96", "6n_12lqs", "model_causal", "narayanan24k")
+RECOMPUTE_CONVENTIONS = ("narayanan96", "narayanan24k")   # those that count a recompute's FLOPs
 # a row that does not state its micro-batch: these are tried, the fastest that fits counts
 SEARCHED_MICRO_BATCHES = (1, 2, 4, 8)
 # The frozen held-out split (issue 21): sources set aside on 2026-12-01, before the round of
@@ -265,7 +266,10 @@ def convention_flops_per_step(model: Model, global_batch: int, convention: str,
     """FLOPs of one step as a source counts them: ``narayanan96`` (Megatron SC'21:
     96·B·s·l·h²(1 + s/6h + V/16lh) with full recompute, 72·... without), ``6n_12lqs``
     (llm-foundry, MaxText: 6·N·s + 12·l·q·s² per sequence, N all parameters, q = heads·head_dim),
-    ``model`` (Megatron/NeMo model FLOPs: the GEMMs of forward and backward, non-causal
+    ``narayanan24k`` (Megatron-DeepSpeed's throughput log, megatron/utils.py
+    ``throughput_calculator``: 24·k·B·s·l·h²(1 + s/6h + V/16lh), k = 4 with any activation
+    recompute, 3 without, the vocabulary term left at 16 either way; assumption: as remembered,
+    the file not at hand), ``model`` (Megatron/NeMo model FLOPs: the GEMMs of forward and backward, non-causal
     attention, no recompute) or ``model_causal`` (the same with the attention's two products
     counted at half, as causal: NeMo 2.5's FLOPsMeasurementCallback, nemo/utils/flops_formulas.py
     causal_self_attn = True in every family; 2.4 and before count them in full)."""
@@ -276,6 +280,9 @@ def convention_flops_per_step(model: Model, global_batch: int, convention: str,
         if recompute in ("full", "block"):
             return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
         return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+    if convention == "narayanan24k":
+        k = 3 if recompute in ("none", "") else 4
+        return 24 * k * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
     if convention == "6n_12lqs":
         return B * (6 * model.params * s + 12 * l * model.q_dim * s * s)
     if convention == "model":

@@ -210,6 +210,37 @@ def test_narayanan_convention_without_full_recompute_counts_three_passes():
     assert got == pytest.approx(flops / (50e12 * 2), rel=1e-12)
 
 
+def test_megatron_deepspeed_log_convention_by_hand():
+    # Megatron-DeepSpeed's throughput_calculator: 24 * k * B * s * l * h^2 * (1 + s/6h + V/16lh),
+    # k 4 with any recompute, 3 without; with a full recompute it is narayanan96 exactly, without
+    # one its vocabulary term is 3/4 of narayanan96's (which counts the logits' three passes)
+    m = Model(name="toy", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=1000, seq_len=128)
+    B, s, l, h, V = 8, 128, 2, 64, 1000
+    for recompute, k in (("none", 3), ("full", 4), ("block", 4), ("selective", 4)):
+        got = v.measured_step_time("tflops_per_gpu", 50.0, m, 2, B, "narayanan24k", recompute, 312e12)
+        flops = 24 * k * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (16 * l * h))
+        assert got == pytest.approx(flops / (50e12 * 2), rel=1e-12)
+    full = [v.measured_step_time("tflops_per_gpu", 50.0, m, 2, B, c, "full", 312e12)
+            for c in ("narayanan24k", "narayanan96")]
+    assert full[0] == pytest.approx(full[1], rel=1e-12)
+    none = [v.convention_flops_per_step(m, B, c, "none") for c in ("narayanan24k", "narayanan96")]
+    assert none[1] - none[0] == pytest.approx(72 * B * s * l * h * h * V / (l * h) * (1 / 12 - 1 / 16), rel=1e-12)
+    # the megatron-deepspeed preset's rows count so; the row's own convention wins
+    row = synthetic(framework="Megatron-DeepSpeed", measured_metric="tflops_per_gpu", measured_value="100",
+                    recompute="none", precision="fp16")
+    case = v.row_to_case(row)
+    want = v.measured_step_time("tflops_per_gpu", 100.0, case.model, 8, 16, "narayanan24k", "none", 312e12)
+    assert case.measured_step_s == pytest.approx(want, rel=1e-12)
+    own = v.row_to_case(dict(row, flop_convention="narayanan96"))
+    assert own.measured_step_s > case.measured_step_s
+    # the figure docs/frameworks.md quotes: GPT-3 125M (12 layers, hidden 768, vocabulary 50,304
+    # padded) at 1,024 tokens without recompute
+    small = Model(name="gpt3-125m", layers=12, hidden=768, heads=12, ffn_hidden=3072, vocab=50304, seq_len=1024)
+    more = (v.convention_flops_per_step(small, 8, "narayanan96", "none")
+            / v.convention_flops_per_step(small, 8, "narayanan24k", "none"))
+    doc = " ".join((ROOT / "docs" / "frameworks.md").read_text().split())
+    assert f"125M at 1,024 tokens: {100 * (more - 1):.0f} %" in doc
+
 @pytest.mark.parametrize("name", ["llama3-70b", "gpt3-175b"])
 def test_model_conventions_are_nemos_flops_formulas(name):
     """NeMo's FLOPsMeasurementCallback (nemo/utils/flops_formulas.py), written out: 2.3 counts the
