@@ -745,7 +745,7 @@ def _row_model(row: dict, seq: int, precision: str, fw: Framework | None = None)
     bad = parallel_block_error(model)
     if bad:
         raise ValueError(f"column 'parallel_block': {bad}")
-    # how the rotary embedding and grouped key/value heads run: blank is the framework's
+    # how the rotary embedding, grouped key/value heads and an unfused softmax run: blank is the framework's
     model = dataclasses.replace(model, rotary_kernels=_choice(row, "rotary_kernels", ROTARY_KERNELS, ""),
                                 kv_repeat=_choice(row, "kv_repeat", KV_REPEATS, ""),
                                 softmax_kernel=_choice(row, "softmax_kernel", SOFTMAX_KERNELS, ""))
