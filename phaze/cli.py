@@ -247,9 +247,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     if model.local_attention and "attention_window" not in out:
         out["attention_window"] = local_attention_phrase(model.sliding_window, model.attention_chunk,
                                                          model.window_layer_share) + " (the workload's)"
-    if plan is not None and plan.attention == "standard" and megatron_softmax_off(model, plan.mbs, plan.tp):
-        out["softmax"] = ("PyTorch's in fp32, five kernels each way, where Megatron's kernel cannot run: "
-                          + megatron_softmax_off(model, plan.mbs, plan.tp) + " (softmax_kernel megatron)")
+    if plan is not None and softmax_note(model, plan):
+        out["softmax"] = softmax_note(model, plan)
     if plan is not None:
         defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",
@@ -347,6 +346,13 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
             which = "the fit pooled over every published run ('default')"
         out["efficiency"] = "shipped calibration: " + which
     return out
+
+
+def softmax_note(model, plan) -> str:
+    """The printout's line on a plan whose unfused softmax Megatron's kernel cannot run ("" otherwise)."""
+    why = megatron_softmax_off(model, plan.mbs, plan.tp) if plan.attention == "standard" else ""
+    return (f"PyTorch's in fp32, five kernels each way, where Megatron's kernel cannot run: {why} "
+            "(softmax_kernel megatron)") if why else ""
 
 
 def _print_assumptions(items: dict) -> None:
@@ -840,6 +846,8 @@ def cmd_place(args) -> int:
     baseline, gain = res.baseline, res.gain_over_baseline
     same = baseline is not None and baseline.plan == res.best.plan
     notes = assumptions(model, chip, args, options=options)
+    if softmax_note(model, res.best.plan):
+        notes["softmax"] = "the best plan's: " + softmax_note(model, res.best.plan)
     if preset:
         notes["framework"] = preset
     best_power = powered[res.best.plan]

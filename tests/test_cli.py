@@ -116,6 +116,15 @@ def test_evaluate_says_when_megatrons_softmax_kernel_cannot_run(tmp_path):
     assert not [x for x in on.stdout.splitlines() if x.strip().startswith("softmax ")]
     flash = phaze_cli(tmp_path, *args, "--plan", "tp=1,mbs=1,attention=flash")
     assert not [x for x in flash.stdout.splitlines() if x.strip().startswith("softmax ")]
+    # place says it of the best plan it lists
+    where = ("place", "--workload", "gpt2-xl", "--arch", "a100-80gb", "--devices", "4", "--global-batch", "16",
+             "--seq-len", "1024", "--framework", "megatron-deepspeed", "--tp", "1", "--pp", "1")
+    forced, free = phaze_cli(tmp_path, *where, "--mbs", "1"), phaze_cli(tmp_path, *where, "--mbs", "1,4")
+    assert forced.returncode == free.returncode == 0, forced.stderr + free.stderr
+    line = [x for x in forced.stdout.splitlines() if x.strip().startswith("softmax ")]
+    assert len(line) == 1 and "the best plan's" in line[0] and "25 rows, not a multiple of 4" in line[0]
+    assert "mbs=4" in free.stdout.split("plan", 1)[1].splitlines()[0]      # the kernel's shapes win
+    assert not [x for x in free.stdout.splitlines() if x.strip().startswith("softmax ")]
 
 @pytest.mark.parametrize("text", ["name: x\nlayers: [96\n", "name: x\n  layers: 3\n: :\n"],
                          ids=["unclosed-list", "bad-indent"])
