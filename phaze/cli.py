@@ -247,8 +247,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     if model.local_attention and "attention_window" not in out:
         out["attention_window"] = local_attention_phrase(model.sliding_window, model.attention_chunk,
                                                          model.window_layer_share) + " (the workload's)"
-    if plan is not None and softmax_note(model, plan):
-        out["softmax"] = softmax_note(model, plan)
+    if plan is not None and (note := softmax_note(model, plan)):
+        out["softmax"] = note
     if plan is not None:
         defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",
@@ -846,8 +846,8 @@ def cmd_place(args) -> int:
     baseline, gain = res.baseline, res.gain_over_baseline
     same = baseline is not None and baseline.plan == res.best.plan
     notes = assumptions(model, chip, args, options=options)
-    if softmax_note(model, res.best.plan):
-        notes["softmax"] = "the best plan's: " + softmax_note(model, res.best.plan)
+    if note := softmax_note(model, res.best.plan):
+        notes["softmax"] = "the best plan's: " + note
     if preset:
         notes["framework"] = preset
     best_power = powered[res.best.plan]

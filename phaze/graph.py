@@ -338,10 +338,10 @@ def megatron_softmax_off(model: Model, mbs: int, tp: int) -> str:
         return f"{sk} keys, outside its kernel's 17 to 4,096"
     if sq % 4 or sk % 4:
         return f"{sk} keys, not a multiple of 4"
-    if rows % 4:
-        return f"micro-batch {mbs} x {model.heads // tp} heads a rank = {rows} rows, not a multiple of 4"
-    if model.architecture == "decoder" and rows % per_block:
-        return f"micro-batch {mbs} x {model.heads // tp} heads a rank = {rows} rows, not a multiple of {per_block}"
+    # a causal mask's rows fill the blocks (per_block is 4 or 8: a multiple of 4 either way)
+    need = per_block if model.architecture == "decoder" else 4
+    if rows % need:
+        return f"micro-batch {mbs} x {model.heads // tp} heads a rank = {rows} rows, not a multiple of {need}"
     if model.architecture != "decoder" and sq % per_block:
         return f"{sq} queries, not a multiple of {per_block}"
     return ""
@@ -666,10 +666,10 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             # PyTorch's chain in fp32 (FusedScaleMaskSoftmax.forward_torch_softmax): upcast, scale
             # by the layer number, masked_fill_ (the [1, 1, s, s] mask, read once, not counted),
             # softmax, downcast; each op a kernel of its own (_TORCH_SOFTMAX)
-            w = 4 / p
-            chain = ((("softmax.float", 1, w, 0),) if p < 4 else ()) + (
-                ("softmax.scale", w, w, 1), ("softmax.mask", w, w, 0), ("softmax.fp32", w, w, 5)) + (
-                (("softmax.half", w, 1, 0),) if p < 4 else ())
+            w = 4 / p   # (name, reads, writes in units of p, FLOPs an element)
+            chain = [("softmax.scale", w, w, 1), ("softmax.mask", w, w, 0), ("softmax.fp32", w, w, 5)]
+            if p < 4:   # 16-bit scores: upcast before, downcast after
+                chain = [("softmax.float", 1, w, 0)] + chain + [("softmax.half", w, 1, 0)]
             for name, reads, writes, flops in chain:
                 _vector(fb, n(name), scores, p, reads=reads, writes=writes, flops_per_element=flops,
                         core_attention=True, special_per_element=1 if name == "softmax.fp32" else 0)

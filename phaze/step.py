@@ -1258,6 +1258,7 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
         one = collective_time("send", act / tp, 2, chip, tp * plan.cp * dp, eff)
         if tp > 1 and not plan.sp:
             one += collective_time("all_gather", act, tp, chip, 1, eff)
+        transfers = 2
         if plan.pipe_p2p == "blocking":
             # DeepSpeed's pipeline engine: a split tensor's metadata (a LongTensor: its sizes and
             # the partition bounds) goes first, each send and receive blocking in turn; between
@@ -1265,9 +1266,8 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
             # (its TrainSchedule's order: SendGrad then RecvActivation, RecvGrad then SendActivation)
             if tp > 1:
                 one += collective_time("send", 8 * (7 + tp), 2, chip, tp * plan.cp * dp, eff)
-            send = (4 if pp > 2 else 2) * v * one
-        else:
-            send = 2 * v * one
+            transfers = 4 if pp > 2 else 2
+        send = transfers * v * one
     full_act = activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, "none", plan.attention)
     # fp32 gradient reduction keeps fp32 main gradients (Megatron's --accumulate-allreduce-grads-in-fp32:
     # 18 bytes per parameter with Adam, 6 + 12/d with the distributed optimizer)
