@@ -60,6 +60,7 @@ from .plan import (
     dp_shard_value,
     one_or_several,
     ordered_modules,
+    parse_plan,
 )
 from .power import PoweredStep, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
@@ -144,6 +145,16 @@ def params_text(model) -> str:
     return total
 
 
+def memory_place(r: StepResult, stage: int) -> str:
+    """Where the ``stage``-th entry of a result's memory sits: a pipeline stage, or under DualPipe
+    a rank, which holds two stages."""
+    plan = parse_plan(r.plan, "plan")
+    if plan.pipe_schedule != "dualpipe":
+        return f"stage {stage}"
+    h = min(stage, plan.pp - 1 - stage)
+    return f"rank {stage} (stages {h} and {plan.pp - 1 - h})"
+
+
 def format_result(r: StepResult, model=None) -> str:
     """The text of ``phaze evaluate``; with ``model``, its parameter count too."""
     pct = lambda x: f"{100 * x:5.1f} %"  # noqa: E731
@@ -162,7 +173,7 @@ def format_result(r: StepResult, model=None) -> str:
         f"  TFLOP/s per device {r.model_flops_per_s_per_device / 1e12:,.1f} model, "
         f"{r.hardware_flops_per_s_per_device / 1e12:,.1f} hardware (recompute included, as HFU counts)",
         f"  memory per device  {r.memory_per_device_bytes / GiB:.1f} GiB of {r.hbm_bytes / GiB:.1f} GiB"
-        f" (stage {r.binding_stage}), {r.memory_reserve_bytes / GiB:.1f} GiB reserved: headroom "
+        f" ({memory_place(r, r.binding_stage)}), {r.memory_reserve_bytes / GiB:.1f} GiB reserved: headroom "
         f"{r.headroom_bytes / GiB:.1f} GiB, {'fits' if r.fits else 'DOES NOT FIT'}",
         "  where the time goes:",
     ]
@@ -172,7 +183,7 @@ def format_result(r: StepResult, model=None) -> str:
     for key, value in r.breakdown_s.items():
         lines.append(f"    {names[key]:<24} {value:9.3f} s  {pct(value / r.step_time_s)}")
     m = r.stage_memory[r.binding_stage]
-    lines.append(f"  memory on stage {m.stage}: weights+grads+optimizer "
+    lines.append(f"  memory on {memory_place(r, m.stage)}: weights+grads+optimizer "
                  f"{m.weights_and_optimizer_bytes / GiB:.1f} GiB, activations "
                  f"{m.activation_bytes / GiB:.1f} GiB, transient {m.transient_bytes / GiB:.1f} GiB")
     return "\n".join(lines)
@@ -260,6 +271,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "fsdp_pp": "fsdp_pp=micro_batch (FSDP gathers each stage's weights for every micro-batch)",
                     "fp8_params": "fp8_params off (16-bit weights, cast to fp8 for the GEMMs)",
                     "pipe_p2p": "pipe_p2p=batched (each pipeline send paired with a receive, Megatron's)",
+                    "pipe_schedule": "pipe_schedule=1f1b (one forward, one backward a micro-batch; interleaved "
+                                     "when vp > 1)",
                     "grad_accum_fusion": "grad_accum_fusion on (Megatron's weight-gradient GEMMs add into "
                                          "the main gradients)",
                     "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
@@ -270,7 +283,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                  and not (k == "dp_shard" and not plan.zero) and not (k == "cp_comm" and plan.cp == 1)
                  and not (k == "fsdp_pp" and (plan.zero < 3 or plan.pp == 1))
                  and not (k == "fp8_params" and model.precision != "fp8")
-                 and not (k == "pipe_p2p" and plan.pp == 1)]
+                 and not (k in ("pipe_p2p", "pipe_schedule") and plan.pp == 1)]
         if unset:
             out["plan_defaults"] = ", ".join(unset)
         tp = plan.tp
@@ -400,7 +413,7 @@ def cmd_evaluate(args) -> int:
         what = "does not fit" if args.plan.strip() else (
             f"no plan given, and the default plan ({plan.label()}) does not fit")
         raise ConfigError("--plan", None, f"{what}: needs {m.total_bytes / GiB:.1f} GiB per device "
-                          f"on stage {m.stage}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB with "
+                          f"on {memory_place(result, m.stage)}, {chip.name} has {chip.hbm_bytes / GiB:.1f} GiB with "
                           f"{result.memory_reserve_bytes / GiB:.1f} GiB reserved; allowed: plans that fit "
                           f"({try_text}) or --allow-oom to print the result anyway")
     ps = _within_limit(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args), result, args)
@@ -1216,7 +1229,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "loss (torch/megatron), grad_accum_fusion (adam-megatron*), dp_shard (all/node/N, zero 1-3), "
                     "fsdp_pp (micro_batch/step: zero 3 with pp > 1), fp8_params (an fp8 run's weights held "
                     "and gathered in fp8), pipe_p2p (batched/blocking: how pipeline stages exchange "
-                    "activations), schedule (optimal/sequential), "
+                    "activations), pipe_schedule (1f1b/dualpipe: DeepSeek-V3's bidirectional "
+                    "pipeline), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
                     "ep_overlap; default tp=1,pp=1,mbs=1")

@@ -41,6 +41,12 @@ FSDP_PP = ("micro_batch", "step")
 # PartitionedTensor's meta and data), so that a stage between two others waits through four
 # transfers a micro-batch
 PIPE_P2P = ("batched", "blocking")
+# the order of a pipeline's forward and backward chunks: ``1f1b``, one forward then one backward
+# per micro-batch once the pipeline is full (interleaved over ``vp`` chunks a stage when vp > 1;
+# Megatron's, DeepSpeed's, PyTorch's schedules); ``dualpipe``, DeepSeek-V3's bidirectional
+# schedule (phaze.dualpipe): micro-batches enter from both ends, every rank holds two stages and
+# overlaps a forward chunk with a backward one
+PIPE_SCHEDULES = ("1f1b", "dualpipe")
 
 
 def cp_a2a_groups(cp: int) -> tuple[int, ...]:
@@ -197,7 +203,9 @@ class Plan:
     where Transformer Engine's modules run under Megatron-Core (the model's ``fp8_casts`` fused,
     ZeRO below 3) each step's first micro-batch casts them to fp8 in both layouts and caches the
     casts for the step's other micro-batches, beside the 16-bit weights. ``pipe_p2p``: how the
-    pipeline's stages exchange activations and gradients (:data:`PIPE_P2P`)."""
+    pipeline's stages exchange activations and gradients (:data:`PIPE_P2P`). ``pipe_schedule``: the
+    order of the pipeline's chunks (:data:`PIPE_SCHEDULES`); ``dualpipe`` overlaps its paired
+    chunks' all-to-alls when ``ep_overlap`` is on."""
 
     tp: int = 1
     pp: int = 1
@@ -235,6 +243,7 @@ class Plan:
     fsdp_pp: str = "micro_batch"           # zero 3 with pp > 1: weights gathered per micro-batch | per step
     fp8_params: bool = False               # an fp8 run's linear weights held and gathered in fp8
     pipe_p2p: str = "batched"              # pipeline sends: batched | blocking (PIPE_P2P)
+    pipe_schedule: str = "1f1b"            # pipeline chunk order: 1f1b | dualpipe (PIPE_SCHEDULES)
 
     def __post_init__(self):
         if self.sp is None:
@@ -290,7 +299,8 @@ class Plan:
                 + (",recompute_modules=" + "+".join(self.recompute_modules)
                    if self.recompute_modules and "selective" in self.stage_modes()[0] else "")
                 + (",fp8_params=1" if self.fp8_params else "")
-                + (f",pipe_p2p={self.pipe_p2p}" if self.pipe_p2p != "batched" and self.pp > 1 else ""))
+                + (f",pipe_p2p={self.pipe_p2p}" if self.pipe_p2p != "batched" and self.pp > 1 else "")
+                + (f",pipe_schedule={self.pipe_schedule}" if self.pipe_schedule != "1f1b" else ""))
 
 
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp", "cp_a2a")
@@ -299,7 +309,7 @@ PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attentio
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
              "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard", "cp_comm",
-             "cp_a2a", "fsdp_pp", "fp8_params", "pipe_p2p")
+             "cp_a2a", "fsdp_pp", "fp8_params", "pipe_p2p", "pipe_schedule")
 BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
               "off": False}   # a switch's words, in --plan and in the flags that take off,on
 
@@ -363,7 +373,8 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
         else:
             choices = {"recompute": PLAN_RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
                        "schedule": SCHEDULES, "routing": ROUTING,
-                       "dispatcher": DISPATCHERS, "loss": LOSSES, "fsdp_pp": FSDP_PP, "pipe_p2p": PIPE_P2P}[key]
+                       "dispatcher": DISPATCHERS, "loss": LOSSES, "fsdp_pp": FSDP_PP, "pipe_p2p": PIPE_P2P,
+                       "pipe_schedule": PIPE_SCHEDULES}[key]
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()

@@ -14,7 +14,7 @@ from html import escape
 
 import numpy as np
 
-from . import cost, graph, schedule
+from . import cost, dualpipe, graph, schedule
 from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, collective_time, kernel_overhead, op_time
@@ -431,6 +431,21 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if global_batch % (dp * plan.mbs):
         raise ConfigError("--global-batch", None, f"must be a multiple of dp*mbs = {dp}*{plan.mbs} "
                                                   f"= {dp * plan.mbs}, got {global_batch}")
+    if plan.pipe_schedule == "dualpipe":
+        _check_dualpipe(plan, global_batch // (dp * plan.mbs))
+
+
+def _check_dualpipe(plan: Plan, micro_batches: int) -> None:
+    why = dualpipe.schedule_error(plan.pp, micro_batches)
+    if why is None and plan.vp > 1:
+        why = f"runs its own two chunks a rank, not interleaved ones: needs vp=1, got vp={plan.vp}"
+    if why is None and plan.zero >= 3:
+        why = "is modelled with the weights held through the step: needs zero 0-2 (FSDP's gathers under its " \
+              "paired chunks are not modelled)"
+    if why is None and plan.pipe_p2p != "batched":
+        why = "posts its sends and receives together (batch_isend_irecv): needs pipe_p2p=batched"
+    if why:
+        raise ConfigError("--plan", "pipe_schedule", f"dualpipe {why}; allowed: 1f1b here")
 
 
 def optimizer_error(model: Model, optimizer: str, fp8_params: bool, allowed: str) -> str | None:
@@ -513,8 +528,11 @@ def _check_experts(model: Model, plan: Plan, dp: int) -> None:
 def _check_ep_overlap(model: Model, plan: Plan) -> None:
     """What Megatron-Core 0.16 requires of ``--overlap-moe-expert-parallel-comm``
     (transformer_config.py ``__post_init__``): expert parallelism, an interleaved pipeline when
-    pp > 1, no full or block recompute, a 16-bit (or fp8) model."""
-    why = ("ep > 1" if plan.ep == 1 else "vp > 1 when pp > 1" if plan.pp > 1 and plan.vp == 1
+    pp > 1, no full or block recompute, a 16-bit (or fp8) model. DualPipe pairs its own chunks
+    (``overlaped_forward_backward``), so under ``pipe_schedule`` dualpipe the pipeline need not be
+    interleaved; the rest is kept."""
+    why = ("ep > 1" if plan.ep == 1
+           else "vp > 1 when pp > 1" if plan.pp > 1 and plan.vp == 1 and plan.pipe_schedule != "dualpipe"
            else "no full or block recompute" if {"full", "block"} & set(plan.stage_modes()[0])
            else "a bf16, fp16 or fp8 model" if model.precision == "fp32" else "")
     if why:
@@ -931,9 +949,34 @@ class StageCosts:
 
     def memory(self, i: int, n: int, r: str, k: int = 0) -> StageMemory:
         """Peak bytes on a device of stage ``i``: under 1F1B it holds min(pp - i, m) micro-batches."""
+        weights, act, transient, step = self._memory_parts(i, n, r, k)
+        if step is not None:   # the optimizer step's buffers, after the last backward has freed the activations
+            transient = max(transient, step - act)
+        return StageMemory(i, n, weights, act, transient)
+
+    def pair_memory(self, rank: int, counts, recomputes, full_layers) -> StageMemory:
+        """Peak bytes on rank ``rank`` under DualPipe (``pipe_schedule`` dualpipe): it holds stages
+        ``h`` and ``pp - 1 - h`` (``h = min(rank, pp - 1 - rank)``), both with their parameters and
+        state (the report's 2x), and :func:`phaze.dualpipe.peak_inflight` micro-batches of each
+        one's activations (pp - h and h + 1); one layer re-materialised at a time, and the optimizer
+        step's buffers for both stages' shards once the activations are freed."""
+        pp, m = self.plan.pp, self.micro_batches
+        held = dualpipe.peak_inflight(pp, m, rank)            # by direction
+        stages = [dualpipe.chunk_stage(pp, rank, d) for d in (0, 1)]
+        parts = [self._memory_parts(s, counts[s], recomputes[s], full_layers[s], held[d]) for d, s in enumerate(stages)]
+        weights, act = parts[0][0] + parts[1][0], parts[0][1] + parts[1][1]
+        transient = max(parts[0][2], parts[1][2])
+        if parts[0][3] is not None:
+            transient = max(transient, parts[0][3] + parts[1][3] - act)
+        return StageMemory(rank, int(counts[stages[0]] + counts[stages[1]]), weights, act, transient)
+
+    def _memory_parts(self, i: int, n: int, r: str, k: int = 0, inflight=None):
+        """(weights and state, activations, transient, the optimizer step's bytes or None) of stage
+        ``i``, holding ``inflight`` micro-batches' activations (default: its 1F1B count)."""
         plan, m = self.plan, self.model
         pp, v = plan.pp, plan.vp
-        inflight = inflight_micro_batches(pp, v, self.micro_batches, i)
+        if inflight is None:
+            inflight = inflight_micro_batches(pp, v, self.micro_batches, i)
         recomputes = r != "none" and (r != "block" or k > 0)
         transient = self.full_act_bytes if recomputes else 0.0    # one layer re-materialised
         if i == pp - 1:   # fp32 logits for the loss
@@ -947,9 +990,27 @@ class StageCosts:
         weights = weights + runs * self._weight_cache()
         act = self._layers("act_bytes", runs, r, k) * inflight
         step = self.step_bytes_per_param()
-        if step:   # the optimizer step's buffers, after the last backward has freed the activations
-            transient = max(transient, step * self.updated_params(i, n) - act)
-        return StageMemory(i, n, weights, act, transient)
+        return weights, act, transient, (step * self.updated_params(i, n) if step else None)
+
+    def chunk_times(self, i: int, n: int, r: str, k=0) -> tuple[float, float, float]:
+        """(forward, backward, weight gradients) seconds of one micro-batch on stage ``i``, for
+        :mod:`phaze.dualpipe`: :meth:`time`'s total split in the proportion of its layers'
+        forward and backward (the edges', sends' and accumulation's shares split alike), and of
+        the backward the layers' weight-gradient GEMMs (:func:`wgrad_share`), which a
+        zero-bubble backward defers."""
+        total = self.time(i, n, r, k).total
+        runs = self.layers_on(i, n)
+        f, b = self._layers("fwd", runs, r, k), self._layers("bwd", runs, r, k)
+        fwd = total * f / (f + b)
+        if r == "block":
+            w = (self.mode("none").bwd.total * self._wgrad("none") * (runs - k)
+                 + self.mode("full").bwd.total * self._wgrad("full") * k)
+        else:
+            w = self.mode(r).bwd.total * self._wgrad(r) * runs
+        return fwd, total - fwd, min(w, total - fwd)
+
+    def _wgrad(self, r: str) -> float:
+        return wgrad_share(self.model, self.chip, mode_layout(self.plan), self.eff, r)
 
 
 def tensor_pass_time(passes: TensorPasses, tensors, params, chip: Chip, eff: Efficiency):
@@ -1039,6 +1100,28 @@ def mode_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficien
                           plan.schedule, expert_layout(model, plan, chip))
     f, b, total = _layer_costs(model, chip, devices, plan, eff, fwd, bwd, r)
     return ModeCosts(total, f, b, _act_bytes(model, plan, r))
+
+
+@lru_cache(maxsize=4096)
+def wgrad_share(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -> float:
+    """The share of one layer's backward operator time (recompute included) that its
+    weight-gradient GEMMs (``*.wgrad``) take under recompute ``r``: the part a zero-bubble
+    schedule defers (:mod:`phaze.dualpipe`). For a mixture of experts with dense layers, the mean
+    over its dense and MoE layers, as :func:`_layer_sums` weighs them."""
+    def share(m: Model, moe) -> float:
+        g = layer_graph(_shard(m, plan), plan.mbs, plan.tp, plan.sp, plan.attention,
+                        graph_recompute(r, plan.recompute_modules), moe, chip.compiled)
+        groups = collective_groups(plan.tp, moe)
+        times = [(o.name.endswith(".wgrad"), op_time(o, chip, m.precision, eff, groups=groups,
+                                                      bytes_per_element=m.bytes_per_element)) for o in g.bwd]
+        total = sum(t for _, t in times)
+        return sum(t for w, t in times if w) / total if total else 0.0
+
+    out = share(model, expert_layout(model, plan, chip))
+    if model.moe and model.dense_ffn_layers:
+        w = model.dense_ffn_layers / model.layers
+        out = out * (1 - w) + share(dense_view(model), None) * w
+    return out
 
 
 @lru_cache(maxsize=65536)
@@ -1286,10 +1369,12 @@ def state_zero(plan: Plan) -> int:
 
 
 def mode_layout(plan: Plan) -> Plan:
-    """The key of a layer's costs: the layout without its interleaving, which changes the pipeline
-    (its sends, bubble and in-flight activations), not one layer's time (so every vp shares the
-    cached layer costs)."""
-    return replace(plan, vp=1) if plan.vp != 1 else plan
+    """The key of a layer's costs: the layout without its interleaving and pipeline schedule, which
+    change the pipeline (its sends, bubble and in-flight activations), not one layer's time (so
+    every vp and schedule shares the cached layer costs)."""
+    if plan.vp != 1 or plan.pipe_schedule != "1f1b":
+        return replace(plan, vp=1, pipe_schedule="1f1b")
+    return plan
 
 
 def layout_of(plan: Plan) -> Plan:
@@ -1315,6 +1400,32 @@ def step_time_of(costs: StageCosts, counts, recomputes, full_layers=None) -> tup
             times)
 
 
+def dualpipe_step(costs: StageCosts, plain: StageCosts, counts, recomputes, full_layers):
+    """(step seconds, critical rank, its mean PhaseTime a micro-batch, bubble, exposed data-parallel
+    communication, optimizer) under DualPipe: :func:`phaze.dualpipe.finish_times` on each stage's
+    :meth:`StageCosts.chunk_times`, paired chunks from ``costs`` (the all-to-alls overlapped when
+    ``ep_overlap`` is on) and lone ones from ``plain`` (the same layout without the overlap), then
+    the largest tail of a rank: those of both its stages, whose gradients it reduces and whose
+    shards it updates. The critical rank is the one whose two stages take longest a micro-batch;
+    the bubble, the pipeline's time beyond m of those. Assumption: the copies' gradients are
+    reduced with the data-parallel ones, costed as the data-parallel group's (the pair of ranks
+    doubles the group's size, not its bytes)."""
+    pp, m = costs.plan.pp, costs.micro_batches
+    stages = list(zip(counts, recomputes, full_layers, strict=True))
+    paired = [costs.chunk_times(i, n, r, k) for i, (n, r, k) in enumerate(stages)]
+    lone = paired if plain is costs else [plain.chunk_times(i, n, r, k) for i, (n, r, k) in enumerate(stages)]
+    done = dualpipe.finish_times(pp, m, [c[0] for c in lone], [c[1] for c in lone], [c[2] for c in lone],
+                                 [c[0] for c in paired], [c[1] for c in paired])
+    times = [costs.time(i, n, r, k) for i, (n, r, k) in enumerate(stages)]
+    pairs = [(times[i] + times[pp - 1 - i]) * 0.5 for i in range(pp)]
+    crit = max(range(pp), key=lambda i: pairs[i].total)     # the rank whose two chunks take longest
+    tails = [costs.tail(i, n, r, k) for i, (n, r, k) in enumerate(stages)]
+    rank_tails = [tuple(a + b for a, b in zip(tails[i], tails[pp - 1 - i], strict=True)) for i in range(pp)]
+    last = max(range(pp), key=lambda i: sum(rank_tails[i]))
+    return (max(done) + sum(rank_tails[last]), crit, pairs[crit], max(done) - m * pairs[crit].total,
+            *rank_tails[last])
+
+
 def critical_weight(m: int, pp: int, v: int) -> float:
     """Weight of the slowest stage's time in the 1F1B step time: m - 1/v. Interleaved with fewer
     micro-batches than stages, each of the v - 1 later rounds of chunks also waits (pp - m) chunk
@@ -1331,11 +1442,16 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), eff)
     counts = stage_split(model, plan)
     recs, ks = plan.stage_modes()
-    step, crit, last, times = step_time_of(costs, counts, recs, ks)
-    per_mb = costs.time(crit, counts[crit], recs[crit], ks[crit])
     m = costs.micro_batches
-    bubble = (sum(times) - times[crit]) / v + (critical_weight(m, pp, v) - m + 1.0 / v) * times[crit]
-    dp_exposed, t_opt = costs.tail(last, counts[last], recs[last], ks[last])
+    if plan.pipe_schedule == "dualpipe":
+        plain = costs if not plan.ep_overlap else stage_costs(model, chip, devices, global_batch,
+                                                              layout_of(replace(plan, ep_overlap=False)), eff)
+        step, crit, per_mb, bubble, dp_exposed, t_opt = dualpipe_step(costs, plain, counts, recs, ks)
+    else:
+        step, crit, last, times = step_time_of(costs, counts, recs, ks)
+        per_mb = costs.time(crit, counts[crit], recs[crit], ks[crit])
+        bubble = (sum(times) - times[crit]) / v + (critical_weight(m, pp, v) - m + 1.0 / v) * times[crit]
+        dp_exposed, t_opt = costs.tail(last, counts[last], recs[last], ks[last])
     breakdown = {
         "compute_s": m * per_mb.compute,
         "memory_bound_s": m * per_mb.memory,
@@ -1353,9 +1469,12 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         r = "none" if recs[-1] == "block" else _counted_recompute(recs[-1], plan)
         hw += _layers_flops(model, r, chip.compiled) - _layers_flops(model, r, chip.compiled, mtp=False)
     hw = (hw + _edge_flops(model)) * global_batch
+    if plan.pipe_schedule == "dualpipe":   # one entry a rank: its two stages
+        held = [costs.pair_memory(i, counts, recs, ks) for i in range(pp)]
+    else:
+        held = [costs.memory(i, n, r, k) for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True))]
     stages = [StageMemory(s.stage, int(s.layers), float(s.weights_and_optimizer_bytes), float(s.activation_bytes),
-                          float(s.transient_bytes))
-              for s in (costs.memory(i, n, r, k) for i, (n, r, k) in enumerate(zip(counts, recs, ks, strict=True)))]
+                          float(s.transient_bytes)) for s in held]
     worst = max(range(pp), key=lambda i: stages[i].total_bytes)
     need = stages[worst].total_bytes
     reserve = memory_reserve_bytes(chip, plan.memory_reserve)

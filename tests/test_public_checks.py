@@ -31,8 +31,10 @@ def test_the_figures_validation_md_quotes():
     (_, block, clock), (_, seq, clock2) = bench.palm(params)
     assert (f"{_signed(block)} % with its parallel block, {_signed(seq)} % run as sequential layers (both at "
             f"{100 * clock:.0f} % of the nominal clock") in doc and round(100 * clock) == round(100 * clock2)
-    measured, ((_, exposed, gib, fits, _), (_, overlapped, gib2, _, _)) = bench.deepseek_v3(params)
-    assert not fits and gib == gib2
+    measured, rows = bench.deepseek_v3(params)
+    (_, exposed, gib, fits, _), (_, overlapped, gib2, _, _), (_, e2, old, fits2, _), (_, o2, old2, _, _) = rows
+    assert not fits and not fits2 and gib == gib2 and old == old2 and gib < old
     assert f"{measured:.2f} s a step of 15,360 sequences" in doc
-    assert (f"{_signed(exposed)} % with the all-to-alls exposed and {_signed(overlapped)} % with Megatron-Core's "
-            f"overlap of them, and {gib:.1f} GiB a device") in doc
+    assert (f"{_signed(exposed)} % with the all-to-alls exposed and {_signed(overlapped)} % with its paired "
+            f"chunks overlapping them, and {gib:.1f} GiB a device") in doc
+    assert f"stage: {_signed(e2)} and {_signed(o2)} % with {old:.1f} GiB" in doc

@@ -19,9 +19,11 @@ what it does not state is said as an assumption.
   projections recomputed, bf16 Adam moments; Sec. 4.2, sequences of 4,096 tokens, batches of
   15,360 after the first 469B tokens). Assumptions: the per-trillion rate holds at the batch of
   15,360 (the step is its tokens at that rate: everything the run spent, restarts included); the
-  H800 is the H100 SXM with NVLink at the paper's 160 GB/s a direction; DualPipe is not modelled,
-  interleaved 1F1B with two chunks a stage and Megatron-Core's all-to-all overlap (``ep_overlap``)
-  stand in for it; DeepEP's dispatch stands in for its node-limited all-to-all; micro-batch 1;
+  H800 is the H100 SXM with NVLink at the paper's 160 GB/s a direction; DualPipe as its released
+  code runs (``pipe_schedule=dualpipe``, :mod:`phaze.dualpipe`), its paired chunks overlapping
+  their all-to-alls or not (``ep_overlap``), beside the interleaved 1F1B with two chunks a stage
+  and Megatron-Core's all-to-all overlap that stood in for it before DualPipe was modelled;
+  DeepEP's dispatch stands in for its node-limited all-to-all; micro-batch 1;
   the ``megatron-core`` preset stands in for its HAI-LLM framework; ``adam-megatron-pa-bf16``
   (6 bytes of state a parameter) for its fp32 master weights and bf16 moments (8).
 
@@ -100,12 +102,15 @@ def deepseek_v3(params):
     eff = v.params_for(chip, params)
     gpus, batch = 2048, 15360
     measured = batch * model.seq_len / (gpus * 1e12 / (180e3 * 3600))
-    base = Plan(tp=1, pp=16, vp=2, ep=64, mbs=1, zero=1, recompute="selective",
+    base = Plan(tp=1, pp=16, ep=64, mbs=1, zero=1, recompute="selective",
                 recompute_modules=("layernorm", "mla_up_proj"), dispatcher="deepep", optimizer="adam-megatron-pa-bf16")
     given = {"recompute", "zero", "recompute_modules", "vp", "optimizer"}
     out = []
-    for label, overlap in (("all-to-alls exposed", False), ("all-to-alls overlapped", True)):
-        plan = plan_with(fw, replace(base, ep_overlap=overlap), given, model.precision)[0]
+    for label, schedule, overlap in (("DualPipe, exposed", {"pipe_schedule": "dualpipe"}, False),
+                                     ("DualPipe, overlapped", {"pipe_schedule": "dualpipe"}, True),
+                                     ("interleaved, exposed", {"vp": 2}, False),
+                                     ("interleaved, overlapped", {"vp": 2}, True)):
+        plan = plan_with(fw, replace(base, ep_overlap=overlap, **schedule), given, model.precision)[0]
         r = within_limit(model, chip, gpus, batch, plan, eff).result
         out.append((label, r.step_time_s / measured - 1, r.memory_per_device_bytes / 2 ** 30, r.fits, plan.label()))
     return measured, out
@@ -125,7 +130,7 @@ def main() -> int:
     print(f"\nDeepSeek-V3 on 2,048 H800s (180K GPU hours per trillion tokens: {measured:.2f} s a step of "
           f"15,360 sequences); assumptions in the docstring")
     for label, err, gib, fits, said in rows:
-        print(f"  {label:24s} {100 * err:+6.1f} %, {gib:.1f} GiB a device ({'fits' if fits else 'does not fit'} "
+        print(f"  {label:23s} {100 * err:+6.1f} %, {gib:.1f} GiB a device ({'fits' if fits else 'does not fit'} "
               f"in 80), {said}")
     return 0
 
