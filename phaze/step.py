@@ -263,9 +263,10 @@ class StepResult:
     memory_per_device_bytes: float
     hbm_bytes: float
     fits: bool
-    binding_stage: int
+    binding_stage: int                  # the entry of stage_memory that needs the most
     breakdown_s: dict = field(default_factory=dict)
-    stage_memory: tuple = ()
+    stage_memory: tuple = ()            # one StageMemory a pipeline stage (under DualPipe, a rank:
+                                        # its two stages, phaze.step.StageCosts.pair_memory)
     memory_reserve_bytes: float = 0.0   # kept free for the runtime (CUDA context, NCCL, fragmentation)
     headroom_bytes: float = 0.0         # HBM - reserve - the binding stage's need (negative: does not fit)
     model_flops_per_s_per_device: float = 0.0     # the model's FLOPs (MFU's count) per second and device
@@ -959,16 +960,34 @@ class StageCosts:
         ``h`` and ``pp - 1 - h`` (``h = min(rank, pp - 1 - rank)``), both with their parameters and
         state (the report's 2x), and :func:`phaze.dualpipe.peak_inflight` micro-batches of each
         one's activations (pp - h and h + 1); one layer re-materialised at a time, and the optimizer
-        step's buffers for both stages' shards once the activations are freed."""
+        step's buffers for both stages' shards once the activations are freed. The two end ranks
+        hold the first and last stages together, and with them the token table once: the last
+        stage's copy (:meth:`_table_copy`: a tied head, multi-token prediction) is the embedding
+        itself (the report's Sec. 3.2.3: DualPipe puts the embedding and the output head on one
+        rank, so the multi-token prediction module shares them physically)."""
         pp, m = self.plan.pp, self.micro_batches
         held = dualpipe.peak_inflight(pp, m, rank)            # by direction
         stages = [dualpipe.chunk_stage(pp, rank, d) for d in (0, 1)]
         parts = [self._memory_parts(s, counts[s], recomputes[s], full_layers[s], held[d]) for d, s in enumerate(stages)]
         weights, act = parts[0][0] + parts[1][0], parts[0][1] + parts[1][1]
+        step = None if parts[0][3] is None else parts[0][3] + parts[1][3]
+        if self.dualpipe_shares_table(rank):
+            table = self.model.table_params / self.plan.tp
+            weights -= self.state_bytes_per_param * table
+            if step is not None:
+                zero = self.plan.zero >= 1
+                step -= self.step_bytes_per_param() * table / (
+                    shard_ranks(self.plan, self.devices, self.chip) * self.plan.cp if zero else 1)
         transient = max(parts[0][2], parts[1][2])
-        if parts[0][3] is not None:
-            transient = max(transient, parts[0][3] + parts[1][3] - act)
+        if step is not None:
+            transient = max(transient, step - act)
         return StageMemory(rank, int(counts[stages[0]] + counts[stages[1]]), weights, act, transient)
+
+    def dualpipe_shares_table(self, rank: int) -> bool:
+        """Whether DualPipe's rank ``rank`` holds the first and last stages, and the last stage's
+        copy of the token table is then the embedding itself (:meth:`pair_memory`)."""
+        pp = self.plan.pp
+        return rank in (0, pp - 1) and self._table_copy(pp - 1)
 
     def _memory_parts(self, i: int, n: int, r: str, k: int = 0, inflight=None):
         """(weights and state, activations, transient, the optimizer step's bytes or None) of stage
@@ -1406,7 +1425,8 @@ def dualpipe_step(costs: StageCosts, plain: StageCosts, counts, recomputes, full
     :meth:`StageCosts.chunk_times`, paired chunks from ``costs`` (the all-to-alls overlapped when
     ``ep_overlap`` is on) and lone ones from ``plain`` (the same layout without the overlap), then
     the largest tail of a rank: those of both its stages, whose gradients it reduces and whose
-    shards it updates. The critical rank is the one whose two stages take longest a micro-batch;
+    shards it updates (the end ranks without the token table's sum: :meth:`StageCosts.pair_memory`).
+    The critical rank is the one whose two stages take longest a micro-batch;
     the bubble, the pipeline's time beyond m of those. Assumption: the copies' gradients are
     reduced with the data-parallel ones, costed as the data-parallel group's (the pair of ranks
     doubles the group's size, not its bytes)."""
@@ -1421,6 +1441,9 @@ def dualpipe_step(costs: StageCosts, plain: StageCosts, counts, recomputes, full
     crit = max(range(pp), key=lambda i: pairs[i].total)     # the rank whose two chunks take longest
     tails = [costs.tail(i, n, r, k) for i, (n, r, k) in enumerate(stages)]
     rank_tails = [tuple(a + b for a, b in zip(tails[i], tails[pp - 1 - i], strict=True)) for i in range(pp)]
+    for i in (0, pp - 1):   # the end ranks hold the table once: no copy's gradients to sum with the other end
+        if costs.dualpipe_shares_table(i):
+            rank_tails[i] = (rank_tails[i][0] - costs.table_sync_s(0) - costs.table_sync_s(pp - 1), rank_tails[i][1])
     last = max(range(pp), key=lambda i: sum(rank_tails[i]))
     return (max(done) + sum(rank_tails[last]), crit, pairs[crit], max(done) - m * pairs[crit].total,
             *rank_tails[last])

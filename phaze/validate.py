@@ -71,6 +71,7 @@ from .placement import PlacementOptions, place, vp_values
 from .plan import (
     DP_SHARD_ALLOWED,
     FSDP_PP,
+    PIPE_SCHEDULES,
     RECOMPUTE_MODULES,
     Plan,
     cp_comm_value,
@@ -107,7 +108,7 @@ EXPLICIT_COLUMNS = (
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
     "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers", "parallel_block", "fsdp_pp",
-    "fp8_param_gather", "rotary_kernels", "kv_repeat", "softmax_kernel")
+    "fp8_param_gather", "rotary_kernels", "kv_repeat", "softmax_kernel", "pipeline_schedule")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -514,7 +515,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 grad_accum_fusion=_flag(row, "grad_accum_fusion", preset["grad_accum_fusion"]),
                 dp_shard=_dp_shard(row, preset["dp_shard"]), cp_comm=_cp_comm(row, preset["cp_comm"]),
                 cp_a2a=_int(row, "cp_a2a", 1), fsdp_pp=_choice(row, "fsdp_pp", FSDP_PP, preset["fsdp_pp"]),
-                fp8_params=_flag(row, "fp8_param_gather", preset["fp8_params"]), pipe_p2p=preset["pipe_p2p"])
+                fp8_params=_flag(row, "fp8_param_gather", preset["fp8_params"]), pipe_p2p=preset["pipe_p2p"],
+                pipe_schedule=_choice(row, "pipeline_schedule", PIPE_SCHEDULES, "1f1b"))
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
@@ -525,7 +527,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         searched["mbs"] = SEARCHED_MICRO_BATCHES
     # the framework's recipes interleave, or the framework is not known: its schedule is not
     # published, so the best vp it accepts (vp 1 included), as a tuned run would use
-    if vp is None and pp > 1 and (fw is None or fw.interleave):
+    if vp is None and pp > 1 and (fw is None or fw.interleave) and plan.pipe_schedule == "1f1b":
         searched["vp"] = vp_values(model, pp, PlacementOptions())
     if not zero_stated and plan.dp(devices) > 1:   # the distributed optimizer costs no time: a tuned run's choice
         searched["zero"] = (0, 1)

@@ -37,4 +37,4 @@ def test_the_figures_validation_md_quotes():
     assert f"{measured:.2f} s a step of 15,360 sequences" in doc
     assert (f"{_signed(exposed)} % with the all-to-alls exposed and {_signed(overlapped)} % with its paired "
             f"chunks overlapping them, and {gib:.1f} GiB a device") in doc
-    assert f"stage: {_signed(e2)} and {_signed(o2)} % with {old:.1f} GiB" in doc
+    assert f"binding stage: {_signed(e2)} and {_signed(o2)} % with {old:.1f} GiB" in doc

@@ -1087,3 +1087,19 @@ def test_blank_recompute_may_recompute_more_where_that_buys_a_faster_plan():
     counted = v.row_to_case(dict(row, flop_convention="narayanan96"))
     assert {p.recompute for p in (counted.plan, *counted.alternatives)} == {"none"}
     assert v.scored_plan(counted, eff)[0].recompute == "none"
+
+
+def test_pipeline_schedule_column_runs_dualpipe_and_keeps_it_unsearched():
+    """``pipeline_schedule`` dualpipe: the row's plan runs DualPipe, whose chunks are its own (vp is
+    not searched, as it is for a pipelined row of an interleaving framework); blank is 1F1B; a
+    row DualPipe cannot run (too few micro-batches) is skipped with the reason; a bad value names
+    the column."""
+    base = synthetic(layers="8", tp="1", pp="4", global_batch="64", micro_batch="1", framework="megatron-core")
+    assert v.row_to_case(base).plan.pipe_schedule == "1f1b"
+    c = v.row_to_case(dict(base, pipeline_schedule="DualPipe"))
+    assert c.plan.pipe_schedule == "dualpipe" and c.plan.vp == 1 and c.alternatives == ()
+    assert v.row_to_case(dict(base, vp="")).alternatives   # 1F1B: the interleavings are tried
+    skipped = v.row_to_case(dict(base, pipeline_schedule="dualpipe", global_batch="4"))
+    assert not isinstance(skipped, v.Case) and "at least 2 * pp = 8" in skipped.reason
+    bad = v.row_to_case(dict(base, pipeline_schedule="zb"))
+    assert "column 'pipeline_schedule' must be one of 1f1b, dualpipe, got 'zb'" in bad.reason

@@ -16,16 +16,18 @@ what it does not state is said as an assumption.
   for 14.8T pre-training tokens, "180K H800 GPU hours" per trillion; Sec. 3.1, NVLink 160 GB/s and
   InfiniBand 50 GB/s a GPU; Sec. 3.2, 16-way pipeline, 64-way expert parallelism over 8 nodes,
   ZeRO-1 data parallelism, no tensor parallelism; Sec. 3.3, fp8 GEMMs, RMSNorm and the MLA up-
-  projections recomputed, bf16 Adam moments; Sec. 4.2, sequences of 4,096 tokens, batches of
-  15,360 after the first 469B tokens). Assumptions: the per-trillion rate holds at the batch of
-  15,360 (the step is its tokens at that rate: everything the run spent, restarts included); the
-  H800 is the H100 SXM with NVLink at the paper's 160 GB/s a direction; DualPipe as its released
-  code runs (``pipe_schedule=dualpipe``, :mod:`phaze.dualpipe`), its paired chunks overlapping
-  their all-to-alls or not (``ep_overlap``), beside the interleaved 1F1B with two chunks a stage
-  and Megatron-Core's all-to-all overlap that stood in for it before DualPipe was modelled;
-  DeepEP's dispatch stands in for its node-limited all-to-all; micro-batch 1;
-  the ``megatron-core`` preset stands in for its HAI-LLM framework; ``adam-megatron-pa-bf16``
-  (6 bytes of state a parameter) for its fp32 master weights and bf16 moments (8).
+  projections recomputed, the MoE SwiGLU's output recomputed from its cached inputs (Sec. 3.3.2;
+  ``moe_act``: phaze keeps those inputs in 16 bits where the run kept them in fp8), bf16 Adam
+  moments; Sec. 4.2, sequences of 4,096 tokens, batches of 15,360 after the first 469B tokens).
+  Assumptions: the per-trillion rate holds at the batch of 15,360 (the step is its tokens at that
+  rate: everything the run spent, restarts included); the H800 is the H100 SXM with NVLink at the
+  paper's 160 GB/s a direction; DualPipe as its released code runs (``pipe_schedule=dualpipe``,
+  :mod:`phaze.dualpipe`), its paired chunks overlapping their all-to-alls or not (``ep_overlap``),
+  beside the interleaved 1F1B with two chunks a stage and Megatron-Core's all-to-all overlap that
+  stood in for it before DualPipe was modelled; DeepEP's dispatch stands in for its node-limited
+  all-to-all; micro-batch 1; the ``megatron-core`` preset stands in for its HAI-LLM framework;
+  ``adam-megatron-pa-bf16`` (6 bytes of state a parameter) for its fp32 master weights and bf16
+  moments (8).
 
 Run: python tests/bench/bench_public_checks.py
 """
@@ -102,8 +104,8 @@ def deepseek_v3(params):
     eff = v.params_for(chip, params)
     gpus, batch = 2048, 15360
     measured = batch * model.seq_len / (gpus * 1e12 / (180e3 * 3600))
-    base = Plan(tp=1, pp=16, ep=64, mbs=1, zero=1, recompute="selective",
-                recompute_modules=("layernorm", "mla_up_proj"), dispatcher="deepep", optimizer="adam-megatron-pa-bf16")
+    base = Plan(tp=1, pp=16, ep=64, mbs=1, zero=1, recompute="selective", dispatcher="deepep",
+                recompute_modules=("layernorm", "mla_up_proj", "moe_act"), optimizer="adam-megatron-pa-bf16")
     given = {"recompute", "zero", "recompute_modules", "vp", "optimizer"}
     out = []
     for label, schedule, overlap in (("DualPipe, exposed", {"pipe_schedule": "dualpipe"}, False),
