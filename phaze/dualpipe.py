@@ -13,7 +13,7 @@ micro-batches' activations; the tests check the port against all three.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 
 def schedule_error(pp: int, m: int) -> str | None:
@@ -61,30 +61,21 @@ def _rank_actions(pp: int, m: int, rank: int) -> tuple:
     def step_to(dd, ahead):              # the next rank along direction dd (or the one before)
         return rank + (1 if (dd == 0) == ahead else -1)
 
-    def comm(op, kind, dd, src, dst):
-        key = (op, kind, dd, src, dst)
+    def transfer(op, kind, ph):
+        """``_recv_forward``, ``_send_forward``, ``_recv_backward``, ``_send_backward``: activations
+        go ahead along the direction and gradients back; none before its first stage or after
+        its last."""
+        dd = d(ph)
+        ahead = (kind == "act") == (op == "send")
+        if last_stage(dd) if ahead else first_stage(dd):
+            return
+        peer = step_to(dd, ahead)
+        key = (op, kind, dd) + ((rank, peer) if op == "send" else (peer, rank))
         sent[key] = sent.get(key, -1) + 1
-        posted.append((op, kind, dd, src, dst, sent[key]))
+        posted.append(key + (sent[key],))
 
-    def recv_f(ph):
-        dd = d(ph)
-        if not first_stage(dd):
-            comm("recv", "act", dd, step_to(dd, False), rank)
-
-    def send_f(ph):
-        dd = d(ph)
-        if not last_stage(dd):
-            comm("send", "act", dd, rank, step_to(dd, True))
-
-    def recv_b(ph):
-        dd = d(ph)
-        if not last_stage(dd):
-            comm("recv", "grad", dd, step_to(dd, True), rank)
-
-    def send_b(ph):
-        dd = d(ph)
-        if not first_stage(dd):
-            comm("send", "grad", dd, rank, step_to(dd, False))
+    recv_f, send_f = partial(transfer, "recv", "act"), partial(transfer, "send", "act")
+    recv_b, send_b = partial(transfer, "recv", "grad"), partial(transfer, "send", "grad")
 
     def wait():
         if posted:
