@@ -483,13 +483,14 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         if rem == 0:
             tp, pp = (tp, rest) if tp else (rest, pp)
     layout_searched = tp is None or pp is None
+    searched_ep = None
     if layout_searched:
-        if model.moe:
-            raise ValueError("parallel layout not published (tp or pp missing) for a mixture of experts")
-        # a block row's layout is searched as for full recompute (its count is set for the layout after)
-        tp, pp, cp = _searched_layout(model, chip, devices, batch, fw, tp, pp, cp, mbs,
-                                      ({"block": "full"}.get(recompute, recompute)) if recompute_stated else "",
-                                      _num(row, "zero_stage"), dp_col)
+        # a block row's layout is searched as for full recompute (its count is set for the layout
+        # after); a mixture of experts' ep with it where the row does not give it
+        tp, pp, cp, searched_ep = _searched_layout(model, chip, devices, batch, fw, tp, pp, cp, mbs,
+                                                   ({"block": "full"}.get(recompute, recompute))
+                                                   if recompute_stated else "", _num(row, "zero_stage"), dp_col,
+                                                   _int(row, "ep"), _int(row, "etp", 1))
     selective, modules = _selective_policy(row, fw)
     if recompute == "selective":
         recompute = selective   # torchtitan's per-op policy, or Megatron's selective recompute
@@ -537,7 +538,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         alternatives = tuple(_valid_plans(model, devices, batch, [g for g in grid if g != plan]))
         layout_from = "searched"
     if model.moe:
-        plan, assumed = _expert_plan(row, model, chip, devices, plan)
+        plan, assumed = _expert_plan(row, model, chip, devices, plan, searched_ep)
         layout_from = "unconfirmed" if assumed and layout_from == "row" else layout_from
         check_plan(model, devices, batch, plan)
         alternatives = tuple(dataclasses.replace(a, ep=plan.ep, etp=plan.etp, routing=plan.routing,
@@ -570,16 +571,19 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
 
 
 def _searched_layout(model: Model, chip: Chip, devices: int, batch: int, fw: Framework | None, tp, pp, cp, mbs,
-                     recompute: str, zero, dp) -> tuple[int, int, int]:
-    """(tp, pp, cp) of a row that does not publish its layout: those of the best Megatron-style
+                     recompute: str, zero, dp, ep=None, etp: int = 1) -> tuple[int, int, int, int]:
+    """(tp, pp, cp, ep) of a row that does not publish its layout: those of the best Megatron-style
     plan (an even split, one recompute mode) :func:`phaze.placement.place` finds for it with the
-    shipped calibration, within what the row does state (a ``dp`` too) and its framework offers,
-    as a tuned run would be laid out."""
+    shipped calibration, within what the row does state (a ``dp``, a mixture of experts' ``ep``
+    and ``etp`` too) and its framework offers, as a tuned run would be laid out. A mixture of
+    experts is searched with Megatron's default dispatch (the all-to-all, not overlapped) and
+    the model's routing; the row's own dispatch settings apply to the plan after."""
     base = PlacementOptions()
     options = dataclasses.replace(base, tp=(tp,) if tp else base.tp, pp=(pp,) if pp else (),
                                   cp=(cp,) if cp else (), mbs=(mbs,) if mbs else base.mbs,
                                   recompute=(recompute,) if recompute else base.recompute,
-                                  zero=int(zero) if zero is not None else base.zero)
+                                  zero=int(zero) if zero is not None else base.zero,
+                                  ep=(ep,) if ep else base.ep, etp=(etp,) if model.moe else base.etp)
     if fw:
         given = {"zero"} if zero is not None else set()
         options = options_with(fw, options, given | ({"recompute"} if recompute else set()), model.precision)[0]
@@ -601,7 +605,7 @@ def _searched_layout(model: Model, chip: Chip, devices: int, batch: int, fw: Fra
             best = pick
     if best is None:
         raise ValueError(f"parallel layout not published (tp or pp missing), and no plan fits: {why}")
-    return best.plan.tp, best.plan.pp, best.plan.cp
+    return best.plan.tp, best.plan.pp, best.plan.cp, best.plan.ep
 
 
 def _selective_policy(row: dict, fw: Framework | None) -> tuple[str, tuple[str, ...]]:
@@ -699,11 +703,13 @@ def _valid_plans(model: Model, devices: int, batch: int, plans) -> list[Plan]:
     return out
 
 
-def _expert_plan(row: dict, model: Model, chip: Chip, devices: int, plan: Plan) -> tuple[Plan, bool]:
+def _expert_plan(row: dict, model: Model, chip: Chip, devices: int, plan: Plan,
+                 searched_ep: int | None = None) -> tuple[Plan, bool]:
     """The row's plan with its expert layout: the ``ep``, ``etp``, ``moe_routing``,
     ``moe_dispatcher`` and ``moe_a2a_overlap`` columns when given (dispatcher blank: ``alltoall``;
     routing blank: ``capacity`` with a capacity factor, else ``dropless``, Megatron's default).
-    Without ``ep`` (the second value is then True): the widest ep that divides the experts and
+    A row whose layout was searched (:func:`_searched_layout`) takes the searched ep when it gives
+    none. Otherwise, without ``ep`` (the second value is then True): the widest ep that divides the experts and
     tp*cp*dp/etp and keeps etp*ep inside one domain of the chip's first link level (a node), as
     Megatron-Core's MoE guide advises (expert all-to-alls on NVLink). Not a search on predicted
     time: memory decides how wide runs go, and a row without its ZeRO stage and recompute modules
@@ -713,7 +719,7 @@ def _expert_plan(row: dict, model: Model, chip: Chip, devices: int, plan: Plan) 
     plan = dataclasses.replace(plan, etp=etp, routing=routing,
                                dispatcher=_choice(row, "moe_dispatcher", ("alltoall", "deepep"), ""),
                                ep_overlap=_flag(row, "moe_a2a_overlap"))
-    ep = _int(row, "ep")
+    ep = _int(row, "ep") or searched_ep
     if ep:
         return dataclasses.replace(plan, ep=ep), False
     ranks = plan.tp * plan.cp * plan.dp(devices)

@@ -1103,3 +1103,20 @@ def test_pipeline_schedule_column_runs_dualpipe_and_keeps_it_unsearched():
     assert not isinstance(skipped, v.Case) and "at least 2 * pp = 8" in skipped.reason
     bad = v.row_to_case(dict(base, pipeline_schedule="zb"))
     assert "column 'pipeline_schedule' must be one of 1f1b, dualpipe, got 'zb'" in bad.reason
+
+
+def test_a_mixture_of_experts_without_its_layout_is_laid_out_by_the_placement():
+    """A mixture-of-experts row that gives neither tp nor pp takes the layout, ep included, of
+    the best plan phaze's placement finds for it, as a dense row does (it was skipped before):
+    a valid expert layout that fits; a stated ep is kept."""
+    from phaze.step import evaluate
+    base = synthetic(model="Mixtral-8x7B", layers="", hidden="", heads="", gpu="H100-SXM5-80GB", gpu_count="16",
+                     tp="", pp="", global_batch="128", seq_len="4096", framework="megatron-core")
+    c = v.row_to_case(base)
+    assert isinstance(c, v.Case), getattr(c, "reason", c)
+    assert c.layout_from == "searched" and c.model.experts == 8
+    p = c.plan
+    assert p.ep > 1 and 8 % p.ep == 0 and (p.tp * p.cp * p.dp(16)) % (p.ep * p.etp) == 0
+    assert evaluate(c.model, c.chip, 16, 128, p, v.calibrated_efficiency(c.chip)).fits
+    given = v.row_to_case(dict(base, ep="2"))
+    assert given.plan.ep == 2 and given.layout_from == "searched"
