@@ -60,7 +60,6 @@ from .plan import (
     dp_shard_value,
     one_or_several,
     ordered_modules,
-    parse_plan,
 )
 from .power import PoweredStep, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
@@ -147,12 +146,12 @@ def params_text(model) -> str:
 
 def memory_place(r: StepResult, stage: int) -> str:
     """Where the ``stage``-th entry of a result's memory sits: a pipeline stage, or under DualPipe
-    a rank, which holds two stages."""
-    plan = parse_plan(r.plan, "plan")
-    if plan.pipe_schedule != "dualpipe":
+    (its plan's label says so) a rank, which holds two of the pp stages, one entry a rank."""
+    if "pipe_schedule=dualpipe" not in r.plan.split(","):
         return f"stage {stage}"
-    h = min(stage, plan.pp - 1 - stage)
-    return f"rank {stage} (stages {h} and {plan.pp - 1 - h})"
+    pp = len(r.stage_memory)
+    h = min(stage, pp - 1 - stage)
+    return f"rank {stage}, with stages {h} and {pp - 1 - h}"
 
 
 def format_result(r: StepResult, model=None) -> str:

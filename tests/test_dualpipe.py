@@ -175,4 +175,4 @@ def test_evaluate_names_the_rank_and_its_stages(tmp_path):
     proc = phaze_cli(tmp_path, "evaluate", "--workload", "gpt3-175b", "--arch", "a100-80gb", "--devices", "64",
                      "--global-batch", "64", "--allow-oom", "--plan", "tp=8,pp=4,recompute=full,pipe_schedule=dualpipe")
     assert proc.returncode == 0, proc.stderr
-    assert "memory on rank 0 (stages 0 and 3)" in proc.stdout or "memory on rank 1 (stages 1 and 2)" in proc.stdout
+    assert "memory on rank 0, with stages 0 and 3:" in proc.stdout and "(rank 0, with stages 0 and 3)" in proc.stdout
