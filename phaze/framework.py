@@ -37,6 +37,8 @@ class Framework:
                                 # None: on (phaze's default, the recipes of NeMo and Megatron-Core)
     selective_recompute: bool = True   # offers a selective recompute (a row without recompute may use it)
     interleaving: bool = True   # has an interleaved pipeline schedule at all (``place`` searches vp)
+    interleave_vp: int = 0      # the virtual stages a rank its interleaved schedule runs when a run
+                                # names the schedule but not vp (0: the best vp it accepts)
     block_recompute: bool = True    # can re-run some of a stage's layers whole and none of the rest
                                     # (recompute=block; a row without recompute may use it)
     vocab_multiple: int = 0     # pads the vocabulary to a multiple of this per tensor-parallel rank
@@ -278,7 +280,7 @@ FRAMEWORKS = {f.name: f for f in (
                               "performance scripts' set_precision_configs do so for every dtype)")),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
-              block_recompute=False,
+              block_recompute=False, interleave_vp=2,
               fp8_casts="separate", bias_kernels="separate", cp_comm="torch", fsdp_pp="step",
               rotary_kernels="complex", kv_repeat="copied",
               source="pytorch/torchtitan defaults: FSDP2 (ZeRO-3) with param bf16 and reduce fp32, "
@@ -286,8 +288,11 @@ FRAMEWORKS = {f.name: f for f in (
                      "activation checkpointing is full, selective per op or a compiler memory budget: "
                      "torchtitan 0.3 distributed/activation_checkpoint.py; no count of whole layers; the layer-wise "
                      "option of earlier releases, every N-th layer whole, is not modelled), async "
-                     "TP opt-in, pipeline schedule 1F1B; float8 through torchao's Float8Linear with "
-                     "dynamic (tensorwise) scaling: each linear casts its input and output gradient; "
+                     "TP opt-in, pipeline schedule 1F1B (its looped schedules, Interleaved1F1B and the "
+                     "others, run 2 virtual stages a rank unless pipeline_parallel_layers_per_stage says "
+                     "otherwise: torchtitan 0.3 distributed/pipeline_parallel.py); float8 through "
+                     "torchao's Float8Linear with dynamic (tensorwise) scaling: each linear casts its input "
+                     "and output gradient; "
                      "PyTorch's autograd reduces a bias gradient in a kernel of its own (its Llama models "
                      "have no biases; assumption: a biased model's qkv bias added apart, as in Megatron); "
                      "its context parallelism is PyTorch's (cp_comm=torch): the default rotater (torch "

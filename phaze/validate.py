@@ -505,6 +505,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     zero = preset["zero"] if zero is None else zero
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"column 'zero_stage' must be 0, 1, 2 or 3, got {row['zero_stage']!r}")
+    schedule, vp = _pipeline_schedule(row, fw, pp, vp)
     plan = Plan(tp=tp, pp=pp, mbs=mbs or 1, recompute=recompute, sp=sp, vp=vp or 1, cp=cp or 1,
                 zero=int(zero), recompute_layers=(block_layers or 1,) if recompute == "block" else (),
                 attention=_choice(row, "attention_kernel", ("flash", "flash2", "standard"), preset["attention"]),
@@ -517,7 +518,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 dp_shard=_dp_shard(row, preset["dp_shard"]), cp_comm=_cp_comm(row, preset["cp_comm"]),
                 cp_a2a=_int(row, "cp_a2a", 1), fsdp_pp=_choice(row, "fsdp_pp", FSDP_PP, preset["fsdp_pp"]),
                 fp8_params=_flag(row, "fp8_param_gather", preset["fp8_params"]), pipe_p2p=preset["pipe_p2p"],
-                pipe_schedule=_choice(row, "pipeline_schedule", PIPE_SCHEDULES, "1f1b"))
+                pipe_schedule="dualpipe" if schedule == "dualpipe" else "1f1b")
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
@@ -527,9 +528,16 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if mbs is None:   # it sets the kernels' sizes (and the bubble): the one a tuned run would use
         searched["mbs"] = SEARCHED_MICRO_BATCHES
     # the framework's recipes interleave, or the framework is not known: its schedule is not
-    # published, so the best vp it accepts (vp 1 included), as a tuned run would use
-    if vp is None and pp > 1 and (fw is None or fw.interleave) and plan.pipe_schedule == "1f1b":
-        searched["vp"] = vp_values(model, pp, PlacementOptions())
+    # published, so the best vp it accepts (vp 1 included), as a tuned run would use; a row that
+    # says interleaved without its vp (nor a framework default): the best vp above 1
+    if vp is None and pp > 1 and (fw is None or fw.interleave or schedule == "interleaved"):
+        searched["vp"] = tuple(v for v in vp_values(model, pp, PlacementOptions())
+                               if v > 1 or schedule != "interleaved")
+        if not searched["vp"]:
+            raise ValueError(f"column 'pipeline_schedule' interleaved, but no vp above 1 splits the "
+                             f"{model.layers} layers over pp = {pp}")
+        if schedule == "interleaved":
+            plan = dataclasses.replace(plan, vp=searched["vp"][0])
     if not zero_stated and plan.dp(devices) > 1:   # the distributed optimizer costs no time: a tuned run's choice
         searched["zero"] = (0, 1)
     if searched:
@@ -568,6 +576,28 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                          f"allowed: a value whose step time is a positive finite number")
     return Case(run_id, source, gpu, chip, model, devices, batch, plan, step, layout_from, chip_name, dataset,
                 alternatives)
+
+
+def _pipeline_schedule(row: dict, fw: Framework | None, pp: int, vp: int | None) -> tuple[str, int | None]:
+    """(the ``pipeline_schedule`` column, the row's vp) where the column pins the vp down:
+    ``1f1b`` is not interleaved (vp 1); ``interleaved`` is (vp > 1: the row's, else the
+    framework's default, :attr:`phaze.framework.Framework.interleave_vp`, else searched as a tuned
+    run would choose it); ``dualpipe`` runs its own chunks (vp 1); blank leaves vp to the row and
+    the framework."""
+    schedule = _choice(row, "pipeline_schedule", ("1f1b", "interleaved") + PIPE_SCHEDULES[1:], "")
+    if schedule and pp == 1:
+        raise ValueError(f"column 'pipeline_schedule' {schedule} needs pp > 1")
+    if schedule == "interleaved":
+        if fw is not None and not fw.interleaving:
+            raise ValueError(f"column 'pipeline_schedule' interleaved: {fw.name} has no interleaved pipeline schedule")
+        if vp == 1:
+            raise ValueError("column 'pipeline_schedule' interleaved, but vp is 1")
+        return schedule, vp or (fw.interleave_vp if fw is not None and fw.interleave_vp else None)
+    if schedule in ("1f1b", "dualpipe"):
+        if vp and vp > 1:
+            raise ValueError(f"column 'pipeline_schedule' {schedule} runs no interleaved chunks, but vp is {vp}")
+        return schedule, 1
+    return schedule, vp
 
 
 def _searched_layout(model: Model, chip: Chip, devices: int, batch: int, fw: Framework | None, tp, pp, cp, mbs,

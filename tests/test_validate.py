@@ -1102,7 +1102,7 @@ def test_pipeline_schedule_column_runs_dualpipe_and_keeps_it_unsearched():
     skipped = v.row_to_case(dict(base, pipeline_schedule="dualpipe", global_batch="4"))
     assert not isinstance(skipped, v.Case) and "at least 2 * pp = 8" in skipped.reason
     bad = v.row_to_case(dict(base, pipeline_schedule="zb"))
-    assert "column 'pipeline_schedule' must be one of 1f1b, dualpipe, got 'zb'" in bad.reason
+    assert "column 'pipeline_schedule' must be one of 1f1b, interleaved, dualpipe, got 'zb'" in bad.reason
 
 
 def test_a_mixture_of_experts_without_its_layout_is_laid_out_by_the_placement():
@@ -1120,3 +1120,30 @@ def test_a_mixture_of_experts_without_its_layout_is_laid_out_by_the_placement():
     assert evaluate(c.model, c.chip, 16, 128, p, v.calibrated_efficiency(c.chip)).fits
     given = v.row_to_case(dict(base, ep="2"))
     assert given.plan.ep == 2 and given.layout_from == "searched"
+
+
+def test_pipeline_schedule_column_pins_the_interleaving_down():
+    """``pipeline_schedule``: ``1f1b`` is not interleaved (vp 1, not searched even under an
+    interleaving framework); ``interleaved`` without vp takes the framework's default (torchtitan's
+    looped schedules: 2 virtual stages a rank) or the best vp above 1; a vp that contradicts the
+    schedule, an interleaved run on one stage or under a framework without the schedule is
+    skipped with the reason."""
+    base = synthetic(layers="8", tp="1", pp="4", global_batch="64", micro_batch="1", vp="")
+    core = dict(base, framework="megatron-core")
+    assert {a.vp for a in v.row_to_case(core).alternatives} | {v.row_to_case(core).plan.vp} >= {1, 2}
+    flat = v.row_to_case(dict(core, pipeline_schedule="1f1b"))
+    assert flat.plan.vp == 1 and flat.alternatives == ()
+    inter = v.row_to_case(dict(core, pipeline_schedule="interleaved"))
+    vps = {inter.plan.vp} | {a.vp for a in inter.alternatives}
+    assert 1 not in vps and 2 in vps and inter.layout_from == "searched"
+    titan = v.row_to_case(dict(base, framework="torchtitan", pipeline_schedule="Interleaved"))
+    assert titan.plan.vp == 2 and all(a.vp == 2 for a in titan.alternatives)
+    assert v.row_to_case(dict(base, framework="torchtitan")).plan.vp == 1   # its default schedule: 1F1B
+    assert v.row_to_case(dict(base, layers="16", framework="torchtitan", pipeline_schedule="interleaved",
+                              vp="4")).plan.vp == 4
+    for row, said in ((dict(core, pipeline_schedule="1f1b", vp="2"), "runs no interleaved chunks, but vp is 2"),
+                      (dict(core, pipeline_schedule="interleaved", vp="1"), "interleaved, but vp is 1"),
+                      (dict(core, pipeline_schedule="interleaved", pp="1"), "needs pp > 1"),
+                      (dict(base, framework="megatron-deepspeed", pipeline_schedule="interleaved"),
+                       "megatron-deepspeed has no interleaved pipeline schedule")):
+        assert said in v.row_to_case(row).reason
