@@ -641,15 +641,20 @@ class StageCosts:
         """Parameters one device of stage ``i`` updates in the optimizer step with ``n`` layers:
         its shard under ZeRO 1-3, the dense ones' over the shard group and context parallelism,
         the routed experts' over the expert data-parallel group."""
-        plan = self.plan
         params = self.params(i, n)
-        if plan.zero < 1:
+        if self.plan.zero < 1:
             return params
-        group = shard_ranks(plan, self.devices, self.chip) * plan.cp
+        group = self._dense_shards()
         if self.model.moe:
             experts = self.expert_params(self.layers_on(i, n))
-            return (params - experts) / group + experts / expert_shard(plan, self.devices, self.chip)[0]
+            return (params - experts) / group + experts / expert_shard(self.plan, self.devices, self.chip)[0]
         return params / group
+
+    def _dense_shards(self) -> int:
+        """The ranks a dense parameter's optimizer state is sharded over: its ZeRO shard group
+        and context parallelism (1 without ZeRO)."""
+        plan = self.plan
+        return shard_ranks(plan, self.devices, self.chip) * plan.cp if plan.zero >= 1 else 1
 
     def expert_params(self, n):
         """Routed-expert parameters one device holds with ``n`` layers (0 for a dense model)."""
@@ -974,10 +979,8 @@ class StageCosts:
         if self.dualpipe_shares_table(rank):
             table = self.model.table_params / self.plan.tp
             weights -= self.state_bytes_per_param * table
-            if step is not None:
-                zero = self.plan.zero >= 1
-                step -= self.step_bytes_per_param() * table / (
-                    shard_ranks(self.plan, self.devices, self.chip) * self.plan.cp if zero else 1)
+            if step is not None:   # its shard of the optimizer step's buffers, as updated_params counts it
+                step -= self.step_bytes_per_param() * table / self._dense_shards()
         transient = max(parts[0][2], parts[1][2])
         if step is not None:
             transient = max(transient, step - act)
