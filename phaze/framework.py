@@ -181,7 +181,7 @@ FRAMEWORKS = {f.name: f for f in (
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, selective_recompute=False, interleaving=False, block_recompute=False,
               dp_overlap=False, loss="megatron", optimizer="adam-deepspeed", flop_convention="narayanan24k",
-              bias_kernels="separate", bf16_reduce_fp32=True, bf16_zero=1, rotary_kernels="separate",
+              bias_kernels="separate", bf16_reduce_fp32=False, bf16_zero=1, rotary_kernels="separate",
               softmax_kernel="megatron", pipe_p2p="blocking",
               source="microsoft/Megatron-DeepSpeed: the Megatron-LM 2021 model code (dropout 0.1, fused "
                      "scale-mask-softmax, the biases and unfused attention of megatron-lm) under "
@@ -195,8 +195,15 @@ FRAMEWORKS = {f.name: f for f in (
                      "the 16-bit gradients over micro-batches; bf16's BF16_Optimizer adds each "
                      "micro-batch's gradients into fp32 copies, takes each one's norm with a host "
                      "synchronisation, shards the fp32 weights and Adam state over data parallelism "
-                     "(ZeRO-1) whatever the config says, and its pipeline engine all-reduces the fp32 "
-                     "gradients: pipe/engine.py); DeepSpeed's pipeline engine has no interleaved "
+                     "(ZeRO-1) whatever the config says, and its pipeline engine all-reduces the whole "
+                     "fp32 gradients, not a reduce-scatter, then all-gathers the updated bf16 weights: "
+                     "pipe/engine.py _bf16_reduce_grads, bf16_optimizer.py update_lp_params); the engine "
+                     "reduces in its communication_data_type, by default the run's 16-bit type (engine.py: "
+                     "BF16_Optimizer's fp32 gradients cast to bf16 for the all-reduce and back; "
+                     "reduce_fp32 off), flattening each bucket of gradients, scaling it by 1/dp after the "
+                     "all-reduce and copying fp16's back tensor by tensor (allreduce_and_copy; assumption: "
+                     "Megatron-DeepSpeed's GPT runs under the pipeline engine, its default GPTModelPipe, "
+                     "at pp 1 too); DeepSpeed's pipeline engine has no interleaved "
                      "schedule; its activation checkpointing re-runs whole layers, every "
                      "activation_checkpoint_interval layers of the PipelineModule (no selective "
                      "recompute, no count of layers left without it) and it has no Megatron sequence "

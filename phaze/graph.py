@@ -1098,6 +1098,37 @@ def deepspeed_tensor_passes(precision: str) -> tuple[TensorPasses, TensorPasses,
     return TensorPasses(2, 10.0, 8.0), TensorPasses(1, 4.0, 0.0, synced=True), TensorPasses()
 
 
+# DeepSpeed's engine all-reduces a bucket of gradients once it holds more than this many elements
+# (DeepSpeed 0.9.5 runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE, allreduce_no_retain)
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+
+
+def deepspeed_reduce_passes(precision: str, zero: int, wire_bytes: float) -> tuple[float, float, TensorPasses]:
+    """The passes around DeepSpeed's data-parallel all-reduce under ``optimizer=adam-deepspeed``
+    (DeepSpeed 0.9.5 runtime/engine.py ``buffered_allreduce_fallback``, ``allreduce_and_copy``,
+    ``allreduce_bucket``), as (bytes a parameter streamed in a few kernels; more of them when the
+    device's gradients fit in one bucket, :data:`DEEPSPEED_BUCKET_ELEMENTS`; the per-tensor
+    copies back). ``wire_bytes``: a gradient's bytes on the wire (``communication_data_type``,
+    by default the run's 16-bit type).
+
+    Each bucket of gradients is flattened (``torch.cat``, unless it holds one tensor), cast to the
+    wire type if it differs, multiplied by 1/dp after the all-reduce (``postscale_gradients``, on
+    by default), cast back, and copied back tensor by tensor (a one-tensor bucket's view is its
+    own storage: no copy). fp16 (FP16_Optimizer, ZeRO 0): the module's 16-bit gradients, many
+    tensors a bucket. bf16 (BF16_Optimizer; its pipeline engine's ``_bf16_reduce_grads``): the
+    fp32 gradients, flat, one tensor per parameter group; Megatron-DeepSpeed's two groups (with
+    and without weight decay) share a bucket when the first is at most a bucket's size (each
+    group's copy back one kernel), and the few norms and biases of the second are not counted.
+    The fp16 ZeRO-1 optimizer reduces its own way (stage_1_and_2.py): no passes counted."""
+    if precision == "fp16" and zero >= 1:
+        return 0.0, 0.0, TensorPasses()
+    grad = 2.0 if precision == "fp16" else 4.0
+    scale = 2 * wire_bytes + (2 * (grad + wire_bytes) if wire_bytes != grad else 0.0)   # 1/dp, casts
+    if precision == "fp16":          # cat, scale; each gradient copied back
+        return 2 * grad + scale, 0.0, TensorPasses(1, grad, grad)
+    return scale, 4 * grad, TensorPasses()   # one bucket: the cat and the two copies back too
+
+
 def tensor_flops(ops) -> float:
     """Total tensor-unit FLOPs of ``ops`` (GEMMs and fused attention, full causal count)."""
     return sum(o.flops for o in ops if o.unit in ("tensor", "tensor+vector"))

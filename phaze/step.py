@@ -19,11 +19,13 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, collective_time, kernel_overhead, op_time
 from .graph import (
+    DEEPSPEED_BUCKET_ELEMENTS,
     DROPLESS_LOAD,
     ExpertLayout,
     TensorPasses,
     bf16_moment_passes,
     collective_groups,
+    deepspeed_reduce_passes,
     deepspeed_tensor_passes,
     edge_graph,
     kv_heads_read,
@@ -738,9 +740,13 @@ class StageCosts:
         zeroed main-gradient buffer (one kernel) and the bf16 moments' copies to fp32 and back."""
         plan = self.plan
         if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
-            _, check, copies = deepspeed_tensor_passes(self.model.precision)
+            m = self.model
+            _, check, copies = deepspeed_tensor_passes(m.precision)
             tensors, params = self.tensors(i, n), self.params(i, n)
-            return 0.0 * n, ((check, tensors, params), (copies, tensors, params))
+            # and the passes around its gradient all-reduce (graph.deepspeed_reduce_passes)
+            flat, one_bucket, back = deepspeed_reduce_passes(m.precision, plan.zero, reduced_grad_bytes(m, plan))
+            flat = flat + np.where(params <= DEEPSPEED_BUCKET_ELEMENTS, one_bucket, 0.0)
+            return flat * params, ((check, tensors, params), (copies, tensors, params), (back, tensors, params))
         if plan.optimizer not in MEGATRON_OPTIMIZERS:
             return 0.0 * n, ()
         params = self.params(i, n)
@@ -815,7 +821,7 @@ class StageCosts:
         shard = shard_ranks(plan, self.devices, chip)
         replicas = dp // shard     # hybrid sharding: each shard group's gradients all-reduced over them
         group, stride = shard * plan.cp, plan.tp   # rank order tp, cp, dp, pp (Megatron, torchtitan)
-        grad_bytes = main_grad_bytes(self.model, plan)
+        grad_bytes, wire = main_grad_bytes(self.model, plan), reduced_grad_bytes(self.model, plan)
 
         def coll(kind, nbytes, group=group, stride=stride):   # affine in its size: slope + latency
             key = (kind, group, stride)
@@ -848,14 +854,15 @@ class StageCosts:
         colls = None
         if (group > 1 or (self.model.moe and edp > 1)) and state_zero(plan) < 3:
             if plan.zero >= 1:
-                colls = (coll("reduce_scatter", grad_bytes * params),
+                scatter = "all_reduce" if deepspeed_all_reduces(self.model, plan) else "reduce_scatter"
+                colls = (coll(scatter, wire * params),
                          coll("all_gather", gathered_bytes(self.model, plan, p * params,
                                                            self.fp8_weights(i, n) if plan.fp8_params else 0.0)))
             else:
-                colls = (coll("all_reduce", grad_bytes * params),)
+                colls = (coll("all_reduce", wire * params),)
         # hybrid sharding (no replicas without ZeRO): under the last backward, after the reduce-scatter
         if replicas > 1 or (self.model.moe and e_replicas > 1):
-            colls = (across(grad_bytes),) if colls is None else (colls[0] + across(grad_bytes), *colls[1:])
+            colls = (across(wire),) if colls is None else (colls[0] + across(wire), *colls[1:])
         opt = optimizer_op(1.0, plan.optimizer, self.model.precision, grad_bytes)   # per parameter: element-wise
         updated = self.updated_params(i, n)
         opt_s = np.maximum(opt.flops * updated / chip.vector_flops_per_s,
@@ -1098,9 +1105,30 @@ def caches_fp8_weights(model: Model, plan: Plan) -> bool:
 
 
 def main_grad_bytes(model: Model, plan: Plan) -> int:
-    """Bytes of one main gradient: fp32 where the plan reduces in fp32 (``reduce_fp32``), else
-    the model's 16-bit element."""
+    """Bytes of one main gradient: fp32 where the plan reduces in fp32 (``reduce_fp32``) or
+    DeepSpeed's BF16_Optimizer keeps fp32 copies (``adam-deepspeed`` not in fp16), else the
+    model's 16-bit element."""
+    if plan.optimizer == "adam-deepspeed" and model.precision != "fp16":
+        return 4
     return 4 if plan.reduce_fp32 else model.bytes_per_element
+
+
+def reduced_grad_bytes(model: Model, plan: Plan) -> int:
+    """Bytes of one gradient on the data-parallel wire: the main gradient's, but under
+    ``adam-deepspeed`` DeepSpeed's ``communication_data_type``, fp32 with ``reduce_fp32`` and
+    else the run's 16-bit type, its default (DeepSpeed 0.9.5 runtime/engine.py: the
+    BF16_Optimizer's fp32 gradients are cast to bf16 for the all-reduce and back)."""
+    if plan.optimizer == "adam-deepspeed":
+        return 4 if plan.reduce_fp32 else model.bytes_per_element
+    return main_grad_bytes(model, plan)
+
+
+def deepspeed_all_reduces(model: Model, plan: Plan) -> bool:
+    """DeepSpeed's BF16_Optimizer (``adam-deepspeed`` not in fp16) shards its fp32 weights and
+    Adam state (ZeRO-1) but all-reduces the whole gradients, then all-gathers the updated 16-bit
+    weights (DeepSpeed 0.9.5 runtime/bf16_optimizer.py ``update_lp_params``; its pipeline engine's
+    ``_bf16_reduce_grads``): no reduce-scatter."""
+    return plan.optimizer == "adam-deepspeed" and model.precision != "fp16"
 
 
 def _shard(model: Model, plan: Plan) -> Model:

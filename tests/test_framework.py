@@ -18,6 +18,7 @@ from phaze.framework import FRAMEWORKS, framework, model_with, options_with, pla
 from phaze.graph import Op, megatron_softmax_fused
 from phaze.placement import PlacementOptions, layouts, place
 from phaze.plan import Plan, parse_plan
+from phaze.step import deepspeed_all_reduces, evaluate, main_grad_bytes, reduced_grad_bytes
 from phaze.system import apply_system, load_system
 from phaze.workload import load_model
 
@@ -325,10 +326,11 @@ def test_megatron_reduces_bf16_gradients_in_fp32():
         assert plan_with(fw, Plan(), {"reduce_fp32"}, "bf16")[0].reduce_fp32 is False
         assert options_with(fw, PlacementOptions(), precision="bf16")[0].reduce_fp32 is True
         assert options_with(fw, PlacementOptions(), precision="fp16")[0].reduce_fp32 is False
-    # DeepSpeed's pipeline engine all-reduces BF16_Optimizer's fp32 gradients (pipe/engine.py,
-    # get_grads_for_reduction); an fp16 run reduces its 16-bit ones
+    # DeepSpeed's engine reduces in its communication_data_type, by default the run's 16-bit type
+    # (engine.py): BF16_Optimizer's fp32 gradients (pipe/engine.py, get_grads_for_reduction) are
+    # cast to bf16 for the wire; they stay fp32 in memory (main_grad_bytes)
     ds = FRAMEWORKS["megatron-deepspeed"]
-    assert ds.reduces_fp32("bf16") and not ds.reduces_fp32("fp16")
+    assert not ds.reduces_fp32("bf16") and not ds.reduces_fp32("fp16")
     assert FRAMEWORKS["torchtitan"].reduces_fp32("fp16")          # FSDP2's reduce_dtype fp32, always
     assert synthetic_case(framework="NeMo 24.07").plan.reduce_fp32 is True
     assert synthetic_case(framework="NeMo 24.07", grad_reduce_fp32="no").plan.reduce_fp32 is False
@@ -763,14 +765,18 @@ def test_deepspeed_fp16_optimizer_by_hand():
     # first: autograd adds each 16-bit gradient (the longer of 20 us and 5 us + 6 bytes a
     # parameter); Megatron's hook, fused, adds the 4 x 8 vectors' and the 2 tables' and final
     # norm's 36 tensors every micro-batch (the longer of 20 us and 5 us a tensor + 6 bytes a
-    # parameter of the tables).
+    # parameter of the tables). Around the engine's gradient all-reduce (one rank, a group of
+    # one, still run): the gradients flattened into a bucket (read 2, write 2) and scaled by
+    # 1/dp (read 2, write 2), then copied back tensor by tensor (the longer of 20 us and 5 us a
+    # tensor + 4 bytes a parameter).
     model, ds = _deepspeed("fp16")
     _, megatron = _deepspeed("fp16", "adam-megatron")
     bw = load_chip("a100-80gb").hbm_bandwidth_bytes_per_s
     n, q, e = 52, model.params, model.embedding_params
     check = n * 3 * 25e-6 + 10 * q / bw
     copies = max(n * 2 * 20e-6, n * 2 * 5e-6 + 12 * q / bw)
-    by_hand = check + copies + (48 - 52 - 2) * q / bw
+    reduce_passes = 8 * q / bw + max(n * 20e-6, n * 5e-6 + 4 * q / bw)
+    by_hand = check + copies + (48 - 52 - 2) * q / bw + reduce_passes
     assert ds.breakdown_s["optimizer_s"] - megatron.breakdown_s["optimizer_s"] == pytest.approx(by_hand, rel=1e-9)
     hooked = 4 * max(36 * 20e-6, 36 * 5e-6 + 6 * e / bw)
     accumulate = 3 * max(n * 20e-6, n * 5e-6 + 6 * q / bw) - hooked     # 4 micro-batches, 3 add
@@ -784,15 +790,35 @@ def test_deepspeed_bf16_optimizer_by_hand():
     # tensor, 18 bytes a parameter); the step takes each fp32 gradient's norm with .item() (one
     # kernel and the copy, synchronised, 4 bytes); flat passes 38 bytes, Megatron's bf16 ones 44 (this
     # plan's main gradients are 16-bit: copied to fp32 first, 6 bytes), which zero their main
-    # gradients too (2 bytes) and hook 36 tensors
+    # gradients too (2 bytes) and hook 36 tensors. Around the all-reduce, the two flat fp32
+    # gradient groups share a bucket (q under 500M): flattened (read 4, write 4), cast to bf16
+    # for the wire (4 + 2), scaled by 1/dp (2 + 2), cast back (2 + 4) and copied back into the
+    # two groups (4 + 4): 32 bytes a parameter
     model, ds = _deepspeed("bf16")
     _, megatron = _deepspeed("bf16", "adam-megatron")
     bw = load_chip("a100-80gb").hbm_bandwidth_bytes_per_s
     n, q, e = 52, model.params, model.embedding_params
+    assert q < 500e6
     assert ds.breakdown_s["optimizer_s"] - megatron.breakdown_s["optimizer_s"] == pytest.approx(
-        n * 2 * 25e-6 + (4 - 2 - 6) * q / bw, rel=1e-9)
+        n * 2 * 25e-6 + (4 - 2 - 6 + 32) * q / bw, rel=1e-9)
     assert ds.breakdown_s["memory_bound_s"] - megatron.breakdown_s["memory_bound_s"] == pytest.approx(
         4 * max(n * 2 * 20e-6, n * 2 * 5e-6 + 18 * q / bw) - 4 * max(36 * 20e-6, 36 * 5e-6 + 6 * e / bw), rel=1e-9)
+
+
+def test_deepspeed_bf16_all_reduces_in_bf16():
+    # BF16_Optimizer on 8 A100s (data parallel, ZeRO-1, nothing hidden): the whole gradients
+    # all-reduced, not reduce-scattered, cast to bf16 for the wire (2 bytes a parameter; 4 with
+    # reduce_fp32, DeepSpeed's communication_data_type fp32), then the updated bf16 weights
+    # all-gathered; Megatron's distributed optimizer reduce-scatters its fp32 main gradients
+    model = dataclasses.replace(load_model("gpt2-xl", 1024), layers=4, precision="bf16")
+    chip, eff, q = load_chip("a100-80gb"), Efficiency(host_overhead_s=20e-6, kernel_overhead_s=5e-6), model.params
+    gather = collective_time("all_gather", 2 * q, 8, chip, 1, eff)
+    for optimizer, fp32, kind, wire in (("adam-deepspeed", False, "all_reduce", 2),
+                                        ("adam-deepspeed", True, "all_reduce", 4),
+                                        ("adam-megatron", True, "reduce_scatter", 4)):
+        plan = Plan(mbs=1, optimizer=optimizer, zero=1, dp_overlap=False, reduce_fp32=fp32)
+        exposed = evaluate(model, chip, 8, 32, plan, eff).breakdown_s["communication_exposed_s"]
+        assert exposed == pytest.approx(collective_time(kind, wire * q, 8, chip, 1, eff) + gather, rel=1e-9)
 
 
 def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
@@ -801,7 +827,16 @@ def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
     ds = FRAMEWORKS["megatron-deepspeed"]
     fp16, bf16 = plan_with(ds, Plan(), precision="fp16")[0], plan_with(ds, Plan(), precision="bf16")[0]
     assert (fp16.optimizer, fp16.zero, fp16.reduce_fp32) == ("adam-deepspeed", 0, False)
-    assert (bf16.optimizer, bf16.zero, bf16.reduce_fp32) == ("adam-deepspeed", 1, True)
+    assert (bf16.optimizer, bf16.zero, bf16.reduce_fp32) == ("adam-deepspeed", 1, False)
+    # BF16_Optimizer keeps fp32 gradients, all-reduced in bf16 (communication_data_type's
+    # default); a stated reduce_fp32 puts fp32 on the wire; fp16 keeps and reduces 16-bit ones
+    bf16_model = dataclasses.replace(load_model("gpt2-xl", 1024), precision="bf16")
+    fp16_model = dataclasses.replace(bf16_model, precision="fp16")
+    assert (main_grad_bytes(bf16_model, bf16), reduced_grad_bytes(bf16_model, bf16)) == (4, 2)
+    assert reduced_grad_bytes(bf16_model, dataclasses.replace(bf16, reduce_fp32=True)) == 4
+    assert (main_grad_bytes(fp16_model, fp16), reduced_grad_bytes(fp16_model, fp16)) == (2, 2)
+    assert deepspeed_all_reduces(bf16_model, bf16) and not deepspeed_all_reduces(fp16_model, fp16)
+    assert not deepspeed_all_reduces(bf16_model, dataclasses.replace(bf16, optimizer="adam-megatron"))
     assert plan_with(ds, Plan(zero=0), {"zero"}, "bf16")[0].zero == 0                  # a stated stage wins
     assert options_with(ds, PlacementOptions(), precision="bf16")[0].zero == (1,)
     assert options_with(ds, PlacementOptions(), precision="fp16")[0].zero == PlacementOptions().zero
