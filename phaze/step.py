@@ -590,9 +590,13 @@ class StageCosts:
 
     def _table_copy(self, i: int) -> bool:
         """Whether stage ``i`` keeps its own copy of the embedding table: the last of several
-        stages does when the head is tied to it or multi-token prediction looks tokens up."""
+        stages does when the head is tied to it or multi-token prediction looks tokens up. Not
+        under DualPipe: the ranks that run the last stage run the first too, and the embedding is
+        theirs (the DeepSeek-V3 report's Sec. 3.2.3: the embedding and output head on one rank,
+        their parameters and gradients shared physically with the multi-token prediction module)."""
         m, pp = self.model, self.plan.pp
-        return pp > 1 and i == pp - 1 and (m.tied_embeddings or m.mtp_layers > 0)
+        return (pp > 1 and i == pp - 1 and (m.tied_embeddings or m.mtp_layers > 0)
+                and self.plan.pipe_schedule != "dualpipe")
 
     def params(self, i: int, n: int) -> float:
         """Parameters one device of stage ``i`` holds with ``n`` layers (the last stage's
@@ -973,31 +977,18 @@ class StageCosts:
         state (the report's 2x), and :func:`phaze.dualpipe.peak_inflight` micro-batches of each
         one's activations (pp - h and h + 1); one layer re-materialised at a time, and the optimizer
         step's buffers for both stages' shards once the activations are freed. The two end ranks
-        hold the first and last stages together, and with them the token table once: the last
-        stage's copy (:meth:`_table_copy`: a tied head, multi-token prediction) is the embedding
-        itself (the report's Sec. 3.2.3: DualPipe puts the embedding and the output head on one
-        rank, so the multi-token prediction module shares them physically)."""
+        hold the first and last stages together, and with them the token table once
+        (:meth:`_table_copy`)."""
         pp, m = self.plan.pp, self.micro_batches
         held = dualpipe.peak_inflight(pp, m, rank)            # by direction
         stages = [dualpipe.chunk_stage(pp, rank, d) for d in (0, 1)]
         parts = [self._memory_parts(s, counts[s], recomputes[s], full_layers[s], held[d]) for d, s in enumerate(stages)]
         weights, act = parts[0][0] + parts[1][0], parts[0][1] + parts[1][1]
         step = None if parts[0][3] is None else parts[0][3] + parts[1][3]
-        if self.dualpipe_shares_table(rank):
-            table = self.model.table_params / self.plan.tp
-            weights -= self.state_bytes_per_param * table
-            if step is not None:   # its shard of the optimizer step's buffers, as updated_params counts it
-                step -= self.step_bytes_per_param() * table / self._dense_shards()
         transient = max(parts[0][2], parts[1][2])
         if step is not None:
             transient = max(transient, step - act)
         return StageMemory(rank, int(counts[stages[0]] + counts[stages[1]]), weights, act, transient)
-
-    def dualpipe_shares_table(self, rank: int) -> bool:
-        """Whether DualPipe's rank ``rank`` holds the first and last stages, and the last stage's
-        copy of the token table is then the embedding itself (:meth:`pair_memory`)."""
-        pp = self.plan.pp
-        return rank in (0, pp - 1) and self._table_copy(pp - 1)
 
     def _memory_parts(self, i: int, n: int, r: str, k: int = 0, inflight=None):
         """(weights and state, activations, transient, the optimizer step's bytes or None) of stage
@@ -1472,9 +1463,6 @@ def dualpipe_step(costs: StageCosts, plain: StageCosts, counts, recomputes, full
     crit = max(range(pp), key=lambda i: pairs[i].total)     # the rank whose two chunks take longest
     tails = [costs.tail(i, n, r, k) for i, (n, r, k) in enumerate(stages)]
     rank_tails = [tuple(a + b for a, b in zip(tails[i], tails[pp - 1 - i], strict=True)) for i in range(pp)]
-    for i in (0, pp - 1):   # the end ranks hold the table once: no copy's gradients to sum with the other end
-        if costs.dualpipe_shares_table(i):
-            rank_tails[i] = (rank_tails[i][0] - costs.table_sync_s(0) - costs.table_sync_s(pp - 1), rank_tails[i][1])
     last = max(range(pp), key=lambda i: sum(rank_tails[i]))
     return (max(done) + sum(rank_tails[last]), crit, pairs[crit], max(done) - m * pairs[crit].total,
             *rank_tails[last])

@@ -123,16 +123,21 @@ def _dense(pp: int, schedule: str):
 def test_two_stages_have_no_bubble():
     """Table 2's bubble vanishes at PP = 2: both ranks run m / 2 micro-batches of each stage, so
     the step is m times the mean of the two stage times plus the rank's tail, both stages' data-
-    parallel reduction and optimizer step, less the sum of the tied table's two copies' gradients
-    (one rank holds both ends: one table). 1F1B waits a stage time more."""
+    parallel reduction and optimizer step, with no copy of the tied table to sum with the other
+    end (one rank holds both ends: one table, which 1F1B's last stage copies). 1F1B waits a stage
+    time more."""
     m, chip, devices, batch, plan = _dense(2, "dualpipe")
     assert m.tied_embeddings
     r = evaluate(m, chip, devices, batch, plan)
     costs = stage_costs(m, chip, devices, batch, layout_of(plan), IDEAL)
+    flat = stage_costs(m, chip, devices, batch, layout_of(replace(plan, pipe_schedule="1f1b")), IDEAL)
     n = stage_split(m, plan)
     times = [costs.time(i, n[i], "full").total for i in (0, 1)]
-    tails = sum(sum(costs.tail(i, n[i], "full")) - costs.table_sync_s(i) for i in (0, 1))
-    assert costs.table_sync_s(0) > 0
+    tails = sum(sum(costs.tail(i, n[i], "full")) for i in (0, 1))
+    assert costs.table_sync_s(0) == costs.table_sync_s(1) == 0.0 < flat.table_sync_s(0)
+    # the last stage's tail without the copy: its data-parallel reduction and step are 1F1B's less the table's
+    assert costs.params(1, n[1]) == pytest.approx(flat.params(1, n[1]) - m.table_params / plan.tp)
+    assert sum(costs.tail(1, n[1], "full")) < sum(flat.tail(1, n[1], "full")) - flat.table_sync_s(1)
     assert r.step_time_s == pytest.approx(costs.micro_batches * sum(times) / 2 + tails, rel=1e-12)
     assert r.breakdown_s["pipeline_bubble_s"] == pytest.approx(0.0, abs=1e-12)
     assert evaluate(m, chip, devices, batch, replace(plan, pipe_schedule="1f1b")).breakdown_s["pipeline_bubble_s"] > 0
@@ -143,7 +148,8 @@ def test_a_rank_holds_two_stages_as_1f1b_holds_them(pp):
     """Table 2: 2x parameters, PP + 1 micro-batches. A DualPipe rank holds the weights, state and
     activations 1F1B's stages h and pp - 1 - h hold (their in-flight counts are DualPipe's), and
     the larger of their transients; the end ranks hold the tied table once (Sec. 3.2.3): 1F1B's
-    last stage keeps a copy, its tp shard with the state of every parameter."""
+    last stage keeps a copy, its tp shard with the state of every parameter, which DualPipe's
+    last stage does not."""
     m, chip, devices, batch, plan = _dense(pp, "dualpipe")
     r = evaluate(m, chip, devices, batch, plan)
     flat = evaluate(m, chip, devices, batch, replace(plan, pipe_schedule="1f1b"))
