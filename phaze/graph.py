@@ -659,6 +659,13 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             return
         _gemm(fb, n("scores"), b * a_t, s, d, sk, p, weights=False, core_attention=True)
         scores = b * a_t * s * sk
+        if model.position_embedding == "alibi":
+            # ALiBi's bias is the scores product's input: baddbmm with beta 1 copies the bias,
+            # broadcast over the queries, into the output (a write a score) and the GEMM reads it
+            # back (Hugging Face transformers 4.44 modeling_bloom: alibi.baddbmm(q, k, beta=1);
+            # assumption: the BigScience Megatron-DeepSpeed fork that trained BLOOM, not on PyPI,
+            # passes it to torch.baddbmm so too). The bias is a constant: no backward.
+            _vector(fb, n("scores.alibi"), scores, p, core_attention=True)
         if megatron_softmax_fused(model, b, t):
             _vector(fb, n("softmax"), scores, p, flops_per_element=5, core_attention=True,
                     special_per_element=1)
@@ -761,8 +768,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     column = ""   # the column-parallel linear whose backward was built last (its input was gathered)
     for op in reversed(fb.ops):
         # a bias add passes its gradient through (its reduction comes with the linear's backward);
-        # a permute's gradient is a strided view the batched GEMMs read as it is
-        if op.name.endswith((".fp8_cast", ".bias", ".permute")):
+        # a permute's gradient is a strided view the batched GEMMs read as it is; ALiBi's bias is
+        # a constant
+        if op.name.endswith((".fp8_cast", ".bias", ".permute", ".alibi")):
             continue
         gathered_for, column = column, ""
         if op.unit == "link":

@@ -351,6 +351,27 @@ def test_megatron_unfused_attention_kernels_by_hand(tp):
     assert not any(k in n for n in flash for k in ("permute", ".scale", "split"))
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_alibi_bias_is_the_unfused_scores_input_by_hand(tp):
+    # BLOOM's attention (Hugging Face's modeling_bloom: alibi.baddbmm(q, k, beta=1)): the bias,
+    # broadcast over the queries, is copied into the scores' output (write 2 B a score) and the
+    # GEMM reads it back (read 2 B a score): b x heads/tp x s x s scores on this rank, forward only
+    # (a constant), again when the forward re-runs; a fused kernel adds it in its tiles, and a
+    # learned-position model has none
+    b, s, heads = 2, 64, 4
+    alibi = _gpt("fused", position_embedding="alibi", max_positions=0)
+    ops = _ops(layer_graph(alibi, b, tp, False, "standard", "none"))
+    scores = b * heads // tp * s * s
+    bias = ops["scores.alibi"]
+    assert (bias.phase, bias.elements, bias.bytes_read, bias.bytes_written) == ("fwd", scores, 2 * scores, 2 * scores)
+    assert bias.deps == ("scores",) and ops["softmax"].deps == ("scores.alibi",)
+    assert not any(n.startswith("scores.alibi.") for n in ops)
+    full = _ops(layer_graph(alibi, b, tp, False, "standard", "full"))
+    assert full["recompute.scores.alibi"].bytes_written == 2 * scores
+    assert not any("alibi" in n for n in _ops(layer_graph(alibi, b, tp, False, "flash", "none")))
+    assert not any("alibi" in n for n in _ops(layer_graph(_gpt("fused"), b, tp, False, "standard", "none")))
+
+
 def _kernel_rule(b, heads, s, precision="fp16", encoder=False):
     """Megatron-Core 0.16.1's is_kernel_available for a self-attention of b x heads rows of s
     keys, written out here independently of phaze.graph (the CUDA header's rows per block: 128
