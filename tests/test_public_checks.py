@@ -28,6 +28,13 @@ def test_the_figures_validation_md_quotes():
     assert f"the standard columns only: {_signed(a)}, {_signed(b)} and {_signed(c)} %" in doc
     a, b, c = (e for _, e, _ in bench.llama3(params, "torchtitan"))
     assert f"but is not it: {_signed(a, 0)}, {_signed(b, 0)} and {_signed(c, 0)} %" in doc
+    a, b, c = (e for _, e, _ in bench.mtnlg(params, ""))
+    assert f"the standard columns only: {_signed(a)}, {_signed(b)} and {_signed(c)} %;" in doc
+    a, b, c = (e for _, e, _ in bench.mtnlg(params, "megatron-deepspeed"))
+    assert f"with `framework` megatron-deepspeed: {_signed(a)}, {_signed(b)} and {_signed(c)} %" in doc
+    (c, f), (pc, pf) = bench.mtnlg_split(params)
+    assert (f"measured c = {1e3 * c:.0f} ms and F = {f:.1f} s, phaze c = {1e3 * pc:.0f} ms and "
+            f"F = {pf:.1f} s") in doc
     (_, block, clock), (_, seq, clock2) = bench.palm(params)
     assert (f"{_signed(block)} % with its parallel block, {_signed(seq)} % run as sequential layers (both at "
             f"{100 * clock:.0f} % of the nominal clock") in doc and round(100 * clock) == round(100 * clock2)

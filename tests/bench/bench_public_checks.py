@@ -6,6 +6,16 @@ what it does not state is said as an assumption.
   arXiv:2407.21783, Table 4: TP 8, CP 1 or 16, PP 16, DP 64 / 128 / 8, sequence 8,192 or 131,072,
   16M tokens per batch; 430, 400 and 380 BF16 TFLOP/s per GPU). Scored with the standard columns
   only, then with ``framework`` torchtitan (PyTorch-native like Meta's stack, but not it).
+- Megatron-Turing NLG 530B on 2,240, 2,800 and 3,360 A100s (Smith et al. 2022, "Using DeepSpeed and
+  Megatron to Train Megatron-Turing NLG 530B", arXiv:2201.11990: 105 layers, hidden 20,480, 128
+  heads, sequences of 2,048, batches of 1,920; 8-way tensor and 35-way pipeline parallelism on 280,
+  350 and 420 DGX A100 nodes of Selene, 126, 121 and 113 TFLOP/s per GPU, iteration times 60.1,
+  50.2 and 44.4 s; mixed precision "using 16-bit bfloat"). Its TFLOP/s are Megatron's
+  96·B·s·l·h² count, which includes a full recompute: the run is scored with one. Assumptions: the
+  micro-batch, which the paper does not state, is the fastest of 1, 2, 4 and 8 that fits (1); the
+  cluster is ``dgx-a100-superpod`` (Selene is one); the ``megatron-deepspeed`` preset, read from
+  DeepSpeed 0.9.5 (2023), stands in for the DeepSpeed of 2021. Scored with the standard columns
+  only, then with the preset.
 - PaLM 540B on 6,144 TPU v4 chips in two pods (Chowdhery et al. 2022, arXiv:2204.02311, Sec. 4
   and Table 3: 12-way model parallelism and 256-way fully sharded data parallelism in each pod,
   data parallelism across the two; 46.2 % MFU, 57.8 % HFU with rematerialisation). Assumptions:
@@ -34,6 +44,8 @@ Run: python tests/bench/bench_public_checks.py
 from __future__ import annotations
 
 from dataclasses import replace
+
+import numpy as np
 
 from phaze import validate as v
 from phaze.arch import load_chip
@@ -70,6 +82,42 @@ def llama3(params, framework: str) -> list[tuple[str, float | None, str]]:
             continue
         plan, predicted = v.scored_plan(case, v.params_for(case.chip, params))
         out.append((spec[0], predicted / case.measured_step_s - 1, plan.label()))
+    return out
+
+
+MTNLG = ((280, 126.0), (350, 121.0), (420, 113.0))   # (DGX A100 nodes, TFLOP/s per GPU)
+
+
+def mtnlg(params, framework: str) -> list[tuple[int, float, str]]:
+    """(GPUs, signed error, plan label) of each Megatron-Turing NLG 530B run."""
+    return [(gpus, predicted / measured - 1, label)
+            for gpus, measured, predicted, _, label in _mtnlg(params, framework)]
+
+
+def mtnlg_split(params, framework: str = "megatron-deepspeed") -> tuple[tuple[float, float], tuple[float, float]]:
+    """The step as c·(m + pp − 1) + F, m micro-batches a pipeline, fitted by least squares to the
+    three runs: ((c, F) measured, (c, F) predicted), seconds. What grows with the pipeline's slots
+    against what a step pays once."""
+    runs = _mtnlg(params, framework)
+    x = np.array([[m + 34, 1.0] for _, _, _, m, _ in runs])
+    fit = [tuple(np.linalg.lstsq(x, np.array([r[k] for r in runs]), rcond=None)[0]) for k in (1, 2)]
+    return fit[0], fit[1]
+
+
+def _mtnlg(params, framework: str) -> list[tuple[int, float, float, int, str]]:
+    """(GPUs, measured step, predicted step, micro-batches a pipeline, plan label) of each run."""
+    out = []
+    for nodes, tflops in MTNLG:
+        row = {k: "" for k in v.MODEL_COLUMNS}
+        row.update(run_id=f"{nodes} nodes", source_id="mtnlg", gpu="A100-SXM4-80GB", gpu_count=str(8 * nodes),
+                   model="MT-NLG 530B", layers="105", hidden="20480", heads="128", seq_len="2048",
+                   global_batch="1920", tp="8", pp="35", dp=str(8 * nodes // 280), precision="bf16",
+                   recompute="full", measured_metric="tflops_per_gpu", measured_value=str(tflops),
+                   flop_convention="narayanan96", system_config="dgx-a100-superpod", framework=framework)
+        case = v.row_to_case(row)
+        plan, predicted = v.scored_plan(case, v.params_for(case.chip, params))
+        m = case.global_batch // (plan.dp(case.devices) * plan.mbs)
+        out.append((8 * nodes, case.measured_step_s, predicted, m, plan.label()))
     return out
 
 
@@ -125,6 +173,13 @@ def main() -> int:
         for run, err, said in llama3(params, framework):
             shown = "skipped" if err is None else f"{100 * err:+6.1f} %"
             print(f"  {run:16s} {framework or 'no framework':13s} {shown}  {said}")
+    print("\nMegatron-Turing NLG 530B (126, 121 and 113 TFLOP/s per GPU), shipped calibration: signed error, plan")
+    for framework in ("", "megatron-deepspeed"):
+        for gpus, err, said in mtnlg(params, framework):
+            print(f"  {gpus:5,d} A100s  {framework or 'no framework':18s} {100 * err:+6.1f} %  {said}")
+    (c, f), (pc, pf) = mtnlg_split(params)
+    print(f"  the step as c·(m + 34) + F: measured c = {1e3 * c:.0f} ms, F = {f:.1f} s; megatron-deepspeed "
+          f"c = {1e3 * pc:.0f} ms, F = {pf:.1f} s")
     print("\nPaLM 540B on 6,144 TPU v4 (Table 3: 46.2 % MFU, 57.8 % HFU); assumptions in the docstring")
     for label, err, clock in palm(params):
         print(f"  {label:30s} {100 * err:+5.1f} % at {100 * clock:.0f} % of the nominal clock")
