@@ -858,7 +858,7 @@ class StageCosts:
         colls = None
         if (group > 1 or (self.model.moe and edp > 1)) and state_zero(plan) < 3:
             if plan.zero >= 1:
-                scatter = "all_reduce" if deepspeed_all_reduces(self.model, plan) else "reduce_scatter"
+                scatter = "all_reduce" if deepspeed_bf16(self.model, plan) else "reduce_scatter"
                 colls = (coll(scatter, wire * params),
                          coll("all_gather", gathered_bytes(self.model, plan, p * params,
                                                            self.fp8_weights(i, n) if plan.fp8_params else 0.0)))
@@ -1099,7 +1099,7 @@ def main_grad_bytes(model: Model, plan: Plan) -> int:
     """Bytes of one main gradient: fp32 where the plan reduces in fp32 (``reduce_fp32``) or
     DeepSpeed's BF16_Optimizer keeps fp32 copies (``adam-deepspeed`` not in fp16), else the
     model's 16-bit element."""
-    if plan.optimizer == "adam-deepspeed" and model.precision != "fp16":
+    if deepspeed_bf16(model, plan):
         return 4
     return 4 if plan.reduce_fp32 else model.bytes_per_element
 
@@ -1114,11 +1114,12 @@ def reduced_grad_bytes(model: Model, plan: Plan) -> int:
     return main_grad_bytes(model, plan)
 
 
-def deepspeed_all_reduces(model: Model, plan: Plan) -> bool:
-    """DeepSpeed's BF16_Optimizer (``adam-deepspeed`` not in fp16) shards its fp32 weights and
-    Adam state (ZeRO-1) but all-reduces the whole gradients, then all-gathers the updated 16-bit
-    weights (DeepSpeed 0.9.5 runtime/bf16_optimizer.py ``update_lp_params``; its pipeline engine's
-    ``_bf16_reduce_grads``): no reduce-scatter."""
+def deepspeed_bf16(model: Model, plan: Plan) -> bool:
+    """Whether DeepSpeed's BF16_Optimizer runs (``adam-deepspeed`` not in fp16). It keeps fp32
+    gradients (:func:`main_grad_bytes`) and shards its fp32 weights and Adam state (ZeRO-1), but
+    all-reduces the whole gradients, then all-gathers the updated 16-bit weights (DeepSpeed 0.9.5
+    runtime/bf16_optimizer.py ``update_lp_params``; its pipeline engine's ``_bf16_reduce_grads``):
+    no reduce-scatter."""
     return plan.optimizer == "adam-deepspeed" and model.precision != "fp16"
 
 
@@ -1447,7 +1448,7 @@ def dualpipe_step(costs: StageCosts, plain: StageCosts, counts, recomputes, full
     :meth:`StageCosts.chunk_times`, paired chunks from ``costs`` (the all-to-alls overlapped when
     ``ep_overlap`` is on) and lone ones from ``plain`` (the same layout without the overlap), then
     the largest tail of a rank: those of both its stages, whose gradients it reduces and whose
-    shards it updates (the end ranks without the token table's sum: :meth:`StageCosts.pair_memory`).
+    shards it updates (no copy of the token table to sum across the ends: :meth:`StageCosts._table_copy`).
     The critical rank is the one whose two stages take longest a micro-batch;
     the bubble, the pipeline's time beyond m of those. Assumption: the copies' gradients are
     reduced with the data-parallel ones, costed as the data-parallel group's (the pair of ranks

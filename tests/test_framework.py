@@ -18,7 +18,7 @@ from phaze.framework import FRAMEWORKS, framework, model_with, options_with, pla
 from phaze.graph import Op, megatron_softmax_fused
 from phaze.placement import PlacementOptions, layouts, place
 from phaze.plan import Plan, parse_plan
-from phaze.step import deepspeed_all_reduces, evaluate, main_grad_bytes, reduced_grad_bytes
+from phaze.step import deepspeed_bf16, evaluate, main_grad_bytes, reduced_grad_bytes
 from phaze.system import apply_system, load_system
 from phaze.workload import load_model
 
@@ -835,8 +835,8 @@ def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
     assert (main_grad_bytes(bf16_model, bf16), reduced_grad_bytes(bf16_model, bf16)) == (4, 2)
     assert reduced_grad_bytes(bf16_model, dataclasses.replace(bf16, reduce_fp32=True)) == 4
     assert (main_grad_bytes(fp16_model, fp16), reduced_grad_bytes(fp16_model, fp16)) == (2, 2)
-    assert deepspeed_all_reduces(bf16_model, bf16) and not deepspeed_all_reduces(fp16_model, fp16)
-    assert not deepspeed_all_reduces(bf16_model, dataclasses.replace(bf16, optimizer="adam-megatron"))
+    assert deepspeed_bf16(bf16_model, bf16) and not deepspeed_bf16(fp16_model, fp16)
+    assert not deepspeed_bf16(bf16_model, dataclasses.replace(bf16, optimizer="adam-megatron"))
     assert plan_with(ds, Plan(zero=0), {"zero"}, "bf16")[0].zero == 0                  # a stated stage wins
     assert options_with(ds, PlacementOptions(), precision="bf16")[0].zero == (1,)
     assert options_with(ds, PlacementOptions(), precision="fp16")[0].zero == PlacementOptions().zero
