@@ -129,6 +129,7 @@ class _Objective:
         self.in_hand: int | None = None      # the trial id this process is evaluating
         self.shared = None                   # a --jobs worker's copy of it, for its parent
         self.tag_owner = False               # storage without heartbeats: name the process
+        self.interrupted = False             # a Ctrl-C ended a trial here (see drive)
 
     def refresh(self, study, current: int | None = None) -> None:
         """Designs already evaluated, or in evaluation on another worker, read afresh: a trial
@@ -162,6 +163,13 @@ class _Objective:
         return ahead >= self.cfg.trials
 
     def __call__(self, trial):
+        try:
+            return self._evaluate(trial)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise
+
+    def _evaluate(self, trial):
         optuna = _optuna()
         cfg = self.cfg
         self.in_hand = trial._trial_id
@@ -427,12 +435,16 @@ def drive(study, cfg: SweepConfig, callbacks=(), poll_s: float = 1.0, in_hand=No
             if queued or count(study, counted) < cfg.trials:
                 try:
                     study.optimize(objective, callbacks=[budget, stops, *callbacks], catch=())
-                except ValueError as exc:
+                except (ValueError, optuna.exceptions.UpdateFinishedTrialError) as exc:
                     # on SQLite two processes can both take one queued trial (Optuna reads its
                     # state outside the write); the one that tells it second finds it finished by
-                    # the other, with the same values: carry on
-                    if "Cannot tell a" not in str(exc):
+                    # the other (Optuna's check, or the storage's when the other finished it in
+                    # between): carry on. A Ctrl-C that ended the trial here is still one: the
+                    # failed tell replaced Optuna's re-raise of it
+                    if isinstance(exc, ValueError) and "Cannot tell a" not in str(exc):
                         raise
+                    if objective.interrupted:
+                        raise KeyboardInterrupt from None
             else:
                 if beating:
                     # a worker killed before its trial's first heartbeat leaves a RUNNING trial that
