@@ -30,6 +30,7 @@ from .step import (
     _shard,
     check_plan,
     cp_sent_bytes,
+    deepspeed_zero1,
     evaluate,
     expert_layout,
     expert_shard,
@@ -439,8 +440,9 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
         if state_zero(plan) >= 3:
             sent = m * _sent_bytes("all_gather", 2 * gathered, ranks) \
                 + m * _sent_bytes("reduce_scatter", grad_bytes * share, ranks)
-        elif plan.zero >= 1:
-            sent = _sent_bytes("reduce_scatter", grad_bytes * share, ranks) \
+        elif plan.zero >= 1:   # DeepSpeed's ZeRO-1 reduces, one a partition: n/(n - 1) times the bytes
+            spread = ranks / (ranks - 1) if deepspeed_zero1(model, plan) and ranks > 1 else 1.0
+            sent = _sent_bytes("reduce_scatter", grad_bytes * share * spread, ranks) \
                 + _sent_bytes("all_gather", gathered, ranks)
         else:
             sent = _sent_bytes("all_reduce", grad_bytes * share, ranks)
@@ -486,7 +488,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             sent += m * per_layer
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
-        opt = optimizer_op(updated, plan.optimizer, model.precision, grad_bytes)
+        opt = optimizer_op(updated, plan.optimizer, model.precision, grad_bytes, plan.zero)
         # the optimizer's kernels, its per-tensor passes and the weights' cast, and every
         # micro-batch's gradient accumulation (their bytes, as the step's time has them)
         step_bytes = opt.bytes + cast + costs.step_pass_bytes(i, n) + m * costs.accumulation_bytes(i, n)

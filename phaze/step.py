@@ -27,6 +27,7 @@ from .graph import (
     collective_groups,
     deepspeed_reduce_passes,
     deepspeed_tensor_passes,
+    deepspeed_zero1_passes,
     edge_graph,
     kv_heads_read,
     kv_width,
@@ -743,6 +744,15 @@ class StageCosts:
         :meth:`step_pass_bytes` counts them: DeepSpeed's per-tensor check and copies; Megatron's
         zeroed main-gradient buffer (one kernel) and the bf16 moments' copies to fp32 and back."""
         plan = self.plan
+        if deepspeed_zero1(self.model, plan):   # its ZeRO optimizer: the bucket, then the partition
+            tensors, params = self.tensors(i, n), self.params(i, n)
+            share = self.updated_params(i, n) / params
+            into, out, check, norm = deepspeed_zero1_passes()
+            # average_tensor divides each whole bucket buffer by dp (read 2, write 2), full or not
+            stream = 4.0 * DEEPSPEED_BUCKET_ELEMENTS * deepspeed_buckets(params)
+            part_tensors, part = tensors * share, params * share
+            return stream, ((into, tensors, params), (out, part_tensors, part), (check, part_tensors, part),
+                            (norm, part_tensors, part))
         if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
             m = self.model
             _, check, copies = deepspeed_tensor_passes(m.precision)
@@ -859,7 +869,11 @@ class StageCosts:
         if (group > 1 or (self.model.moe and edp > 1)) and state_zero(plan) < 3:
             if plan.zero >= 1:
                 scatter = "all_reduce" if deepspeed_bf16(self.model, plan) else "reduce_scatter"
-                colls = (coll(scatter, wire * params),
+                if deepspeed_zero1(self.model, plan):
+                    reduce = self._deepspeed_reduces(params, group, coll)
+                else:
+                    reduce = coll(scatter, wire * params)
+                colls = (reduce,
                          coll("all_gather", gathered_bytes(self.model, plan, p * params,
                                                            self.fp8_weights(i, n) if plan.fp8_params else 0.0)))
             else:
@@ -867,7 +881,7 @@ class StageCosts:
         # hybrid sharding (no replicas without ZeRO): under the last backward, after the reduce-scatter
         if replicas > 1 or (self.model.moe and e_replicas > 1):
             colls = (across(wire),) if colls is None else (colls[0] + across(wire), *colls[1:])
-        opt = optimizer_op(1.0, plan.optimizer, self.model.precision, grad_bytes)   # per parameter: element-wise
+        opt = optimizer_op(1.0, plan.optimizer, self.model.precision, grad_bytes, plan.zero)   # per parameter
         updated = self.updated_params(i, n)
         opt_s = np.maximum(opt.flops * updated / chip.vector_flops_per_s,
                            opt.bytes * updated / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction))
@@ -880,6 +894,25 @@ class StageCosts:
             opt_s = opt_s + cast / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
         hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff), self.table_sync_s(i))
         return hit
+
+    def _deepspeed_reduces(self, params, group: int, coll):
+        """Seconds of DeepSpeed's ZeRO-1 gradient reduction in fp16 (:func:`deepspeed_zero1`;
+        DeepSpeed 0.9.5 runtime/zero/stage_1_and_2.py ``average_tensor``, ``has_overflow``,
+        ``get_grad_norm_direct``): each bucket is reduced by one ``dist.reduce`` a partition, each
+        to the rank that owns it, one after another on the compute stream, where a reduce-scatter
+        would run one collective. On a ring a reduce of S/n bytes moves S/n over each link, so the n
+        of them move n/(n - 1) times the reduce-scatter's bytes: costed as that reduce-scatter of
+        n/(n - 1) times the gradients, plus a start-up for each further reduce (n for each of
+        Megatron-DeepSpeed's two parameter groups, and one more for each bucket beyond the first).
+        Then the step's overflow flag and gradient norm are each all-reduced over data
+        parallelism (one scalar each)."""
+        plan, chip = self.plan, self.chip
+        wire = reduced_grad_bytes(self.model, plan)
+        if group <= 1:
+            return coll("reduce_scatter", wire * params)
+        reduces = 2 * group + deepspeed_buckets(params) - 1
+        return (coll("reduce_scatter", wire * params * group / (group - 1))
+                + (reduces - 1) * chip.collective_latency_s + 2 * coll("all_reduce", 4.0))
 
     def table_sync_s(self, i: int) -> float:
         """Seconds stage ``i`` spends summing the token table's gradients with the other stage that
@@ -930,7 +963,8 @@ class StageCosts:
         else:       # a layer re-materialised where some re-run whole
             transient = np.where(np.broadcast_to(np.asarray(ks) > 0, ns.shape), self.full_act_bytes, 0.0)
         transient = transient + np.zeros(ns.shape)
-        transient[pp - 1] += self.logits_bytes()
+        bucket = self.bucket_buffer_bytes()
+        transient[pp - 1] += self.logits_bytes() + bucket
         transient += cp_transient_bytes(m, plan)
         transient += self.gathered_layer_bytes()
         cache = self._weight_cache()
@@ -939,7 +973,7 @@ class StageCosts:
         if step:   # as memory(): the optimizer step's buffers once the activations are freed
             counts = np.asarray(given, dtype=float)
             updated = np.stack([self.updated_params(s, counts) for s in range(pp)])
-            transient = np.maximum(transient, step * updated - act)
+            transient = np.maximum(transient, step * updated + bucket - act)
         if m.moe:
             return (self.state_bytes_per_param * (q / tp + ns * self._expert_shift()) + ns * self._expert_state_shift()
                     + ns * cache + act + transient)
@@ -950,6 +984,15 @@ class StageCosts:
         (:func:`phaze.memory.optimizer_step_bytes_per_param`)."""
         m = self.model
         return optimizer_step_bytes_per_param(self.plan.optimizer, m.precision, main_grad_bytes(m, self.plan))
+
+    def bucket_buffer_bytes(self) -> float:
+        """Bytes of DeepSpeed's ZeRO-1 bucket buffer in fp16 (:func:`deepspeed_zero1`): 16-bit,
+        :data:`DEEPSPEED_BUCKET_ELEMENTS` long whatever the gradients (``torch.empty`` of
+        ``reduce_bucket_size``). The stage that computes the loss allocates it before each backward
+        (runtime/zero/stage_1_and_2.py ``backward``, which the engine calls there) and holds it
+        through it; every stage holds one for the reduction after the last backward (the pipeline
+        engine's ``reduce_gradients``); 0 otherwise."""
+        return 2.0 * DEEPSPEED_BUCKET_ELEMENTS if deepspeed_zero1(self.model, self.plan) else 0.0
 
     def gathered_layer_bytes(self) -> float:
         """FSDP gathering per micro-batch: one layer's gathered 16-bit weights and the next one's,
@@ -999,8 +1042,9 @@ class StageCosts:
             inflight = inflight_micro_batches(pp, v, self.micro_batches, i)
         recomputes = r != "none" and (r != "block" or k > 0)
         transient = self.full_act_bytes if recomputes else 0.0    # one layer re-materialised
-        if i == pp - 1:   # fp32 logits for the loss
-            transient += self.logits_bytes()
+        bucket = self.bucket_buffer_bytes()
+        if i == pp - 1:   # fp32 logits for the loss, and DeepSpeed's bucket buffer through the backward
+            transient += self.logits_bytes() + bucket
         transient += cp_transient_bytes(m, plan)
         transient += self.gathered_layer_bytes()
         weights = self.state_bytes_per_param * self.params(i, n)
@@ -1010,7 +1054,7 @@ class StageCosts:
         weights = weights + runs * self._weight_cache()
         act = self._layers("act_bytes", runs, r, k) * inflight
         step = self.step_bytes_per_param()
-        return weights, act, transient, (step * self.updated_params(i, n) if step else None)
+        return weights, act, transient, (step * self.updated_params(i, n) + bucket if step else None)
 
     def chunk_times(self, i: int, n: int, r: str, k=0) -> tuple[float, float, float]:
         """(forward, backward, weight gradients) seconds of one micro-batch on stage ``i``, for
@@ -1112,6 +1156,21 @@ def reduced_grad_bytes(model: Model, plan: Plan) -> int:
     if plan.optimizer == "adam-deepspeed":
         return 4 if plan.reduce_fp32 else model.bytes_per_element
     return main_grad_bytes(model, plan)
+
+
+def deepspeed_zero1(model: Model, plan: Plan) -> bool:
+    """Whether DeepSpeed's ZeRO optimizer runs at stage 1 in fp16 (``adam-deepspeed``, ``zero`` 1;
+    DeepSpeed 0.9.5 runtime/engine.py ``_do_optimizer_sanity_check``: bf16 at stage 1 runs
+    BF16_Optimizer instead, :func:`deepspeed_bf16`). It copies the gradients into a bucket buffer
+    and reduces each partition to its rank (:meth:`StageCosts._deepspeed_reduces`,
+    :func:`phaze.graph.deepspeed_zero1_passes`)."""
+    return plan.optimizer == "adam-deepspeed" and model.precision == "fp16" and plan.zero == 1
+
+
+def deepspeed_buckets(params):
+    """Buckets DeepSpeed fills with ``params`` gradients of :data:`DEEPSPEED_BUCKET_ELEMENTS`
+    (scalars or arrays): one at least."""
+    return np.maximum(1.0, np.ceil(params / DEEPSPEED_BUCKET_ELEMENTS))
 
 
 def deepspeed_bf16(model: Model, plan: Plan) -> bool:

@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import yaml
 from test_validate import ROOT, ok_cli, one_line_error, phaze_cli, synthetic, synthetic_case, write_csv
@@ -18,7 +19,7 @@ from phaze.framework import FRAMEWORKS, framework, model_with, options_with, pla
 from phaze.graph import Op, megatron_softmax_fused
 from phaze.placement import PlacementOptions, layouts, place
 from phaze.plan import Plan, parse_plan
-from phaze.step import deepspeed_bf16, evaluate, main_grad_bytes, reduced_grad_bytes
+from phaze.step import deepspeed_bf16, evaluate, layout_of, main_grad_bytes, reduced_grad_bytes, stage_costs
 from phaze.system import apply_system, load_system
 from phaze.workload import load_model
 
@@ -819,6 +820,52 @@ def test_deepspeed_bf16_all_reduces_in_bf16():
         plan = Plan(mbs=1, optimizer=optimizer, zero=1, dp_overlap=False, reduce_fp32=fp32)
         exposed = evaluate(model, chip, 8, 32, plan, eff).breakdown_s["communication_exposed_s"]
         assert exposed == pytest.approx(collective_time(kind, wire * q, 8, chip, 1, eff) + gather, rel=1e-9)
+
+
+def test_deepspeed_fp16_zero1_by_hand():
+    # DeepSpeed 0.9.5's ZeRO optimizer at stage 1 in fp16 (stage_1_and_2.py, its defaults) on 8
+    # A100s, data parallel, a 4-layer GPT-2 XL (n = 52 tensors, q parameters), against
+    # FP16_Optimizer (ZeRO 0) on the same devices, nothing hidden (host 20 us, launch 5 us a kernel).
+    # Reduction: each gradient copied into the bucket buffer (one kernel a tensor, 4 bytes a
+    # parameter, issued ahead), the whole buffer of 500M 16-bit elements divided by dp (2 GB
+    # streamed, however few gradients it holds), 16 reduces (8 partitions of each of two
+    # parameter groups), costed as a reduce-scatter of 8/7 of the gradients plus 15 more
+    # start-ups, then the partition's gradients copied out (n/8 tensors, 4 bytes a parameter).
+    # Step, on the partition: each gradient's overflow check (two kernels and a copy to the host:
+    # 3 x 25 us a tensor, 10 bytes) and norm in fp64 (3 x 25 us, 18 bytes), both synchronised,
+    # the overflow flag and the norm each all-reduced (a scalar), the flat passes 52 bytes an
+    # updated parameter (q/8). FP16_Optimizer checks and copies every tensor and makes its flat
+    # passes (48 bytes) on all q, around an all-reduce of the 16-bit gradients.
+    model = dataclasses.replace(load_model("gpt2-xl", 1024), layers=4, precision="fp16")
+    chip, eff = load_chip("a100-80gb"), Efficiency(host_overhead_s=20e-6, kernel_overhead_s=5e-6)
+    bw, lat, n, q = chip.hbm_bandwidth_bytes_per_s, chip.collective_latency_s, 52, model.params
+    run = {z: evaluate(model, chip, 8, 32, Plan(mbs=1, optimizer="adam-deepspeed", zero=z, dp_overlap=False), eff)
+           for z in (0, 1)}
+
+    def ahead(tensors, nbytes):
+        return max(tensors * 20e-6, tensors * 5e-6 + nbytes / bw)
+    zero1 = (ahead(n, 4 * q) + 2e9 / bw + ahead(n / 8, 4 * q / 8) + n / 8 * 3 * 25e-6 + 10 * q / 8 / bw
+             + n / 8 * 3 * 25e-6 + 18 * q / 8 / bw + 52 * q / 8 / bw)
+    zero0 = n * 3 * 25e-6 + 10 * q / bw + ahead(2 * n, 12 * q) + 8 * q / bw + ahead(n, 4 * q) + 48 * q / bw
+    assert run[1].breakdown_s["optimizer_s"] - run[0].breakdown_s["optimizer_s"] == pytest.approx(zero1 - zero0,
+                                                                                                  rel=1e-9)
+    reduces = (collective_time("reduce_scatter", 2 * q * 8 / 7, 8, chip, 1, eff) + 15 * lat
+               + 2 * collective_time("all_reduce", 4, 8, chip, 1, eff))
+    assert run[1].breakdown_s["communication_exposed_s"] == pytest.approx(
+        reduces + collective_time("all_gather", 2 * q, 8, chip, 1, eff), rel=1e-9)
+    assert run[0].breakdown_s["communication_exposed_s"] == pytest.approx(
+        collective_time("all_reduce", 2 * q, 8, chip, 1, eff), rel=1e-9)
+    # the bucket buffer (1 GB) is held through the backward of the stage that computes the loss;
+    # both wrappers' flat fp32 gradients (4 bytes an updated parameter) after the activations go
+    for z in (0, 1):
+        plan = Plan(mbs=1, optimizer="adam-deepspeed", zero=z, dp_overlap=False)
+        costs = stage_costs(model, chip, 8, 32, layout_of(plan), eff)
+        mem = costs.memory(0, 4, "none")
+        bare = costs.logits_bytes()
+        assert mem.transient_bytes == pytest.approx(max(bare + (1e9 if z else 0.0),
+                                                        4 * q / (8 if z else 1) + (1e9 if z else 0.0)
+                                                        - mem.activation_bytes), rel=1e-12)
+        assert costs.memory_table("none", np.array([4]))[0, 0] == pytest.approx(mem.total_bytes, rel=1e-12)
 
 
 def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
