@@ -30,7 +30,7 @@ from .step import (
     _shard,
     check_plan,
     cp_sent_bytes,
-    deepspeed_zero1,
+    deepspeed_zero,
     evaluate,
     expert_layout,
     expert_shard,
@@ -440,9 +440,10 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
         if state_zero(plan) >= 3:
             sent = m * _sent_bytes("all_gather", 2 * gathered, ranks) \
                 + m * _sent_bytes("reduce_scatter", grad_bytes * share, ranks)
-        elif plan.zero >= 1:   # DeepSpeed's ZeRO-1 reduces, one a partition: n/(n - 1) times the bytes
-            spread = ranks / (ranks - 1) if deepspeed_zero1(model, plan) and ranks > 1 else 1.0
-            sent = _sent_bytes("reduce_scatter", grad_bytes * share * spread, ranks) \
+        elif plan.zero >= 1:   # DeepSpeed's ZeRO reduces, one a partition: n/(n - 1) times the bytes,
+            spread = ranks / (ranks - 1) if deepspeed_zero(model, plan) and ranks > 1 else 1.0
+            times = m if deepspeed_zero(model, plan) and plan.zero >= 2 else 1   # every micro-batch at stage 2
+            sent = times * _sent_bytes("reduce_scatter", grad_bytes * share * spread, ranks) \
                 + _sent_bytes("all_gather", gathered, ranks)
         else:
             sent = _sent_bytes("all_reduce", grad_bytes * share, ranks)

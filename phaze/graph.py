@@ -1041,18 +1041,18 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
     per-tensor passes are :func:`deepspeed_tensor_passes`. fp16 (FP16_Optimizer): the 32-bit
     gradients flattened (read 4, write 4), their norm (read 4), unscaled (read 4, write 4), Adam
     (read 16, write 12): 28 + 20 bytes; bf16 (BF16_Optimizer): Adam, the fp32 weights copied to
-    the bf16 ones (read 4, write 2), the fp32 gradients zeroed (write 4): 20 + 18; fp16 under
-    ZeRO 1 (``zero``; its ZeRO optimizer, runtime/zero/stage_1_and_2.py ``step``), on the rank's
+    the bf16 ones (read 4, write 2), the fp32 gradients zeroed (write 4): 20 + 18; its ZeRO
+    optimizer (``zero`` 2, or 1 in fp16; runtime/zero/stage_1_and_2.py ``step``), on the rank's
     partition: the 16-bit gradients flattened (read 2, write 2) and cast to fp32 (read 2, write
-    4), unscaled (read 4, write 4), Adam (read 16, write 12), the fp32 partition copied to the
-    16-bit one (read 4, write 2): 28 + 24. SGD
+    4), in fp16 unscaled (read 4, write 4), Adam (read 16, write 12), the fp32 partition copied to
+    the 16-bit one (read 4, write 2): 28 + 24 in fp16, 24 + 20 in bf16. SGD
     (momentum-free, as in the original Phaze) reads weight and gradient and writes the weight:
     4 + 2.
     """
     if optimizer == "adam-deepspeed":
         read, write, flops = (28.0, 20.0, 16.0) if precision == "fp16" else (20.0, 18.0, 12.0)
-        if precision == "fp16" and zero >= 1:
-            write = 24.0
+        if zero >= 2 or (precision == "fp16" and zero >= 1):   # its ZeRO optimizer
+            read, write = (28.0, 24.0) if precision == "fp16" else (24.0, 20.0)
     elif optimizer in ("adam-megatron-pa", "adam-megatron-pa-bf16"):
         read, write, flops = 2.0 * grad_bytes + 12.0, 12.0, 14.0
     elif optimizer == "adam-megatron":
@@ -1096,7 +1096,7 @@ def deepspeed_tensor_passes(precision: str) -> tuple[TensorPasses, TensorPasses,
     (each micro-batch's gradient accumulation, the step's synchronised check, the step's other
     per-tensor copies), bytes per parameter.
 
-    fp16 (FP16_Optimizer; under ZeRO 1 the step is :func:`deepspeed_zero1_passes`): from the
+    fp16 (FP16_Optimizer; its ZeRO optimizer is :func:`deepspeed_zero_passes`): from the
     second micro-batch on, autograd adds each 16-bit gradient into ``.grad`` (one kernel: read 4,
     write 2; the first micro-batch's gradient is kept as it is); the step checks every gradient
     for overflow, ``float(x.float().sum())`` (runtime/utils.py, CheckOverflow._has_inf_or_nan: a
@@ -1118,18 +1118,21 @@ def deepspeed_tensor_passes(precision: str) -> tuple[TensorPasses, TensorPasses,
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 
 
-def deepspeed_zero1_passes() -> tuple[TensorPasses, TensorPasses, TensorPasses, TensorPasses]:
-    """DeepSpeed's ZeRO optimizer at stage 1 in fp16 (``optimizer=adam-deepspeed``, ``zero`` 1;
-    DeepSpeed 0.9.5 runtime/zero/stage_1_and_2.py with its defaults: contiguous gradients,
+def deepspeed_zero_passes(precision: str) -> tuple[TensorPasses, ...]:
+    """DeepSpeed's ZeRO optimizer at stage 1 (fp16) or 2 (``optimizer=adam-deepspeed``; DeepSpeed
+    0.9.5 runtime/zero/stage_1_and_2.py with its defaults: contiguous gradients,
     ``reduce_scatter``, no ``overlap_comm``), tensor by tensor, bytes a parameter, as
     (each gradient copied into the bucket buffer, every tensor of the stage
     (``reduce_independent_p_g_buckets_and_remove_grads``: read 2, write 2); each gradient of the
     rank's partition copied out of it (``copy_grads_in_partition``: read 2, write 2); the
     partition's overflow check (``_has_inf_or_nan``, as FP16_Optimizer's: ``float(x.float().sum())``,
-    synchronised); its norm (``get_grad_norm_direct``: ``g.double().norm(2)`` then ``.item()``:
-    read 2, write 8, then read 8, synchronised)). The flat passes are :func:`optimizer_op`'s."""
+    synchronised, in bf16 too); in fp16 its norm (``get_grad_norm_direct``: ``g.double().norm(2)``
+    then ``.item()``: read 2, write 8, then read 8, synchronised; bf16 takes none); at stage 2
+    each micro-batch's partition after the first added into the first's (the epilogue's
+    ``accumulated_grad.add_``: read 4, write 2)). The flat passes are :func:`optimizer_op`'s."""
+    norm = TensorPasses(2, 10.0, 8.0, synced=True) if precision == "fp16" else TensorPasses()
     return (TensorPasses(1, 2.0, 2.0), TensorPasses(1, 2.0, 2.0), TensorPasses(2, 6.0, 4.0, synced=True),
-            TensorPasses(2, 10.0, 8.0, synced=True))
+            norm, TensorPasses(1, 4.0, 2.0))
 
 
 def deepspeed_reduce_passes(precision: str, zero: int, wire_bytes: float) -> tuple[float, float, TensorPasses]:
@@ -1148,7 +1151,7 @@ def deepspeed_reduce_passes(precision: str, zero: int, wire_bytes: float) -> tup
     fp32 gradients, flat, one tensor per parameter group; Megatron-DeepSpeed's two groups (with
     and without weight decay) share a bucket when the first is at most a bucket's size (each
     group's copy back one kernel), and the few norms and biases of the second are not counted.
-    The fp16 ZeRO-1 optimizer reduces its own way: :func:`deepspeed_zero1_passes`."""
+    The fp16 ZeRO-1 optimizer reduces its own way: :func:`deepspeed_zero_passes`."""
     if precision == "fp16" and zero >= 1:
         return 0.0, 0.0, TensorPasses()
     grad = 2.0 if precision == "fp16" else 4.0

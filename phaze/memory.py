@@ -225,12 +225,15 @@ def optimizer_step_bytes_per_param(optimizer: str, precision: str = "bf16", grad
     Engine's FusedAdam with bf16 moments works on fp32 copies of both, made for every tensor of the
     shard before its kernel and freed after the write-back (:func:`phaze.graph.bf16_moment_passes`);
     Megatron's own optimizer copies 16-bit main gradients (fp16, or ``grad_bytes`` 2) to fp32
-    for all of them at once (:func:`phaze.graph.optimizer_op`); DeepSpeed's fp16 wrappers make
-    flat fp32 gradients (FP16_Optimizer's ``grads_groups_flat``, the ZeRO optimizer's
-    ``single_grad_partition``: DeepSpeed 0.9.5 runtime/fp16/fused_optimizer.py,
+    for all of them at once (:func:`phaze.graph.optimizer_op`); DeepSpeed's fp16 wrapper and its
+    ZeRO optimizer (16-bit gradients) make flat fp32 gradients (FP16_Optimizer's
+    ``grads_groups_flat``, the ZeRO optimizer's ``single_grad_partition``: DeepSpeed 0.9.5
+    runtime/fp16/fused_optimizer.py,
     runtime/zero/stage_1_and_2.py) and free them after Adam; 0 for the others."""
-    if optimizer == "adam-megatron-pa-bf16" or (optimizer == "adam-deepspeed" and precision == "fp16"):
-        return 8.0 if optimizer == "adam-megatron-pa-bf16" else 4.0
+    if optimizer == "adam-megatron-pa-bf16":
+        return 8.0
+    if optimizer == "adam-deepspeed" and (precision == "fp16" or grad_bytes < 4):   # not BF16_Optimizer's
+        return 4.0
     if optimizer == "adam-megatron" and (precision == "fp16" or grad_bytes < 4):
         return 4.0
     return 0.0

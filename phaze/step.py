@@ -27,7 +27,7 @@ from .graph import (
     collective_groups,
     deepspeed_reduce_passes,
     deepspeed_tensor_passes,
-    deepspeed_zero1_passes,
+    deepspeed_zero_passes,
     edge_graph,
     kv_heads_read,
     kv_width,
@@ -363,11 +363,19 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if model.kv_heads % plan.tp and plan.tp % model.kv_heads:
         raise ConfigError("--plan", "tp", f"must divide or be a multiple of the kv heads "
                                           f"({model.kv_heads}), got {plan.tp}")
-    if plan.optimizer == "adam-deepspeed" and plan.zero >= 2:
-        raise ConfigError("--plan", "zero", f"must be 0 or 1 with optimizer=adam-deepspeed (DeepSpeed's "
-                          f"FP16/BF16 optimizer wrappers and its ZeRO-1 optimizer; ZeRO-2 and 3 reduce the "
-                          f"gradients every micro-batch, which phaze does not model), got {plan.zero}; "
-                          f"allowed: zero 0-1, or optimizer=adam-megatron for its passes alone")
+    if plan.optimizer == "adam-deepspeed" and plan.zero >= 3:
+        raise ConfigError("--plan", "zero", f"must be 0 to 2 with optimizer=adam-deepspeed (DeepSpeed's "
+                          f"FP16/BF16 optimizer wrappers and its ZeRO-1 and 2 optimizer; its ZeRO-3 "
+                          f"(stage3.py, parameters partitioned and fetched by hooks) is not modelled), "
+                          f"got {plan.zero}; allowed: zero 0-2, or optimizer=adam-megatron for its passes alone")
+    if plan.optimizer == "adam-deepspeed" and plan.zero == 2 and plan.pp > 1:
+        raise ConfigError("--plan", "zero", f"must be 0 or 1 with optimizer=adam-deepspeed and pp > 1 "
+                          f"(DeepSpeed 0.9.5's pipeline engine asserts that ZeRO-2 and 3 are incompatible "
+                          f"with pipeline parallelism), got zero 2 with pp {plan.pp}; allowed: zero 0-1, or pp 1")
+    if plan.optimizer == "adam-deepspeed" and plan.zero == 2 and model.moe:
+        raise ConfigError("--plan", "zero", f"must be 0 or 1 with optimizer=adam-deepspeed for a mixture of "
+                          f"experts ({model.name}): its ZeRO-2 reduction of the experts' gradients over their "
+                          f"own group is not modelled; allowed: zero 0-1")
     bad = fp8_params_error(model, "fp8_params=0") if plan.fp8_params else None
     if bad:
         raise ConfigError("--plan", "fp8_params", bad)
@@ -699,18 +707,59 @@ class StageCosts:
     def accumulation(self, i: int, n):
         """Seconds per micro-batch of adding its gradients into the main gradients, stage ``i``
         with ``n`` layers. ``adam-deepspeed``: :func:`deepspeed_tensor_passes` (fp16 keeps the
-        first micro-batch's; the mean over the micro-batches). ``adam-megatron``: a backward hook
+        first micro-batch's; the mean over the micro-batches); under its ZeRO-2 optimizer the
+        passes around each micro-batch's reduction (:meth:`_deepspeed_zero2_passes`).
+        ``adam-megatron``: a backward hook
         adds each tensor's 16-bit gradient into its main gradient (read 2 and the main gradient's
         bytes, write those); under gradient-accumulation fusion only the tensors no GEMM adds
         into (norms, biases, the router, the embedding tables: their bytes; the norms' and
         biases' few thousand values each are not counted, their kernels are)."""
+        if self._zero2(self.plan):
+            stream, parts = self._deepspeed_zero2_passes(i, n)
+            out = stream / (self.chip.hbm_bandwidth_bytes_per_s * self.eff.hbm_fraction)
+            for share, passes, tensors, params in parts:
+                out = out + share * tensor_pass_time(passes, tensors, params, self.chip, self.eff)
+            return out
         share, passes, tensors, params = self._accumulation_passes(i, n)
         return share * tensor_pass_time(passes, tensors, params, self.chip, self.eff)
 
     def accumulation_bytes(self, i: int, n):
         """HBM bytes per micro-batch of :meth:`accumulation` (read and written)."""
+        if self._zero2(self.plan):
+            stream, parts = self._deepspeed_zero2_passes(i, n)
+            for share, passes, _, params in parts:
+                stream = stream + share * (passes.read + passes.write) * params
+            return stream
         share, passes, _, params = self._accumulation_passes(i, n)
         return share * (passes.read + passes.write) * params
+
+    def _zero2(self, plan: Plan) -> bool:
+        """Whether DeepSpeed's ZeRO optimizer reduces every micro-batch (stage 2)."""
+        return deepspeed_zero(self.model, plan) and plan.zero >= 2
+
+    def _deepspeed_zero2_passes(self, i: int, n):
+        """(bytes streamed, ((share of the micro-batches, :class:`TensorPasses`, tensors,
+        parameters), ...)) of each micro-batch's reduction under DeepSpeed's ZeRO-2 optimizer
+        (DeepSpeed 0.9.5 runtime/zero/stage_1_and_2.py: the gradient hooks and
+        ``independent_gradient_partition_epilogue``, which the engine's backward runs every
+        micro-batch): each gradient copied into the bucket buffer, the whole buffer divided by dp,
+        the partition copied out, and from the second micro-batch on added into the first's
+        (``accumulated_grad.add_``: read 4, write 2)."""
+        into, out, _, _, add = deepspeed_zero_passes(self.model.precision)
+        tensors, params = self.tensors(i, n), self.params(i, n)
+        share = self.updated_params(i, n) / params
+        k = self.micro_batches
+        return self._bucket_stream(params), ((1.0, into, tensors, params), (1.0, out, tensors * share, params * share),
+                        ((k - 1) / k, add, tensors * share, params * share))
+
+    def _bucket_stream(self, params):
+        """Bytes DeepSpeed's ZeRO optimizer streams over its bucket buffers, each whole buffer
+        (:data:`DEEPSPEED_BUCKET_ELEMENTS` 16-bit elements) however few gradients it holds
+        (``average_tensor``): divided by dp (read 2, write 2) and, when the wire type differs
+        (``communication_data_type``, ``reduce_fp32``), cast to it and copied back (read 2,
+        write 4, read 4, write 2)."""
+        per = 4.0 + (12.0 if reduced_grad_bytes(self.model, self.plan) != self.model.bytes_per_element else 0.0)
+        return per * DEEPSPEED_BUCKET_ELEMENTS * deepspeed_buckets(params)
 
     def _accumulation_passes(self, i: int, n):
         """(share of the micro-batches, :class:`TensorPasses`, tensors, parameters) of :meth:`accumulation`."""
@@ -744,15 +793,15 @@ class StageCosts:
         :meth:`step_pass_bytes` counts them: DeepSpeed's per-tensor check and copies; Megatron's
         zeroed main-gradient buffer (one kernel) and the bf16 moments' copies to fp32 and back."""
         plan = self.plan
-        if deepspeed_zero1(self.model, plan):   # its ZeRO optimizer: the bucket, then the partition
+        if deepspeed_zero(self.model, plan):   # its ZeRO optimizer: the bucket, then the partition
             tensors, params = self.tensors(i, n), self.params(i, n)
             share = self.updated_params(i, n) / params
-            into, out, check, norm = deepspeed_zero1_passes()
-            # average_tensor divides each whole bucket buffer by dp (read 2, write 2), full or not
-            stream = 4.0 * DEEPSPEED_BUCKET_ELEMENTS * deepspeed_buckets(params)
+            into, out, check, norm, _ = deepspeed_zero_passes(self.model.precision)
             part_tensors, part = tensors * share, params * share
-            return stream, ((into, tensors, params), (out, part_tensors, part), (check, part_tensors, part),
-                            (norm, part_tensors, part))
+            steps = ((check, part_tensors, part), (norm, part_tensors, part))
+            if self._zero2(plan):   # reduced every micro-batch (accumulation)
+                return 0.0 * params, steps
+            return self._bucket_stream(params), ((into, tensors, params), (out, part_tensors, part), *steps)
         if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
             m = self.model
             _, check, copies = deepspeed_tensor_passes(m.precision)
@@ -794,6 +843,9 @@ class StageCosts:
             t = t + self.head
         if self.plan.optimizer == "adam-deepspeed" or self.plan.optimizer in MEGATRON_OPTIMIZERS:
             t = t + PhaseTime(memory=self.accumulation(i, n))
+        if self._zero2(self.plan):   # DeepSpeed's ZeRO-2 reduces each micro-batch's gradients, exposed
+            group = shard_ranks(self.plan, self.devices, self.chip) * self.plan.cp
+            t = t + PhaseTime(communication=self._deepspeed_reduces(self.params(i, n), group, self._coll(group)))
         return t
 
     def tail(self, i: int, n, r: str, k=0):
@@ -837,13 +889,7 @@ class StageCosts:
         group, stride = shard * plan.cp, plan.tp   # rank order tp, cp, dp, pp (Megatron, torchtitan)
         grad_bytes, wire = main_grad_bytes(self.model, plan), reduced_grad_bytes(self.model, plan)
 
-        def coll(kind, nbytes, group=group, stride=stride):   # affine in its size: slope + latency
-            key = (kind, group, stride)
-            if key not in self._affine:
-                one = collective_time(kind, 1.0, group, chip, stride, eff)
-                self._affine[key] = (one, collective_time(kind, 2.0, group, chip, stride, eff) - one)
-            one, slope = self._affine[key]
-            return slope * (nbytes - 1.0) + one
+        coll = self._coll(group, stride)
 
         experts = self.expert_params(self.layers_on(i, n)) if self.model.moe else 0.0
         edp, e_replicas = expert_shard(plan, self.devices, chip)
@@ -869,8 +915,9 @@ class StageCosts:
         if (group > 1 or (self.model.moe and edp > 1)) and state_zero(plan) < 3:
             if plan.zero >= 1:
                 scatter = "all_reduce" if deepspeed_bf16(self.model, plan) else "reduce_scatter"
-                if deepspeed_zero1(self.model, plan):
-                    reduce = self._deepspeed_reduces(params, group, coll)
+                if deepspeed_zero(self.model, plan):   # at stage 2 the reduces ran every micro-batch
+                    reduce = self._deepspeed_scalars(coll) + (
+                        0.0 * params if self._zero2(plan) else self._deepspeed_reduces(params, group, coll))
                 else:
                     reduce = coll(scatter, wire * params)
                 colls = (reduce,
@@ -895,8 +942,24 @@ class StageCosts:
         hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff), self.table_sync_s(i))
         return hit
 
+    def _coll(self, group: int, stride: int | None = None):
+        """A data-parallel collective's seconds as a function ``(kind, nbytes, group, stride)`` of
+        its bytes (scalars or arrays; ``group`` and ``stride`` default to these): affine in them,
+        slope and start-up from :func:`phaze.cost.collective_time`, kept per (kind, group, stride)."""
+        stride = self.plan.tp if stride is None else stride
+        chip, eff = self.chip, self.eff
+
+        def coll(kind, nbytes, group=group, stride=stride):
+            key = (kind, group, stride)
+            if key not in self._affine:
+                one = collective_time(kind, 1.0, group, chip, stride, eff)
+                self._affine[key] = (one, collective_time(kind, 2.0, group, chip, stride, eff) - one)
+            one, slope = self._affine[key]
+            return slope * (nbytes - 1.0) + one
+        return coll
+
     def _deepspeed_reduces(self, params, group: int, coll):
-        """Seconds of DeepSpeed's ZeRO-1 gradient reduction in fp16 (:func:`deepspeed_zero1`;
+        """Seconds of DeepSpeed's ZeRO-1 gradient reduction in fp16 (:func:`deepspeed_zero`;
         DeepSpeed 0.9.5 runtime/zero/stage_1_and_2.py ``average_tensor``, ``has_overflow``,
         ``get_grad_norm_direct``): each bucket is reduced by one ``dist.reduce`` a partition, each
         to the rank that owns it, one after another on the compute stream, where a reduce-scatter
@@ -904,15 +967,20 @@ class StageCosts:
         of them move n/(n - 1) times the reduce-scatter's bytes: costed as that reduce-scatter of
         n/(n - 1) times the gradients, plus a start-up for each further reduce (n for each of
         Megatron-DeepSpeed's two parameter groups, and one more for each bucket beyond the first).
-        Then the step's overflow flag and gradient norm are each all-reduced over data
-        parallelism (one scalar each)."""
+        At stage 1 after the last backward, at stage 2 after every backward (:meth:`time`)."""
         plan, chip = self.plan, self.chip
         wire = reduced_grad_bytes(self.model, plan)
         if group <= 1:
             return coll("reduce_scatter", wire * params)
         reduces = 2 * group + deepspeed_buckets(params) - 1
         return (coll("reduce_scatter", wire * params * group / (group - 1))
-                + (reduces - 1) * chip.collective_latency_s + 2 * coll("all_reduce", 4.0))
+                + (reduces - 1) * chip.collective_latency_s)
+
+    def _deepspeed_scalars(self, coll):
+        """Seconds of the ZeRO optimizer's step all-reducing its overflow flag and, in fp16, its
+        gradient norm over data parallelism, a scalar each (``has_overflow``,
+        ``get_grad_norm_direct``)."""
+        return (2 if self.model.precision == "fp16" else 1) * coll("all_reduce", 4.0)
 
     def table_sync_s(self, i: int) -> float:
         """Seconds stage ``i`` spends summing the token table's gradients with the other stage that
@@ -986,13 +1054,15 @@ class StageCosts:
         return optimizer_step_bytes_per_param(self.plan.optimizer, m.precision, main_grad_bytes(m, self.plan))
 
     def bucket_buffer_bytes(self) -> float:
-        """Bytes of DeepSpeed's ZeRO-1 bucket buffer in fp16 (:func:`deepspeed_zero1`): 16-bit,
+        """Bytes of DeepSpeed's ZeRO optimizer's bucket buffer (:func:`deepspeed_zero`): 16-bit,
         :data:`DEEPSPEED_BUCKET_ELEMENTS` long whatever the gradients (``torch.empty`` of
         ``reduce_bucket_size``). The stage that computes the loss allocates it before each backward
         (runtime/zero/stage_1_and_2.py ``backward``, which the engine calls there) and holds it
         through it; every stage holds one for the reduction after the last backward (the pipeline
-        engine's ``reduce_gradients``); 0 otherwise."""
-        return 2.0 * DEEPSPEED_BUCKET_ELEMENTS if deepspeed_zero1(self.model, self.plan) else 0.0
+        engine's ``reduce_gradients``); 0 otherwise. At stage 2 (one stage) it holds the
+        gradients until their reduction; the partition's new gradients beside the accumulated
+        ones (2 bytes an updated parameter) are not counted."""
+        return 2.0 * DEEPSPEED_BUCKET_ELEMENTS if deepspeed_zero(self.model, self.plan) else 0.0
 
     def gathered_layer_bytes(self) -> float:
         """FSDP gathering per micro-batch: one layer's gathered 16-bit weights and the next one's,
@@ -1142,9 +1212,12 @@ def caches_fp8_weights(model: Model, plan: Plan) -> bool:
 def main_grad_bytes(model: Model, plan: Plan) -> int:
     """Bytes of one main gradient: fp32 where the plan reduces in fp32 (``reduce_fp32``) or
     DeepSpeed's BF16_Optimizer keeps fp32 copies (``adam-deepspeed`` not in fp16), else the
-    model's 16-bit element."""
+    model's 16-bit element, which DeepSpeed's ZeRO optimizer keeps whatever its wire
+    (:func:`deepspeed_zero`)."""
     if deepspeed_bf16(model, plan):
         return 4
+    if deepspeed_zero(model, plan):   # the model's type (its grad_accum_dtype); the wire's may differ
+        return model.bytes_per_element
     return 4 if plan.reduce_fp32 else model.bytes_per_element
 
 
@@ -1158,13 +1231,14 @@ def reduced_grad_bytes(model: Model, plan: Plan) -> int:
     return main_grad_bytes(model, plan)
 
 
-def deepspeed_zero1(model: Model, plan: Plan) -> bool:
-    """Whether DeepSpeed's ZeRO optimizer runs at stage 1 in fp16 (``adam-deepspeed``, ``zero`` 1;
-    DeepSpeed 0.9.5 runtime/engine.py ``_do_optimizer_sanity_check``: bf16 at stage 1 runs
-    BF16_Optimizer instead, :func:`deepspeed_bf16`). It copies the gradients into a bucket buffer
-    and reduces each partition to its rank (:meth:`StageCosts._deepspeed_reduces`,
-    :func:`phaze.graph.deepspeed_zero1_passes`)."""
-    return plan.optimizer == "adam-deepspeed" and model.precision == "fp16" and plan.zero == 1
+def deepspeed_zero(model: Model, plan: Plan) -> bool:
+    """Whether DeepSpeed's ZeRO optimizer runs (``adam-deepspeed``; DeepSpeed 0.9.5
+    runtime/zero/stage_1_and_2.py): at stage 2, or at stage 1 in fp16 (bf16 at stage 1 runs
+    BF16_Optimizer, :func:`deepspeed_bf16`: the pipeline engine reduces only its fp32 gradients,
+    ``_bf16_reduce_grads``). It copies the gradients into a bucket buffer and reduces each
+    partition to its rank (:meth:`StageCosts._deepspeed_reduces`,
+    :func:`phaze.graph.deepspeed_zero_passes`)."""
+    return plan.optimizer == "adam-deepspeed" and (plan.zero == 2 or (model.precision == "fp16" and plan.zero == 1))
 
 
 def deepspeed_buckets(params):
@@ -1179,7 +1253,7 @@ def deepspeed_bf16(model: Model, plan: Plan) -> bool:
     all-reduces the whole gradients, then all-gathers the updated 16-bit weights (DeepSpeed 0.9.5
     runtime/bf16_optimizer.py ``update_lp_params``; its pipeline engine's ``_bf16_reduce_grads``):
     no reduce-scatter."""
-    return plan.optimizer == "adam-deepspeed" and model.precision != "fp16"
+    return plan.optimizer == "adam-deepspeed" and model.precision != "fp16" and plan.zero < 2
 
 
 def _shard(model: Model, plan: Plan) -> Model:

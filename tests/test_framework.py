@@ -868,6 +868,52 @@ def test_deepspeed_fp16_zero1_by_hand():
         assert costs.memory_table("none", np.array([4]))[0, 0] == pytest.approx(mem.total_bytes, rel=1e-12)
 
 
+def test_deepspeed_zero2_reduces_every_micro_batch_by_hand():
+    # DeepSpeed 0.9.5's ZeRO optimizer at stage 2 (stage_1_and_2.py; the engine without pipeline)
+    # on 8 A100s, data parallel, 4 micro-batches a device, the 4-layer GPT-2 XL of the ZeRO-1 test:
+    # the hooks copy every gradient into the bucket buffer and the epilogue reduces it after
+    # every backward, not once a step: each micro-batch pays the copies in (n kernels, 4 bytes a
+    # parameter), the whole buffer divided (2 GB), the 16 reduces (exposed: no overlap_comm) and
+    # the partition copied out (n/8 kernels, 4 bytes an eighth of the parameters); from the second
+    # micro-batch on the partition is added into the first's (n/8 kernels, 6 bytes), where at
+    # stage 1 autograd adds every 16-bit gradient (n kernels, 6 bytes). The step keeps the
+    # partition's check and norm, its scalar all-reduces (fp16: the flag and the norm; bf16: the
+    # flag) and the weights' all-gather. bf16 at stage 2 runs this optimizer too, on bf16
+    # gradients, without the norm and the unscale (44 flat bytes, not 52).
+    chip, eff = load_chip("a100-80gb"), Efficiency(host_overhead_s=20e-6, kernel_overhead_s=5e-6)
+    bw, lat, n = chip.hbm_bandwidth_bytes_per_s, chip.collective_latency_s, 52
+
+    def ahead(tensors, nbytes):
+        return max(tensors * 20e-6, tensors * 5e-6 + nbytes / bw)
+    run = {}
+    for precision, z in (("fp16", 1), ("fp16", 2), ("bf16", 2)):
+        model = dataclasses.replace(load_model("gpt2-xl", 1024), layers=4, precision=precision)
+        plan = Plan(mbs=1, optimizer="adam-deepspeed", zero=z, dp_overlap=False)
+        run[precision, z] = evaluate(model, chip, 8, 32, plan, eff).breakdown_s
+    q = model.params
+    per_mb = ahead(n, 4 * q) + 2e9 / bw + ahead(n / 8, 4 * q / 8)
+    assert (run["fp16", 2]["memory_bound_s"] - run["fp16", 1]["memory_bound_s"]) == pytest.approx(
+        4 * per_mb + 3 * ahead(n / 8, 6 * q / 8) - 3 * ahead(n, 6 * q), rel=1e-9)
+    assert run["fp16", 2]["optimizer_s"] - run["fp16", 1]["optimizer_s"] == pytest.approx(-per_mb, rel=1e-9)
+    reduces = collective_time("reduce_scatter", 2 * q * 8 / 7, 8, chip, 1, eff) + 15 * lat
+    scalar = collective_time("all_reduce", 4, 8, chip, 1, eff)
+    gather = collective_time("all_gather", 2 * q, 8, chip, 1, eff)
+    assert run["fp16", 2]["communication_exposed_s"] == pytest.approx(4 * reduces + 2 * scalar + gather, rel=1e-9)
+    assert run["bf16", 2]["communication_exposed_s"] == pytest.approx(4 * reduces + scalar + gather, rel=1e-9)
+    norm = n / 8 * 3 * 25e-6 + 18 * q / 8 / bw
+    assert run["bf16", 2]["optimizer_s"] - run["fp16", 2]["optimizer_s"] == pytest.approx(-norm - 8 * q / 8 / bw,
+                                                                                          rel=1e-9)
+    # its gradients are the model's 16 bits, whatever the wire; fp32 on the wire casts the whole
+    # bucket buffer there and back (12 bytes an element) every micro-batch, and doubles the reduces
+    fp16 = dataclasses.replace(model, precision="fp16")
+    wide = Plan(mbs=1, optimizer="adam-deepspeed", zero=2, dp_overlap=False, reduce_fp32=True)
+    assert (main_grad_bytes(fp16, wide), reduced_grad_bytes(fp16, wide)) == (2, 4)
+    fp32 = evaluate(fp16, chip, 8, 32, wide, eff).breakdown_s
+    assert fp32["memory_bound_s"] - run["fp16", 2]["memory_bound_s"] == pytest.approx(4 * 12 * 5e8 / bw, rel=1e-9)
+    wide_reduces = collective_time("reduce_scatter", 4 * q * 8 / 7, 8, chip, 1, eff) + 15 * lat
+    assert fp32["communication_exposed_s"] == pytest.approx(4 * wide_reduces + 2 * scalar + gather, rel=1e-9)
+
+
 def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
     # fp16: FP16_Optimizer, no ZeRO, 16-bit gradients reduced; bf16: BF16_Optimizer shards the
     # fp32 state over data parallelism (ZeRO-1) and the pipeline engine reduces fp32 gradients
@@ -887,10 +933,14 @@ def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
     assert plan_with(ds, Plan(zero=0), {"zero"}, "bf16")[0].zero == 0                  # a stated stage wins
     assert options_with(ds, PlacementOptions(), precision="bf16")[0].zero == (1,)
     assert options_with(ds, PlacementOptions(), precision="fp16")[0].zero == PlacementOptions().zero
-    # ZeRO-2 and 3 reduce every micro-batch: refused with the field and what is allowed
+    # DeepSpeed's ZeRO-3 is not modelled, and its pipeline engine refuses ZeRO-2: refused with the
+    # field and what is allowed
     with pytest.raises(ConfigError) as e:
-        _deepspeed("fp16", zero=2)
-    assert "zero" in str(e.value) and "allowed: zero 0-1" in str(e.value)
+        _deepspeed("fp16", zero=3)
+    assert "zero" in str(e.value) and "allowed: zero 0-2" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        evaluate(fp16_model, load_chip("a100-80gb"), 8, 32, Plan(pp=2, zero=2, optimizer="adam-deepspeed"))
+    assert "pipeline engine" in str(e.value) and "allowed: zero 0-1, or pp 1" in str(e.value)
 
 
 def _deepspeed_pipeline_period(stages: int, f: float, b: float, c: float, micro_batches: int = 40) -> float:
