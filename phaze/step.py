@@ -42,7 +42,15 @@ from .memory import (
     optimizer_step_bytes_per_param,
     state_bytes_per_param,
 )
-from .plan import DP_SHARD_NODE, MEGATRON_OPTIMIZERS, PRECISION_AWARE, Plan, cp_a2a_groups, graph_recompute
+from .plan import (
+    DP_SHARD_NODE,
+    MEGATRON_OPTIMIZERS,
+    PRECISION_AWARE,
+    Plan,
+    cp_a2a_groups,
+    dp_shard_text,
+    graph_recompute,
+)
 from .schedule import layer_bounds, schedule_layer
 from .workload import Model, with_seq_len
 
@@ -439,6 +447,12 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
         raise ConfigError("--plan", "dp_shard", f"must divide the data-parallel ranks (dp = {dp}) or be a "
                                                 f"multiple of them (every rank), got {plan.dp_shard}; allowed: "
                                                 f"{divisors(dp)}, a multiple of {dp}, all or node")
+    if (plan.optimizer == "adam-deepspeed" and plan.zero and plan.dp_shard
+            and (plan.dp_shard == DP_SHARD_NODE or plan.dp_shard % dp)):
+        raise ConfigError("--plan", "dp_shard", f"must be all with optimizer=adam-deepspeed (DeepSpeed 0.9.5's "
+                          f"BF16_Optimizer and its ZeRO-1 and 2 shard over every data-parallel rank; its "
+                          f"hybrid sharding, MiCS, is ZeRO-3's), got {dp_shard_text(plan.dp_shard)} of dp = {dp}; "
+                          f"allowed: all, or a multiple of {dp}")
     _check_experts(model, plan, dp)
     if global_batch % (dp * plan.mbs):
         raise ConfigError("--global-batch", None, f"must be a multiple of dp*mbs = {dp}*{plan.mbs} "

@@ -941,6 +941,14 @@ def test_megatron_deepspeed_preset_runs_deepspeeds_wrappers():
     with pytest.raises(ConfigError) as e:
         evaluate(fp16_model, load_chip("a100-80gb"), 8, 32, Plan(pp=2, zero=2, optimizer="adam-deepspeed"))
     assert "pipeline engine" in str(e.value) and "allowed: zero 0-1, or pp 1" in str(e.value)
+    # its ZeRO-1 and 2 shard over every data-parallel rank: no hybrid sharding
+    for shard in ("8", "node"):
+        with pytest.raises(ConfigError) as e:
+            evaluate(fp16_model, load_chip("a100-80gb"), 16, 32,
+                     parse_plan(f"zero=1,dp_shard={shard},optimizer=adam-deepspeed"))
+        assert "dp_shard" in str(e.value) and "allowed: all, or a multiple of 16" in str(e.value)
+    assert evaluate(fp16_model, load_chip("a100-80gb"), 16, 32,
+                    parse_plan("zero=1,dp_shard=16,optimizer=adam-deepspeed")).step_time_s > 0
 
 
 def _deepspeed_pipeline_period(stages: int, f: float, b: float, c: float, micro_batches: int = 40) -> float:
