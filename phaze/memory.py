@@ -228,8 +228,8 @@ def optimizer_step_bytes_per_param(optimizer: str, precision: str = "bf16", grad
     for all of them at once (:func:`phaze.graph.optimizer_op`); DeepSpeed's fp16 wrapper and its
     ZeRO optimizer (16-bit gradients) make flat fp32 gradients (FP16_Optimizer's
     ``grads_groups_flat``, the ZeRO optimizer's ``single_grad_partition``: DeepSpeed 0.9.5
-    runtime/fp16/fused_optimizer.py,
-    runtime/zero/stage_1_and_2.py) and free them after Adam; 0 for the others."""
+    runtime/fp16/fused_optimizer.py, runtime/zero/stage_1_and_2.py) and free them after Adam; 0
+    for the others."""
     if optimizer == "adam-megatron-pa-bf16":
         return 8.0
     if optimizer == "adam-deepspeed" and (precision == "fp16" or grad_bytes < 4):   # not BF16_Optimizer's

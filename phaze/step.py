@@ -763,8 +763,9 @@ class StageCosts:
         tensors, params = self.tensors(i, n), self.params(i, n)
         share = self.updated_params(i, n) / params
         k = self.micro_batches
-        return self._bucket_stream(params), ((1.0, into, tensors, params), (1.0, out, tensors * share, params * share),
-                        ((k - 1) / k, add, tensors * share, params * share))
+        part_tensors, part = tensors * share, params * share
+        return self._bucket_stream(params), ((1.0, into, tensors, params), (1.0, out, part_tensors, part),
+                                             ((k - 1) / k, add, part_tensors, part))
 
     def _bucket_stream(self, params):
         """Bytes DeepSpeed's ZeRO optimizer streams over its bucket buffers, each whole buffer
@@ -973,9 +974,9 @@ class StageCosts:
         return coll
 
     def _deepspeed_reduces(self, params, group: int, coll):
-        """Seconds of DeepSpeed's ZeRO-1 gradient reduction in fp16 (:func:`deepspeed_zero`;
-        DeepSpeed 0.9.5 runtime/zero/stage_1_and_2.py ``average_tensor``, ``has_overflow``,
-        ``get_grad_norm_direct``): each bucket is reduced by one ``dist.reduce`` a partition, each
+        """Seconds of DeepSpeed's ZeRO optimizer's gradient reduction (:func:`deepspeed_zero`;
+        DeepSpeed 0.9.5 runtime/zero/stage_1_and_2.py ``average_tensor``): each bucket is reduced
+        by one ``dist.reduce`` a partition, each
         to the rank that owns it, one after another on the compute stream, where a reduce-scatter
         would run one collective. On a ring a reduce of S/n bytes moves S/n over each link, so the n
         of them move n/(n - 1) times the reduce-scatter's bytes: costed as that reduce-scatter of
