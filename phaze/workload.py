@@ -551,6 +551,9 @@ def mtp_error(model: Model) -> str:
     """Why ``model``'s multi-token prediction cannot be costed ('' when it can)."""
     if not model.mtp_layers:
         return ""
+    if model.mtp_layers > model.layers:
+        return (f"must be at most the model's layers ({model.layers}): each multi-token prediction module "
+                f"is a layer of its own (DeepSeek-V3 trains one), got {model.mtp_layers}; allowed: 0-{model.layers}")
     if not model.causal:
         return f"needs a decoder (multi-token prediction predicts later tokens), got architecture {model.architecture}"
     if model.embedding_projection_dim and model.embedding_projection_dim != model.hidden:

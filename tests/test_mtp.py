@@ -167,6 +167,9 @@ def test_workload_key_and_its_refusals(tmp_path):
         read("architecture: encoder\nmtp_layers: 1\n")
     with pytest.raises(ConfigError, match="mtp_layers.*factorised"):
         read("embedding_projection_dim: 32\nmtp_layers: 1\n")
+    # no more modules than layers: a fuzzed count of 10^40 once built arrays until memory ran out
+    with pytest.raises(ConfigError, match="mtp_layers.*allowed: 0-2"):
+        read("mtp_layers: 3\n")
 
 
 def test_validation_column_is_the_runs_choice():
@@ -182,7 +185,7 @@ def test_validation_column_is_the_runs_choice():
               ep="8", global_batch="8")
     assert v.row_to_case(synthetic(**ds)).model.mtp_layers == 0
     assert v.row_to_case(synthetic(**ds, mtp_layers="1")).model.mtp_layers == 1
-    for bad in ("-1", "1.5", "x"):
+    for bad in ("-1", "1.5", "x", "9" * 40):
         r = v.row_to_case(synthetic(mtp_layers=bad))
         assert not isinstance(r, v.Case) and "mtp_layers" in r.reason
 
