@@ -18,6 +18,9 @@ from typing import Any
 import yaml
 
 _MISSING = object()
+# the largest integer a config field may hold unless it says less: no field comes near, and beyond it
+# the products of widths leave the floats (a 200-digit hidden width overflowed in evaluate)
+MAX_INT = 10 ** 15
 MAX_FILE_BYTES = 16 * 2 ** 20      # a config file larger than this is not a config (16 MiB)
 MAX_YAML_NODES = 100_000           # YAML nodes after alias expansion (a billion-laughs file has 10^9)
 _QUOTE = reprlib.Repr()
@@ -164,10 +167,11 @@ class Fields:
             return value
         if isinstance(value, float) and value.is_integer():
             value = int(value)
+        maximum = MAX_INT if maximum is None else maximum
         if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
-                or (maximum is not None and value > maximum)):
+                or value > maximum):
             allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-            allowed += f" up to {maximum:,}" if maximum is not None else ""
+            allowed += f" up to {maximum:,}"
             raise self.error(key, f"must be {allowed}, got {quote(value)}")
         return value
 

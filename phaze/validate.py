@@ -184,6 +184,9 @@ class Skipped:
     dataset: str = ""
 
 
+MAX_CELL = 1e15   # the largest magnitude a numeric column may hold (tokens a second total stay below 1e8)
+
+
 def _num(row: dict, key: str) -> float | None:
     raw = (row.get(key) or "").strip()
     if raw == "" or raw.lower() in ("nan", "n/a", "na", "none"):
@@ -194,6 +197,8 @@ def _num(row: dict, key: str) -> float | None:
         raise ValueError(f"column {key!r} is not a number: {raw!r}") from None
     if not math.isfinite(value):
         raise ValueError(f"column {key!r} is not finite: {raw!r}")
+    if abs(value) > MAX_CELL:   # no column comes near; beyond, products of widths leave the floats
+        raise ValueError(f"column {key!r} is out of range: {raw!r}; allowed: at most {MAX_CELL:.0e} in magnitude")
     return value
 
 

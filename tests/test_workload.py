@@ -370,6 +370,8 @@ def test_valid_minimal_yaml_loads(tmp_path):
     ({"seq_len": 4096, "max_positions": 2048}, "seq_len"),
     ({"precision": "int4"}, "precision"),
     ({"bias": "yes"}, "bias"),
+    ({"hidden": 10 ** 200}, "hidden"),       # the fuzz's 200-digit width: a traceback in evaluate
+    ({"layers": 10 ** 15 + 1}, "layers"),    # just past configio.MAX_INT
 ])
 def test_bad_field_named_in_error(tmp_path, change, field):
     data = {**VALID, **{k: v for k, v in change.items() if v is not None}}
