@@ -431,6 +431,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
     edp, e_replicas = expert_shard(plan, devices, chip)   # the routed experts' own group
     moe = expert_layout(model, plan, chip, mean=True)   # every rank's mean tokens, not the busiest's
     grad_bytes = main_grad_bytes(model, plan)
+    zero_optimizer = deepspeed_zero(model, plan)   # DeepSpeed's: a reduce a partition, at stage 2 every micro-batch
 
     def reduction(share, fp8_share, ranks, copies):
         """Bytes a device sends reducing ``share`` of its parameters' gradients over a shard group
@@ -441,8 +442,8 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
             sent = m * _sent_bytes("all_gather", 2 * gathered, ranks) \
                 + m * _sent_bytes("reduce_scatter", grad_bytes * share, ranks)
         elif plan.zero >= 1:   # DeepSpeed's ZeRO reduces, one a partition: n/(n - 1) times the bytes,
-            spread = ranks / (ranks - 1) if deepspeed_zero(model, plan) and ranks > 1 else 1.0
-            times = m if deepspeed_zero(model, plan) and plan.zero >= 2 else 1   # every micro-batch at stage 2
+            spread = ranks / (ranks - 1) if zero_optimizer and ranks > 1 else 1.0
+            times = m if zero_optimizer and plan.zero >= 2 else 1   # every micro-batch at stage 2
             sent = times * _sent_bytes("reduce_scatter", grad_bytes * share * spread, ranks) \
                 + _sent_bytes("all_gather", gathered, ranks)
         else:

@@ -1135,7 +1135,7 @@ def deepspeed_zero_passes(precision: str) -> tuple[TensorPasses, ...]:
             norm, TensorPasses(1, 4.0, 2.0))
 
 
-def deepspeed_reduce_passes(precision: str, zero: int, wire_bytes: float) -> tuple[float, float, TensorPasses]:
+def deepspeed_reduce_passes(precision: str, wire_bytes: float) -> tuple[float, float, TensorPasses]:
     """The passes around DeepSpeed's data-parallel all-reduce under ``optimizer=adam-deepspeed``
     (DeepSpeed 0.9.5 runtime/engine.py ``buffered_allreduce_fallback``, ``allreduce_and_copy``,
     ``allreduce_bucket``), as (bytes a parameter streamed in a few kernels; more of them when the
@@ -1151,9 +1151,8 @@ def deepspeed_reduce_passes(precision: str, zero: int, wire_bytes: float) -> tup
     fp32 gradients, flat, one tensor per parameter group; Megatron-DeepSpeed's two groups (with
     and without weight decay) share a bucket when the first is at most a bucket's size (each
     group's copy back one kernel), and the few norms and biases of the second are not counted.
-    The fp16 ZeRO-1 optimizer reduces its own way: :func:`deepspeed_zero_passes`."""
-    if precision == "fp16" and zero >= 1:
-        return 0.0, 0.0, TensorPasses()
+    DeepSpeed's ZeRO optimizer (fp16 at stage 1, any at stage 2) reduces its own way:
+    :func:`deepspeed_zero_passes`."""
     grad = 2.0 if precision == "fp16" else 4.0
     scale = 2 * wire_bytes + (2 * (grad + wire_bytes) if wire_bytes != grad else 0.0)   # 1/dp, casts
     if precision == "fp16":          # cat, scale; each gradient copied back

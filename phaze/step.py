@@ -728,28 +728,30 @@ class StageCosts:
         bytes, write those); under gradient-accumulation fusion only the tensors no GEMM adds
         into (norms, biases, the router, the embedding tables: their bytes; the norms' and
         biases' few thousand values each are not counted, their kernels are)."""
-        if self._zero2(self.plan):
-            stream, parts = self._deepspeed_zero2_passes(i, n)
-            out = stream / (self.chip.hbm_bandwidth_bytes_per_s * self.eff.hbm_fraction)
-            for share, passes, tensors, params in parts:
-                out = out + share * tensor_pass_time(passes, tensors, params, self.chip, self.eff)
-            return out
-        share, passes, tensors, params = self._accumulation_passes(i, n)
-        return share * tensor_pass_time(passes, tensors, params, self.chip, self.eff)
+        stream, parts = self._accumulation_passes(i, n)
+        out = stream / (self.chip.hbm_bandwidth_bytes_per_s * self.eff.hbm_fraction)
+        for share, passes, tensors, params in parts:
+            out = out + share * tensor_pass_time(passes, tensors, params, self.chip, self.eff)
+        return out
 
     def accumulation_bytes(self, i: int, n):
         """HBM bytes per micro-batch of :meth:`accumulation` (read and written)."""
-        if self._zero2(self.plan):
-            stream, parts = self._deepspeed_zero2_passes(i, n)
-            for share, passes, _, params in parts:
-                stream = stream + share * (passes.read + passes.write) * params
-            return stream
-        share, passes, _, params = self._accumulation_passes(i, n)
-        return share * (passes.read + passes.write) * params
+        stream, parts = self._accumulation_passes(i, n)
+        for share, passes, _, params in parts:
+            stream = stream + share * (passes.read + passes.write) * params
+        return stream
 
-    def _zero2(self, plan: Plan) -> bool:
+    def _zero2(self) -> bool:
         """Whether DeepSpeed's ZeRO optimizer reduces every micro-batch (stage 2)."""
-        return deepspeed_zero(self.model, plan) and plan.zero >= 2
+        return deepspeed_zero(self.model, self.plan) and self.plan.zero >= 2
+
+    def _partition(self, i: int, n):
+        """(tensors, parameters, the rank's partition's tensors, its parameters) of stage ``i``
+        with ``n`` layers under DeepSpeed's ZeRO optimizer. Assumption: a partition holds its
+        share of the stage's tensors (the pieces at its edges are not counted as launches)."""
+        tensors, params = self.tensors(i, n), self.params(i, n)
+        share = self.updated_params(i, n) / params
+        return tensors, params, tensors * share, params * share
 
     def _deepspeed_zero2_passes(self, i: int, n):
         """(bytes streamed, ((share of the micro-batches, :class:`TensorPasses`, tensors,
@@ -760,10 +762,8 @@ class StageCosts:
         the partition copied out, and from the second micro-batch on added into the first's
         (``accumulated_grad.add_``: read 4, write 2)."""
         into, out, _, _, add = deepspeed_zero_passes(self.model.precision)
-        tensors, params = self.tensors(i, n), self.params(i, n)
-        share = self.updated_params(i, n) / params
+        tensors, params, part_tensors, part = self._partition(i, n)
         k = self.micro_batches
-        part_tensors, part = tensors * share, params * share
         return self._bucket_stream(params), ((1.0, into, tensors, params), (1.0, out, part_tensors, part),
                                              ((k - 1) / k, add, part_tensors, part))
 
@@ -777,22 +777,25 @@ class StageCosts:
         return per * DEEPSPEED_BUCKET_ELEMENTS * deepspeed_buckets(params)
 
     def _accumulation_passes(self, i: int, n):
-        """(share of the micro-batches, :class:`TensorPasses`, tensors, parameters) of :meth:`accumulation`."""
+        """(bytes streamed in a few kernels, ((share of the micro-batches, :class:`TensorPasses`,
+        tensors, parameters), ...)) of :meth:`accumulation`."""
         m, plan = self.model, self.plan
+        if self._zero2():
+            return self._deepspeed_zero2_passes(i, n)
         if plan.optimizer == "adam-deepspeed":
             k = self.micro_batches
             share = (k - 1) / k if m.precision == "fp16" else 1.0   # fp16: the first is kept
-            return share, deepspeed_tensor_passes(m.precision)[0], self.tensors(i, n), self.params(i, n)
+            return 0.0 * n, ((share, deepspeed_tensor_passes(m.precision)[0], self.tensors(i, n), self.params(i, n)),)
         if plan.optimizer not in MEGATRON_OPTIMIZERS:
-            return 0.0, TensorPasses(), 0.0 * n, 0.0 * n
+            return 0.0 * n, ()
         p = m.bytes_per_element
         g = main_grad_bytes(m, plan)
         passes = TensorPasses(1, float(p + g), float(g))
         if not plan.grad_accum_fusion:
-            return 1.0, passes, self.tensors(i, n), self.params(i, n)
+            return 0.0 * n, ((1.0, passes, self.tensors(i, n), self.params(i, n)),)
         table = m.table_params if self._table_copy(i) and m.mtp_layers else 0.0
         params = ((m.embedding_params if i == 0 else 0.0) + table) / plan.tp + 0.0 * n
-        return 1.0, passes, self.tensors(i, n, hooked=True), params
+        return 0.0 * n, ((1.0, passes, self.tensors(i, n, hooked=True), params),)
 
     def step_pass_bytes(self, i: int, n):
         """HBM bytes of the optimizer step's work beyond its element-wise kernel
@@ -809,12 +812,10 @@ class StageCosts:
         zeroed main-gradient buffer (one kernel) and the bf16 moments' copies to fp32 and back."""
         plan = self.plan
         if deepspeed_zero(self.model, plan):   # its ZeRO optimizer: the bucket, then the partition
-            tensors, params = self.tensors(i, n), self.params(i, n)
-            share = self.updated_params(i, n) / params
+            tensors, params, part_tensors, part = self._partition(i, n)
             into, out, check, norm, _ = deepspeed_zero_passes(self.model.precision)
-            part_tensors, part = tensors * share, params * share
             steps = ((check, part_tensors, part), (norm, part_tensors, part))
-            if self._zero2(plan):   # reduced every micro-batch (accumulation)
+            if self._zero2():   # reduced every micro-batch (accumulation)
                 return 0.0 * params, steps
             return self._bucket_stream(params), ((into, tensors, params), (out, part_tensors, part), *steps)
         if plan.optimizer == "adam-deepspeed":   # its checks and copies, tensor by tensor
@@ -822,7 +823,7 @@ class StageCosts:
             _, check, copies = deepspeed_tensor_passes(m.precision)
             tensors, params = self.tensors(i, n), self.params(i, n)
             # and the passes around its gradient all-reduce (graph.deepspeed_reduce_passes)
-            flat, one_bucket, back = deepspeed_reduce_passes(m.precision, plan.zero, reduced_grad_bytes(m, plan))
+            flat, one_bucket, back = deepspeed_reduce_passes(m.precision, reduced_grad_bytes(m, plan))
             flat = flat + np.where(params <= DEEPSPEED_BUCKET_ELEMENTS, one_bucket, 0.0)
             return flat * params, ((check, tensors, params), (copies, tensors, params), (back, tensors, params))
         if plan.optimizer not in MEGATRON_OPTIMIZERS:
@@ -858,8 +859,8 @@ class StageCosts:
             t = t + self.head
         if self.plan.optimizer == "adam-deepspeed" or self.plan.optimizer in MEGATRON_OPTIMIZERS:
             t = t + PhaseTime(memory=self.accumulation(i, n))
-        if self._zero2(self.plan):   # DeepSpeed's ZeRO-2 reduces each micro-batch's gradients, exposed
-            group = shard_ranks(self.plan, self.devices, self.chip) * self.plan.cp
+        if self._zero2():   # DeepSpeed's ZeRO-2 reduces each micro-batch's gradients, exposed
+            group = self._dense_shards()
             t = t + PhaseTime(communication=self._deepspeed_reduces(self.params(i, n), group, self._coll(group)))
         return t
 
@@ -929,12 +930,11 @@ class StageCosts:
         colls = None
         if (group > 1 or (self.model.moe and edp > 1)) and state_zero(plan) < 3:
             if plan.zero >= 1:
-                scatter = "all_reduce" if deepspeed_bf16(self.model, plan) else "reduce_scatter"
                 if deepspeed_zero(self.model, plan):   # at stage 2 the reduces ran every micro-batch
                     reduce = self._deepspeed_scalars(coll) + (
-                        0.0 * params if self._zero2(plan) else self._deepspeed_reduces(params, group, coll))
-                else:
-                    reduce = coll(scatter, wire * params)
+                        0.0 * params if self._zero2() else self._deepspeed_reduces(params, group, coll))
+                else:   # DeepSpeed's BF16_Optimizer all-reduces the whole gradients
+                    reduce = coll("all_reduce" if deepspeed_bf16(self.model, plan) else "reduce_scatter", wire * params)
                 colls = (reduce,
                          coll("all_gather", gathered_bytes(self.model, plan, p * params,
                                                            self.fp8_weights(i, n) if plan.fp8_params else 0.0)))
@@ -976,13 +976,13 @@ class StageCosts:
     def _deepspeed_reduces(self, params, group: int, coll):
         """Seconds of DeepSpeed's ZeRO optimizer's gradient reduction (:func:`deepspeed_zero`;
         DeepSpeed 0.9.5 runtime/zero/stage_1_and_2.py ``average_tensor``): each bucket is reduced
-        by one ``dist.reduce`` a partition, each
-        to the rank that owns it, one after another on the compute stream, where a reduce-scatter
-        would run one collective. On a ring a reduce of S/n bytes moves S/n over each link, so the n
-        of them move n/(n - 1) times the reduce-scatter's bytes: costed as that reduce-scatter of
-        n/(n - 1) times the gradients, plus a start-up for each further reduce (n for each of
-        Megatron-DeepSpeed's two parameter groups, and one more for each bucket beyond the first).
-        At stage 1 after the last backward, at stage 2 after every backward (:meth:`time`)."""
+        by one ``dist.reduce`` a partition, each to the rank that owns it, one after another on
+        the compute stream, where a reduce-scatter would run one collective. On a ring a reduce
+        of S/n bytes moves S/n over each link, so the n of them move n/(n - 1) times the
+        reduce-scatter's bytes: costed as that reduce-scatter of n/(n - 1) times the gradients,
+        plus a start-up for each further reduce (n for each of Megatron-DeepSpeed's two parameter
+        groups, and one more for each bucket beyond the first). At stage 1 after the last
+        backward, at stage 2 after every backward (:meth:`time`)."""
         plan, chip = self.plan, self.chip
         wire = reduced_grad_bytes(self.model, plan)
         if group <= 1:
