@@ -119,15 +119,21 @@ _NEMO_SOURCE = ("Megatron-Core with Transformer Engine fused attention, tp_comm_
                 "through Transformer Engine's fused kernel (apply_rope_fusion True in its Llama, Mixtral and "
                 "Nemotron configs, nemo_toolkit 2.6.2 llm/gpt/model/llama.py, mixtral.py, nemotron.py; its "
                 "DeepSeek and Qwen configs leave Megatron-Core's False, the unfused formula: such a run says "
-                "rotary_kernels separate)")
+                "rotary_kernels separate); {loss}")
 _NEMO_2024 = Framework("nemo-2024", attention="flash", tp_async=True, tp_overlap=True, zero=1,
                        reduce_fp32=False, dropout=False, selective="attention", execution="eager",
                        interleave=True, vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
-                       recompute_modules=("core_attn",), moe_capacity=1.0, fp8_params=True,
+                       recompute_modules=("core_attn",), moe_capacity=1.0, fp8_params=True, loss="fused",
                        source="NVIDIA NeMo 2 LLM performance recipes of 2024 (containers 24.07 to 24.12, "
                               "nemo_toolkit 2.0 and 2.1): " + _NEMO_SOURCE.format(
                                   reduce="grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins "
-                                         "(2.0.0 and 2.1.0: the pretraining performance mode leaves it on)"))
+                                         "(2.0.0 and 2.1.0: the pretraining performance mode leaves it on)",
+                                  loss="Megatron-Core's fused cross entropy (GPTConfig cross_entropy_loss_fusion "
+                                       "True, nemo_toolkit 2.0.0 llm/gpt/model/base.py: "
+                                       "fused_vocab_parallel_cross_entropy, megatron-core 0.8.0 "
+                                       "fusions/fused_cross_entropy.py, three functions compiled by "
+                                       "torch.compile from PyTorch 2.2, jit.py: loss fused; its LoRA "
+                                       "fine-tuning recipes turn it off)"))
 
 FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-lm", attention="standard", tp_async=False, tp_overlap=False, zero=0,
@@ -279,12 +285,18 @@ FRAMEWORKS = {f.name: f for f in (
                      "arguments.py, not in the megatron-core package, turns it on unless --no-rope-fusion, as "
                      "NeMo's Llama and Mixtral configs do; TransformerConfig's own default is False)"),
     _NEMO_2024,
-    replace(_NEMO_2024, name="nemo", bf16_reduce_fp32=False,
+    replace(_NEMO_2024, name="nemo", bf16_reduce_fp32=False, loss="te",
             source="NVIDIA NeMo 2 LLM performance recipes of 2025 on (containers 25.xx, nemo_toolkit 2.2 to "
                    "2.6): " + _NEMO_SOURCE.format(
                        reduce="gradients reduced in bf16 (the pretraining performance_optimizations of "
                               "nemo_toolkit 2.2.0 to 2.6.2 set grad_reduce_in_fp32 False, and from 2.4 the "
-                              "performance scripts' set_precision_configs do so for every dtype)")),
+                              "performance scripts' set_precision_configs do so for every dtype)",
+                       loss="Transformer Engine's cross entropy (GPTConfig cross_entropy_loss_fusion True; "
+                            "the performance scripts' set_perf_optimization_configs set "
+                            "cross_entropy_fusion_impl te, nemo_toolkit 2.4.0 to 2.6.2, and 2.3.0's "
+                            "DeepSeek-V3 and Llama 4 scripts: TE's Triton parallel_cross_entropy, loss te; "
+                            "assumption: a 2025 run is of those versions, 2.2 and 2.3's other scripts "
+                            "running the native fused one, loss fused)")),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
               block_recompute=False, interleave_vp=2,

@@ -944,17 +944,34 @@ def _logits_and_loss(fwd: _Builder, bwd: _Builder, prefix: str, T, e, Vt, p, t, 
     slice ``Vt``), forward into ``fwd`` and backward into ``bwd``; ops named ``prefix`` + ...."""
     _gemm(fwd, prefix + "logits", 1, T, e, Vt, p, weights=True)
     # loss in fp32 as frameworks compute it: upcast the logits, log-softmax, gather (fwd);
-    # softmax minus one-hot, downcast (bwd); bytes per logit, expressed in units of p.
-    # Megatron-LM's _VocabParallelCrossEntropy (mpu/cross_entropy.py, 2021-22; the GPT model calls
-    # it on output.float()) runs each step as its own pass over the fp32 logits: upcast (read p,
-    # write 4), max (read 4), subtract in place (4 + 4), exp in place (4 + 4), sum (4), divide in
-    # place for the saved softmax (4 + 4); its backward (multiply in place, downcast) is torch's.
-    reads, writes = (p + 20, 16) if loss == "megatron" else (p + 4 + 4, 4 + 4)
+    # softmax minus one-hot, downcast (bwd); bytes per logit, forward (read, written) and backward.
+    # - torch: upcast (p + 4), log-softmax (4 + 4); backward softmax minus one-hot, multiply in
+    #   place and downcast (read 8, write 4 + p).
+    # - megatron: Megatron-LM's _VocabParallelCrossEntropy (mpu/cross_entropy.py, 2021-22; the GPT
+    #   model calls it on output.float()), Megatron-Core's unfused one the same passes, each its
+    #   own pass over the fp32 logits: upcast (read p, write 4), max (read 4), subtract in place
+    #   (4 + 4), exp in place (4 + 4), sum (4), divide in place for the saved softmax (4 + 4); its
+    #   backward is torch's.
+    # - fused: Megatron-Core's fused_vocab_parallel_cross_entropy (megatron-core 0.16.1
+    #   fusions/fused_cross_entropy.py), the same steps in three functions compiled by jit_fuser
+    #   (torch.compile from PyTorch 2.2), each a pass: the upcast logits returned with their max
+    #   (read p, write 4), the subtraction, exp and sum written back in place (4 + 4), the division
+    #   in place for the saved softmax (4 + 4); backward one pass that writes the mutated softmax
+    #   back and returns the 16-bit gradient (read 4, write 4 + p).
+    # - te: Transformer Engine's parallel_cross_entropy (TE 2.8 pytorch/triton/cross_entropy.py):
+    #   an online-softmax kernel reads the 16-bit logits for each row's max and sum, a second reads
+    #   them again and writes the gradient over them in place (2p read, p written: nothing in
+    #   fp32); its backward multiplies that gradient by the per-token loss gradient in place (p + p).
+    reads, writes, bwd_reads, bwd_writes = {
+        "megatron": (p + 20, 16, 8, 4 + p), "fused": (p + 8, 12, 4, 4 + p),
+        "te": (2 * p, p, p, p)}.get(loss, (p + 4 + 4, 4 + 4, 8, 4 + p))
     _vector(fwd, prefix + "cross_entropy", T * Vt, p, reads=reads / p, writes=writes / p,
-            flops_per_element=6, special_per_element=1)
-    if t > 1:
+            flops_per_element=6, special_per_element=2 if loss == "te" else 1)
+    if t > 1 and loss == "te":   # each rank's max, sum and target logit (fp32) gathered from all
+        _coll(fwd, prefix + "cross_entropy.all_gather", "all_gather", "tp", 3 * 4 * T * t)
+    elif t > 1:                  # the max, then the target logit and the sum, reduced
         _coll(fwd, prefix + "cross_entropy.all_reduce", "all_reduce", "tp", 3 * 4 * T)
-    _vector(bwd, prefix + "cross_entropy.bwd", T * Vt, p, reads=(4 + 4) / p, writes=(4 + p) / p,
+    _vector(bwd, prefix + "cross_entropy.bwd", T * Vt, p, reads=bwd_reads / p, writes=bwd_writes / p,
             flops_per_element=2)
     _gemm(bwd, prefix + "logits.dgrad", 1, T, Vt, e, p, weights=True)
     _gemm(bwd, prefix + "logits.wgrad", 1, e, T, Vt, p, weights=False, deps=(prefix + "cross_entropy.bwd",),

@@ -21,7 +21,11 @@ OPTIMIZERS = ("adam", "adam-megatron", "adam-megatron-pa", "adam-megatron-pa-bf1
 # Transformer Engine's FusedAdam) with fp32 or bf16 moments (phaze.graph.optimizer_op)
 MEGATRON_OPTIMIZERS = ("adam-megatron", "adam-megatron-pa", "adam-megatron-pa-bf16")
 PRECISION_AWARE = MEGATRON_OPTIMIZERS[1:]
-LOSSES = ("torch", "megatron")
+# the cross entropy's kernels (phaze.graph._logits_and_loss): PyTorch's on upcast logits; Megatron's
+# vocab-parallel one, a pass a step (Megatron-LM 2021-22, Megatron-Core without fusion); Megatron-Core's
+# fused one (--cross-entropy-loss-fusion, its native impl: three compiled functions); Transformer
+# Engine's Triton kernels (cross_entropy_fusion_impl te: the gradient written in the forward)
+LOSSES = ("torch", "megatron", "fused", "te")
 SCHEDULES = ("optimal", "sequential")
 ROUTING = ("forced", "dropless", "capacity")
 DISPATCHERS = ("alltoall", "deepep")
@@ -232,7 +236,7 @@ class Plan:
     routing: str = ""                      # forced | dropless | capacity ("": from the model)
     dispatcher: str = ""                   # MoE token dispatch: alltoall | deepep ("": alltoall)
     ep_overlap: bool = False               # MoE all-to-alls overlapped with another micro-batch's compute
-    loss: str = "torch"                    # cross-entropy kernels: torch | megatron (LOSSES)
+    loss: str = "torch"                    # cross-entropy kernels: torch | megatron | fused | te (LOSSES)
     recompute_modules: tuple[str, ...] = ()  # what a selective stage re-runs, Megatron-Core's modules
                                              # (RECOMPUTE_MODULES); empty: Megatron-LM's selective
     grad_accum_fusion: bool = True         # weight-gradient GEMMs accumulate into the main gradients

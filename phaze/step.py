@@ -1088,9 +1088,11 @@ class StageCosts:
     def logits_bytes(self) -> float:
         """The last stage's fp32 logits for the loss, one micro-batch: the main head's and each
         multi-token prediction module's, whose losses are all taken in the forward pass and
-        kept for the backward."""
+        kept for the backward. Transformer Engine's loss (``loss=te``) upcasts nothing: it keeps
+        the 16-bit logits, its gradient written over them."""
         plan, m = self.plan, self.model
-        return (1 + m.mtp_layers) * 4.0 * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
+        width = m.bytes_per_element if plan.loss == "te" else 4.0
+        return (1 + m.mtp_layers) * width * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
 
     def memory(self, i: int, n: int, r: str, k: int = 0) -> StageMemory:
         """Peak bytes on a device of stage ``i``: under 1F1B it holds min(pp - i, m) micro-batches."""

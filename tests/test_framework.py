@@ -248,6 +248,65 @@ def test_megatron_cross_entropy_makes_its_passes_over_the_fp32_logits():
     assert "loss=megatron" in Plan(loss="megatron").label() and "loss" not in Plan().label()
 
 
+def test_fused_and_transformer_engine_cross_entropy_by_hand():
+    # bytes per 16-bit logit, forward + backward:
+    # - torch: upcast (2 + 4) and log-softmax (4 + 4); backward read 8, write 4 + 2: 18 + 14 = 32;
+    # - fused (Megatron-Core's three compiled functions): upcast with the max (2 + 4), subtract, exp
+    #   and sum in place (4 + 4), divide in place (4 + 4); backward softmax read, written back and
+    #   downcast (4 + 4 + 2): 22 + 10 = 32, the same bytes as torch;
+    # - te (Transformer Engine's Triton kernels): two reads of the 16-bit logits, the gradient written
+    #   over them (2 + 2 + 2), backward a multiply in place (2 + 2): 6 + 4 = 10, 22 fewer.
+    from phaze.graph import edge_graph
+    model, chip = load_model("gpt2-xl", 1024), load_chip("a100-80gb")
+    ideal = Efficiency()
+    step = {loss: evaluate(model, chip, 1, 4, Plan(mbs=1, loss=loss), ideal).step_time_s
+            for loss in ("torch", "fused", "te")}
+    by_hand = 4 * 22 * 1024 * model.vocab / chip.hbm_bandwidth_bytes_per_s
+    assert step["torch"] - step["te"] == pytest.approx(by_hand, rel=1e-3)
+    assert step["fused"] == pytest.approx(step["torch"], rel=1e-9)
+    ops = {loss: {o.name: o for o in edge_graph(model, 2, 4, False, loss)["head"]} for loss in ("fused", "te")}
+    logits = 2 * 1024 * -(-model.vocab // 4)       # two sequences, a quarter of the vocabulary a rank
+    assert ops["fused"]["cross_entropy"].bytes == pytest.approx(22 * logits)
+    assert ops["fused"]["cross_entropy.bwd"].bytes == pytest.approx(10 * logits)
+    assert ops["te"]["cross_entropy"].bytes == pytest.approx(6 * logits)
+    assert ops["te"]["cross_entropy.bwd"].bytes == pytest.approx(4 * logits)
+    # tp 4: fused all-reduces each token's max, then its target logit and sum (fp32); TE gathers
+    # every rank's max, sum and target logit (3 fp32 a token from each of the 4 ranks)
+    fused_ar = ops["fused"]["cross_entropy.all_reduce"].collective
+    te_ag = ops["te"]["cross_entropy.all_gather"].collective
+    assert (fused_ar.kind, fused_ar.bytes) == ("all_reduce", 12 * 2 * 1024)
+    assert (te_ag.kind, te_ag.bytes) == ("all_gather", 12 * 2 * 1024 * 4)
+    assert "cross_entropy.all_reduce" not in ops["te"]
+    # memory: TE keeps the 16-bit logits (its gradient over them), the others fp32 ones
+    costs = {loss: stage_costs(model, chip, 4, 8, Plan(tp=4, mbs=2, loss=loss)) for loss in ("fused", "te")}
+    held = 2 * 1024 * model.vocab / 4
+    assert costs["fused"].logits_bytes() == pytest.approx(4 * held)
+    assert costs["te"].logits_bytes() == pytest.approx(2 * held)
+    # NeMo 2's pretraining fuses it: Megatron-Core's compiled functions in 2024 (nemo_toolkit 2.0,
+    # 2.1), Transformer Engine's in the 2025 performance scripts
+    assert FRAMEWORKS["nemo-2024"].loss == "fused" and FRAMEWORKS["nemo"].loss == "te"
+    assert synthetic_case(framework="NeMo 24.07").plan.loss == "fused"
+    assert synthetic_case(framework="NeMo 25.07").plan.loss == "te"
+    assert parse_plan("loss=te").loss == "te"
+
+
+def test_the_cross_entropy_figures_frameworks_md_quotes():
+    """Llama 3 8B on 8 H100s under the `nemo` preset, its loss (te) against torch's."""
+    got = []
+    for extra in ("", ",loss=torch"):
+        out = phaze_cli(ROOT, "evaluate", "--workload", "llama3-8b", "--arch", "h100-sxm", "--devices", "8",
+                        "--global-batch", "128", "--plan", "tp=2,mbs=1,recompute=selective" + extra,
+                        "--framework", "nemo", "--format", "json")
+        assert out.returncode == 0, out.stderr
+        d = json.loads(out.stdout)
+        got.append((d["step_time_s"], d["memory_per_device_bytes"] / 2 ** 30))
+    (te, te_mem), (torch, torch_mem) = got
+    assert te < torch and te_mem < torch_mem
+    doc = " ".join((ROOT / "docs" / "frameworks.md").read_text().split())
+    assert (f"`nemo` preset's step is {te:.3f} s with `te` and {torch:.3f} s with `torch`, and it needs "
+            f"{te_mem:.1f} GiB a device, not {torch_mem:.1f}") in doc
+
+
 def test_megatron_optimizer_makes_its_passes_around_fused_adam():
     # Megatron's mixed-precision optimizer, one pass each, bytes per parameter: bf16 (fp32 main
     # gradients) norm 4 + FusedAdam 16 + 12 + weights back 4 + 2 = 38; fp16 adds the gradient
@@ -341,8 +400,9 @@ def test_megatron_reduces_bf16_gradients_in_fp32():
     assert not nemo.reduces_fp32("bf16") and not nemo.reduces_fp32("fp8")
     assert synthetic_case(framework="NeMo 25.07").plan.reduce_fp32 is False
     assert synthetic_case(framework="NeMo 25.07", grad_reduce_fp32="yes").plan.reduce_fp32 is True
-    assert dataclasses.replace(nemo, name="nemo-2024", bf16_reduce_fp32=True, source="") == dataclasses.replace(
-        FRAMEWORKS["nemo-2024"], source="")      # the two presets differ in nothing else
+    assert dataclasses.replace(nemo, name="nemo-2024", bf16_reduce_fp32=True, loss="fused",
+                               source="") == dataclasses.replace(
+        FRAMEWORKS["nemo-2024"], source="")      # the two presets differ in nothing else but the loss
     assert synthetic_case(framework="megatron-lm", precision="fp16").plan.reduce_fp32 is False
 
 
