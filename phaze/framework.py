@@ -119,11 +119,15 @@ _NEMO_SOURCE = ("Megatron-Core with Transformer Engine fused attention, tp_comm_
                 "through Transformer Engine's fused kernel (apply_rope_fusion True in its Llama, Mixtral and "
                 "Nemotron configs, nemo_toolkit 2.6.2 llm/gpt/model/llama.py, mixtral.py, nemotron.py; its "
                 "DeepSeek and Qwen configs leave Megatron-Core's False, the unfused formula: such a run says "
-                "rotary_kernels separate); {loss}")
+                "rotary_kernels separate); its interleaved pipelines overlap their sends with compute "
+                "(MegatronCommOverlapCallback, nemo_toolkit 2.0.0 to 2.6.2 "
+                "lightning/pytorch/callbacks/megatron_comm_overlap.py: overlap_p2p_comm True and "
+                "batch_p2p_comm False when pp > 1 and vp > 1, batched otherwise; pipe_p2p overlapped); {loss}")
 _NEMO_2024 = Framework("nemo-2024", attention="flash", tp_async=True, tp_overlap=True, zero=1,
                        reduce_fp32=False, dropout=False, selective="attention", execution="eager",
                        interleave=True, vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
                        recompute_modules=("core_attn",), moe_capacity=1.0, fp8_params=True, loss="fused",
+                       pipe_p2p="overlapped",
                        source="NVIDIA NeMo 2 LLM performance recipes of 2024 (containers 24.07 to 24.12, "
                               "nemo_toolkit 2.0 and 2.1): " + _NEMO_SOURCE.format(
                                   reduce="grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins "

@@ -43,8 +43,11 @@ FSDP_PP = ("micro_batch", "step")
 # micro-batch); ``blocking``, each send and receive on its own, one after another, with a small
 # metadata tensor before each (DeepSpeed's pipeline engine: p2p.send and p2p.recv, a
 # PartitionedTensor's meta and data), so that a stage between two others waits through four
-# transfers a micro-batch
-PIPE_P2P = ("batched", "blocking")
+# transfers a micro-batch; ``overlapped``, Megatron-Core's overlap_p2p_comm, which only its
+# interleaved schedule runs (vp > 1; batched otherwise): each chunk's send and receive posted
+# asynchronously after its compute and waited before the chunk that needs them, so the transfer
+# runs under the chunk computed in between
+PIPE_P2P = ("batched", "blocking", "overlapped")
 # the order of a pipeline's forward and backward chunks: ``1f1b``, one forward then one backward
 # per micro-batch once the pipeline is full (interleaved over ``vp`` chunks a stage when vp > 1;
 # Megatron's, DeepSpeed's, PyTorch's schedules); ``dualpipe``, DeepSeek-V3's bidirectional
@@ -246,7 +249,7 @@ class Plan:
     cp_a2a: int = 1                        # a2a+p2p: context-parallel ranks of one all-to-all group
     fsdp_pp: str = "micro_batch"           # zero 3 with pp > 1: weights gathered per micro-batch | per step
     fp8_params: bool = False               # an fp8 run's linear weights held and gathered in fp8
-    pipe_p2p: str = "batched"              # pipeline sends: batched | blocking (PIPE_P2P)
+    pipe_p2p: str = "batched"              # pipeline sends: batched | blocking | overlapped (PIPE_P2P)
     pipe_schedule: str = "1f1b"            # pipeline chunk order: 1f1b | dualpipe (PIPE_SCHEDULES)
 
     def __post_init__(self):

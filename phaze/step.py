@@ -1543,6 +1543,15 @@ def stage_costs(model: Model, chip: Chip, devices: int, global_batch: int, plan:
                 one += collective_time("send", 8 * (7 + tp), 2, chip, tp * plan.cp * dp, eff)
             transfers = 4 if pp > 2 else 2
         send = transfers * v * one
+        if plan.pipe_p2p == "overlapped" and v > 1:
+            # Megatron-Core's overlap_p2p_comm (schedules.py, forward_backward_pipelining_with_
+            # interleaving: pp_post_forward and pp_post_backward post send_*_recv_* asynchronously,
+            # pp_pre_forward and pp_pre_backward wait for them): a forward's transfer runs under
+            # the backward chunk computed next, a backward's under the next forward chunk, so each
+            # is hidden under at least a chunk's forward (its fewest layers, no recompute)
+            chunk = max(1, model.layers // (pp * v))
+            window = chunk * mode_costs(model, chip, devices, mode_layout(plan), eff, "none").fwd.total
+            send = transfers * v * exposed(one, window, eff)
     full_act = activation_bytes_per_layer(shard, plan.mbs, tp, plan.sp, "none", plan.attention)
     # fp32 gradient reduction keeps fp32 main gradients (Megatron's --accumulate-allreduce-grads-in-fp32:
     # 18 bytes per parameter with Adam, 6 + 12/d with the distributed optimizer)
