@@ -1112,6 +1112,7 @@ def test_deepspeed_pipeline_waits_through_four_transfers_a_micro_batch():
                   / v.evaluate(model, a100, devices, batch, batched, eff).step_time_s)
         assert slower > 1 and f"{100 * (slower - 1):.1f} %" in doc, (name, slower)
 
+
 def test_overlapped_pipeline_sends_hide_under_the_next_chunk():
     # Megatron-Core's overlap_p2p_comm, interleaved schedule only: each transfer runs under the chunk
     # computed next, at least a chunk's forward; hidden, it costs overlap_slowdown of itself. A
