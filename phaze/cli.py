@@ -395,7 +395,7 @@ def cmd_evaluate(args) -> int:
     preset = None
     if args.framework:
         fw = framework(args.framework)
-        plan, changes = plan_with(fw, plan, _plan_keys(args.plan), model.precision)
+        plan, changes = plan_with(fw, plan, _plan_keys(args.plan), model.precision, model)
         model, set_on_model = model_with(fw, model)
         chip = chip.with_execution(fw.execution)
         preset = describe(fw, changes | set_on_model)
@@ -812,7 +812,8 @@ def cmd_place(args) -> int:
                                routing=args.routing or (), dispatcher=args.dispatcher or (),
                                ep_overlap=args.ep_overlap or (), recompute_modules=args.recompute_modules or (),
                                dp_shard=args.dp_shard or 0, cp_comm=args.cp_comm or "p2p",
-                               fsdp_pp=args.fsdp_pp or "micro_batch", fp8_params=args.fp8_params == "on")
+                               fsdp_pp=args.fsdp_pp or "micro_batch", fp8_params=args.fp8_params == "on",
+                               shared_overlap=args.shared_overlap == "on")
     preset = None
     if args.framework:
         fw = framework(args.framework)
@@ -821,8 +822,9 @@ def cmd_place(args) -> int:
                                 ("recompute", args.recompute),
                                 ("recompute_modules", args.recompute_modules),
                                 ("dp_shard", args.dp_shard is not None), ("cp_comm", args.cp_comm),
-                                ("fsdp_pp", args.fsdp_pp), ("fp8_params", args.fp8_params)) if v}
-        options, changes = options_with(fw, options, given, model.precision)
+                                ("fsdp_pp", args.fsdp_pp), ("fp8_params", args.fp8_params),
+                                ("shared_overlap", args.shared_overlap)) if v}
+        options, changes = options_with(fw, options, given, model.precision, model)
         model, set_on_model = model_with(fw, model)
         chip = chip.with_execution(options.execution)
         preset = describe(fw, changes | set_on_model)
@@ -1232,7 +1234,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "pipeline), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
-                    "ep_overlap; default tp=1,pp=1,mbs=1")
+                    "ep_overlap, shared_overlap (shared experts beside the all-to-alls); "
+                    "default tp=1,pp=1,mbs=1")
     ev.add_argument("--seq-len", type=_seq_len, default=None, help="override the sequence length")
     ev.add_argument("--memory-reserve", type=_gib, default=None, metavar="GIB",
                     help="GiB per device kept free for the runtime (default: the chip's modelled reserve)")
@@ -1305,6 +1308,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--ep-overlap", type=_switch_list, default=None, metavar="off,on",
                     help="MoE all-to-all overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) to search: "
                          "off, on or both (default: off)")
+    pl.add_argument("--shared-overlap", choices=("on", "off"), default=None,
+                    help="a mixture of experts' shared experts beside the token all-to-alls (Megatron-Core's "
+                         "--moe-shared-expert-overlap), in the plans that allow it; default off (the nemo "
+                         "presets': on)")
     pl.add_argument("--zero", type=_zero_list, default=None,
                     help="ZeRO stages to search (default 0,1: none and the distributed optimizer; 0,1,2,3 all)")
     pl.add_argument("--dp-shard", type=_dp_shard, default=None, metavar="all,node,N",

@@ -14,7 +14,17 @@ from dataclasses import dataclass, replace
 from .arch import EXECUTION
 from .configio import ConfigError, suggest
 from .placement import PlacementOptions
-from .plan import CP_COMMS, DP_SHARD_NODE, LOSSES, OPTIMIZERS, PIPE_P2P, Plan, dp_shard_text, hides_dp_reduction
+from .plan import (
+    CP_COMMS,
+    DP_SHARD_NODE,
+    LOSSES,
+    OPTIMIZERS,
+    PIPE_P2P,
+    Plan,
+    dp_shard_text,
+    hides_dp_reduction,
+    shared_overlap_conflict,
+)
 from .workload import BIAS_KERNELS, FP8_CASTS, KV_REPEATS, ROTARY_KERNELS, SOFTMAX_KERNELS, Model
 
 
@@ -73,6 +83,8 @@ class Framework:
     cp_comm: str = "p2p"        # how its context parallelism exchanges K and V (phaze.plan.CP_COMMS)
     fsdp_pp: str = "micro_batch"  # how its FSDP holds a pipeline stage's weights (phaze.plan.FSDP_PP)
     fp8_params: bool = False    # an fp8 run's linear weights held and gathered in fp8 (phaze.plan.Plan.fp8_params)
+    shared_overlap: bool = False  # a mixture of experts' shared experts beside its token all-to-alls
+                                  # (Megatron-Core's --moe-shared-expert-overlap), where the plan allows it
     moe_capacity: float = 0.0   # a mixture of experts' capacity factor where the model gives none
                                 # (its recipes drop tokens beyond it, each expert's input padded to
                                 # it); 0: the model's (dropless without one)
@@ -124,12 +136,17 @@ _NEMO_SOURCE = ("Megatron-Core with Transformer Engine fused attention, tp_comm_
                 "rotary_kernels separate); its interleaved pipelines overlap their sends with compute "
                 "(MegatronCommOverlapCallback, nemo_toolkit 2.0.0 to 2.6.2 "
                 "lightning/pytorch/callbacks/megatron_comm_overlap.py: overlap_p2p_comm True and "
-                "batch_p2p_comm False when pp > 1 and vp > 1, batched otherwise; pipe_p2p overlapped); {loss}")
+                "batch_p2p_comm False when pp > 1 and vp > 1, batched otherwise; pipe_p2p overlapped); a "
+                "mixture of experts' shared experts run beside its token all-to-alls (moe_shared_expert_"
+                "overlap True in its DeepSeek and Llama 4 configs, nemo_toolkit 2.6.2 llm/gpt/model/deepseek.py "
+                "and llama.py, the only ones with shared experts; off under DeepEP, which the DeepSeek-V3 "
+                "performance script runs on H100 and Megatron-Core refuses with it: shared_overlap where the "
+                "plan allows it); {loss}")
 _NEMO_2024 = Framework("nemo-2024", attention="flash", tp_async=True, tp_overlap=True, zero=1,
                        reduce_fp32=False, dropout=False, selective="attention", execution="eager",
                        interleave=True, vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True,
                        recompute_modules=("core_attn",), moe_capacity=1.0, fp8_params=True, loss="fused",
-                       pipe_p2p="overlapped",
+                       pipe_p2p="overlapped", shared_overlap=True,
                        source="NVIDIA NeMo 2 LLM performance recipes of 2024 (containers 24.07 to 24.12, "
                               "nemo_toolkit 2.0 and 2.1): " + _NEMO_SOURCE.format(
                                   reduce="grad_reduce_in_fp32 in its bf16 and fp8 mixed-precision plugins "
@@ -437,7 +454,7 @@ def padded_vocab(vocab: int, multiple: int) -> int:
 
 
 PLAN_KEYS = ("attention", "tp_async", "tp_overlap", "zero", "reduce_fp32", "dp_overlap", "loss", "optimizer",
-             "grad_accum_fusion", "dp_shard", "cp_comm", "fsdp_pp", "fp8_params", "pipe_p2p")
+             "grad_accum_fusion", "dp_shard", "cp_comm", "fsdp_pp", "fp8_params", "pipe_p2p", "shared_overlap")
 
 
 def plan_settings(fw: Framework | None, precision: str = "bf16") -> dict:
@@ -470,10 +487,13 @@ def model_with(fw: Framework, model: Model) -> tuple[Model, dict]:
     return (replace(model, **changes) if changes else model), changes
 
 
-def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf16") -> tuple[Plan, dict]:
+def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf16",
+              model: Model | None = None) -> tuple[Plan, dict]:
     """``plan`` with the preset's settings for every key not in ``given`` (the ones the user set),
-    and what was set, for a run at ``precision``. ``recompute=selective`` becomes the framework's
-    selective policy."""
+    and what was set, for a run at ``precision`` of ``model``. ``recompute=selective`` becomes the
+    framework's selective policy; a preset's shared-expert overlap is set only for a ``model``
+    with shared experts and only where the plan allows it (:func:`phaze.plan.shared_overlap_conflict`;
+    without ``model``, not at all)."""
     changes = {k: x for k, x in plan_settings(fw, precision).items() if k not in given}
     if fw.sp is not None and "sp" not in given:
         changes["sp"] = fw.sp and plan.tp > 1
@@ -485,20 +505,27 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf
     if fw.recompute_modules and "recompute_modules" not in given and "selective" in plan.stage_modes()[0]:
         changes["recompute_modules"] = fw.recompute_modules
     out = replace(plan, **changes)
+    if out.shared_overlap and "shared_overlap" not in given and (
+            model is None or not model.shared_experts or shared_overlap_conflict(out)):
+        out = replace(out, shared_overlap=False)
+        changes["shared_overlap"] = False
     said = {k: x for k, x in changes.items()   # only where it acts
-            if (k != "fsdp_pp" or out.fsdp_once) and (k != "fp8_params" or precision == "fp8")}
+            if (k != "fsdp_pp" or out.fsdp_once) and (k != "fp8_params" or precision == "fp8")
+            and (k != "shared_overlap" or out.shared_overlap)}
     return out, dict(said, execution=fw.execution)
 
 
 def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
-                 precision: str = "bf16") -> tuple[PlacementOptions, dict]:
+                 precision: str = "bf16", model: Model | None = None) -> tuple[PlacementOptions, dict]:
     """The placement space with the preset's settings for every option not in ``given``, and
-    what was set, for a run at ``precision``. A framework that shards with FSDP (zero 3) searches
-    only that stage; the others keep the searched stages. ``selective`` recompute becomes the
-    framework's policy."""
+    what was set, for a run at ``precision`` (of ``model``: a shared-expert overlap is said only
+    for a model with shared experts; the search sets it only in the plans that allow it). A
+    framework that shards with FSDP (zero 3) searches only that stage; the others keep the searched
+    stages. ``selective`` recompute becomes the framework's policy."""
     # the plan keys a preset sets, as in a plan (the searched ZeRO stages below)
     changes: dict = {k: x for k, x in plan_settings(fw, precision).items()
-                     if k != "zero" and k not in given and (k != "fp8_params" or precision == "fp8")}
+                     if k != "zero" and k not in given and (k != "fp8_params" or precision == "fp8")
+                     and (k != "shared_overlap" or (x and (model is None or model.shared_experts)))}
     changes["execution"] = fw.execution
     if fw.dp_overlap_flat and "dp_overlap" not in given:
         changes["dp_overlap_flat"] = True

@@ -45,6 +45,7 @@ class ExpertLayout:
     load: float = 1.0
     nodes: int = 1
     overlap: bool = False   # the all-to-alls run under another micro-batch's compute (1F1B overlap)
+    shared_overlap: bool = False   # the shared experts run beside the all-to-alls (their own stream)
 
     def node_share(self, experts: int, top_k: int) -> float:
         """Probability that a token's top-k experts (distinct, uniform) include one of a given

@@ -29,7 +29,15 @@ from .arch import Chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .memory import memory_reserve_bytes
-from .plan import PLAN_RECOMPUTE, SEARCHED_RECOMPUTE, Plan, cp_a2a_groups, hides_dp_reduction, layer_modes
+from .plan import (
+    PLAN_RECOMPUTE,
+    SEARCHED_RECOMPUTE,
+    Plan,
+    cp_a2a_groups,
+    hides_dp_reduction,
+    layer_modes,
+    shared_overlap_conflict,
+)
 from .step import (
     PhaseTime,
     StageCosts,
@@ -96,6 +104,7 @@ class PlacementOptions:
     fsdp_pp: str = "micro_batch"     # zero 3 with pp > 1: weights gathered per micro-batch | per step
     fp8_params: bool = False         # an fp8 run's linear weights held and gathered in fp8
     pipe_p2p: str = "batched"        # how pipeline stages exchange activations (phaze.plan.PIPE_P2P)
+    shared_overlap: bool = False     # shared experts beside the all-to-alls, in the plans that allow it
     dp_shard: int | tuple[int, ...] = 0   # data-parallel ranks of a ZeRO shard group, or the groupings
                                           # searched (phaze.plan.Plan.dp_shard; :attr:`dp_shards`)
     cp_comm: str | tuple[str, ...] = "p2p"   # context parallelism's K/V exchange, or the exchanges
@@ -602,6 +611,9 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     cp_comm=comm, cp_a2a=a2a, dispatcher=disp, ep_overlap=overlap,
                                     fsdp_pp=options.fsdp_pp, fp8_params=options.fp8_params,
                                     pipe_p2p=options.pipe_p2p)
+                        if options.shared_overlap and model.shared_experts:   # where Megatron-Core allows it
+                            plan = replace(plan, shared_overlap=not (shared_overlap_conflict(plan) or "shared_experts"
+                                                                     in options.recompute_modules))
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:

@@ -115,6 +115,20 @@ def hides_dp_reduction(overlap: bool, flat_only: bool, pp: int, sp: bool) -> boo
     return overlap and not (flat_only and (pp > 1 or sp))
 
 
+def shared_overlap_conflict(plan) -> str:
+    """What keeps Megatron-Core from running a plan's shared experts beside its token all-to-alls
+    (``--moe-shared-expert-overlap``; megatron-core 0.16.1 transformer_config.py ``__post_init__``:
+    the alltoall dispatcher only, not with ``--overlap-moe-expert-parallel-comm``, not with the
+    shared experts recomputed), or "" when nothing does."""
+    if plan.dispatcher == "deepep":
+        return "the alltoall dispatcher (not DeepEP's)"
+    if plan.ep_overlap:
+        return "ep_overlap off (the all-to-alls already run under another micro-batch)"
+    if "shared_experts" in plan.recompute_modules and "selective" in plan.stage_modes()[0]:
+        return "the shared experts kept, not recomputed (recompute_modules without shared_experts)"
+    return ""
+
+
 def is_layer_recompute(recompute: str) -> bool:
     """Whether ``recompute`` is a layer graph's recompute: a :data:`RECOMPUTE` mode or a selective
     recompute of known modules."""
@@ -176,7 +190,10 @@ class Plan:
     token all-to-all, ``alltoall`` (one flat all-to-all over ep, Megatron's default) or ``deepep``
     (DeepEP: across nodes each token is sent once per destination node, then forwarded inside it);
     ``ep_overlap`` hides the all-to-alls under another micro-batch's compute (Megatron-Core's
-    ``--overlap-moe-expert-parallel-comm``, the "1F1B overlap" of its MoE guide). ``loss``: how
+    ``--overlap-moe-expert-parallel-comm``, the "1F1B overlap" of its MoE guide);
+    ``shared_overlap`` runs the shared experts on a stream of their own beside the token
+    all-to-alls (Megatron-Core's ``--moe-shared-expert-overlap``: the dispatch under their first
+    linear, the combine under their second, and the mirror in the backward). ``loss``: how
     the cross entropy runs over the logits, ``torch`` (PyTorch's on the fp32-upcast logits: one
     log-softmax pass) or ``megatron`` (Megatron-LM's vocab-parallel cross entropy: upcast, then
     max, subtract, exp, sum and divide, each a pass over the fp32 logits). ``grad_accum_fusion``
@@ -239,6 +256,7 @@ class Plan:
     routing: str = ""                      # forced | dropless | capacity ("": from the model)
     dispatcher: str = ""                   # MoE token dispatch: alltoall | deepep ("": alltoall)
     ep_overlap: bool = False               # MoE all-to-alls overlapped with another micro-batch's compute
+    shared_overlap: bool = False           # MoE shared experts beside the token all-to-alls (their own stream)
     loss: str = "torch"                    # cross-entropy kernels: torch | megatron | fused | te (LOSSES)
     recompute_modules: tuple[str, ...] = ()  # what a selective stage re-runs, Megatron-Core's modules
                                              # (RECOMPUTE_MODULES); empty: Megatron-LM's selective
@@ -296,6 +314,7 @@ class Plan:
                 + (f",routing={self.routing}" if self.routing else "")
                 + (f",dispatcher={self.dispatcher}" if self.dispatcher else "")
                 + (",ep_overlap=1" if self.ep_overlap else "")
+                + (",shared_overlap=1" if self.shared_overlap else "")
                 + (",dp_overlap=0" if not self.dp_overlap else "")
                 + (f",loss={self.loss}" if self.loss != "torch" else "")
                 + (",grad_accum_fusion=0" if not self.grad_accum_fusion and self.optimizer in MEGATRON_OPTIMIZERS
@@ -315,8 +334,8 @@ _NOT_KEYS = ("memory_reserve",)      # set by --memory-reserve, not part of a pl
 PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
-             "dispatcher", "ep_overlap", "loss", "recompute_modules", "grad_accum_fusion", "dp_shard", "cp_comm",
-             "cp_a2a", "fsdp_pp", "fp8_params", "pipe_p2p", "pipe_schedule")
+             "dispatcher", "ep_overlap", "shared_overlap", "loss", "recompute_modules", "grad_accum_fusion",
+             "dp_shard", "cp_comm", "cp_a2a", "fsdp_pp", "fp8_params", "pipe_p2p", "pipe_schedule")
 BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
               "off": False}   # a switch's words, in --plan and in the flags that take off,on
 
@@ -367,8 +386,8 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
                 raise ConfigError(source, key, f"must be distinct modules of {', '.join(RECOMPUTE_MODULES)} "
                                                f"joined by '+', got {raw!r}")
             values[key] = mods
-        elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap", "grad_accum_fusion",
-                     "fp8_params"):
+        elif key in ("sp", "dp_overlap", "tp_overlap", "tp_async", "reduce_fp32", "ep_overlap", "shared_overlap",
+                     "grad_accum_fusion", "fp8_params"):
             if raw.lower() not in BOOL_WORDS:
                 raise ConfigError(source, key, f"must be true or false, got {raw!r}")
             values[key] = BOOL_WORDS[raw.lower()]

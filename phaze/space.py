@@ -650,14 +650,15 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
             recompute_modules=_modules(p), dp_shard=_dp_shard(p),
             cp_comm=_cp_comm(p), dispatcher=_dispatchers(p), ep_overlap=_overlaps(p),
-            fsdp_pp=p.choice("fsdp_pp", FSDP_PP, d.fsdp_pp), fp8_params=p.bool("fp8_params", d.fp8_params))
+            fsdp_pp=p.choice("fsdp_pp", FSDP_PP, d.fsdp_pp), fp8_params=p.bool("fp8_params", d.fp8_params),
+            shared_overlap=p.bool("shared_overlap", d.shared_overlap))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
         if fw_name:
             fw = framework(fw_name, p.source, p.prefix + "framework")
             given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer", "recompute_modules", "dp_shard",
-                                "cp_comm", "fsdp_pp", "fp8_params") if p.has(k)}
+                                "cp_comm", "fsdp_pp", "fp8_params", "shared_overlap") if p.has(k)}
             options = options_with(fw, options, given, model.precision)[0]
             model = model_with(fw, model)[0]
         bad = fp8_params_error(model, "false") if options.fp8_params else None

@@ -50,6 +50,7 @@ from .plan import (
     cp_a2a_groups,
     dp_shard_text,
     graph_recompute,
+    shared_overlap_conflict,
 )
 from .schedule import layer_bounds, schedule_layer
 from .workload import Model, with_seq_len
@@ -125,7 +126,36 @@ def expert_layout(model: Model, plan: Plan, chip: Chip | None = None, mean: bool
     if plan.dispatcher == "deepep" and chip is not None and chip.links and chip.links[0].devices:
         local = max(1, min(plan.ep, chip.links[0].devices // plan.etp))
         nodes = plan.ep // local if plan.ep % local == 0 else 1
-    return ExpertLayout(plan.ep, plan.etp, load, nodes, plan.ep_overlap)
+    return ExpertLayout(plan.ep, plan.etp, load, nodes, plan.ep_overlap,
+                        plan.shared_overlap and model.shared_experts > 0)
+
+
+# Megatron-Core's --moe-shared-expert-overlap (megatron-core 0.16.1 transformer/moe/shared_experts.py,
+# token_dispatcher.py MoEAlltoAllTokenDispatcher): the shared experts run on a stream of their own,
+# their first linear and activation issued beside the dispatch all-to-all, their second linear
+# beside the combine; their backward runs on the same stream beside the all-to-alls' mirrors.
+# Each all-to-all (phaze's op name) and the shared-expert ops that cover it.
+SHARED_COVER_FWD = (("dispatch.all_to_all", ("shared_up", "shared_{act}")), ("combine.all_to_all", ("shared_down",)))
+SHARED_COVER_BWD = (("combine.all_to_all.bwd", ("shared_down.dgrad", "shared_down.wgrad")),
+                    ("dispatch.all_to_all.bwd", ("shared_{act}.bwd", "shared_up.dgrad", "shared_up.wgrad")),
+                    *(("recompute." + a2a, tuple("recompute." + n for n in under))   # a re-run forward's
+                      for a2a, under in SHARED_COVER_FWD))
+
+
+def _beside_shared(ops, t: PhaseTime, chip: Chip, model: Model, eff: Efficiency, groups: dict,
+                   cover) -> PhaseTime:
+    """``t`` with each token all-to-all run beside the shared-expert ops that cover it
+    (:data:`SHARED_COVER_FWD`, :data:`SHARED_COVER_BWD`): what does not fit under them shows, plus
+    ``overlap_slowdown`` of the rest (:func:`exposed`)."""
+    names = {n.format(act=model.activation) for _, under in cover for n in under} | {a for a, _ in cover}
+    times = {o.name: op_time(o, chip, model.precision, eff, groups=groups, bytes_per_element=model.bytes_per_element)
+             for o in ops if o.name in names}
+    saved = 0.0
+    for a2a, under in cover:
+        if a2a in times:
+            window = sum(times.get(n.format(act=model.activation), 0.0) for n in under)
+            saved += times[a2a] - exposed(times[a2a], window, eff)
+    return replace(t, communication=t.communication - saved)
 
 
 @lru_cache(maxsize=16384)
@@ -144,6 +174,9 @@ def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention
                            chip, model.precision, eff, groups, p).communication
             return PhaseTime(t.compute, t.memory, t.communication - a2a + exposed(a2a, t.compute, eff))
         fwd, bwd = hide(g.fwd, fwd), hide(g.bwd, bwd)
+    elif moe is not None and moe.shared_overlap:
+        fwd, bwd = (_beside_shared(g.fwd, fwd, chip, model, eff, groups, SHARED_COVER_FWD),
+                    _beside_shared(g.bwd, bwd, chip, model, eff, groups, SHARED_COVER_BWD))
     if model.moe and model.dense_ffn_layers:
         df, db = _layer_sums(dense_view(model), chip, mbs, tp, sp, attention, recompute, eff)
         w = model.dense_ffn_layers / model.layers
@@ -534,12 +567,18 @@ def _check_experts(model: Model, plan: Plan, dp: int) -> None:
     def divisors(n):
         return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
     if not model.moe:
-        if plan.ep > 1 or plan.etp > 1 or plan.ep_overlap:
-            raise ConfigError("--plan", "ep" if plan.ep > 1 else "etp" if plan.etp > 1 else "ep_overlap",
-                              f"{model.name} has no experts; allowed: {0 if plan.ep_overlap else 1}")
+        if plan.ep > 1 or plan.etp > 1 or plan.ep_overlap or plan.shared_overlap:
+            key = ("ep" if plan.ep > 1 else "etp" if plan.etp > 1 else "ep_overlap" if plan.ep_overlap
+                   else "shared_overlap")
+            raise ConfigError("--plan", key, f"{model.name} has no experts; allowed: "
+                                             f"{0 if key.endswith('overlap') else 1}")
         return
     if plan.ep_overlap:
         _check_ep_overlap(model, plan)
+    if plan.shared_overlap and (why := "shared experts" if not model.shared_experts
+                                else shared_overlap_conflict(plan)):
+        raise ConfigError("--plan", "shared_overlap", f"needs {why} (Megatron-Core's "
+                                                      "--moe-shared-expert-overlap); allowed: 0 here")
     ranks = plan.tp * plan.cp * dp
     if model.experts % plan.ep or ranks % (plan.ep * plan.etp):
         raise ConfigError("--plan", "ep", f"must divide the experts ({model.experts}) and tp*cp*dp/etp "

@@ -78,6 +78,7 @@ from .plan import (
     dp_shard_value,
     hides_dp_reduction,
     ordered_modules,
+    shared_overlap_conflict,
 )
 from .step import check_plan, evaluate, model_flops_per_sample, stage_split
 from .system import apply_system, load_system, with_devices_per_node
@@ -552,10 +553,14 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         layout_from = "searched"
     if model.moe:
         plan, assumed = _expert_plan(row, model, chip, devices, plan, searched_ep)
+        # the framework's shared-expert overlap where the plan allows it (no column says it)
+        plan = dataclasses.replace(plan, shared_overlap=preset["shared_overlap"] and model.shared_experts > 0
+                                   and not shared_overlap_conflict(plan))
         layout_from = "unconfirmed" if assumed and layout_from == "row" else layout_from
         check_plan(model, devices, batch, plan)
         alternatives = tuple(dataclasses.replace(a, ep=plan.ep, etp=plan.etp, routing=plan.routing,
-                                                 dispatcher=plan.dispatcher, ep_overlap=plan.ep_overlap)
+                                                 dispatcher=plan.dispatcher, ep_overlap=plan.ep_overlap,
+                                                 shared_overlap=plan.shared_overlap)
                              for a in alternatives)
     if recompute == "block" and block_layers is None:   # the count not published: the fewest that fit
         fits = _fits(model, chip, devices, batch)

@@ -496,6 +496,95 @@ def test_ep_overlap_takes_what_megatron_core_requires():
         check_plan(load_model("llama3-8b"), 8, 8, Plan(ep_overlap=True))
 
 
+def test_shared_experts_run_beside_the_all_to_alls_by_hand():
+    """Megatron-Core's --moe-shared-expert-overlap (shared_experts.py, token_dispatcher.py): the
+    shared experts' first linear and activation run beside the dispatch all-to-all, their second
+    linear beside the combine, and in the backward their gradients beside the mirrors; each
+    all-to-all shows what does not fit under its cover plus overlap_slowdown of the rest."""
+    from phaze.cost import Efficiency, op_time
+    from phaze.graph import collective_groups
+    from phaze.step import _layer_sums, expert_layout, exposed
+    model, chip = load_model("llama4-scout"), load_chip("h100-sxm")
+    eff = Efficiency(tensor_fraction=0.7, hbm_fraction=0.8, link_fraction=0.8, overlap_slowdown=0.25)
+    plain, over = Plan(tp=2, ep=16), Plan(tp=2, ep=16, shared_overlap=True)
+    lay = expert_layout(model, plain, chip)
+    g = layer_graph(model, 1, 2, True, "flash", "none", lay)
+    groups = collective_groups(2, lay)
+    t = {o.name: op_time(o, chip, model.precision, eff, groups=groups, bytes_per_element=2) for o in g.fwd + g.bwd}
+    pairs = (("dispatch.all_to_all", ("shared_up", "shared_swiglu")), ("combine.all_to_all", ("shared_down",)),
+             ("combine.all_to_all.bwd", ("shared_down.dgrad", "shared_down.wgrad")),
+             ("dispatch.all_to_all.bwd", ("shared_swiglu.bwd", "shared_up.dgrad", "shared_up.wgrad")))
+    saved = [t[a] - exposed(t[a], sum(t[n] for n in under), eff) for a, under in pairs]
+    assert all(x > 0 for x in saved)
+    f0, b0 = _layer_sums(model, chip, 1, 2, True, "flash", "none", eff, lay)
+    f1, b1 = _layer_sums(model, chip, 1, 2, True, "flash", "none", eff, expert_layout(model, over, chip))
+    assert f0.communication - f1.communication == pytest.approx(saved[0] + saved[1], rel=1e-9)
+    assert b0.communication - b1.communication == pytest.approx(saved[2] + saved[3], rel=1e-9)
+    assert (f1.compute, f1.memory) == (f0.compute, f0.memory)
+    # under full recompute the re-run forward's all-to-alls have the re-run shared experts as cover
+    gf = layer_graph(model, 1, 2, True, "flash", "full", lay)
+    t = {o.name: op_time(o, chip, model.precision, eff, groups=groups, bytes_per_element=2) for o in gf.bwd}
+    again = [(f"recompute.{a}", tuple(f"recompute.{n}" for n in under)) for a, under in pairs[:2]]
+    saved = [t[a] - exposed(t[a], sum(t[n] for n in under), eff) for a, under in pairs[2:] + tuple(again)]
+    fr0 = _layer_sums(model, chip, 1, 2, True, "flash", "full", eff, lay)[1]
+    fr1 = _layer_sums(model, chip, 1, 2, True, "flash", "full", eff, expert_layout(model, over, chip))[1]
+    assert fr0.communication - fr1.communication == pytest.approx(sum(saved), rel=1e-9)
+    # what Megatron-Core refuses with it: another dispatcher, the 1F1B overlap, the shared experts
+    # recomputed; and a model without shared experts, or without experts
+    from phaze.step import check_plan
+    check_plan(model, 64, 64, Plan(tp=2, ep=16, shared_overlap=True))
+    for plan, words in ((Plan(tp=2, ep=16, dispatcher="deepep", shared_overlap=True), "alltoall dispatcher"),
+                        (Plan(tp=2, ep=16, ep_overlap=True, shared_overlap=True), "ep_overlap off"),
+                        (Plan(tp=2, ep=16, recompute="selective", recompute_modules=("shared_experts",),
+                              shared_overlap=True), "not recomputed")):
+        with pytest.raises(ConfigError, match=f"shared_overlap.*{words}.*allowed: 0 here"):
+            check_plan(model, 64, 64, plan)
+    with pytest.raises(ConfigError, match="shared_overlap.*needs shared experts"):
+        check_plan(load_model("qwen3-30b-a3b"), 8, 8, Plan(ep=8, shared_overlap=True))
+    with pytest.raises(ConfigError, match="shared_overlap.*has no experts; allowed: 0"):
+        check_plan(load_model("llama3-8b"), 8, 8, Plan(shared_overlap=True))
+    assert parse_plan("ep=8,shared_overlap=1").label().endswith(",ep=8,shared_overlap=1")
+    # the figure docs/frameworks.md quotes (shipped calibration, the DGX H100 cluster)
+    from pathlib import Path
+
+    from phaze.system import apply_system, load_system
+    from phaze.validate import load_default_params, params_for
+    h100 = apply_system(chip, load_system("dgx-h100-superpod"))
+    fitted = params_for(h100, load_default_params())
+    steps = [evaluate(model, h100, 64, 256, Plan(tp=2, ep=16, recompute="full", zero=1, shared_overlap=x),
+                      fitted).step_time_s for x in (False, True)]
+    doc = " ".join((Path(__file__).resolve().parent.parent / "docs" / "frameworks.md").read_text().split())
+    assert f"the step is {steps[0]:.3f} s without it and {steps[1]:.3f} s with it" in doc
+
+
+def test_nemo_runs_shared_experts_beside_the_all_to_alls_where_it_can():
+    """NeMo 2's DeepSeek and Llama 4 configs set moe_shared_expert_overlap (the only ones with
+    shared experts); not under DeepEP (Megatron-Core refuses it), not for a model without them."""
+    from phaze.framework import FRAMEWORKS, options_with, plan_with
+    from phaze.placement import PlacementOptions, layouts
+    nemo, scout = FRAMEWORKS["nemo"], load_model("llama4-scout")
+    assert plan_with(nemo, Plan(tp=2, ep=16), precision="bf16", model=scout)[0].shared_overlap
+    assert not plan_with(nemo, Plan(tp=2, ep=16, dispatcher="deepep"), precision="bf16", model=scout)[0].shared_overlap
+    assert not plan_with(nemo, Plan(tp=2, ep=16), precision="bf16")[0].shared_overlap      # no model given
+    qwen = load_model("qwen3-30b-a3b")
+    plan, said = plan_with(nemo, Plan(ep=8), precision="bf16", model=qwen)
+    assert not plan.shared_overlap and "shared_overlap" not in said
+    core = FRAMEWORKS["megatron-core"]
+    assert not plan_with(core, Plan(tp=2, ep=16), precision="bf16", model=scout)[0].shared_overlap
+    # a row of a NeMo run: on with the all-to-all dispatcher, off with DeepEP's
+    row = dict(model="Llama-4-Scout", framework="NeMo 25.07", gpu="H100-SXM5-80GB", gpu_count="64", tp="2", pp="1",
+               ep="16", seq_len="8192", global_batch="64", micro_batch="1", measured_metric="step_time_s",
+               measured_value="10", recompute="full", precision="bf16")
+    assert row_to_case(row).plan.shared_overlap
+    assert not row_to_case(dict(row, moe_dispatcher="deepep")).plan.shared_overlap
+    # the placement search: the plans that allow it
+    space = PlacementOptions(tp=(2,), pp=(1,), mbs=(1,), ep=(16,), dispatcher=("alltoall", "deepep"),
+                             ep_overlap=(False, True))
+    options = options_with(nemo, space, model=scout)[0]
+    got = {(p.dispatcher, p.ep_overlap): p.shared_overlap for p in layouts(scout, 64, 64, options)}
+    assert got == {("", False): True, ("deepep", False): False, ("", True): False, ("deepep", True): False}
+
+
 def test_place_searches_dispatchers_and_overlap_exactly():
     """Given both dispatchers and both overlap settings, ``place`` returns the best plans of the
     four single searches' (brute force), with the same times; DeepEP inside one node is the flat
@@ -547,6 +636,16 @@ def test_dispatchers_and_overlap_from_the_flag_and_the_sweep(tmp_path):
         with pytest.raises(ConfigError) as e:
             placement_options(tmp_path, {key: bad})
         assert e.value.field == f"workloads[0].placement.{key}" and "non-empty list" in e.value.message
+    # the sweep's shared_overlap and place's --shared-overlap
+    assert placement_options(tmp_path, {"shared_overlap": True}).shared_overlap
+    assert not placement_options(tmp_path, {}).shared_overlap
+    with pytest.raises(ConfigError) as e:
+        placement_options(tmp_path, {"shared_overlap": "maybe"})
+    assert e.value.field == "workloads[0].placement.shared_overlap"
+    from phaze.cli import build_parser
+    args = build_parser().parse_args(["place", "--workload", "llama4-scout", "--arch", "h100-sxm", "--devices", "64",
+                                      "--global-batch", "64", "--shared-overlap", "on"])
+    assert args.shared_overlap == "on"
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective+moe_act", "selective+moe", "selective+shared_experts"])
