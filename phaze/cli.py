@@ -275,6 +275,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                     "grad_accum_fusion": "grad_accum_fusion on (Megatron's weight-gradient GEMMs add into "
                                          "the main gradients)",
                     "loss": "loss=torch (cross entropy on the fp32-upcast logits, one pass)",
+                    "shared_overlap": "shared_overlap off (the shared experts in turn with the "
+                                      "all-to-alls, Megatron-Core's default)",
                     "stages": "an even split of the layers",
                     "schedule": "schedule=optimal"}
         unset = [v for k, v in defaults.items() if k not in given and not (k == "schedule" and args.schedule)
@@ -282,7 +284,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                  and not (k == "dp_shard" and not plan.zero) and not (k == "cp_comm" and plan.cp == 1)
                  and not (k == "fsdp_pp" and (plan.zero < 3 or plan.pp == 1))
                  and not (k == "fp8_params" and model.precision != "fp8")
-                 and not (k in ("pipe_p2p", "pipe_schedule") and plan.pp == 1)]
+                 and not (k in ("pipe_p2p", "pipe_schedule") and plan.pp == 1)
+                 and not (k == "shared_overlap" and not model.shared_experts)]
         if unset:
             out["plan_defaults"] = ", ".join(unset)
         tp = plan.tp
