@@ -506,7 +506,7 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf
         changes["recompute_modules"] = fw.recompute_modules
     out = replace(plan, **changes)
     if out.shared_overlap and "shared_overlap" not in given and (
-            model is None or not model.shared_experts or shared_overlap_conflict(out)):
+            model is None or shared_overlap_conflict(out, model.shared_experts)):
         out = replace(out, shared_overlap=False)
         changes["shared_overlap"] = False
     said = {k: x for k, x in changes.items()   # only where it acts

@@ -611,9 +611,9 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     cp_comm=comm, cp_a2a=a2a, dispatcher=disp, ep_overlap=overlap,
                                     fsdp_pp=options.fsdp_pp, fp8_params=options.fp8_params,
                                     pipe_p2p=options.pipe_p2p)
-                        if options.shared_overlap and model.shared_experts:   # where Megatron-Core allows it
-                            plan = replace(plan, shared_overlap=not (shared_overlap_conflict(plan) or "shared_experts"
-                                                                     in options.recompute_modules))
+                        if options.shared_overlap:   # where Megatron-Core allows it (no stage recomputes yet)
+                            plan = replace(plan, shared_overlap=not (shared_overlap_conflict(plan, model.shared_experts)
+                                                                     or "shared_experts" in options.recompute_modules))
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:

@@ -115,11 +115,14 @@ def hides_dp_reduction(overlap: bool, flat_only: bool, pp: int, sp: bool) -> boo
     return overlap and not (flat_only and (pp > 1 or sp))
 
 
-def shared_overlap_conflict(plan) -> str:
-    """What keeps Megatron-Core from running a plan's shared experts beside its token all-to-alls
-    (``--moe-shared-expert-overlap``; megatron-core 0.16.1 transformer_config.py ``__post_init__``:
-    the alltoall dispatcher only, not with ``--overlap-moe-expert-parallel-comm``, not with the
-    shared experts recomputed), or "" when nothing does."""
+def shared_overlap_conflict(plan, shared_experts: int) -> str:
+    """What keeps Megatron-Core from running a plan's shared experts (``shared_experts`` of them
+    in the model) beside its token all-to-alls (``--moe-shared-expert-overlap``; megatron-core
+    0.16.1 transformer_config.py ``__post_init__``: the alltoall dispatcher only, not with
+    ``--overlap-moe-expert-parallel-comm``, not with the shared experts recomputed; without
+    shared experts there is nothing to overlap), or "" when nothing does."""
+    if not shared_experts:
+        return "shared experts"
     if plan.dispatcher == "deepep":
         return "the alltoall dispatcher (not DeepEP's)"
     if plan.ep_overlap:

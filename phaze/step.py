@@ -575,8 +575,7 @@ def _check_experts(model: Model, plan: Plan, dp: int) -> None:
         return
     if plan.ep_overlap:
         _check_ep_overlap(model, plan)
-    if plan.shared_overlap and (why := "shared experts" if not model.shared_experts
-                                else shared_overlap_conflict(plan)):
+    if plan.shared_overlap and (why := shared_overlap_conflict(plan, model.shared_experts)):
         raise ConfigError("--plan", "shared_overlap", f"needs {why} (Megatron-Core's "
                                                       "--moe-shared-expert-overlap); allowed: 0 here")
     ranks = plan.tp * plan.cp * dp

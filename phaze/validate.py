@@ -554,8 +554,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if model.moe:
         plan, assumed = _expert_plan(row, model, chip, devices, plan, searched_ep)
         # the framework's shared-expert overlap where the plan allows it (no column says it)
-        plan = dataclasses.replace(plan, shared_overlap=preset["shared_overlap"] and model.shared_experts > 0
-                                   and not shared_overlap_conflict(plan))
+        plan = dataclasses.replace(plan, shared_overlap=preset["shared_overlap"]
+                                   and not shared_overlap_conflict(plan, model.shared_experts))
         layout_from = "unconfirmed" if assumed and layout_from == "row" else layout_from
         check_plan(model, devices, batch, plan)
         alternatives = tuple(dataclasses.replace(a, ep=plan.ep, etp=plan.etp, routing=plan.routing,
