@@ -1069,7 +1069,7 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
     """
     if optimizer == "adam-deepspeed":
         read, write, flops = (28.0, 20.0, 16.0) if precision == "fp16" else (20.0, 18.0, 12.0)
-        if zero >= 2 or (precision == "fp16" and zero >= 1):   # its ZeRO optimizer
+        if runs_deepspeed_zero(optimizer, precision, zero):   # its ZeRO optimizer
             read, write = (28.0, 24.0) if precision == "fp16" else (24.0, 20.0)
     elif optimizer in ("adam-megatron-pa", "adam-megatron-pa-bf16"):
         read, write, flops = 2.0 * grad_bytes + 12.0, 12.0, 14.0
@@ -1134,6 +1134,13 @@ def deepspeed_tensor_passes(precision: str) -> tuple[TensorPasses, TensorPasses,
 # (DeepSpeed 0.9.5 runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE, allreduce_no_retain); its ZeRO
 # optimizer's bucket buffer has as many (runtime/zero/config.py reduce_bucket_size, 5e8)
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+
+
+def runs_deepspeed_zero(optimizer: str, precision: str, zero: int) -> bool:
+    """Whether ``optimizer=adam-deepspeed`` runs DeepSpeed's ZeRO optimizer (DeepSpeed 0.9.5
+    runtime/zero/stage_1_and_2.py): at stage 2, or at stage 1 in fp16 (bf16 at stage 1 runs
+    BF16_Optimizer; stage 3 is refused)."""
+    return optimizer == "adam-deepspeed" and (zero == 2 or (precision == "fp16" and zero == 1))
 
 
 def deepspeed_zero_passes(precision: str) -> tuple[TensorPasses, ...]:

@@ -33,6 +33,7 @@ from .graph import (
     kv_width,
     layer_graph,
     optimizer_op,
+    runs_deepspeed_zero,
     tensor_flops,
 )
 from .memory import (
@@ -1293,7 +1294,7 @@ def deepspeed_zero(model: Model, plan: Plan) -> bool:
     ``_bf16_reduce_grads``). It copies the gradients into a bucket buffer and reduces each
     partition to its rank (:meth:`StageCosts._deepspeed_reduces`,
     :func:`phaze.graph.deepspeed_zero_passes`)."""
-    return plan.optimizer == "adam-deepspeed" and (plan.zero == 2 or (model.precision == "fp16" and plan.zero == 1))
+    return runs_deepspeed_zero(plan.optimizer, model.precision, plan.zero)
 
 
 def deepspeed_buckets(params):
