@@ -6,7 +6,7 @@
 set -e
 dir=$(mktemp -d)
 git archive e99c245 | tar -x -C "$dir"
-cp phaze/data/reference/training_runs.csv "$dir/runs.csv"   # published columns as in ../shared
+cp phaze/data/reference/training_runs.csv "$dir/runs.csv"   # the bundled copy of the published runs
 cd "$dir"
 python - <<'PY'
 import json
