@@ -65,6 +65,8 @@ class PhaseTime:
     memory: float = 0.0         # vector-unit ops: element-wise, norms, softmax (bandwidth-bound)
     communication: float = 0.0  # collectives on the links
     async_hidden: float = 0.0   # of ``communication``, what asynchronous issue would hide (``tp_async``)
+    tp_comm: float = 0.0        # of ``communication``, the tensor-parallel group's collectives (what
+                                # Transformer Engine's userbuffers overlap, ``tp_overlap``)
 
     @property
     def total(self) -> float:
@@ -72,10 +74,12 @@ class PhaseTime:
 
     def __add__(self, o: PhaseTime) -> PhaseTime:
         return PhaseTime(self.compute + o.compute, self.memory + o.memory,
-                         self.communication + o.communication, self.async_hidden + o.async_hidden)
+                         self.communication + o.communication, self.async_hidden + o.async_hidden,
+                         self.tp_comm + o.tp_comm)
 
     def __mul__(self, k: float) -> PhaseTime:
-        return PhaseTime(self.compute * k, self.memory * k, self.communication * k, self.async_hidden * k)
+        return PhaseTime(self.compute * k, self.memory * k, self.communication * k, self.async_hidden * k,
+                         self.tp_comm * k)
 
 
 def exposed(comm, cover, eff: Efficiency):
@@ -89,13 +93,15 @@ def exposed(comm, cover, eff: Efficiency):
 def _sum_ops(ops, chip: Chip, precision: str, eff: Efficiency, groups: dict, p: int) -> PhaseTime:
     """The ops one after another, split by what bounds each; ``async_hidden``: what the collectives
     issued asynchronously under a GEMM (``Op.hidden_by``) would save (:func:`exposed`)."""
-    acc = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "async_hidden": 0.0}
+    acc = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "async_hidden": 0.0, "tp_comm": 0.0}
     times, hidden = {}, []
     for op in ops:
         t = op_time(op, chip, precision, eff, groups=groups, bytes_per_element=p)
         times[op.name] = t
         key = {"link": "communication", "vector": "memory"}.get(op.unit, "compute")
         acc[key] += t
+        if op.unit == "link" and op.collective.group == "tp":
+            acc["tp_comm"] += t
         if op.hidden_by:
             hidden.append((t, op.hidden_by))
     for t, under in hidden:
@@ -173,7 +179,8 @@ def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention
         def hide(ops, t: PhaseTime) -> PhaseTime:
             a2a = _sum_ops([o for o in ops if o.collective and o.collective.kind == "all_to_all"],
                            chip, model.precision, eff, groups, p).communication
-            return PhaseTime(t.compute, t.memory, t.communication - a2a + exposed(a2a, t.compute, eff))
+            return replace(t, communication=t.communication - a2a + exposed(a2a, t.compute, eff),
+                           async_hidden=0.0)
         fwd, bwd = hide(g.fwd, fwd), hide(g.bwd, bwd)
     elif moe is not None and moe.shared_overlap:
         fwd, bwd = (_beside_shared(g.fwd, fwd, chip, model, eff, groups, SHARED_COVER_FWD),
@@ -1526,12 +1533,17 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
     phases take ``fwd`` and ``bwd``; every part is monotone in them."""
     tp = plan.tp
     p = model.bytes_per_element
-    if plan.tp_overlap:   # collectives run under the GEMMs; only what exceeds them shows
+    if plan.tp_overlap and chip.compiled:   # XLA runs every collective asynchronously beside the compute
         fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
         bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
+    elif plan.tp_overlap:   # Transformer Engine's userbuffers: the tensor-parallel collectives under the
+        # GEMMs; a mixture of experts' all-to-alls and expert-tensor-parallel gathers stay exposed
+        def hide(t: PhaseTime) -> PhaseTime:
+            return PhaseTime(t.compute, t.memory, t.communication - t.tp_comm + exposed(t.tp_comm, t.compute, eff))
+        fwd, bwd = hide(fwd), hide(bwd)
     elif plan.tp_async:   # Megatron's asynchronous backward collectives, each under its GEMM
-        fwd = PhaseTime(fwd.compute, fwd.memory, fwd.communication - fwd.async_hidden)
-        bwd = PhaseTime(bwd.compute, bwd.memory, bwd.communication - bwd.async_hidden)
+        fwd = replace(fwd, communication=fwd.communication - fwd.async_hidden, async_hidden=0.0)
+        bwd = replace(bwd, communication=bwd.communication - bwd.async_hidden, async_hidden=0.0)
     total = fwd + bwd
     if plan.cp > 1:
         total = total + PhaseTime(communication=_cp_exposed(model, chip, plan, eff, r))

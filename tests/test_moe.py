@@ -557,6 +557,26 @@ def test_shared_experts_run_beside_the_all_to_alls_by_hand():
     assert f"the step is {steps[0]:.3f} s without it and {steps[1]:.3f} s with it" in doc
 
 
+def test_tp_overlap_hides_only_the_tensor_parallel_collectives_on_a_gpu():
+    """Transformer Engine's userbuffers (--tp-comm-overlap) overlap the tensor-parallel all-gathers
+    and reduce-scatters of its linear layers with their GEMMs; a mixture of experts' all-to-alls
+    run exposed on an eager GPU. XLA schedules every collective asynchronously."""
+    from phaze.cost import Efficiency
+    from phaze.step import _layer_costs, _layer_sums, expert_layout, exposed
+    model, chip = load_model("qwen3-30b-a3b"), load_chip("h100-sxm")
+    eff = Efficiency(tensor_fraction=0.7, hbm_fraction=0.8, link_fraction=0.8, overlap_slowdown=0.25)
+    plan = Plan(tp=2, ep=8, tp_overlap=True)
+    lay = expert_layout(model, plan, chip)
+    fwd, bwd = _layer_sums(model, chip, 1, 2, True, "flash", "none", eff, lay)
+    assert 0 < fwd.tp_comm < fwd.communication and 0 < bwd.tp_comm < bwd.communication
+    f, b, _ = _layer_costs(model, chip, 16, plan, eff, fwd, bwd)
+    for got, t in ((f, fwd), (b, bwd)):
+        assert got.communication == pytest.approx(t.communication - t.tp_comm + exposed(t.tp_comm, t.compute, eff))
+    xla = replace(chip, execution="xla")
+    f, b, _ = _layer_costs(model, xla, 16, plan, eff, fwd, bwd)
+    assert f.communication == pytest.approx(exposed(fwd.communication, fwd.compute, eff))
+
+
 def test_nemo_runs_shared_experts_beside_the_all_to_alls_where_it_can():
     """NeMo 2's DeepSeek and Llama 4 configs set moe_shared_expert_overlap (the only ones with
     shared experts); not under DeepEP (Megatron-Core refuses it), not for a model without them."""
