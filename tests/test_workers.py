@@ -19,6 +19,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy.exc
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -146,11 +147,17 @@ def test_a_killed_workers_trial_is_evaluated_by_the_next_worker(tmp_path, journa
     _wait_complete(url, "workers", 3, [first])
     end, victim = time.monotonic() + 60, None
     while victim is None and time.monotonic() < end:          # a trial with its design chosen
-        running = [t for t in _trials(url, "workers") if t.state.name == "RUNNING" and len(t.params) == 3]
+        first.send_signal(signal.SIGSTOP)     # frozen while we look, so the trial cannot finish first
+        try:
+            running = [t for t in _trials(url, "workers") if t.state.name == "RUNNING" and len(t.params) == 3]
+        except sqlalchemy.exc.OperationalError:   # frozen holding SQLite's write lock: look again
+            running = []
         if running:
             first.send_signal(signal.SIGKILL)
             victim = running[0]
-        time.sleep(0.02)
+        else:
+            first.send_signal(signal.SIGCONT)
+            time.sleep(0.02)
     first.wait(timeout=30)
     victim = next(t for t in _trials(url, "workers") if t.number == victim.number)
     assert victim.state.name == "RUNNING"                    # killed with its trial in hand
