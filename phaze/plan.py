@@ -176,8 +176,9 @@ class Plan:
     a fused attention written for the chip, ``flash2`` FlashAttention-2 (mma.sync fragments of
     16 query rows, the design of the Ampere generation), ``standard`` unfused (scores in HBM);
     ``dp_overlap`` hides the gradient
-    reduction behind the last backward pass; ``tp_overlap`` hides tensor-parallel collectives
-    behind the layer's GEMMs (Megatron's ``--tp-comm-overlap``); ``tp_async`` issues the backward
+    reduction behind the last backward pass; ``tp_overlap`` hides the tensor-parallel collectives
+    behind the layer's GEMMs (Megatron's ``--tp-comm-overlap``; not the experts' all-to-alls and
+    gathers, which only XLA, on a compiled chip, hides too); ``tp_async`` issues the backward
     tensor-parallel collectives asynchronously, each under one GEMM (Megatron-LM's default since 2022:
     the sequence-parallel input's all-gather under the input-gradient GEMM, the input gradient's
     reduce-scatter or all-reduce under the weight-gradient GEMM; on a GPU, where kernels otherwise

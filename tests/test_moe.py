@@ -14,10 +14,10 @@ import pytest
 
 from phaze.arch import load_chip
 from phaze.configio import ConfigError
-from phaze.cost import collective_time
-from phaze.graph import Collective, ExpertLayout, Op, layer_graph, tensor_flops
+from phaze.cost import Efficiency, collective_time, op_time
+from phaze.graph import Collective, ExpertLayout, Op, collective_groups, layer_graph, tensor_flops
 from phaze.plan import Plan, parse_plan
-from phaze.step import evaluate, model_flops_per_sample, stage_costs
+from phaze.step import _layer_costs, _layer_sums, evaluate, expert_layout, exposed, model_flops_per_sample, stage_costs
 from phaze.validate import Case, Skipped, default_runs_paths, read_runs, row_to_case
 from phaze.workload import Model, load_model, model_from_hf_config
 
@@ -561,17 +561,22 @@ def test_tp_overlap_hides_only_the_tensor_parallel_collectives_on_a_gpu():
     """Transformer Engine's userbuffers (--tp-comm-overlap) overlap the tensor-parallel all-gathers
     and reduce-scatters of its linear layers with their GEMMs; a mixture of experts' all-to-alls
     run exposed on an eager GPU. XLA schedules every collective asynchronously."""
-    from phaze.cost import Efficiency
-    from phaze.step import _layer_costs, _layer_sums, expert_layout, exposed
     model, chip = load_model("qwen3-30b-a3b"), load_chip("h100-sxm")
     eff = Efficiency(tensor_fraction=0.7, hbm_fraction=0.8, link_fraction=0.8, overlap_slowdown=0.25)
     plan = Plan(tp=2, ep=8, tp_overlap=True)
     lay = expert_layout(model, plan, chip)
     fwd, bwd = _layer_sums(model, chip, 1, 2, True, "flash", "none", eff, lay)
-    assert 0 < fwd.tp_comm < fwd.communication and 0 < bwd.tp_comm < bwd.communication
+    g, groups = layer_graph(model, 1, 2, True, "flash", "none", lay), collective_groups(2, lay)
+
+    def link(ops, group):   # by hand: the named group's collectives, one after another
+        return sum(op_time(o, chip, model.precision, eff, groups=groups) for o in ops
+                   if o.unit == "link" and o.collective.group == group)
+    # the attention's sequence-parallel all-gather and reduce-scatter, not the token all-to-alls
+    assert fwd.tp_comm == pytest.approx(link(g.fwd, "tp")) and bwd.tp_comm == pytest.approx(link(g.bwd, "tp"))
+    assert fwd.communication == pytest.approx(link(g.fwd, "tp") + link(g.fwd, "ep")) and link(g.fwd, "ep") > 0
     f, b, _ = _layer_costs(model, chip, 16, plan, eff, fwd, bwd)
-    for got, t in ((f, fwd), (b, bwd)):
-        assert got.communication == pytest.approx(t.communication - t.tp_comm + exposed(t.tp_comm, t.compute, eff))
+    for got, t, ops in ((f, fwd, g.fwd), (b, bwd, g.bwd)):
+        assert got.communication == pytest.approx(link(ops, "ep") + exposed(t.tp_comm, t.compute, eff))
     xla = replace(chip, execution="xla")
     f, b, _ = _layer_costs(model, xla, 16, plan, eff, fwd, bwd)
     assert f.communication == pytest.approx(exposed(fwd.communication, fwd.compute, eff))
