@@ -109,7 +109,8 @@ EXPLICIT_COLUMNS = (
     "moe_routing", "moe_dispatcher", "moe_a2a_overlap", "tp_async", "selective_recompute", "packed_documents",
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
     "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers", "parallel_block", "fsdp_pp",
-    "fp8_param_gather", "rotary_kernels", "kv_repeat", "softmax_kernel", "pipeline_schedule")
+    "fp8_param_gather", "rotary_kernels", "kv_repeat", "softmax_kernel", "pipeline_schedule",
+    "moe_shared_expert_overlap")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -553,9 +554,12 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         layout_from = "searched"
     if model.moe:
         plan, assumed = _expert_plan(row, model, chip, devices, plan, searched_ep)
-        # the framework's shared-expert overlap where the plan allows it (no column says it)
-        plan = dataclasses.replace(plan, shared_overlap=preset["shared_overlap"]
-                                   and not shared_overlap_conflict(plan, model.shared_experts))
+        # the row's moe_shared_expert_overlap; blank: the framework's, where the plan allows it
+        conflict = shared_overlap_conflict(plan, model.shared_experts)
+        overlap = _flag(row, "moe_shared_expert_overlap", preset["shared_overlap"] and not conflict)
+        if overlap and conflict:
+            raise ValueError(f"column 'moe_shared_expert_overlap' yes needs {conflict}")
+        plan = dataclasses.replace(plan, shared_overlap=overlap)
         layout_from = "unconfirmed" if assumed and layout_from == "row" else layout_from
         check_plan(model, devices, batch, plan)
         alternatives = tuple(dataclasses.replace(a, ep=plan.ep, etp=plan.etp, routing=plan.routing,

@@ -602,6 +602,19 @@ def test_nemo_runs_shared_experts_beside_the_all_to_alls_where_it_can():
                measured_value="10", recompute="full", precision="bf16")
     assert row_to_case(row).plan.shared_overlap
     assert not row_to_case(dict(row, moe_dispatcher="deepep")).plan.shared_overlap
+    # the moe_shared_expert_overlap column: no turns the preset's off, yes turns it on for another
+    # framework; yes where Megatron-Core refuses it skips the row with its reason; a bad value names it
+    assert not row_to_case(dict(row, moe_shared_expert_overlap="no")).plan.shared_overlap
+    core = dict(row, framework="Megatron-Core")
+    assert not row_to_case(core).plan.shared_overlap
+    assert row_to_case(dict(core, moe_shared_expert_overlap="yes")).plan.shared_overlap
+    refused = row_to_case(dict(core, moe_shared_expert_overlap="yes", moe_dispatcher="deepep"))
+    assert isinstance(refused, Skipped) and refused.reason == (
+        "column 'moe_shared_expert_overlap' yes needs the alltoall dispatcher (not DeepEP's)")
+    mixtral = row_to_case(dict(core, model="Mixtral-8x7B", ep="8", moe_shared_expert_overlap="yes"))
+    assert mixtral.reason == "column 'moe_shared_expert_overlap' yes needs shared experts"
+    bad = row_to_case(dict(core, moe_shared_expert_overlap="maybe"))
+    assert isinstance(bad, Skipped) and "column 'moe_shared_expert_overlap' must be yes or no" in bad.reason
     # the placement search: the plans that allow it
     space = PlacementOptions(tp=(2,), pp=(1,), mbs=(1,), ep=(16,), dispatcher=("alltoall", "deepep"),
                              ep_overlap=(False, True))
