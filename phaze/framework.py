@@ -114,7 +114,10 @@ class Framework:
 # NeMo 2's performance recipes, as read from nemo_toolkit on PyPI; the two presets differ in the
 # precision of the gradient reduction
 _NEMO_SOURCE = ("Megatron-Core with Transformer Engine fused attention, tp_comm_overlap on for tensor-parallel "
-                "runs, {reduce}, the distributed optimizer (Megatron's passes on each shard), no dropout, "
+                "runs (Transformer Engine's userbuffers: the attention's and dense MLP's tensor-parallel "
+                "collectives under their GEMMs; Megatron-Core turns them off for the experts, whose "
+                "all-to-alls run exposed), {reduce}, the distributed optimizer (Megatron's passes on each "
+                "shard), no dropout, "
                 "interleaved pipelines (virtual_pipeline_model_parallel_size in the recipes); recompute_method "
                 "block re-runs recompute_num_layers layers of each stage whole and none of the rest "
                 "(Megatron-Core 0.16 transformer_config.py); selective recompute is Megatron-Core's, "
