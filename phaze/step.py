@@ -1533,14 +1533,12 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
     phases take ``fwd`` and ``bwd``; every part is monotone in them."""
     tp = plan.tp
     p = model.bytes_per_element
-    if plan.tp_overlap and chip.compiled:   # XLA runs every collective asynchronously beside the compute
-        fwd = PhaseTime(fwd.compute, fwd.memory, exposed(fwd.communication, fwd.compute, eff))
-        bwd = PhaseTime(bwd.compute, bwd.memory, exposed(bwd.communication, bwd.compute, eff))
-    elif plan.tp_overlap:   # Transformer Engine's userbuffers: the tensor-parallel collectives under the
-        # GEMMs; a mixture of experts' all-to-alls and expert-tensor-parallel gathers stay exposed
-        def hide(t: PhaseTime) -> PhaseTime:
-            return PhaseTime(t.compute, t.memory, t.communication - t.tp_comm + exposed(t.tp_comm, t.compute, eff))
-        fwd, bwd = hide(fwd), hide(bwd)
+    if plan.tp_overlap:   # collectives under the GEMMs: on an eager GPU Transformer Engine's userbuffers
+        # cover the tensor-parallel ones (a mixture of experts' all-to-alls and expert-tensor-parallel
+        # gathers stay exposed); XLA runs every collective asynchronously beside the compute
+        hid_f, hid_b = (fwd.communication, bwd.communication) if chip.compiled else (fwd.tp_comm, bwd.tp_comm)
+        fwd = PhaseTime(fwd.compute, fwd.memory, fwd.communication - hid_f + exposed(hid_f, fwd.compute, eff))
+        bwd = PhaseTime(bwd.compute, bwd.memory, bwd.communication - hid_b + exposed(hid_b, bwd.compute, eff))
     elif plan.tp_async:   # Megatron's asynchronous backward collectives, each under its GEMM
         fwd = replace(fwd, communication=fwd.communication - fwd.async_hidden, async_hidden=0.0)
         bwd = replace(bwd, communication=bwd.communication - bwd.async_hidden, async_hidden=0.0)
