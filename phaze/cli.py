@@ -66,7 +66,7 @@ from .report import baselines_frame, best_designs, gains, load_study, pareto_fra
 from .schedule import schedule_layer, sharing, write_gantt
 from .search import SearchInterrupted, interruptible, open_study, search, sweep
 from .space import MAX_BATCH, MAX_DEVICES, MAX_NAME, MAX_SEQ_LEN, load_sweep, override, study_name_ok
-from .step import StepResult, evaluate
+from .step import COMMUNICATION_GROUPS, StepResult, evaluate
 from .storage import mask_password
 from .study_files import compare_studies, write_study_files
 from .system import apply_system, as_system, system_note, with_devices_per_node, with_nics
@@ -181,6 +181,9 @@ def format_result(r: StepResult, model=None) -> str:
              "pipeline_bubble_s": "pipeline bubble", "optimizer_s": "optimizer step"}
     for key, value in r.breakdown_s.items():
         lines.append(f"    {names[key]:<24} {value:9.3f} s  {pct(value / r.step_time_s)}")
+        if key == "communication_exposed_s":   # by group, those that show
+            lines += [f"      {COMMUNICATION_GROUPS[k]:<22} {v:9.3f} s  {pct(v / r.step_time_s)}"
+                      for k, v in r.communication_by_group_s.items() if v >= 5e-4]
     m = r.stage_memory[r.binding_stage]
     lines.append(f"  memory on {memory_place(r, m.stage)}: weights+grads+optimizer "
                  f"{m.weights_and_optimizer_bytes / GiB:.1f} GiB, activations "
@@ -425,6 +428,8 @@ def cmd_evaluate(args) -> int:
     if preset:
         notes["framework"] = preset
     if args.format == "json":
+        if preset:
+            notes["framework_source"] = fw.source
         print(json.dumps(dict(result.to_dict(), params=model.params, active_params=model.active_params,
                               mtp_params=model.mtp_params, power=ps.to_dict(), assumptions=notes), indent=2))
     else:
@@ -869,6 +874,8 @@ def cmd_place(args) -> int:
         notes["framework"] = preset
     best_power = powered[res.best.plan]
     if args.format == "json":
+        if preset:
+            notes["framework_source"] = fw.source
         out = {"best": dict(res.best.result.to_dict(), plan=res.best.plan.label(), power=best_power.to_dict()),
                "top": [dict(p.result.to_dict(), plan=p.plan.label()) for p in res.top],
                "baseline": dict(baseline.result.to_dict(), plan=baseline.plan.label()) if baseline else None,

@@ -89,6 +89,11 @@ class Framework:
                                 # (its recipes drop tokens beyond it, each expert's input padded to
                                 # it); 0: the model's (dropless without one)
 
+    @property
+    def title(self) -> str:
+        """What the preset stands for: its source up to the first colon."""
+        return self.source.split(": ", 1)[0]
+
     def zero_for(self, precision: str) -> int:
         """The ZeRO stage a run at ``precision`` gets by default."""
         return self.bf16_zero if self.bf16_zero is not None and precision != "fp16" else self.zero
@@ -551,9 +556,10 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
 
 
 def describe(fw: Framework, changes: dict) -> str:
-    """One line: the preset and what it set."""
+    """One line: the preset, what it set and what it stands for (its source's title; the
+    whole source is ``fw.source``, which a JSON printout carries beside it)."""
     def fmt(k, v):
         if k == "dp_shard":
             return dp_shard_text(v)
         return "on" if v is True else "off" if v is False else ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    return f"{fw.name}: " + ", ".join(f"{k}={fmt(k, v)}" for k, v in changes.items()) + f" ({fw.source})"
+    return f"{fw.name}: " + ", ".join(f"{k}={fmt(k, v)}" for k, v in changes.items()) + f" ({fw.title})"

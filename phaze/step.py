@@ -56,6 +56,16 @@ from .plan import (
 from .schedule import layer_bounds, schedule_layer
 from .workload import Model, with_seq_len
 
+# the parallel groups whose exposed communication a step reports apart (StepResult.communication_by_group_s)
+# and how a printout names them
+COMMUNICATION_GROUPS = {
+    "tensor_parallel_s": "tensor-parallel",
+    "expert_parallel_s": "expert-parallel",
+    "context_parallel_s": "context-parallel",
+    "data_parallel_s": "data-parallel",
+    "pipeline_parallel_s": "pipeline sends",
+}
+
 
 @dataclass(frozen=True)
 class PhaseTime:
@@ -65,8 +75,16 @@ class PhaseTime:
     memory: float = 0.0         # vector-unit ops: element-wise, norms, softmax (bandwidth-bound)
     communication: float = 0.0  # collectives on the links
     async_hidden: float = 0.0   # of ``communication``, what asynchronous issue would hide (``tp_async``)
-    tp_comm: float = 0.0        # of ``communication``, the tensor-parallel group's collectives (what
-                                # Transformer Engine's userbuffers overlap, ``tp_overlap``)
+    # ``communication`` by parallel group, each what of it shows once the overlaps have hidden theirs
+    # (they sum to it): the tensor-parallel group's collectives (what Transformer Engine's
+    # userbuffers overlap, ``tp_overlap``), the experts' (token all-to-alls, expert-tensor-parallel
+    # gathers), context parallelism's K/V exchange, the data-parallel group's (FSDP's per-layer
+    # gathers and reduce-scatters, DeepSpeed ZeRO-2's per-micro-batch reduces) and the pipeline's sends
+    tp_comm: float = 0.0
+    ep_comm: float = 0.0
+    cp_comm: float = 0.0
+    dp_comm: float = 0.0
+    pp_comm: float = 0.0
 
     @property
     def total(self) -> float:
@@ -75,11 +93,12 @@ class PhaseTime:
     def __add__(self, o: PhaseTime) -> PhaseTime:
         return PhaseTime(self.compute + o.compute, self.memory + o.memory,
                          self.communication + o.communication, self.async_hidden + o.async_hidden,
-                         self.tp_comm + o.tp_comm)
+                         self.tp_comm + o.tp_comm, self.ep_comm + o.ep_comm, self.cp_comm + o.cp_comm,
+                         self.dp_comm + o.dp_comm, self.pp_comm + o.pp_comm)
 
     def __mul__(self, k: float) -> PhaseTime:
         return PhaseTime(self.compute * k, self.memory * k, self.communication * k, self.async_hidden * k,
-                         self.tp_comm * k)
+                         self.tp_comm * k, self.ep_comm * k, self.cp_comm * k, self.dp_comm * k, self.pp_comm * k)
 
 
 def exposed(comm, cover, eff: Efficiency):
@@ -90,18 +109,23 @@ def exposed(comm, cover, eff: Efficiency):
     return max(0.0, comm - cover) + eff.overlap_slowdown * min(comm, cover)
 
 
+# the PhaseTime part that carries each layer graph's collective group (phaze.graph)
+_GROUP_PART = {"tp": "tp_comm", "ep": "ep_comm", "ep_node": "ep_comm", "etp": "ep_comm"}
+
+
 def _sum_ops(ops, chip: Chip, precision: str, eff: Efficiency, groups: dict, p: int) -> PhaseTime:
     """The ops one after another, split by what bounds each; ``async_hidden``: what the collectives
     issued asynchronously under a GEMM (``Op.hidden_by``) would save (:func:`exposed`)."""
-    acc = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "async_hidden": 0.0, "tp_comm": 0.0}
+    acc = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "async_hidden": 0.0, "tp_comm": 0.0,
+           "ep_comm": 0.0}
     times, hidden = {}, []
     for op in ops:
         t = op_time(op, chip, precision, eff, groups=groups, bytes_per_element=p)
         times[op.name] = t
         key = {"link": "communication", "vector": "memory"}.get(op.unit, "compute")
         acc[key] += t
-        if op.unit == "link" and op.collective.group == "tp":
-            acc["tp_comm"] += t
+        if op.unit == "link":
+            acc[_GROUP_PART[op.collective.group]] += t
         if op.hidden_by:
             hidden.append((t, op.hidden_by))
     for t, under in hidden:
@@ -162,7 +186,7 @@ def _beside_shared(ops, t: PhaseTime, chip: Chip, model: Model, eff: Efficiency,
         if a2a in times:
             window = sum(times.get(n.format(act=model.activation), 0.0) for n in under)
             saved += times[a2a] - exposed(times[a2a], window, eff)
-    return replace(t, communication=t.communication - saved)
+    return replace(t, communication=t.communication - saved, ep_comm=t.ep_comm - saved)
 
 
 @lru_cache(maxsize=16384)
@@ -179,7 +203,8 @@ def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention
         def hide(ops, t: PhaseTime) -> PhaseTime:
             a2a = _sum_ops([o for o in ops if o.collective and o.collective.kind == "all_to_all"],
                            chip, model.precision, eff, groups, p).communication
-            return replace(t, communication=t.communication - a2a + exposed(a2a, t.compute, eff),
+            shown = exposed(a2a, t.compute, eff)
+            return replace(t, communication=t.communication - a2a + shown, ep_comm=t.ep_comm - a2a + shown,
                            async_hidden=0.0)
         fwd, bwd = hide(g.fwd, fwd), hide(g.bwd, bwd)
     elif moe is not None and moe.shared_overlap:
@@ -326,6 +351,8 @@ class StepResult:
     clock_hz: float = 0.0               # the clock the step ran at
     zero_group_ranks: int = 0           # data-parallel ranks one ZeRO shard group spans (0: no ZeRO);
                                         # fewer than dp: hybrid sharding over dp / it replicas
+    communication_by_group_s: dict = field(default_factory=dict)   # breakdown_s's exposed communication
+                                        # by parallel group (COMMUNICATION_GROUPS); they sum to it
 
     @property
     def tokens_per_s_per_device(self) -> float:
@@ -898,7 +925,8 @@ class StageCosts:
     def time(self, i: int, n: int, r: str, k=0) -> PhaseTime:
         """Stage ``i`` with ``n`` layers and recompute ``r`` (``block``: ``k`` of them re-run whole):
         one micro-batch forward + backward and its gradient accumulation (:meth:`accumulation`)."""
-        t = self._layers("layer", self.layers_on(i, n), r, k) + PhaseTime(communication=self.send_s)
+        t = self._layers("layer", self.layers_on(i, n), r, k) + PhaseTime(communication=self.send_s,
+                                                                           pp_comm=self.send_s)
         if i == 0:
             t = t + self.embedding
         if i == self.plan.pp - 1:
@@ -907,7 +935,8 @@ class StageCosts:
             t = t + PhaseTime(memory=self.accumulation(i, n))
         if self._zero2():   # DeepSpeed's ZeRO-2 reduces each micro-batch's gradients, exposed
             group = self._dense_shards()
-            t = t + PhaseTime(communication=self._deepspeed_reduces(self.params(i, n), group, self._coll(group)))
+            reduces = self._deepspeed_reduces(self.params(i, n), group, self._coll(group))
+            t = t + PhaseTime(communication=reduces, dp_comm=reduces)
         return t
 
     def tail(self, i: int, n, r: str, k=0):
@@ -1533,18 +1562,17 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
     phases take ``fwd`` and ``bwd``; every part is monotone in them."""
     tp = plan.tp
     p = model.bytes_per_element
-    if plan.tp_overlap:   # collectives under the GEMMs: on an eager GPU Transformer Engine's userbuffers
-        # cover the tensor-parallel ones (a mixture of experts' all-to-alls and expert-tensor-parallel
-        # gathers stay exposed); XLA runs every collective asynchronously beside the compute
-        hid_f, hid_b = (fwd.communication, bwd.communication) if chip.compiled else (fwd.tp_comm, bwd.tp_comm)
-        fwd = PhaseTime(fwd.compute, fwd.memory, fwd.communication - hid_f + exposed(hid_f, fwd.compute, eff))
-        bwd = PhaseTime(bwd.compute, bwd.memory, bwd.communication - hid_b + exposed(hid_b, bwd.compute, eff))
+    if plan.tp_overlap:   # collectives under the GEMMs: the tensor-parallel ones, or every one under XLA
+        fwd, bwd = _tp_overlapped(fwd, chip, eff), _tp_overlapped(bwd, chip, eff)
     elif plan.tp_async:   # Megatron's asynchronous backward collectives, each under its GEMM
-        fwd = replace(fwd, communication=fwd.communication - fwd.async_hidden, async_hidden=0.0)
-        bwd = replace(bwd, communication=bwd.communication - bwd.async_hidden, async_hidden=0.0)
+        fwd = replace(fwd, communication=fwd.communication - fwd.async_hidden,
+                      tp_comm=fwd.tp_comm - fwd.async_hidden, async_hidden=0.0)
+        bwd = replace(bwd, communication=bwd.communication - bwd.async_hidden,
+                      tp_comm=bwd.tp_comm - bwd.async_hidden, async_hidden=0.0)
     total = fwd + bwd
     if plan.cp > 1:
-        total = total + PhaseTime(communication=_cp_exposed(model, chip, plan, eff, r))
+        ring = _cp_exposed(model, chip, plan, eff, r)
+        total = total + PhaseTime(communication=ring, cp_comm=ring)
     # weights shard over the data- and context-parallel ranks (stride tp) of a shard group
     shards = shard_ranks(plan, devices, chip) * plan.cp
     if state_zero(plan) >= 3 and shards > 1:
@@ -1557,9 +1585,24 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
                                  shards, chip, tp, eff)
         scatter = collective_time("reduce_scatter", grad_bytes * tp_layer_params(model, tp) / tp, shards, chip,
                                   tp, eff)
-        total = total + PhaseTime(communication=exposed(gather, fwd.compute + fwd.memory, eff)
-                                  + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
+        shown = (exposed(gather, fwd.compute + fwd.memory, eff)
+                 + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
+        total = total + PhaseTime(communication=shown, dp_comm=shown)
     return fwd, bwd, total
+
+
+def _tp_overlapped(t: PhaseTime, chip: Chip, eff: Efficiency) -> PhaseTime:
+    """A phase under ``tp_overlap``: on an eager GPU Transformer Engine's userbuffers cover its
+    tensor-parallel collectives (a mixture of experts' all-to-alls and expert-tensor-parallel
+    gathers stay exposed); XLA runs every collective asynchronously beside the compute, and what
+    shows of them is split among the groups in proportion to their time."""
+    if not chip.compiled:
+        shown = exposed(t.tp_comm, t.compute, eff)
+        return PhaseTime(t.compute, t.memory, t.communication - t.tp_comm + shown, tp_comm=shown,
+                         ep_comm=t.ep_comm)
+    shown = exposed(t.communication, t.compute, eff)
+    share = shown / t.communication if t.communication else 0.0
+    return PhaseTime(t.compute, t.memory, shown, tp_comm=t.tp_comm * share, ep_comm=t.ep_comm * share)
 
 
 @lru_cache(maxsize=4096)
@@ -1710,6 +1753,9 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         "pipeline_bubble_s": bubble,
         "optimizer_s": t_opt,
     }
+    by_group = {"tensor_parallel_s": m * per_mb.tp_comm, "expert_parallel_s": m * per_mb.ep_comm,
+                "context_parallel_s": m * per_mb.cp_comm, "data_parallel_s": m * per_mb.dp_comm + dp_exposed,
+                "pipeline_parallel_s": m * per_mb.pp_comm}
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
     hw = sum((n - k) * _layers_flops(model, _counted_recompute(r, plan), chip.compiled, mtp=False)
@@ -1740,7 +1786,8 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
         memory_reserve_bytes=reserve, headroom_bytes=float(chip.hbm_bytes - reserve - need),
         model_flops_per_s_per_device=float(flops / (step * devices)),
         hardware_flops_per_s_per_device=float(hw / (step * devices)), clock_hz=float(chip.clock_hz),
-        zero_group_ranks=shard_ranks(plan, devices, chip) if plan.zero else 0)
+        zero_group_ranks=shard_ranks(plan, devices, chip) if plan.zero else 0,
+        communication_by_group_s={k: float(v) for k, v in by_group.items()})
 
 
 @lru_cache(maxsize=4096)

@@ -336,6 +336,16 @@ def test_text_format(tmp_path, cli_json):
     for key, label in labels.items():
         value = cli_json["breakdown_s"][key]
         assert re.search(rf"{re.escape(label)}\s+{value:.3f} s", out), (label, out)
+    # the exposed communication by group, under its line: the tensor-parallel collectives, the
+    # pipeline's sends and the gradients' reduction of this plan
+    groups = cli_json["communication_by_group_s"]
+    assert sum(groups.values()) == pytest.approx(cli_json["breakdown_s"]["communication_exposed_s"], rel=1e-9)
+    shown = {"tensor_parallel_s": "tensor-parallel", "pipeline_parallel_s": "pipeline sends",
+             "data_parallel_s": "data-parallel"}
+    assert {k for k, v in groups.items() if v > 0} == set(shown)
+    block = out.split("exposed communication")[1].split("pipeline bubble")[0]
+    for key, label in shown.items():
+        assert re.search(rf"\n      {re.escape(label)}\s+{groups[key]:.3f} s", block), (label, block)
     assert "fits" in out and "DOES NOT FIT" not in out
 
 

@@ -50,6 +50,7 @@ def test_unknown_framework_is_none_or_one_clear_error():
 def test_every_preset_has_a_source_and_a_known_execution_model():
     for fw in FRAMEWORKS.values():
         assert len(fw.source) > 40 and fw.execution in ("eager", "cuda-graphs", "xla")
+        assert 10 < len(fw.title) < 160 and fw.source.startswith(fw.title + ": ")   # a title, then the reasons
         assert fw.attention in ("flash", "flash2", "standard") and fw.zero in (0, 1, 2, 3)
 
 
@@ -509,6 +510,15 @@ def test_cli_framework_flag(tmp_path):
     data = json.loads(out.stdout)
     assert "torchtitan" in data["assumptions"]["framework"] and "zero=3" in data["assumptions"]["framework"]
     assert "attention=" not in data["assumptions"]["framework"]     # the user's attention kept
+    # the line ends with what the preset stands for; its whole source rides beside it in JSON
+    titan = FRAMEWORKS["torchtitan"]
+    assert data["assumptions"]["framework"].endswith(" (pytorch/torchtitan defaults)")
+    assert data["assumptions"]["framework_source"] == titan.source and titan.source not in out.stdout.replace(
+        data["assumptions"]["framework_source"], "", 1)
+    text = ok_cli(phaze_cli(tmp_path, "evaluate", "--workload", "gpt2-xl", "--arch", "a100-80gb", "--devices", "8",
+                            "--global-batch", "8", "--framework", "torchtitan")).stdout
+    line = next(t for t in text.splitlines() if t.strip().startswith("framework "))
+    assert line.endswith("(pytorch/torchtitan defaults)") and "framework source" not in text
 
 
 def test_rows_sharing_a_chip_and_system_keep_their_own_execution_model():

@@ -577,11 +577,14 @@ def test_tp_overlap_hides_only_the_tensor_parallel_collectives_on_a_gpu():
         # itself (overlap_slowdown 0.25); the all-to-alls show whole
         assert link(ops, "tp") < t.compute
         assert got.communication == pytest.approx(link(ops, "ep") + 0.25 * link(ops, "tp"))
+        # and by group: what shows of each
+        assert (got.tp_comm, got.ep_comm) == pytest.approx((0.25 * link(ops, "tp"), link(ops, "ep")))
     xla = replace(chip, execution="xla")
     f, b, _ = _layer_costs(model, xla, 16, plan, eff, fwd, bwd)
     for got, t, ops in ((f, fwd, g.fwd), (b, bwd, g.bwd)):   # XLA: every collective under the compute
         assert link(ops, "tp") + link(ops, "ep") < t.compute
         assert got.communication == pytest.approx(0.25 * (link(ops, "tp") + link(ops, "ep")))
+        assert (got.tp_comm, got.ep_comm) == pytest.approx((0.25 * link(ops, "tp"), 0.25 * link(ops, "ep")))
 
 
 def test_nemo_runs_shared_experts_beside_the_all_to_alls_where_it_can():

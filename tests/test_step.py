@@ -196,6 +196,64 @@ def test_pipeline_sends_cross_nodes_when_dp_fills_them(a100):
     assert costs.send_s == pytest.approx(2 * one / 1000, rel=1e-9)
 
 
+def test_exposed_communication_by_group_by_hand(a100):
+    """The exposed communication splits by parallel group and the parts sum to it: without
+    overlap, the tensor-parallel part is every tp collective of the layers and the edges, timed op
+    by op, each micro-batch; the pipeline's, its sends; with data parallelism alone, the
+    gradient all-reduce is all there is."""
+    from phaze.arch import LinkLevel
+    from phaze.cost import op_time
+    from phaze.graph import edge_graph, layer_graph
+    from phaze.step import COMMUNICATION_GROUPS
+    chip = replace(a100, links=(LinkLevel("node", 8, 1e9, 0.0), LinkLevel("net", 0, 1e6, 0.0)),
+                   collective_latency_s=0.0)
+    model = load_model("mpt-125m")
+    r = evaluate(model, chip, 16, 64, Plan(tp=2, pp=2, tp_async=False))
+    g = r.communication_by_group_s
+    assert set(g) == set(COMMUNICATION_GROUPS)
+    assert sum(g.values()) == pytest.approx(r.breakdown_s["communication_exposed_s"], rel=1e-12)
+    m = r.micro_batches
+    assert m == 64 // 4
+    one = 2 * model.seq_len * model.hidden / 2 / 1e6   # the activation's half over the network
+    assert g["pipeline_parallel_s"] == pytest.approx(m * 2 * one, rel=1e-9)
+
+    def tp(ops):
+        return sum(op_time(o, chip, model.precision, groups={"tp": (2, 1)}, bytes_per_element=2) for o in ops
+                   if o.unit == "link" and o.collective.group == "tp")
+    layer = layer_graph(model, 1, 2, True, "flash", "none")
+    edges = edge_graph(model, 1, 2, True)
+    stage = r.stage_memory[0].layers     # even stages: the first (embedding) and last (head) tie
+    per_layer, head, emb = tp(layer.fwd + layer.bwd), tp(edges["head"]), tp(edges["embedding"])
+    assert per_layer > 0 and head > 0
+    assert g["tensor_parallel_s"] == pytest.approx(m * (stage * per_layer + max(head, emb)), rel=1e-9)
+    assert g["expert_parallel_s"] == g["context_parallel_s"] == 0.0
+    only_dp = evaluate(model, chip, 8, 64, Plan(dp_overlap=False))
+    g = only_dp.communication_by_group_s
+    assert g["data_parallel_s"] == only_dp.breakdown_s["communication_exposed_s"] > 0
+    assert sum(g.values()) == g["data_parallel_s"]
+
+
+@pytest.mark.parametrize("name, chip_name, text", [
+    ("mixtral-8x7b", "h100-sxm", "tp=2,pp=2,vp=2,ep=8,tp_overlap=1,recompute=full"),
+    ("mixtral-8x7b", "h100-sxm", "tp=2,pp=2,ep=8,ep_overlap=1,pipe_schedule=dualpipe"),
+    ("deepseek-v3", "h100-sxm", "tp=2,pp=4,ep=8,shared_overlap=1,cp=2,recompute=full"),
+    ("llama3-8b", "h100-sxm", "tp=2,cp=4,cp_comm=a2a,zero=3,tp_async=1"),
+    ("llama3-8b", "tpuv4", "tp=4,cp=2,zero=3,tp_overlap=1,recompute=full"),
+    ("mixtral-8x7b", "tpuv4", "tp=2,ep=4,tp_overlap=1,recompute=full"),
+])
+def test_exposed_communication_by_group_sums_to_it(name, chip_name, text):
+    """Every overlap (userbuffers, XLA, Megatron's asynchronous collectives, the all-to-alls beside
+    a paired chunk or the shared experts, FSDP, the context ring) leaves group parts that are
+    non-negative and sum to the exposed communication (the shipped calibration: an ideal chip's
+    overlaps hide every collective they cover)."""
+    from phaze.validate import calibrated_efficiency
+    chip = load_chip(chip_name)
+    r = evaluate(load_model(name, 4096), chip, 256, 256, parse_plan(text), calibrated_efficiency(chip))
+    g = r.communication_by_group_s
+    assert sum(g.values()) == pytest.approx(r.breakdown_s["communication_exposed_s"], rel=1e-9)
+    assert min(g.values()) >= 0.0 and sum(v > 0 for v in g.values()) >= 2
+
+
 def test_embedding_and_loss_may_take_a_chunk(a100):
     """pp*vp = layers + 2 (Megatron's --account-for-embedding/loss-in-pipeline-split): 6 layers,
     pp = 2, vp = 4: chunks 0,1,1,1,1,1,1,0, stages of 3 layers; one more chunk is refused."""
