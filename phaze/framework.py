@@ -293,6 +293,7 @@ FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
               reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
               vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
+              loss="megatron",
               source="NVIDIA Megatron-Core (2023-): Transformer Engine fused attention, asynchronous "
                      "tensor-parallel collectives by default, gradients accumulated and reduced in fp32 "
                      "in bf16 and fp8 runs (arguments.py forces it for bf16; --grad-reduce-in-bf16 is "
@@ -314,7 +315,13 @@ FRAMEWORKS = {f.name: f for f in (
                      "kernel (attention.py checkpoint_core_attention: a fused one too); rotary embeddings "
                      "through Transformer Engine's fused kernel (apply_rope_fusion; assumption: Megatron-LM's "
                      "arguments.py, not in the megatron-core package, turns it on unless --no-rope-fusion, as "
-                     "NeMo's Llama and Mixtral configs do; TransformerConfig's own default is False)"),
+                     "NeMo's Llama and Mixtral configs do; TransformerConfig's own default is False); its cross "
+                     "entropy is Megatron's unfused vocab-parallel one on the fp32-upcast logits "
+                     "(--cross-entropy-loss-fusion is opt-in: ModelParallelConfig.cross_entropy_loss_fusion "
+                     "False, megatron-core 0.16.1 model_parallel_config.py; LanguageModule."
+                     "compute_language_model_loss then calls tensor_parallel.vocab_parallel_cross_entropy, "
+                     "whose calculate_logits_max upcasts them: loss megatron; loss=fused or te in --plan for a "
+                     "run that fused it)"),
     _NEMO_2024,
     replace(_NEMO_2024, name="nemo", bf16_reduce_fp32=False, loss="te",
             source="NVIDIA NeMo 2 LLM performance recipes of 2025 on (containers 25.xx, nemo_toolkit 2.2 to "

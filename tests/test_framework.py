@@ -241,9 +241,12 @@ def test_megatron_cross_entropy_makes_its_passes_over_the_fp32_logits():
     megatron = evaluate(model, chip, 1, 4, Plan(mbs=1, loss="megatron"), ideal)
     by_hand = 4 * 20 * 1024 * model.vocab / chip.hbm_bandwidth_bytes_per_s
     assert megatron.step_time_s - torch.step_time_s == pytest.approx(by_hand, rel=1e-3)
+    # Megatron-Core too: its fusion is opt-in (ModelParallelConfig.cross_entropy_loss_fusion False)
     assert {n for n, f in FRAMEWORKS.items() if f.loss == "megatron"} == {"megatron-lm", "megatron-deepspeed",
-                                                                          "nemo-megatron"}
+                                                                          "nemo-megatron", "megatron-core"}
     assert synthetic_case(framework="megatron-lm").plan.loss == "megatron"
+    assert synthetic_case(framework="Megatron-Core r0.8").plan.loss == "megatron"
+    assert synthetic_case(framework="Megatron-LM (2024)").plan.loss == "megatron"
     assert plan_with(FRAMEWORKS["megatron-deepspeed"], Plan())[0].loss == "megatron"
     assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].loss == "megatron"
     assert "loss=megatron" in Plan(loss="megatron").label() and "loss" not in Plan().label()
