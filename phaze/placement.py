@@ -265,7 +265,7 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
             continue
         classes = {0, pp - 1} | ({1} if pp > 2 else set())
         for i in classes:
-            t[i, idx, k] = costs.time(i, ns, r).total
+            t[i, idx, k] = costs.time(i, ns, r, groups=False).total
             if tails is None:
                 comm, opt = costs.tail(i, ns, r)
                 tl[i, idx, k] = comm + opt
@@ -302,7 +302,8 @@ def _block_rows(costs: StageCosts, ns: np.ndarray, counts: np.ndarray, alive: np
             continue
         n2 = np.broadcast_to(ns, (len(rows), len(ns)))
         on = alive[rows]
-        tt[rows] = np.where(on, costs.time(rows[0], n2, "block", np.where(on, counts[rows], 0.0)).total, np.inf)
+        whole = costs.time(rows[0], n2, "block", np.where(on, counts[rows], 0.0), groups=False)
+        tt[rows] = np.where(on, whole.total, np.inf)
         if tail is not None:
             comm, opt = costs.tail(rows[0], n2, "block", np.where(on, tail_counts[rows], 0.0))
             tail[rows] = np.where(on, comm + opt, np.inf)

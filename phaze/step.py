@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from html import escape
+from typing import NamedTuple
 
 import numpy as np
 
@@ -67,9 +68,10 @@ COMMUNICATION_GROUPS = {
 }
 
 
-@dataclass(frozen=True)
-class PhaseTime:
-    """Seconds of one op sequence, split by what bounds it."""
+class PhaseTime(NamedTuple):
+    """Seconds of one op sequence, split by what bounds it. A named tuple, not a frozen dataclass:
+    a placement builds and adds some 10^5 of them a candidate chip, and a tuple of ten is built
+    as fast as a frozen dataclass of five."""
 
     compute: float = 0.0        # tensor-unit ops (GEMMs, fused attention)
     memory: float = 0.0         # vector-unit ops: element-wise, norms, softmax (bandwidth-bound)
@@ -96,9 +98,19 @@ class PhaseTime:
                          self.tp_comm + o.tp_comm, self.ep_comm + o.ep_comm, self.cp_comm + o.cp_comm,
                          self.dp_comm + o.dp_comm, self.pp_comm + o.pp_comm)
 
+    def __rmul__(self, k):   # not a tuple's repetition
+        return NotImplemented
+
     def __mul__(self, k: float) -> PhaseTime:
+        # a group part that is a float zero stays one (not an array of zeros when k is one: the
+        # placement's arrays of layer counts carry no group parts, ModeCosts.main)
+        tp, ep, cp, dp, pp = self.tp_comm, self.ep_comm, self.cp_comm, self.dp_comm, self.pp_comm
         return PhaseTime(self.compute * k, self.memory * k, self.communication * k, self.async_hidden * k,
-                         self.tp_comm * k, self.ep_comm * k, self.cp_comm * k, self.dp_comm * k, self.pp_comm * k)
+                         tp * k if tp.__class__ is not float or tp else 0.0,
+                         ep * k if ep.__class__ is not float or ep else 0.0,
+                         cp * k if cp.__class__ is not float or cp else 0.0,
+                         dp * k if dp.__class__ is not float or dp else 0.0,
+                         pp * k if pp.__class__ is not float or pp else 0.0)
 
 
 def exposed(comm, cover, eff: Efficiency):
@@ -186,7 +198,7 @@ def _beside_shared(ops, t: PhaseTime, chip: Chip, model: Model, eff: Efficiency,
         if a2a in times:
             window = sum(times.get(n.format(act=model.activation), 0.0) for n in under)
             saved += times[a2a] - exposed(times[a2a], window, eff)
-    return replace(t, communication=t.communication - saved, ep_comm=t.ep_comm - saved)
+    return t._replace(communication=t.communication - saved, ep_comm=t.ep_comm - saved)
 
 
 @lru_cache(maxsize=16384)
@@ -204,8 +216,8 @@ def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention
             a2a = _sum_ops([o for o in ops if o.collective and o.collective.kind == "all_to_all"],
                            chip, model.precision, eff, groups, p).communication
             shown = exposed(a2a, t.compute, eff)
-            return replace(t, communication=t.communication - a2a + shown, ep_comm=t.ep_comm - a2a + shown,
-                           async_hidden=0.0)
+            return t._replace(communication=t.communication - a2a + shown, ep_comm=t.ep_comm - a2a + shown,
+                              async_hidden=0.0)
         fwd, bwd = hide(g.fwd, fwd), hide(g.bwd, bwd)
     elif moe is not None and moe.shared_overlap:
         fwd, bwd = (_beside_shared(g.fwd, fwd, chip, model, eff, groups, SHARED_COVER_FWD),
@@ -237,7 +249,7 @@ def layer_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention:
 def _scaled(t: PhaseTime, makespan_s: float) -> PhaseTime:
     """A phase's parts scaled to a schedule's makespan; the schedule already overlaps collectives
     with compute wherever the graph allows, so nothing is left for ``tp_async`` to hide."""
-    return replace(t * (makespan_s / t.total), async_hidden=0.0)
+    return (t * (makespan_s / t.total))._replace(async_hidden=0.0)
 
 
 @lru_cache(maxsize=16384)
@@ -922,11 +934,13 @@ class StageCosts:
             a, b = a.total, b.total
         return a * (n - k) + b * k
 
-    def time(self, i: int, n: int, r: str, k=0) -> PhaseTime:
+    def time(self, i: int, n: int, r: str, k=0, groups: bool = True) -> PhaseTime:
         """Stage ``i`` with ``n`` layers and recompute ``r`` (``block``: ``k`` of them re-run whole):
-        one micro-batch forward + backward and its gradient accumulation (:meth:`accumulation`)."""
-        t = self._layers("layer", self.layers_on(i, n), r, k) + PhaseTime(communication=self.send_s,
-                                                                           pp_comm=self.send_s)
+        one micro-batch forward + backward and its gradient accumulation (:meth:`accumulation`).
+        ``groups`` False: without the layers' communication by group (the same total, for the
+        placement's arrays of layer counts)."""
+        t = self._layers("layer" if groups else "main", self.layers_on(i, n), r, k) + PhaseTime(
+            communication=self.send_s, pp_comm=self.send_s)
         if i == 0:
             t = t + self.embedding
         if i == self.plan.pp - 1:
@@ -1262,6 +1276,12 @@ class ModeCosts:
     fwd: PhaseTime
     bwd: PhaseTime         # recompute included
     act_bytes: float       # stored activations
+    main: PhaseTime = field(default=None, compare=False, repr=False)   # ``layer`` without its group
+                           # parts: what the placement's arrays of layer counts carry (its totals alone)
+
+    def __post_init__(self):
+        t = self.layer
+        object.__setattr__(self, "main", PhaseTime(t.compute, t.memory, t.communication, t.async_hidden))
 
 
 @lru_cache(maxsize=4096)
@@ -1565,10 +1585,10 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
     if plan.tp_overlap:   # collectives under the GEMMs: the tensor-parallel ones, or every one under XLA
         fwd, bwd = _tp_overlapped(fwd, chip, eff), _tp_overlapped(bwd, chip, eff)
     elif plan.tp_async:   # Megatron's asynchronous backward collectives, each under its GEMM
-        fwd = replace(fwd, communication=fwd.communication - fwd.async_hidden,
-                      tp_comm=fwd.tp_comm - fwd.async_hidden, async_hidden=0.0)
-        bwd = replace(bwd, communication=bwd.communication - bwd.async_hidden,
-                      tp_comm=bwd.tp_comm - bwd.async_hidden, async_hidden=0.0)
+        fwd = fwd._replace(communication=fwd.communication - fwd.async_hidden,
+                           tp_comm=fwd.tp_comm - fwd.async_hidden, async_hidden=0.0)
+        bwd = bwd._replace(communication=bwd.communication - bwd.async_hidden,
+                           tp_comm=bwd.tp_comm - bwd.async_hidden, async_hidden=0.0)
     total = fwd + bwd
     if plan.cp > 1:
         ring = _cp_exposed(model, chip, plan, eff, r)
@@ -1685,7 +1705,7 @@ def step_time_of(costs: StageCosts, counts, recomputes, full_layers=None) -> tup
     :class:`StageCosts` (its tests check the two agree)."""
     m, v = costs.micro_batches, costs.plan.vp
     stages = list(zip(counts, recomputes, full_layers or (0,) * len(counts), strict=True))
-    times = [costs.time(i, n, r, k).total for i, (n, r, k) in enumerate(stages)]
+    times = [costs.time(i, n, r, k, groups=False).total for i, (n, r, k) in enumerate(stages)]
     tails = [sum(costs.tail(i, n, r, k)) for i, (n, r, k) in enumerate(stages)]
     crit = max(range(len(times)), key=times.__getitem__)
     last = max(range(len(tails)), key=tails.__getitem__)

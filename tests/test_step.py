@@ -1,12 +1,16 @@
 """Step-time composition: pipeline, data parallelism, memory per stage, invariants."""
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from phaze.arch import load_chip
+from phaze.arch import LinkLevel, load_chip
+from phaze.cost import op_time
+from phaze.graph import edge_graph, layer_graph
 from phaze.memory import activation_bytes_per_layer, state_bytes_per_param
 from phaze.plan import Plan, parse_plan
-from phaze.step import evaluate, layer_time, stage_layers
+from phaze.step import COMMUNICATION_GROUPS, evaluate, layer_time, stage_costs, stage_layers
+from phaze.validate import calibrated_efficiency
 from phaze.workload import load_model, narayanan_flops_per_step
 
 
@@ -201,10 +205,6 @@ def test_exposed_communication_by_group_by_hand(a100):
     overlap, the tensor-parallel part is every tp collective of the layers and the edges, timed op
     by op, each micro-batch; the pipeline's, its sends; with data parallelism alone, the
     gradient all-reduce is all there is."""
-    from phaze.arch import LinkLevel
-    from phaze.cost import op_time
-    from phaze.graph import edge_graph, layer_graph
-    from phaze.step import COMMUNICATION_GROUPS
     chip = replace(a100, links=(LinkLevel("node", 8, 1e9, 0.0), LinkLevel("net", 0, 1e6, 0.0)),
                    collective_latency_s=0.0)
     model = load_model("mpt-125m")
@@ -227,6 +227,13 @@ def test_exposed_communication_by_group_by_hand(a100):
     assert per_layer > 0 and head > 0
     assert g["tensor_parallel_s"] == pytest.approx(m * (stage * per_layer + max(head, emb)), rel=1e-9)
     assert g["expert_parallel_s"] == g["context_parallel_s"] == 0.0
+    # the placement's arrays of layer counts carry the same totals without the group parts
+    costs = stage_costs(model, chip, 16, 64, Plan(tp=2, pp=2, tp_async=False))
+    counts = np.array([1.0, 2.0, 3.0])
+    for r in ("none", "full"):
+        whole, lean = costs.time(0, counts, r), costs.time(0, counts, r, groups=False)
+        assert np.array_equal(whole.total, lean.total) and whole.tp_comm.shape == (3,)
+        assert isinstance(lean.tp_comm, float)    # the embedding's, not one a layer count
     only_dp = evaluate(model, chip, 8, 64, Plan(dp_overlap=False))
     g = only_dp.communication_by_group_s
     assert g["data_parallel_s"] == only_dp.breakdown_s["communication_exposed_s"] > 0
@@ -246,7 +253,6 @@ def test_exposed_communication_by_group_sums_to_it(name, chip_name, text):
     a paired chunk or the shared experts, FSDP, the context ring) leaves group parts that are
     non-negative and sum to the exposed communication (the shipped calibration: an ideal chip's
     overlaps hide every collective they cover)."""
-    from phaze.validate import calibrated_efficiency
     chip = load_chip(chip_name)
     r = evaluate(load_model(name, 4096), chip, 256, 256, parse_plan(text), calibrated_efficiency(chip))
     g = r.communication_by_group_s
