@@ -102,8 +102,8 @@ class PhaseTime(NamedTuple):
         return NotImplemented
 
     def __mul__(self, k: float) -> PhaseTime:
-        # a group part that is a float zero stays one (not an array of zeros when k is one: the
-        # placement's arrays of layer counts carry no group parts, ModeCosts.main)
+        # a group part that is a float zero stays one, not an array of zeros when k is an array
+        # (the placement's arrays of layer counts multiply ModeCosts.main, which has no group parts)
         tp, ep, cp, dp, pp = self.tp_comm, self.ep_comm, self.cp_comm, self.dp_comm, self.pp_comm
         return PhaseTime(self.compute * k, self.memory * k, self.communication * k, self.async_hidden * k,
                          tp * k if tp.__class__ is not float or tp else 0.0,
@@ -1276,8 +1276,9 @@ class ModeCosts:
     fwd: PhaseTime
     bwd: PhaseTime         # recompute included
     act_bytes: float       # stored activations
-    main: PhaseTime = field(default=None, compare=False, repr=False)   # ``layer`` without its group
-                           # parts: what the placement's arrays of layer counts carry (its totals alone)
+    # ``layer`` without its group parts (set from it): what the placement's arrays of layer counts
+    # multiply, which need its total alone (StageCosts.time, groups False)
+    main: PhaseTime = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         t = self.layer
