@@ -320,8 +320,8 @@ FRAMEWORKS = {f.name: f for f in (
                      "(--cross-entropy-loss-fusion is opt-in: ModelParallelConfig.cross_entropy_loss_fusion "
                      "False, megatron-core 0.16.1 model_parallel_config.py; LanguageModule."
                      "compute_language_model_loss then calls tensor_parallel.vocab_parallel_cross_entropy, "
-                     "whose calculate_logits_max upcasts them: loss megatron; loss=fused or te in --plan for a "
-                     "run that fused it)"),
+                     "whose calculate_logits_max upcasts them: loss megatron; loss=fused or te in --plan, or "
+                     "a row's cross_entropy column, for a run that fused it)"),
     _NEMO_2024,
     replace(_NEMO_2024, name="nemo", bf16_reduce_fp32=False, loss="te",
             source="NVIDIA NeMo 2 LLM performance recipes of 2025 on (containers 25.xx, nemo_toolkit 2.2 to "

@@ -71,6 +71,7 @@ from .placement import PlacementOptions, place, vp_values
 from .plan import (
     DP_SHARD_ALLOWED,
     FSDP_PP,
+    LOSSES,
     PIPE_SCHEDULES,
     RECOMPUTE_MODULES,
     Plan,
@@ -110,7 +111,7 @@ EXPLICIT_COLUMNS = (
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
     "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers", "parallel_block", "fsdp_pp",
     "fp8_param_gather", "rotary_kernels", "kv_repeat", "softmax_kernel", "pipeline_schedule",
-    "moe_shared_expert_overlap")
+    "moe_shared_expert_overlap", "cross_entropy")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -519,7 +520,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 tp_overlap=_flag(row, "tp_comm_overlap", preset["tp_overlap"]),
                 tp_async=_flag(row, "tp_async", preset["tp_async"]),
                 dp_overlap=hides_dp_reduction(preset["dp_overlap"], fw is not None and fw.dp_overlap_flat, pp, sp),
-                loss=preset["loss"], optimizer=preset["optimizer"],
+                loss=_choice(row, "cross_entropy", LOSSES, preset["loss"]), optimizer=preset["optimizer"],
                 reduce_fp32=_flag(row, "grad_reduce_fp32", preset["reduce_fp32"]), recompute_modules=modules,
                 grad_accum_fusion=_flag(row, "grad_accum_fusion", preset["grad_accum_fusion"]),
                 dp_shard=_dp_shard(row, preset["dp_shard"]), cp_comm=_cp_comm(row, preset["cp_comm"]),

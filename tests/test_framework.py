@@ -247,6 +247,13 @@ def test_megatron_cross_entropy_makes_its_passes_over_the_fp32_logits():
     assert synthetic_case(framework="megatron-lm").plan.loss == "megatron"
     assert synthetic_case(framework="Megatron-Core r0.8").plan.loss == "megatron"
     assert synthetic_case(framework="Megatron-LM (2024)").plan.loss == "megatron"
+    # a row's cross_entropy column says what its run fused, over the preset's
+    assert synthetic_case(framework="Megatron-Core r0.8", cross_entropy="te").plan.loss == "te"
+    assert synthetic_case(framework="NeMo 25.07", cross_entropy="Megatron").plan.loss == "megatron"
+    assert synthetic_case(cross_entropy="").plan.loss == "torch"      # blank, no framework: phaze's own
+    bad = v.row_to_case(synthetic(cross_entropy="fast"))
+    assert isinstance(bad, v.Skipped) and bad.reason == (
+        "column 'cross_entropy' must be one of torch, megatron, fused, te, got 'fast'")
     assert plan_with(FRAMEWORKS["megatron-deepspeed"], Plan())[0].loss == "megatron"
     assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].loss == "megatron"
     assert "loss=megatron" in Plan(loss="megatron").label() and "loss" not in Plan().label()
