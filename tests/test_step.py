@@ -5,11 +5,22 @@ import numpy as np
 import pytest
 
 from phaze.arch import LinkLevel, load_chip
-from phaze.cost import op_time
+from phaze.configio import ConfigError
+from phaze.cost import Efficiency, op_time
 from phaze.graph import edge_graph, layer_graph
 from phaze.memory import activation_bytes_per_layer, state_bytes_per_param
 from phaze.plan import Plan, parse_plan
-from phaze.step import COMMUNICATION_GROUPS, evaluate, layer_time, stage_costs, stage_layers
+from phaze.step import (
+    COMMUNICATION_GROUPS,
+    critical_weight,
+    evaluate,
+    inflight_micro_batches,
+    layer_time,
+    layout_of,
+    mode_costs,
+    stage_costs,
+    stage_layers,
+)
 from phaze.validate import calibrated_efficiency
 from phaze.workload import load_model, narayanan_flops_per_step
 
@@ -150,7 +161,6 @@ def test_uneven_interleaved_split_by_hand(layers, pp, vp, want):
 def test_uneven_interleaved_pipeline_by_hand(a100):
     """5 layers, pp = 2, vp = 2 (Megatron's uneven chunks): step = (m - 1/2) T_max + (T0 + T1)/2
     + the largest tail, T_i the stage's time per micro-batch over its 2 and 3 layers."""
-    from phaze.step import layout_of, stage_costs
     model = load_model("mpt-125m")
     model = replace(model, layers=5)
     plan = Plan(pp=2, vp=2, recompute="none")
@@ -169,16 +179,13 @@ def test_uneven_interleaved_pipeline_by_hand(a100):
 def test_critical_weight_by_hand(m, pp, v, want):
     """m - 1/v, plus (v - 1)(pp - m)/v when fewer micro-batches than stages: at m = 1 and equal
     stages T, 2T + 4T/2 = 4T (one micro-batch through all pp*v chunks)."""
-    from phaze.step import critical_weight
     assert critical_weight(m, pp, v) == pytest.approx(want)
 
 
 def test_interleaved_in_flight_activations_by_hand():
     """Megatron's interleaved warm-up: 2(pp - i - 1) + (v - 1)pp chunk forwards plus one, in
     whole stages (/v): pp = 4, v = 2: 11/2, 9/2, 7/2, 5/2; capped at m v chunks."""
-    import numpy as np
 
-    from phaze.step import inflight_micro_batches
     assert list(inflight_micro_batches(4, 2, 100, np.arange(4))) == [5.5, 4.5, 3.5, 2.5]
     assert list(inflight_micro_batches(4, 2, 2, np.arange(4))) == [2.0, 2.0, 2.0, 2.0]
     assert list(inflight_micro_batches(4, 1, 3, np.arange(4))) == [3, 3, 2, 1]
@@ -188,8 +195,6 @@ def test_pipeline_sends_cross_nodes_when_dp_fills_them(a100):
     """Pipeline stages are outermost in the rank order (tp, cp, dp, pp): with tp = 2 and dp = 4
     on 8-GPU nodes the stage neighbours are 8 ranks apart, on the network: per micro-batch
     2 v sends of the activation's 1/tp, p * mbs * s * h / tp bytes each."""
-    from phaze.arch import LinkLevel
-    from phaze.step import stage_costs
     chip = replace(a100, links=(LinkLevel("node", 8, 1e9, 0.0), LinkLevel("net", 0, 1e6, 0.0)),
                    collective_latency_s=0.0)
     model = load_model("mpt-125m")
@@ -263,7 +268,6 @@ def test_exposed_communication_by_group_sums_to_it(name, chip_name, text):
 def test_embedding_and_loss_may_take_a_chunk(a100):
     """pp*vp = layers + 2 (Megatron's --account-for-embedding/loss-in-pipeline-split): 6 layers,
     pp = 2, vp = 4: chunks 0,1,1,1,1,1,1,0, stages of 3 layers; one more chunk is refused."""
-    from phaze.configio import ConfigError
     model = replace(load_model("mpt-125m"), layers=6)
     r = evaluate(model, a100, 4, 16, Plan(pp=2, vp=4))
     assert [s.layers for s in r.stage_memory] == [3, 3]
@@ -276,9 +280,6 @@ def test_tp_async_hides_each_backward_collective_under_its_gemm():
     """Megatron's asynchronous backward: the sequence-parallel input's all-gather under that
     linear's input-gradient GEMM, the input gradient's reduce-scatter (all-reduce without sp)
     under its weight-gradient GEMM; each saves t - exposed(t, gemm) and nothing else changes."""
-    from phaze.cost import Efficiency, op_time
-    from phaze.graph import layer_graph
-    from phaze.step import mode_costs
     m, c = load_model("gpt3-175b"), load_chip("a100-80gb")
     eff = Efficiency(overlap_slowdown=0.25)
     expected = {True: {"qkv.input_all_gather": "qkv.dgrad", "ln1.all_gather.bwd": "qkv.wgrad",
@@ -311,7 +312,6 @@ def test_tp_async_hides_each_backward_collective_under_its_gemm():
 def test_block_stage_is_the_layers_mix_by_hand(gpt3, a100):
     # Megatron's --recompute-method block --recompute-num-layers 2 on a 6-layer stage: 2 layers at
     # full recompute's time and stored input, 4 at none's, and one layer re-materialised at a time
-    from phaze.step import layout_of, stage_costs
     base = Plan(tp=8, pp=16, mbs=1, attention="flash")
     block = evaluate(gpt3, a100, 1024, 1536, replace(base, recompute="block", recompute_layers=(2,)))
     costs = stage_costs(gpt3, a100, 1024, 1536, layout_of(base))
@@ -337,7 +337,6 @@ def test_block_stage_is_the_layers_mix_by_hand(gpt3, a100):
 
 
 def test_block_counts_per_stage_and_their_errors(gpt3, a100):
-    from phaze.configio import ConfigError
     plan = parse_plan("tp=8,pp=4,stage_recompute=block:block:none:full,recompute_layers=3:1:0:0")
     assert plan.stage_modes() == (("block", "block", "none", "full"), (3, 1, 0, 0))
     assert parse_plan(plan.label()) == plan
