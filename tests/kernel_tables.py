@@ -1,28 +1,31 @@
-"""phaze's operator times against what a GPU it was never calibrated on (an H200) measured.
+"""phaze's operator times against what two GPUs measured: an H200, which phaze was never
+calibrated on, and an H100 SXM, the chip whose published training steps fit the H100 family.
 
-phaze's parameters are fitted on whole training steps of A100s, H100s and TPU v4s; an H200
-(``arch_configs/h200-sxm.yaml``: the H100's SMs with 4.8 TB/s of HBM3e) takes the H100 fit. The
-measurements, all in ``results/kernels/``, none used to fit anything:
+phaze's parameters are fitted on whole training steps of A100s, H100s and TPU v4s, never on a
+kernel; an H200 (``arch_configs/h200-sxm.yaml``: the H100's SMs with 4.8 TB/s of HBM3e) takes the
+H100 fit. Each GPU's measurements are in ``results/kernels/<gpu>/``, none used to fit anything:
 
-- ``h200.csv``: each operator of real layers timed alone in PyTorch (``tests/bench/measure_kernels.py``
-  on the kernels ``cases.csv`` lists, which :func:`case_rows` writes);
+- ``kernels.csv``: each operator of real layers timed alone in PyTorch (``tests/bench/measure_kernels.py``
+  on the kernels ``results/kernels/cases.csv`` lists, which :func:`case_rows` writes);
 - ``sustained.txt``, ``sustained_fp8.txt``: square bf16 and fp8 products held for 15 s, the clock
   and power read each second (``tests/bench/measure_sustained.py``);
 - ``step_*.csv``: every kernel of a training step of two depths (4 and 8 layers: Llama 3 8B with
   either attention kernel, MPT-1B; 2 and 4: MPT-1B at 65,536 tokens, with and without full
   recompute) after 6-10 s of steps (``tests/bench/measure_step.py``); their difference is the
-  layers between them.
+  layers between them;
+- ``properties.txt`` (``tests/bench/measure_properties.py``): what the chip says of itself, the
+  chip file's source for its SMs, shared memory and L2.
 
-(``h200_properties.txt``, from ``tests/bench/measure_properties.py``, is the chip file's source.)
-``tests/bench/bench_kernels.py`` prints the tables; ``tests/test_kernel_tables.py`` holds the docs
-to them.
+``tests/bench/measure_gpu.sh`` runs all four on a GPU in one call (the H100's, 276 s);
+``tests/bench/bench_kernels.py`` prints the tables; ``tests/test_kernel_tables.py`` holds the
+docs to them.
 """
 from __future__ import annotations
 
 import csv
 import re
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -35,10 +38,20 @@ from phaze.workload import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "results" / "kernels"
-MEASURED = DATA / "h200.csv"
 CASES_CSV = DATA / "cases.csv"
-CHIP = "arch_configs/h200-sxm.yaml"
-PARAMS = "H100"   # the chip's family: the fit phaze scores an H200 with
+PARAMS = "H100"   # the chips' family: the fit phaze scores both with
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A measured GPU: its label, the folder of its measurements and phaze's chip file for it."""
+    label: str
+    folder: Path
+    chip: str
+
+
+GPUS = {"h200": Gpu("H200", DATA / "h200", "arch_configs/h200-sxm.yaml"),
+        "h100": Gpu("H100", DATA / "h100", "arch_configs/h100-sxm.yaml")}
 
 # (workload, sequence, micro-batch, tp, attention kernel, precision, expert parallelism[, overrides])
 CASES = (
@@ -152,10 +165,10 @@ def cases_csv() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _h200():
-    """The H200 as phaze's kernels see it: issued from CUDA graphs (no host dispatch: the events
+def _chip(gpu: str = "h200"):
+    """The GPU as phaze's kernels see it: issued from CUDA graphs (no host dispatch: the events
     time the GPU alone), and the H100 fit without its fixed cost per kernel (compared apart)."""
-    chip = replace(load_chip(ROOT / CHIP), execution="cuda-graphs")
+    chip = replace(load_chip(ROOT / GPUS[gpu].chip), execution="cuda-graphs")
     return chip, replace(load_default_params()[PARAMS], kernel_overhead_s=0.0)
 
 
@@ -176,16 +189,16 @@ def _seconds(r: dict, chip, eff, operators: dict) -> float:
     return op_time(ops[r["op"]], chip, m.precision, eff, bytes_per_element=m.bytes_per_element)
 
 
-def predicted(rows: list[dict]) -> dict[tuple[str, str], float]:
-    """phaze's device seconds for each measured (case, op), from the current model."""
-    chip, eff = _h200()
+def predicted(rows: list[dict], gpu: str = "h200") -> dict[tuple[str, str], float]:
+    """phaze's device seconds for each measured (case, op) on ``gpu``, from the current model."""
+    chip, eff = _chip(gpu)
     operators = _operators()
     return {(r["case"], r["op"]): _seconds(r, chip, eff, operators) for r in rows}
 
 
-def read_measured(path: Path = MEASURED) -> tuple[list[str], list[dict]]:
-    """(the ``#`` header lines, the rows) of a measured CSV."""
-    lines = path.read_text().splitlines()
+def read_measured(gpu: str = "h200") -> tuple[list[str], list[dict]]:
+    """(the ``#`` header lines, the rows) of a GPU's kernels timed alone."""
+    lines = (GPUS[gpu].folder / "kernels.csv").read_text().splitlines()
     return ([ln for ln in lines if ln.startswith("#")],
             list(csv.DictReader(ln for ln in lines if not ln.startswith("#"))))
 
@@ -202,13 +215,13 @@ def kernel_class(r: dict) -> str:
     return "element-wise (one kernel)" if k in ELEMENTWISE else k
 
 
-def kernel_errors(path: Path = MEASURED) -> list[tuple[dict, float, float]]:
+def kernel_errors(gpu: str = "h200") -> list[tuple[dict, float, float]]:
     """(row, measured s, phaze s) for each timed kernel that stands for one phaze operator (an
     element-wise call that launched more than one kernel is left out)."""
-    _, rows = read_measured(path)
+    _, rows = read_measured(gpu)
     timed = [r for r in rows if r["measured_s"] and r["kind"] != "launch"
              and (r["kind"] not in ELEMENTWISE or r["kernels"] == "1")]
-    pred = predicted(timed)
+    pred = predicted(timed, gpu)
     return [(r, float(r["measured_s"]), pred[(r["case"], r["op"])]) for r in timed]
 
 
@@ -217,11 +230,11 @@ def _stats(errors: list[float]) -> str:
             f"{100 * statistics.mean(errors):+.1f} % | {100 * statistics.median(errors):+.1f} %")
 
 
-def kernel_table(path: Path = MEASURED) -> str:
+def kernel_table(gpu: str = "h200") -> str:
     """phaze's operator time against each kernel timed alone, by kind of kernel: MAPE, signed
     bias and median error of (phaze - measured) / measured."""
     groups: dict[str, list[float]] = {}
-    for r, t, p in kernel_errors(path):
+    for r, t, p in kernel_errors(gpu):
         groups.setdefault(kernel_class(r), []).append((p - t) / t)
     out = ["| kernels | n | MAPE | bias | median |", "|---|---|---|---|---|"]
     every = []
@@ -232,11 +245,11 @@ def kernel_table(path: Path = MEASURED) -> str:
     return "\n".join(out)
 
 
-def attention_rates(path: Path = MEASURED) -> str:
+def attention_rates(gpu: str = "h200") -> str:
     """Fused attention's executed TFLOP/s (the causal half) by sequence, both kernels, head width
     128, measured alone and as phaze gives it, forward and backward."""
     rates: dict[tuple, float] = {}
-    for r, t, p in kernel_errors(path):
+    for r, t, p in kernel_errors(gpu):
         if "|heads=" not in r["case"] or r["head_dim"] != "128":
             continue
         b, h, s, d = int(r["batch"]), int(r["heads"]), int(r["seq"]), int(r["head_dim"])
@@ -255,21 +268,21 @@ def attention_rates(path: Path = MEASURED) -> str:
     return "\n".join(out)
 
 
-def fragment_share(path: Path = MEASURED) -> tuple[float, float, float, int]:
+def fragment_share(gpu: str = "h200") -> tuple[float, float, float, int]:
     """What FlashAttention-2 reaches of what phaze's tile model gives it, beside cuDNN's kernel:
     for each pair of the attention sweep (head width, sequence, forward or backward), the measured
     time ratio cuDNN / FlashAttention-2 over phaze's ratio ``flash`` / ``flash2``. (median, least,
     most, pairs)."""
     pairs: dict[tuple, dict] = {}
-    for r, t, p in kernel_errors(path):
+    for r, t, p in kernel_errors(gpu):
         if "|heads=" in r["case"]:
             pairs.setdefault((r["head_dim"], r["seq"], r["kind"]), {})[r["backend"]] = (t, p)
     shares = [(v["cudnn"][0] / v["flash"][0]) / (v["cudnn"][1] / v["flash"][1]) for v in pairs.values()]
     return statistics.median(shares), min(shares), max(shares), len(shares)
 
 
-def launch_line(path: Path = MEASURED) -> str:
-    _, rows = read_measured(path)
+def launch_line(gpu: str = "h200") -> str:
+    _, rows = read_measured(gpu)
     got = {r["op"]: float(r["measured_s"]) for r in rows if r["kind"] == "launch" and r["measured_s"]}
     eff = load_default_params()[PARAMS]
     return (f"one-element adds issued eagerly: {got['eager_tiny_add'] * 1e6:.1f} us each (host-bound); "
@@ -289,17 +302,17 @@ def sustained(path: Path) -> tuple[int, float, tuple[int, int], tuple[float, flo
             (min(x[2] for x in held), max(x[2] for x in held)))
 
 
-def sustained_table() -> str:
+def sustained_table(gpu: str = "h200") -> str:
     """Square 8,192 products back to back for 15 s, bf16 and fp8 (``_scaled_mm``), against the
     datasheet peaks, phaze's fitted tensor_fraction (one share of either peak) and phaze's rate
     for the same product (the share, whole tiles in whole waves and the fitted per-tile
     prologue; no launch cost: back to back, launches hide)."""
-    chip, eff = _h200()
+    chip, eff = _chip(gpu)
     n = 8192
     out = ["| 8,192-square products, 15 s | TFLOP/s held | share of the datasheet peak | SM clock | power | "
            f"phaze's tensor_fraction ({PARAMS} fit) | phaze's rate for this product |", "|---|---|---|---|---|---|---|"]
     for precision, name in (("bf16", "sustained.txt"), ("fp8", "sustained_fp8.txt")):
-        _, rate, (c0, c1), (w0, w1) = sustained(DATA / name)
+        _, rate, (c0, c1), (w0, w1) = sustained(GPUS[gpu].folder / name)
         peak = chip.peak_flops(precision) / 1e12
         ours = 2.0 * n ** 3 / gemm_time(1, n, n, n, chip, precision, eff,
                                         bytes_per_element=1 if precision == "fp8" else 2)
@@ -349,49 +362,66 @@ STEPS = (("flash", "Llama 3 8B, 8,192 tokens, FlashAttention-2", "llama3-8b", 81
 SHAPED_AFTER = {"llama3-8b": "torchtitan", "mpt-1b": "llm-foundry"}
 
 
-def step_layer(stem: str) -> tuple[float, dict[str, float]]:
+def step_layer(stem: str, gpu: str = "h200") -> tuple[float, dict[str, float]]:
     """One layer's wall and kernel seconds: the deeper step less the shallower one, over the
     layers between them."""
     lo, hi = next(s[-1] for s in STEPS if s[0] == stem)
-    w4, k4 = step_profile(DATA / f"step_{stem}_{lo}.csv")
-    w8, k8 = step_profile(DATA / f"step_{stem}_{hi}.csv")
+    w4, k4 = step_profile(GPUS[gpu].folder / f"step_{stem}_{lo}.csv")
+    w8, k8 = step_profile(GPUS[gpu].folder / f"step_{stem}_{hi}.csv")
     return (w8 - w4) / (hi - lo), {k: (k8[k] - k4[k]) / (hi - lo) for k in k4}
 
 
 def phaze_layer(workload: str, seq: int, mbs: int, attention: str,
-                recompute: str = "none") -> tuple[float, dict[str, float]]:
-    """phaze's seconds for one layer's forward and backward on the H200, eager, with the H100
+                recompute: str = "none", gpu: str = "h200") -> tuple[float, dict[str, float]]:
+    """phaze's seconds for one layer's forward and backward on ``gpu``, eager, with the H100
     fit and the model settings of the framework the profiled code follows: the sum of its
     operators, by kind."""
     kinds = {"GEMMs": 0.0, "attention": 0.0, "other": 0.0}
-    for op, seconds in _layer_ops(workload, seq, mbs, attention, recompute):
+    for op, seconds in _layer_ops(workload, seq, mbs, attention, recompute, gpu):
         kinds[{"tensor": "GEMMs", "tensor+vector": "attention"}.get(op.unit, "other")] += seconds
     return sum(kinds.values()), kinds
 
 
-def _layer_ops(workload: str, seq: int, mbs: int, attention: str, recompute: str = "none") -> list:
-    """(operator, phaze's seconds on the H200 with the H100 fit) of one layer's forward and
+def _layer_ops(workload: str, seq: int, mbs: int, attention: str, recompute: str = "none",
+               gpu: str = "h200") -> list:
+    """(operator, phaze's seconds on ``gpu`` with the H100 fit) of one layer's forward and
     backward, with the model settings of the framework the profiled code follows."""
-    chip, eff = load_chip(ROOT / CHIP), load_default_params()[PARAMS]
+    chip, eff = load_chip(ROOT / GPUS[gpu].chip), load_default_params()[PARAMS]
     m, _ = model_with(FRAMEWORKS[SHAPED_AFTER[workload]], load_model(workload, seq))
     g = layer_graph(m, mbs, 1, False, attention, recompute)
     return [(op, op_time(op, chip, m.precision, eff)) for op in g.fwd + g.bwd]
 
 
-def step_table() -> str:
-    """One layer's forward and backward on the H200: its kernels in a real step (eager PyTorch,
+def step_table(gpu: str = "h200") -> str:
+    """One layer's forward and backward on ``gpu``: its kernels in a real step (eager PyTorch,
     one GPU) against phaze's operators, in ms."""
     out = ["| one layer, ms | GEMMs | attention | other kernels | all kernels | step |",
            "|---|---|---|---|---|---|"]
     for stem, label, workload, seq, mbs, kernel, recompute, _ in STEPS:
-        wall, k = step_layer(stem)
+        wall, k = step_layer(stem, gpu)
         out.append(f"| measured, {label} | {1e3 * k['GEMMs']:.2f} | {1e3 * k['attention']:.2f} | "
                    f"{1e3 * k['other']:.2f} | {1e3 * sum(k.values()):.2f} | {1e3 * wall:.2f} |")
-        total, p = phaze_layer(workload, seq, mbs, kernel, recompute)
+        total, p = phaze_layer(workload, seq, mbs, kernel, recompute, gpu)
         plan = f"attention={kernel}" + (f",recompute={recompute}" if recompute != "none" else "")
         out.append(f"| phaze, `{plan}` | {1e3 * p['GEMMs']:.2f} | {1e3 * p['attention']:.2f} | "
                    f"{1e3 * p['other']:.2f} | {1e3 * total:.2f} | {1e3 * total:.2f} "
                    f"({100 * (total / wall - 1):+.0f} %) |")
+    return "\n".join(out)
+
+
+def chip_table(fast: str = "h200", slow: str = "h100") -> str:
+    """The same layers on two GPUs of one die with different memory (the H200's 4.8 TB/s of HBM3e,
+    the H100's 3.35 of HBM3): each profiled layer's measured step on each and phaze's, and the
+    ratio slow / fast of each, in ms. What phaze's cost model says more memory bandwidth buys,
+    against what it bought."""
+    a, b = GPUS[slow].label, GPUS[fast].label
+    out = [f"| one layer, ms | measured, {a} | measured, {b} | {a} / {b} | phaze, {a} | phaze, {b} | {a} / {b} |",
+           "|---|---|---|---|---|---|---|"]
+    for stem, label, workload, seq, mbs, kernel, recompute, _ in STEPS:
+        m = [step_layer(stem, g)[0] for g in (slow, fast)]
+        p = [phaze_layer(workload, seq, mbs, kernel, recompute, g)[0] for g in (slow, fast)]
+        out.append(f"| {label} | {1e3 * m[0]:.2f} | {1e3 * m[1]:.2f} | {m[0] / m[1]:.3f} | "
+                   f"{1e3 * p[0]:.2f} | {1e3 * p[1]:.2f} | {p[0] / p[1]:.3f} |")
     return "\n".join(out)
 
 
@@ -407,55 +437,56 @@ ROTARY_KERNELS = (
 )
 
 
-def _layer_kernels(stem: str, pattern: str) -> tuple[float, float]:
+def _layer_kernels(stem: str, pattern: str, gpu: str = "h200") -> tuple[float, float]:
     """(kernels, seconds) per layer of the profile's kernels whose name matches ``pattern``."""
     lo, hi = next(s[-1] for s in STEPS if s[0] == stem)
     out = []
     for layers in (lo, hi):
-        found = [t for name, t in _profile(DATA / f"step_{stem}_{layers}.csv")[1] if re.search(pattern, name)]
+        profile = _profile(GPUS[gpu].folder / f"step_{stem}_{layers}.csv")[1]
+        found = [t for name, t in profile if re.search(pattern, name)]
         out.append((len(found), sum(found)))
     return (out[1][0] - out[0][0]) / (hi - lo), (out[1][1] - out[0][1]) / (hi - lo)
 
 
-def rotary_share(stem: str = "flash") -> tuple[int, int, float]:
+def rotary_share(stem: str = "flash", gpu: str = "h200") -> tuple[int, int, float]:
     """(kernels, all kernels, share of the layer's wall time) of the rotary embedding and
     key/value copies in one profiled layer."""
-    found = [_layer_kernels(stem, pattern) for _, pattern, _ in ROTARY_KERNELS]
-    everything = _layer_kernels(stem, r"^(?!Memset)")   # kernels, not the memsets
-    wall, _ = step_layer(stem)
+    found = [_layer_kernels(stem, pattern, gpu) for _, pattern, _ in ROTARY_KERNELS]
+    everything = _layer_kernels(stem, r"^(?!Memset)", gpu)   # kernels, not the memsets
+    wall, _ = step_layer(stem, gpu)
     return round(sum(n for n, _ in found)), round(everything[0]), sum(t for _, t in found) / wall
 
 
-def _rotary_rows(stem: str = "flash") -> list[tuple[str, float, float, int, float]]:
+def _rotary_rows(stem: str = "flash", gpu: str = "h200") -> list[tuple[str, float, float, int, float]]:
     """Per group of :data:`ROTARY_KERNELS`: (label, kernels measured, seconds measured, phaze's
     operators, phaze's seconds) for one layer of the profile ``stem``."""
     _, _, workload, seq, mbs, kernel, recompute, _ = next(s for s in STEPS if s[0] == stem)
-    ops = _layer_ops(workload, seq, mbs, kernel, recompute)
+    ops = _layer_ops(workload, seq, mbs, kernel, recompute, gpu)
     rows = []
     for label, pattern, names in ROTARY_KERNELS:
         mine = [t for op, t in ops if any(x in op.name for x in names)]
-        rows.append((label, *_layer_kernels(stem, pattern), len(mine), sum(mine)))
+        rows.append((label, *_layer_kernels(stem, pattern, gpu), len(mine), sum(mine)))
     return rows
 
 
-def rotary_coverage(stem: str = "flash") -> float:
+def rotary_coverage(stem: str = "flash", gpu: str = "h200") -> float:
     """phaze's seconds for the rotary embedding and key/value copies of the profiled layer over
     the measured kernels' (:data:`ROTARY_KERNELS`)."""
-    rows = _rotary_rows(stem)
+    rows = _rotary_rows(stem, gpu)
     return sum(r[4] for r in rows) / sum(r[2] for r in rows)
 
 
-def rotary_table(stem: str = "flash") -> str:
+def rotary_table(stem: str = "flash", gpu: str = "h200") -> str:
     """The profiled Llama layer's rotary embedding and key/value copies against phaze's, in us."""
     out = ["| one layer, torchtitan's code | kernels measured | us measured | operators, phaze | us, phaze |",
            "|---|---|---|---|---|"]
-    for label, n, t, count, ours in _rotary_rows(stem):
+    for label, n, t, count, ours in _rotary_rows(stem, gpu):
         out.append(f"| {label} | {n:.0f} | {1e6 * t:.0f} | {count} | "
                    f"{1e6 * ours:.0f} ({100 * (ours / t - 1):+.0f} %) |")
     return "\n".join(out)
 
 
-def published_line(run_id: str = "R0083", stem: str = "mpt64kr") -> str:
+def published_line(run_id: str = "R0083", stem: str = "mpt64kr", gpu: str = "h200") -> str:
     """A published run of the same layers set beside the profiled step: its measured seconds per
     sequence and layer on one GPU (the step over the sequences each GPU runs, over the layers; the
     token table, head and optimizer counted in, a small share at long sequences) against one layer
@@ -466,7 +497,7 @@ def published_line(run_id: str = "R0083", stem: str = "mpt64kr") -> str:
     run, p = runs[run_id], pred[run_id]
     per_gpu = float(run["global_batch"]) / float(run["gpu_count"])
     published = float(p["measured_step_s"]) / per_gpu / float(run["layers"])
-    wall, _ = step_layer(stem)
+    wall, _ = step_layer(stem, gpu)
     return (f"{run_id} ({run['source_id']}: {run['model']}, {run['seq_len']} tokens, {run['gpu_count']} "
             f"{run['gpu']}, recompute {run['recompute']}): {float(p['measured_step_s']):.2f} s a step of "
             f"{per_gpu:.0f} sequences a GPU, {1e3 * published:.0f} ms a sequence and layer, "
@@ -495,7 +526,7 @@ def pinned_fit(pinned: dict[str, float], family: str = PARAMS) -> str:
     return "\n".join(out)
 
 
-def kernel_fit(path: Path = MEASURED) -> list[tuple[str, dict[str, float], str]]:
+def kernel_fit(gpu: str = "h200") -> list[tuple[str, dict[str, float], str]]:
     """The parameters the kernels timed alone ask for, within calibrate's bounds (log least
     squares): tensor_fraction and tile_overhead_k on the bf16 GEMMs, then, with that
     tensor_fraction, attention_fraction and tile_overhead_k on each attention kernel (forward and
@@ -504,9 +535,9 @@ def kernel_fit(path: Path = MEASURED) -> list[tuple[str, dict[str, float], str]]
     from scipy.optimize import least_squares
 
     from phaze.calibrate import BOUNDS
-    chip, base = _h200()
+    chip, base = _chip(gpu)
     operators = _operators()
-    errs = kernel_errors(path)
+    errs = kernel_errors(gpu)
 
     def one(rows, names, start):
         t = np.array([x[1] for x in rows])
@@ -531,10 +562,10 @@ def kernel_fit(path: Path = MEASURED) -> list[tuple[str, dict[str, float], str]]
     return out
 
 
-def kernel_fit_table(path: Path = MEASURED) -> str:
+def kernel_fit_table(gpu: str = "h200") -> str:
     out = ["| kernels timed alone | tensor_fraction | attention_fraction | tile_overhead_k | MAPE / bias after |",
            "|---|---|---|---|---|"]
-    for label, vals, score in kernel_fit(path):
+    for label, vals, score in kernel_fit(gpu):
         cells = " | ".join(f"{vals[n]:.3g}" if n in vals else "" for n in
                            ("tensor_fraction", "attention_fraction", "tile_overhead_k"))
         out.append(f"| {label} | {cells} | {score} |")

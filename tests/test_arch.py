@@ -168,12 +168,32 @@ def test_h200_matches_its_datasheet():
     assert chip.local_sram_bytes == h100.local_sram_bytes
     # measured on a lent H200 (tests/bench/measure_properties.py): 132 SMs, 228 KiB of shared
     # memory per SM and 60 MiB of L2, where H100 SXM enables 50 MB of the same die's 60
-    measured = dict(line.split(" ", 1) for line in (ROOT / "results" / "kernels" / "h200_properties.txt")
-                    .read_text().splitlines() if line and not line.startswith("#") and " " in line)
+    measured = _measured_properties("h200")
     assert chip.tensor.count == int(measured["multi_processor_count"])
     assert chip.local_sram_bytes == int(measured["shared_memory_per_multiprocessor"])
     assert chip.shared_buffer_bytes == int(measured["L2_cache_size"])
     assert chip.shared_buffer_bytes == h100.shared_buffer_bytes * h100.die_memory_ratio
+
+
+def _measured_properties(gpu: str) -> dict[str, str]:
+    """What a lent GPU said of itself (tests/bench/measure_properties.py), name -> value."""
+    text = (ROOT / "results" / "kernels" / gpu / "properties.txt").read_text()
+    return dict(line.split(" ", 1) for line in text.splitlines()
+                if line and not line.startswith("#") and " " in line)
+
+
+def test_h100_sxm_file_is_what_a_lent_h100_reports():
+    # measured on a lent H100 SXM (tests/bench/measure_properties.py): its SMs, shared memory per
+    # SM and L2 are the whitepaper's and the programming guide's that the chip file cites, and its
+    # bus width times its memory clock (double data rate) is the product page's 3.35 TB/s
+    chip, measured = load_chip("h100-sxm"), _measured_properties("h100")
+    assert measured["name"] == "NVIDIA H100 80GB HBM3"
+    assert chip.tensor.count == chip.vector.count == int(measured["multi_processor_count"]) == 132
+    assert chip.local_sram_bytes == int(measured["shared_memory_per_multiprocessor"])
+    assert chip.shared_buffer_bytes == int(measured["L2_cache_size"]) == 50 * 2**20
+    bus = int(measured["memory_bus_width"]) / 8 * 2 * int(measured["memory_clock_rate"]) * 1e3
+    assert bus == pytest.approx(chip.hbm_bandwidth_bytes_per_s, rel=1e-3)
+    assert int(measured["clock_rate"]) * 1e3 > chip.clock_hz   # boost above the tensor-peak clock
 
 
 def test_h200_silicon_is_the_six_stack_gh100():

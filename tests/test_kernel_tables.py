@@ -16,14 +16,16 @@ def test_cases_csv_is_what_the_code_writes():
     assert kt.CASES_CSV.read_text() == kt.cases_csv()
 
 
-def test_every_measured_kernel_is_a_current_operator_of_the_same_shape():
-    _, rows = kt.read_measured()
+@pytest.mark.parametrize("gpu", sorted(kt.GPUS))
+def test_every_measured_kernel_is_a_current_operator_of_the_same_shape(gpu):
+    headers, rows = kt.read_measured(gpu)
+    assert f"# measured on NVIDIA {kt.GPUS[gpu].label}" in "\n".join(headers)   # the right chip's file
     cases = {(r["case"], r["op"]): r for r in csv.DictReader(kt.CASES_CSV.open())}
     assert len(rows) == len(cases) == 301
     for r in rows:
         c = cases[(r["case"], r["op"])]
         assert {k: r[k] for k in kt.FIELDS} == c   # same shape, layout, backend as timed
-    errs = kt.kernel_errors()
+    errs = kt.kernel_errors(gpu)
     # every kernel timed, none failed; the element-wise calls that launched more than one kernel
     # (none in this measurement) are the only ones left out
     assert all(r["measured_s"] for r in rows)
@@ -31,30 +33,34 @@ def test_every_measured_kernel_is_a_current_operator_of_the_same_shape():
     assert all(t > 0 and p > 0 for _, t, p in errs)
 
 
-def test_a_gemm_prediction_by_hand():
+@pytest.mark.parametrize("gpu", sorted(kt.GPUS))
+def test_a_gemm_prediction_by_hand(gpu):
     # the 8,192-square bf16 product: phaze's time is whole 128 x 256 tiles in whole waves over
     # 132 units (2,048 tiles: 16 waves), each K = 8,192 steps plus the fitted prologue, at
     # tensor_fraction x the 1.83 GHz clock x 32 x 64 MACs a cycle: the comparison's own figure
-    chip, eff = kt._h200()
+    # (the same on both GPUs: the same SMs and clock; only their memory differs)
+    chip, eff = kt._chip(gpu)
     waves, passes = 16, 16 * (128 * 256) / (32 * 64)
     by_hand = passes * (8192 + eff.tile_overhead_k) / (1.83e9 * eff.tensor_fraction)
     row = {"case": "sweep", "op": "8192x8192x8192", "m": "8192", "k": "8192", "n": "8192"}
-    assert kt.predicted([row])[("sweep", "8192x8192x8192")] == pytest.approx(by_hand, rel=1e-9)
+    assert kt.predicted([row], gpu)[("sweep", "8192x8192x8192")] == pytest.approx(by_hand, rel=1e-9)
     assert waves == -(-(8192 // 128) * (8192 // 256) // 132)
 
 
-def test_step_profiles_hold_one_layer_of_kernels_per_layer():
+@pytest.mark.parametrize("gpu", sorted(kt.GPUS))
+def test_step_profiles_hold_one_layer_of_kernels_per_layer(gpu):
     # a layer launches the same attention kernels in the shallower and the deeper run:
     # FlashAttention-2's forward, backward, dO.O and dQ conversion (4 a layer), cuDNN's likewise
     for stem, *_, recompute, (lo, hi) in kt.STEPS:
         counts = []
         for layers in (lo, hi):
-            text = (kt.DATA / f"step_{stem}_{layers}.csv").read_text()
+            text = (kt.GPUS[gpu].folder / f"step_{stem}_{layers}.csv").read_text()
+            assert f"NVIDIA {kt.GPUS[gpu].label}" in text.splitlines()[0]
             rows = list(csv.DictReader(x for x in text.splitlines() if not x.startswith("#")))
             counts.append(sum(kt._step_kind(r["name"]) == "attention" for r in rows))
         # a full recompute runs each layer's forward kernel twice
         assert counts[1] - counts[0] == (5 if recompute == "full" else 4) * (hi - lo)
-        wall, kinds = kt.step_layer(stem)
+        wall, kinds = kt.step_layer(stem, gpu)
         # the kernels fill the layer: 85-102 % of its wall time (a difference of two medians)
         assert 0.85 * wall < sum(kinds.values()) < 1.02 * wall
 
@@ -63,9 +69,10 @@ def test_the_rotary_kernels_are_torchtitans_by_count():
     # per layer: q and k each cast up and down in the forward and the backward (8), multiplied as
     # complex numbers forward and backward (4); K and V copied forward and summed backward (4);
     # the Llama layer has no biases, whose gradients would be such sums too
-    for label, pattern, _ in kt.ROTARY_KERNELS:
-        n, t = kt._layer_kernels("flash", pattern)
-        assert n == (8 if label == "fp32 casts" else 4) and t > 0
+    for gpu in kt.GPUS:
+        for label, pattern, _ in kt.ROTARY_KERNELS:
+            n, t = kt._layer_kernels("flash", pattern, gpu)
+            assert n == (8 if label == "fp32 casts" else 4) and t > 0
     assert "| fp32 casts | 8 |" in kt.rotary_table()
     n, every, share = kt.rotary_share()
     doc = " ".join((ROOT / "docs" / "frameworks.md").read_text().split())
@@ -88,12 +95,38 @@ def test_the_validation_page_quotes_the_tables():
 
 def test_the_readme_quotes_the_layer_and_the_tensor_share():
     readme = " ".join((ROOT / "README.md").read_text().split())
-    for stem, _, workload, seq, mbs, kernel, recompute, _ in kt.STEPS:
-        if stem in ("flash", "mpt64k"):   # the two layers the README quotes
-            wall, _ = kt.step_layer(stem)
-            total, _ = kt.phaze_layer(workload, seq, mbs, kernel, recompute)
-            assert f"{100 * (total / wall - 1):+.0f} %" in readme
-    _, rate, _, _ = kt.sustained(kt.DATA / "sustained.txt")
-    share = rate / (kt.load_chip(ROOT / kt.CHIP).peak_flops("bf16") / 1e12)
-    assert f"{share:.3f} of the datasheet" in readme
+    quoted = {}
+    for gpu in kt.GPUS:
+        for stem, _, workload, seq, mbs, kernel, recompute, _ in kt.STEPS:
+            if stem in ("flash", "mpt64k"):   # the two layers the README quotes
+                wall, _ = kt.step_layer(stem, gpu)
+                total, _ = kt.phaze_layer(workload, seq, mbs, kernel, recompute, gpu)
+                quoted[gpu, stem] = f"{100 * (total / wall - 1):+.0f} %"
+        _, rate, _, _ = kt.sustained(kt.GPUS[gpu].folder / "sustained.txt")
+        quoted[gpu] = f"{rate / (kt.load_chip(ROOT / kt.GPUS[gpu].chip).peak_flops('bf16') / 1e12):.3f}"
+    assert (f"is {quoted['h200', 'flash']} too long, and an MPT-1B layer at 65,536 tokens "
+            f"{quoted['h200', 'mpt64k']}") in readme
+    assert f"{quoted['h100', 'flash']} and {quoted['h100', 'mpt64k'][:-2]} %." in readme
+    assert f"{quoted['h200']} of the datasheet on the H200, {quoted['h100']} on the H100" in readme
     assert f"fitted {kt.load_default_params()[kt.PARAMS].tensor_fraction:.3f}" in readme
+
+
+def test_the_validation_page_quotes_the_h100_and_both_chips():
+    page = (ROOT / "docs" / "validation.md").read_text()
+    h100 = page[page.index("## Measured on an H100"):page.index("## The fitted parameters")]
+    for table in (kt.kernel_table("h100"), kt.sustained_table("h100"), kt.step_table("h100"),
+                  kt.kernel_fit_table("h100"), kt.chip_table()):
+        assert table in h100
+    flat = " ".join(h100.split())
+    assert kt.launch_line("h100") in flat and kt.published_line(gpu="h100") in flat
+    # the prose's figures: the share held, and the two chips' layers measured and by phaze
+    _, rate, _, _ = kt.sustained(kt.GPUS["h100"].folder / "sustained.txt")
+    share = rate / (kt.load_chip(ROOT / kt.GPUS["h100"].chip).peak_flops("bf16") / 1e12)
+    assert f"The tensor share held under the power limit is {share:.3f} here" in flat
+    measured, ours = [], []
+    for stem, _, workload, seq, mbs, kernel, recompute, _ in kt.STEPS:
+        measured.append(kt.step_layer(stem, "h100")[0] / kt.step_layer(stem, "h200")[0])
+        ours.append(kt.phaze_layer(workload, seq, mbs, kernel, recompute, "h100")[0]
+                    / kt.phaze_layer(workload, seq, mbs, kernel, recompute, "h200")[0])
+    assert f"({min(measured):.3f}-{max(measured):.3f})" in flat
+    assert f"gives the H100 {100 * (min(ours) - 1):.1f}-{100 * (max(ours) - 1):.1f} % more time" in flat

@@ -5,7 +5,7 @@
 PyTorch's device properties (SMs, L2, shared memory per SM, memory bus width and clock; the
 device's UUID left out), ``nvidia-smi -q``'s clocks, power limits and memory, and two streaming
 kernels over 2 GiB timed with CUDA events (a copy, read and write; an fp32 sum, read only): the
-sources of ``arch_configs/h200-sxm.yaml``'s measured figures.
+sources of the measured figures in ``arch_configs/h200-sxm.yaml`` and ``h100-sxm.yaml``.
 """
 from __future__ import annotations
 
