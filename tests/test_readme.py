@@ -169,6 +169,25 @@ def test_paper_certificate_is_the_tracked_study():
     assert f"**{best.group(2)} over TPUv4**" in flat
 
 
+def test_paper_front_counts_are_the_tracked_study():
+    # the proven front's paragraph in docs/search.md: its evaluations, the band they are a share of,
+    # each pruning level's count and the designs GPT-3 175B runs with block recompute on, all read
+    # from the tracked front study (a rerun that moves them makes the page stale)
+    report = _read(ROOT / "results" / "phaze-paper-exact-front" / "report.md")
+    count = {k: int(re.search(rf"- {re.escape(k)}: ([\d,]+)", report).group(1).replace(",", ""))
+             for k in ("pruned by the closed-form bound (level 0)", "pruned by an evaluated design that dominates them",
+                       "pruned by the placement's layout bounds (level 1)", "evaluated")}
+    l0, dom, l1, ev = count.values()
+    band = l0 + dom + l1 + ev
+    with open(ROOT / "results" / "phaze-paper-exact-front" / "pareto.csv", newline="", encoding="utf-8") as fh:
+        front = list(csv.DictReader(fh))
+    block = sum("recompute=block" in r["GPT-3 175B:plan"] for r in front)
+    page = " ".join(_page("search.md").split())
+    assert (f"having evaluated {ev} designs** ({100 * ev / band:.2f} % of the band's {band:,}; level 0 pruned "
+            f"{l0:,}, dominance {dom}, level 1 {l1:,})") in page
+    assert f"On {block} of the {len(front)} designs GPT-3 175B's plan re-runs" in page
+
+
 def test_quickstart_exact_search_is_what_the_code_proves(tmp_path):
     # the quick start's space searched exactly, as docs/search.md quotes it: the certificate and the
     # proven throughput in the README and the search page are what phaze prints now
@@ -216,6 +235,15 @@ def test_readme_is_a_front_door():
     assert 'pip install -e ".[test]" && ruff check . && pytest' in lines
     assert "| `phaze report` |" in README
     assert "@inproceedings{wang2024phaze" in README
+
+
+def test_docs_pages_have_no_run_on_lines():
+    # a figure's history belongs in git, not in a paragraph that grows a clause each round: outside
+    # code blocks and tables no line of a docs page runs past 400 characters
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        long = [n for n, line in enumerate(_strip_code(_read(page)).splitlines(), 1)
+                if len(line) > 400 and not line.startswith("|")]
+        assert not long, f"{page.name}: lines {long}"
 
 
 def _slug(heading: str) -> str:
