@@ -77,7 +77,7 @@ def test_the_rotary_kernels_are_torchtitans_by_count():
     n, every, share = kt.rotary_share()
     doc = " ".join((ROOT / "docs" / "frameworks.md").read_text().split())
     assert f"these kernels are {n} of its {every} and {100 * share:.1f} % of its time" in doc
-    page = " ".join((ROOT / "docs" / "validation.md").read_text().split())
+    page = " ".join((ROOT / "docs" / "rounds.md").read_text().split())   # the round that modelled them
     assert (f"spends {100 * share:.1f} % of its time in these kernels; phaze now gives them "
             f"{100 * kt.rotary_coverage():.0f} % of that") in page
 
