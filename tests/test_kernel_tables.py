@@ -130,3 +130,18 @@ def test_the_validation_page_quotes_the_h100_and_both_chips():
                     / kt.phaze_layer(workload, seq, mbs, kernel, recompute, "h200")[0])
     assert f"({min(measured):.3f}-{max(measured):.3f})" in flat
     assert f"gives the H100 {100 * (min(ours) - 1):.1f}-{100 * (max(ours) - 1):.1f} % more time" in flat
+
+
+def test_the_power_page_quotes_the_held_clocks():
+    # docs/power.md's limit: the SM clock each GPU held its bf16 and fp8 products at, under 700 W
+    page = " ".join((ROOT / "docs" / "power.md").read_text().split())
+    clocks = {}
+    for gpu in ("h100", "h200"):
+        for name in ("sustained.txt", "sustained_fp8.txt"):
+            _, _, (c0, c1), (_, w1) = kt.sustained(kt.GPUS[gpu].folder / name)
+            assert w1 > 680   # at the power limit, not below it
+            clocks[gpu, name] = f"{c0:,}-{c1:,}"
+    h100, h200 = (clocks[g, "sustained.txt"] for g in ("h100", "h200"))
+    h100_fp8, h200_fp8 = (clocks[g, "sustained_fp8.txt"] for g in ("h100", "h200"))
+    assert (f"held dense bf16 products at {h100} MHz and fp8 ones at {h100_fp8} MHz at its 700 W, "
+            f"an H200 {h200} and {h200_fp8} MHz") in page
