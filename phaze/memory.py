@@ -27,8 +27,8 @@ GiB = 2.0 ** 30
 # 3 % of HBM (PyTorch's expandable segments keep it near this); the memory the driver keeps from
 # CUDA (measured: 1.03 % of a lent H100's 80 GiB, 0.85 % of an H200's 141; results/kernels/*/
 # properties.txt, total_memory) is taken to be within these (docs/validation.md says why it is not
-# added). Whole-program compiled accelerators
-# (XLA) allocate statically: 0.5 GiB for the runtime and program, no fragmentation.
+# added). Whole-program compiled accelerators (XLA) allocate statically: 0.5 GiB for the runtime
+# and program, no fragmentation.
 GPU_RESERVE_FIXED_BYTES = 1.5 * GiB
 GPU_RESERVE_FRACTION = 0.03
 ACCELERATOR_RESERVE_FIXED_BYTES = 0.5 * GiB
