@@ -2,6 +2,7 @@
 quote them (tests/kernel_tables.py): each test fails when the model's operators, the data or the
 page move apart."""
 import csv
+import statistics
 from pathlib import Path
 
 import kernel_tables as kt
@@ -145,3 +146,20 @@ def test_the_power_page_quotes_the_held_clocks():
     h100_fp8, h200_fp8 = (clocks[g, "sustained_fp8.txt"] for g in ("h100", "h200"))
     assert (f"held dense bf16 products at {h100} MHz and fp8 ones at {h100_fp8} MHz at its 700 W, "
             f"an H200 {h200} and {h200_fp8} MHz") in page
+
+
+def test_the_h100_section_quotes_the_norms():
+    # the element-wise bullet: the norms' mean error on each GPU and the GPT-3 175B sequence-parallel
+    # norm (256 rows of 12,288) measured and by phaze on each
+    flat = " ".join((ROOT / "docs" / "validation.md").read_text().split())
+    norm, gpt3 = {}, {}
+    for gpu in ("h100", "h200"):
+        errs = kt.kernel_errors(gpu)
+        norm[gpu] = statistics.mean((p - t) / t for r, t, p in errs if r["kind"] == "norm")
+        (r, t, p), = [x for x in errs if x[0]["op"] == "ln1" and x[0]["case"].startswith("gpt3-175b")]
+        assert (int(r["rows"]), int(r["cols"])) == (256, 12288)
+        gpt3[gpu] = (t, p)
+    assert f"The norms are furthest ({100 * norm['h100']:.0f} % here, {100 * norm['h200']:.0f} % on the H200)" \
+        in flat.replace("−", "-")
+    assert (f"{1e6 * gpt3['h100'][0]:.0f} us measured on the H100, {1e6 * gpt3['h200'][0]:.0f} on the H200, "
+            f"where phaze gives {1e6 * gpt3['h100'][1]:.1f} and {1e6 * gpt3['h200'][1]:.1f}") in flat
