@@ -15,6 +15,7 @@ from .cost import Efficiency
 from .placement import PlacementOptions
 from .placement import place as _place
 from .plan import Plan, parse_plan
+from .power import place_within_limit
 from .step import StepResult
 from .step import evaluate as _evaluate
 from .system import System, apply_system, as_system
@@ -99,15 +100,21 @@ def evaluate(workload: str | Path | Model, arch: str | Path | Chip, devices: int
 @_library_errors
 def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, global_batch: int,
           options=None, efficiency: Efficiency | None = None, top: int = 5, seq_len: int | None = None,
-          system: str | Path | System | None = None, **space):
+          system: str | Path | System | None = None, power_limit_w: float | None = None, **space):
     """Best execution plans of a workload on ``devices`` chips: ``phaze.place("gpt3-175b",
     "a100-80gb", 1024, 1536).best.plan``. The space searched is ``options``
     (:class:`phaze.PlacementOptions`) or its fields as keywords: ``tp``, ``mbs``, ``pp``, ``vp``,
     ``cp``, ``ep``, ``etp``, ``routing`` (a value or a list; ``vp``, ``cp``, ``etp`` empty: searched
     as :mod:`phaze.placement` says), ``recompute`` (modes), ``zero`` (a stage or a list of stages),
     ``attention``, ``optimizer``, ``reduce_fp32``; ``memory_reserve_gib`` replaces the chip's
-    modelled memory reserve; ``system`` the cluster, as in :func:`evaluate`."""
+    modelled memory reserve; ``system`` the cluster, as in :func:`evaluate`. The plans are ranked
+    at the nominal clock; with ``power_limit_w`` (watts, as ``phaze place --power-limit``) they are
+    the fastest within that limit, their steps at the clock they run at
+    (:func:`phaze.power.place_within_limit`)."""
     devices, global_batch = _check_size("devices", devices), _check_size("global_batch", global_batch)
+    if power_limit_w is not None and (isinstance(power_limit_w, bool) or not isinstance(power_limit_w, (int, float))
+                                      or not power_limit_w > 0):
+        raise ConfigError("power_limit_w", None, f"must be a positive number of watts, got {power_limit_w!r}")
     opts = options or PlacementOptions()
     known = {f.name for f in fields(PlacementOptions)} - {"memory_reserve"}
     changes = {}
@@ -126,7 +133,11 @@ def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, g
         opts = replace(opts, **changes)
     chip = with_system(as_chip(arch), system)
     eff = calibrated_efficiency(chip) if efficiency is None else efficiency
-    res = _place(as_model(workload, seq_len), chip, devices, global_batch, opts, eff, top)
+    model = as_model(workload, seq_len)
+    if power_limit_w is None:
+        res = _place(model, chip, devices, global_batch, opts, eff, top)
+    else:
+        res, _ = place_within_limit(model, chip, devices, global_batch, opts, eff, top, float(power_limit_w))
     if res.best is None:        # the reason names parameters, not flags
         res = replace(res, infeasible_source=_PARAMETER.get(res.infeasible_source, res.infeasible_source),
                       infeasible_reason=_unflag(res.infeasible_reason))

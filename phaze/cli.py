@@ -61,7 +61,7 @@ from .plan import (
     one_or_several,
     ordered_modules,
 )
-from .power import PoweredStep, within_limit
+from .power import PoweredStep, place_within_limit, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
 from .schedule import schedule_layer, sharing, write_gantt
 from .search import SearchInterrupted, interruptible, open_study, search, sweep
@@ -837,18 +837,14 @@ def cmd_place(args) -> int:
         chip = chip.with_execution(options.execution)
         preset = describe(fw, changes | set_on_model)
     eff = efficiency_for(chip, args)
+    # the top plans within the power limit (a plan that draws more is throttled: it may fall
+    # behind one ranked below it at the nominal clock)
     with _Ticker("phaze place", unit="layout") as ticker:
-        res = place(model, chip, args.devices, args.global_batch, options, eff, args.top, progress=ticker.progress)
+        res, powered = place_within_limit(model, chip, args.devices, args.global_batch, options, eff, args.top,
+                                          getattr(args, "power_limit", None), progress=ticker.progress)
     if res.best is None:
         raise ConfigError(res.infeasible_source or "--arch", None, res.infeasible_reason)
     kind = res.baseline_kind
-    # the plans are ranked at the nominal clock; each listed one then runs within the power limit
-    # (a plan that draws more is throttled: it may fall behind one ranked below it)
-    powered = {p.plan: _within_limit(model, chip, args.devices, args.global_batch, p.plan, eff, p.result, args)
-               for p in res.top}
-    top = tuple(sorted((Placement(p.plan, powered[p.plan].result) for p in res.top),
-                       key=lambda p: p.result.step_time_s))
-    res = replace(res, top=top, best=top[0])
     if res.baseline is not None and baseline_plan is None:
         b = res.baseline
         bp = powered.get(b.plan) or _within_limit(model, chip, args.devices, args.global_batch, b.plan, eff,

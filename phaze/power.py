@@ -7,7 +7,9 @@ supply voltage with it, until the power fits. :func:`within_limit` does the same
   budget, a searched ``tdp_w``);
 - at a clock ratio ``s`` of the nominal clock the core voltage is ``max(V_FLOOR, s)`` of the
   nominal one (linear V-f scaling down to a floor), so the core's switching energy per operation
-  scales with V^2 and its dynamic power with f V^2; HBM and link energies do not change;
+  scales with V^2 and its dynamic power with f V^2; HBM and link energies do not change. The
+  nominal clock is the one a chip holds at its TDP under full load, not the top of its V-f curve
+  (:data:`HELD_CLOCK_SHARE`, measured), so the floor is close: little voltage is left to drop;
 - the step is evaluated again at that clock (:func:`phaze.step.evaluate` on the chip with the
   lower clock): compute slows, HBM- and link-bound work does not;
 - clocks are taken in bins of :data:`CLOCK_BIN` of the nominal one (a GPU's clock table moves in
@@ -25,14 +27,26 @@ from dataclasses import dataclass, fields, replace
 from .arch import Chip
 from .area import Energy, step_energy
 from .cost import IDEAL, Efficiency
+from .placement import Placement, PlacementOptions, PlacementResult, place
 from .plan import Plan
 from .step import StepResult, evaluate
 from .workload import Model
 
-# assumption: the core voltage falls linearly with the clock down to 70 % of nominal (a 7-5 nm
-# core runs near 1 V at its top clock and needs about 0.65-0.7 V to keep noise margins: the floor
-# below which only the clock, not the voltage, can fall). No vendor publishes its V-f table.
-V_FLOOR = 0.70
+# assumption: the core voltage falls linearly with the clock down to 70 % of its value at the top
+# of the V-f curve (a 7-5 nm core runs near 1 V at its top clock and needs about 0.65-0.7 V to keep
+# noise margins: the floor below which only the clock, not the voltage, can fall). No vendor
+# publishes its V-f table.
+V_FLOOR_OF_TOP = 0.70
+# measured: the clock a GPU holds at its TDP under full load, over the clock its peak is quoted at.
+# A lent H100 SXM held dense bf16 8,192-square products at a median 1,395 MHz (1,365-1,425) of the
+# 1,830 MHz its peak is quoted at, at 700 W (results/kernels/h100/sustained.txt; an H200, the same
+# die, 1,485 MHz). phaze's nominal clock stands for this held point: on a shipped chip the fitted
+# tensor share stands for the drop (0.674 against the 0.696 of the peak the H100 held), and the
+# power fit sets full load at the nominal clock to the TDP, the load at which the chip holds it. So
+# the core voltage there is already this share of the top one, and throttling has only the rest,
+# down to the floor, to take.
+HELD_CLOCK_SHARE = 1395 / 1830
+V_FLOOR = V_FLOOR_OF_TOP / HELD_CLOCK_SHARE    # 0.918: the floor over the nominal point's voltage
 CLOCK_BIN = 0.01          # clock bins, as a share of the nominal clock (H100: 15 MHz of 1980)
 MIN_CLOCK_RATIO = 0.30    # the lowest clock considered; below it the plan cannot meet the limit
 
@@ -40,12 +54,17 @@ MIN_CLOCK_RATIO = 0.30    # the lowest clock considered; below it the plan canno
 def throttled_power_floor() -> float:
     """A throttled plan's power over its limit is at least this. The plan runs at the highest bin
     s whose power fits, so the next bin s' = s + CLOCK_BIN is over the limit; and P(s) >=
-    (s / s')^4 P(s'): from s' to s the step time grows at most by s' / s (every duration scales
-    with the clock or not at all), the core's energy per operation falls at most by (s / s')^2
-    (the voltage), the clocked logic's busy cycles at most by s / s', and leakage power at most by
-    s / s'. The smallest ratio is at the lowest bin."""
-    s = MIN_CLOCK_RATIO
-    return (s / (s + CLOCK_BIN)) ** 4
+    (r v)^2 P(s'), with r = s / s' and v = V(s) / V(s') (v >= r): from s' to s the step time grows
+    at most by 1 / r (every duration scales with the clock or not at all), the core's energy per
+    operation falls by v^2, the clocked logic's busy cycles at most by r, leakage power by v, and
+    HBM and link energies not at all. The smallest factor over the bins: at the lowest bin, where
+    the voltage is on its floor (r^2), or just above the floor (r^4)."""
+    bins = round((1.0 - MIN_CLOCK_RATIO) / CLOCK_BIN)
+    worst = 1.0
+    for k in range(1, bins + 1):
+        s, up = 1.0 - k * CLOCK_BIN, 1.0 - (k - 1) * CLOCK_BIN
+        worst = min(worst, (s / up * voltage_ratio(s) / voltage_ratio(up)) ** 2)
+    return worst
 
 
 def voltage_ratio(clock_ratio: float) -> float:
@@ -120,7 +139,11 @@ def within_limit(model: Model, chip: Chip, devices: int, global_batch: int, plan
         s = 1.0 - k * CLOCK_BIN
         c = at_clock(chip, s)
         r = evaluate(model, c, devices, global_batch, plan, eff)
-        return r, step_energy(model, c, devices, global_batch, plan, eff, r, coefficients, voltage_ratio(s)), c
+        e = step_energy(model, c, devices, global_batch, plan, eff, r, coefficients, voltage_ratio(s))
+        # MFU and HFU against the nominal clock's peak, the datasheet's, as a throttled GPU's are quoted
+        # (against the lower clock's peak they would rise as the clock falls)
+        ratio = c.clock_hz / chip.clock_hz
+        return replace(r, mfu=r.mfu * ratio, hfu=r.hfu * ratio), e, c
 
     hi = round((1.0 - MIN_CLOCK_RATIO) / CLOCK_BIN)     # the lowest bin
     r, e, c = run(hi)
@@ -139,5 +162,46 @@ def within_limit(model: Model, chip: Chip, devices: int, global_batch: int, plan
     return PoweredStep(r, e, c.clock_hz, chip.clock_hz, limit, e1.power_w, tdp_w=chip.tdp_w)
 
 
-__all__ = ["CLOCK_BIN", "MIN_CLOCK_RATIO", "V_FLOOR", "PoweredStep", "at_clock", "throttled_power_floor",
-           "voltage_ratio", "within_limit"]
+def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int,
+                       options: PlacementOptions, eff: Efficiency = IDEAL, top: int = 1,
+                       limit_w: float | None = None, progress=None,
+                       with_baseline: bool = True) -> tuple[PlacementResult, dict[Plan, PoweredStep]]:
+    """The ``top`` fastest plans within the power limit (``limit_w``, else the chip's TDP): a
+    placement whose ``top`` and ``best`` are those plans with their steps at the clock they run
+    at, and each plan's run, fastest first. One plan per layout, each layout's the one its
+    placement picks at the nominal clock; the baseline is left at the nominal clock.
+
+    A throttled plan may fall behind one that draws less, so plans run within the limit in the
+    order of their step at the nominal clock until the next one's nominal step is no shorter than
+    the ``top``-th fastest run (throttling only slows a plan: none after it can win); when the
+    placed plans run out first, more are placed. A plan within the limit at the nominal clock
+    ends it at once."""
+    keep = max(1, top)
+    k, spent = keep, 0.0
+    runs: dict = {}          # plan -> (nominal rank, PoweredStep)
+    while True:
+        res = place(model, chip, devices, global_batch, options, eff, top=k, progress=progress,
+                    with_baseline=with_baseline)
+        spent += res.solve_time_s
+        proven = len(res.top) < k        # every layout that fits was placed
+        for rank, p in enumerate(res.top):
+            done = sorted(r.result.step_time_s for _, r in runs.values())
+            if len(done) >= keep and p.result.step_time_s >= done[keep - 1]:
+                proven = True
+                break
+            if p.plan not in runs:
+                runs[p.plan] = (rank, within_limit(model, chip, devices, global_batch, p.plan, eff, limit_w,
+                                                   p.result))
+        if proven:
+            break
+        k *= 4
+    ranked = sorted(runs.items(), key=lambda kv: (kv[1][1].result.step_time_s, kv[1][0]))[:keep]
+    res = replace(res, solve_time_s=spent)
+    if not ranked:
+        return res, {}
+    top_plans = tuple(Placement(plan, ps.result) for plan, (_, ps) in ranked)
+    return replace(res, top=top_plans, best=top_plans[0]), {plan: ps for plan, (_, ps) in ranked}
+
+
+__all__ = ["CLOCK_BIN", "HELD_CLOCK_SHARE", "MIN_CLOCK_RATIO", "V_FLOOR", "V_FLOOR_OF_TOP", "PoweredStep", "at_clock",
+           "place_within_limit", "throttled_power_floor", "voltage_ratio", "within_limit"]

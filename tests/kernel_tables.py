@@ -302,6 +302,13 @@ def sustained(path: Path) -> tuple[int, float, tuple[int, int], tuple[float, flo
             (min(x[2] for x in held), max(x[2] for x in held)))
 
 
+def held_clock_mhz(path: Path) -> float:
+    """The median SM clock of a ``measure_sustained.py`` log, the first second left out."""
+    pat = re.compile(r"second\s+(\d+):.*: (\d+) MHz, [\d.]+ W")
+    return statistics.median(int(c) for n, c in (m.groups() for m in map(pat.search, path.read_text().splitlines())
+                                                 if m) if int(n) > 1)
+
+
 def sustained_table(gpu: str = "h200") -> str:
     """Square 8,192 products back to back for 15 s, bf16 and fp8 (``_scaled_mm``), against the
     datasheet peaks, phaze's fitted tensor_fraction (one share of either peak) and phaze's rate

@@ -1,7 +1,10 @@
 """The power limit (phaze/power.py): DVFS until the step fits, checked against its own definition."""
+import itertools
 import json
 from dataclasses import replace
+from pathlib import Path
 
+import kernel_tables as kt
 import pytest
 
 from phaze import cli
@@ -10,9 +13,12 @@ from phaze.area import silicon, step_energy
 from phaze.placement import PlacementOptions, place
 from phaze.power import (
     CLOCK_BIN,
+    HELD_CLOCK_SHARE,
     MIN_CLOCK_RATIO,
     V_FLOOR,
+    V_FLOOR_OF_TOP,
     at_clock,
+    place_within_limit,
     throttled_power_floor,
     voltage_ratio,
     within_limit,
@@ -26,8 +32,19 @@ WORKLOADS = (("llama2-7b", 256, 1024), ("mpt-30b", 256, 512), ("gpt3-175b", 1024
 
 
 def test_voltage_follows_the_clock_down_to_its_floor():
-    assert voltage_ratio(1.0) == 1.0 and voltage_ratio(0.85) == pytest.approx(0.85)
-    assert voltage_ratio(0.5) == V_FLOOR and voltage_ratio(0.3) == V_FLOOR
+    assert voltage_ratio(1.0) == 1.0 and voltage_ratio(0.95) == pytest.approx(0.95)
+    assert voltage_ratio(0.85) == V_FLOOR and voltage_ratio(0.5) == V_FLOOR and voltage_ratio(0.3) == V_FLOOR
+
+
+def test_the_nominal_clock_is_the_clock_the_h100_held_at_its_tdp():
+    """The voltage floor over the nominal point is the assumed floor over the top of the V-f curve
+    divided by the measured share of the quoted peak clock a lent H100 SXM held its bf16 products
+    at under 700 W (the median of the seconds after the first): 1,395 of 1,830 MHz."""
+    n, _, _, (watts, _) = kt.sustained(kt.GPUS["h100"].folder / "sustained.txt")
+    assert n == 15 and watts > 0.99 * as_chip("h100-sxm").tdp_w
+    assert HELD_CLOCK_SHARE == kt.held_clock_mhz(kt.GPUS["h100"].folder / "sustained.txt") / (
+        as_chip("h100-sxm").clock_hz / 1e6)
+    assert V_FLOOR == pytest.approx(V_FLOOR_OF_TOP / HELD_CLOCK_SHARE) and V_FLOOR_OF_TOP < V_FLOOR < 1
 
 
 @pytest.mark.parametrize("chip_name", CHIPS)
@@ -81,6 +98,9 @@ def test_throttle_takes_the_highest_clock_bin_that_fits(h100_run, limit):
     assert b1["compute_s"] < b["compute_s"] <= b1["compute_s"] / s * (1 + 1e-9)
     assert ps.result.step_time_s <= r1.step_time_s / s * (1 + 1e-9)
     assert ps.result.clock_hz == pytest.approx(ps.clock_hz)
+    # MFU and HFU against the nominal clock's peak: the same FLOPs over a longer step
+    assert ps.result.mfu == pytest.approx(r1.mfu * r1.step_time_s / ps.result.step_time_s, rel=1e-12)
+    assert ps.result.hfu == pytest.approx(r1.hfu * r1.step_time_s / ps.result.step_time_s, rel=1e-12)
 
 
 def test_power_falls_with_the_clock(h100_run):
@@ -91,6 +111,28 @@ def test_power_falls_with_the_clock(h100_run):
         r = evaluate(model, c, 256, 1024, plan, eff)
         powers.append(step_energy(model, c, 256, 1024, plan, eff, r, voltage_ratio=voltage_ratio(s)).power_w)
     assert powers == sorted(powers, reverse=True)
+
+
+def test_one_clock_bin_cuts_the_power_by_at_most_the_floor(h100_run):
+    """The exact search's floor, brute force over every pair of adjacent bins on the H100 run and
+    a memory-heavier plan: one bin down never cuts the power below throttled_power_floor() of the
+    bin above; the floor is the lowest bin's, where the voltage no longer falls."""
+    model, chip, _, eff, _ = h100_run
+    assert throttled_power_floor() == pytest.approx((MIN_CLOCK_RATIO / (MIN_CLOCK_RATIO + CLOCK_BIN)) ** 2)
+    largest = 1.0
+    for plan in (as_plan("tp=1,pp=1,mbs=2,zero=1"), as_plan("tp=8,pp=1,mbs=1,zero=1")):
+        powers = []
+        for k in range(round((1 - MIN_CLOCK_RATIO) / CLOCK_BIN) + 1):
+            s = 1.0 - k * CLOCK_BIN
+            c = at_clock(chip, s)
+            r = evaluate(model, c, 256, 1024, plan, eff)
+            powers.append(step_energy(model, c, 256, 1024, plan, eff, r, voltage_ratio=voltage_ratio(s)).power_w)
+        cuts = [lo / hi for hi, lo in itertools.pairwise(powers)]
+        assert max(cuts) < 1 and min(cuts) >= throttled_power_floor() * (1 - 1e-12)
+        largest = min(largest, *cuts)
+    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "power.md").read_text().split())
+    assert (f"`(0.30/0.31)² = {throttled_power_floor():.3f}`" in page
+            and f"two H100 plans (the largest cut there: {largest:.3f})" in page)
 
 
 def test_no_limit_no_throttle(h100_run):
@@ -134,3 +176,68 @@ def test_cli_evaluate_says_when_a_chip_has_no_power_limit(capsys):
     assert cli.main(args + ["--power-limit", "50"]) == 0        # a limit the user sets still holds
     out = capsys.readouterr().out
     assert "of a 50 W limit" in out and "throttled to" in out
+
+
+def test_the_power_page_quotes_the_throttle_with_and_without_the_held_point(h100_run, monkeypatch):
+    """docs/power.md's figures for Llama-2 7B on the H100 under four limits: the clock and the
+    step's growth with the floor over the held point, and with the floor the nominal clock had
+    before it (0.70 of the nominal voltage)."""
+    import phaze.power as pw
+    model, chip, plan, eff, r1 = h100_run
+    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "power.md").read_text().split())
+
+    def run(limit):
+        ps = within_limit(model, chip, 256, 1024, plan, eff, limit_w=limit, result=r1)
+        return round(100 * ps.clock_hz / chip.clock_hz), ps.result.step_time_s / r1.step_time_s, ps.nominal_power_w
+
+    now = {w: run(w) for w in (350, 450, 500, 560, 600)}
+    monkeypatch.setattr(pw, "V_FLOOR", V_FLOOR_OF_TOP)
+    before = {w: run(w) for w in (350, 450, 500, 560, 600)}
+    assert f"zero=1`, {now[350][2]:.0f} W at the nominal clock)" in page
+    assert now[560][0] == before[560][0] and now[600][0] == before[600][0]
+    assert f"({now[560][0]} and {now[600][0]} %, above the floor)" in page
+    assert (f"at 500 W {now[500][0]} % ({before[500][0]} % before), at 450 W {now[450][0]} % ({before[450][0]} %), "
+            f"at 350 W {now[350][0]} % ({before[350][0]} %), a step {now[350][1]:.2f} times as long "
+            f"({before[350][1]:.2f} before)") in page
+
+
+def test_the_fastest_plan_within_the_limit_is_found_not_the_nominal_best_throttled():
+    """Brute force: every layout's plan (a placement listing them all) run within a 350 W limit on
+    the H100; place_within_limit returns the fastest and the three fastest, in order. Here the
+    nominal clock's best plan draws more and, throttled, falls behind another layout's plan."""
+    model, chip = as_model("mpt-30b"), as_chip("h100-sxm")
+    eff, opts, limit = calibrated_efficiency(chip), PlacementOptions(tp=(1, 2, 4, 8), mbs=(1, 2), vp=(1, 2)), 350.0
+    every = place(model, chip, 256, 512, opts, eff, top=10 ** 6, with_baseline=False)
+    runs = sorted((within_limit(model, chip, 256, 512, p.plan, eff, limit, p.result).result.step_time_s, i, p.plan)
+                  for i, p in enumerate(every.top))
+    assert len(runs) > 100 and runs[0][1] != 0          # the nominal best is not the fastest within the limit
+    nominal_best = next(t for t, i, _ in runs if i == 0)
+    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "power.md").read_text().split())
+    assert f"is {100 * (nominal_best / runs[0][0] - 1):.1f} % slower than the fastest within the limit" in page
+    for top in (1, 3):
+        res, powered = place_within_limit(model, chip, 256, 512, opts, eff, top, limit, with_baseline=False)
+        assert [p.plan for p in res.top] == [plan for _, _, plan in runs[:top]] == list(powered)
+        assert [p.result.step_time_s for p in res.top] == [t for t, _, _ in runs[:top]]
+        assert res.best == res.top[0] and all(ps.energy.power_w <= limit for ps in powered.values())
+    # within the TDP the nominal best runs unthrottled and is the answer at once
+    res, powered = place_within_limit(model, chip, 256, 512, opts, eff, 1, None, with_baseline=False)
+    assert res.best.plan == every.top[0].plan and not powered[res.best.plan].throttled
+
+
+def test_place_and_the_api_list_the_fastest_plans_within_the_limit(capsys):
+    """`phaze place --power-limit` and `phaze.place(power_limit_w=...)` give the same three plans
+    and steps, the fastest within the limit (the previous test's brute force), throttled."""
+    import phaze
+    api = phaze.place("mpt-30b", "h100-sxm", 256, 512, tp=[1, 2, 4, 8], mbs=[1, 2], vp=[1, 2], top=3,
+                      power_limit_w=350)
+    assert cli.main(["place", "--workload", "mpt-30b", "--arch", "h100-sxm", "--devices", "256", "--global-batch",
+                     "512", "--tp", "1,2,4,8", "--mbs", "1,2", "--vp", "1,2", "--top", "3", "--power-limit", "350",
+                     "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [t["plan"] for t in d["top"]] == [p.plan.label() for p in api.top] and len(api.top) == 3
+    assert [t["step_time_s"] for t in d["top"]] == [p.result.step_time_s for p in api.top]
+    assert api.best.result.clock_hz < as_chip("h100-sxm").clock_hz
+    nominal = phaze.place("mpt-30b", "h100-sxm", 256, 512, tp=[1, 2, 4, 8], mbs=[1, 2], vp=[1, 2], top=1)
+    assert nominal.best.plan != api.best.plan and nominal.best.result.clock_hz == as_chip("h100-sxm").clock_hz
+    with pytest.raises(phaze.ConfigError, match="power_limit_w"):
+        phaze.place("mpt-30b", "h100-sxm", 256, 512, power_limit_w=0)

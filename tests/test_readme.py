@@ -223,6 +223,11 @@ def test_quickstart_figures_are_what_the_quick_start_writes(tmp_path):
     assert tracked and tracked <= {p.name for p in out.glob("*.png")}
     assert "](results/quickstart/front.png)" in README
     assert (out / "front.png").read_bytes() == (ROOT / "results" / "quickstart" / "front.png").read_bytes()
+    # docs/power.md quotes its GPU baselines, held to the 300 W budget
+    with open(out / "baselines.csv", newline="", encoding="utf-8") as fh:
+        base = {r["baseline"]: float(r["throughput_tokens_per_s"]) for r in csv.DictReader(fh)}
+    assert (f"fell from 6.52 to {base['h100-sxm'] / 1e6:.2f} million tokens/s and its A100 from 3.73 to "
+            f"{base['a100-80gb'] / 1e6:.2f}") in " ".join(_page("power.md").split())
 
 
 # --- the pages themselves -----------------------------------------------------------------------------
