@@ -173,9 +173,10 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
 
     A throttled plan may fall behind one that draws less, so plans run within the limit in the
     order of their step at the nominal clock until the next one's nominal step is no shorter than
-    the ``top``-th fastest run (throttling only slows a plan: none after it can win); when the
-    placed plans run out first, more are placed. A plan within the limit at the nominal clock
-    ends it at once."""
+    the ``top``-th fastest run that meets the limit (throttling only slows a plan: none after it
+    can win); when the placed plans run out first, more are placed. A plan within the limit at the
+    nominal clock ends it at once. A plan over the limit even at the lowest clock ranks after
+    every plan that meets it."""
     keep = max(1, top)
     k, spent = keep, 0.0
     runs: dict = {}          # plan -> (nominal rank, PoweredStep)
@@ -185,7 +186,7 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
         spent += res.solve_time_s
         proven = len(res.top) < k        # every layout that fits was placed
         for rank, p in enumerate(res.top):
-            done = sorted(r.result.step_time_s for _, r in runs.values())
+            done = sorted(r.result.step_time_s for _, r in runs.values() if r.fits_limit)
             if len(done) >= keep and p.result.step_time_s >= done[keep - 1]:
                 proven = True
                 break
@@ -195,7 +196,8 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
         if proven:
             break
         k *= 4
-    ranked = sorted(runs.items(), key=lambda kv: (kv[1][1].result.step_time_s, kv[1][0]))[:keep]
+    ranked = sorted(runs.items(), key=lambda kv: (not kv[1][1].fits_limit, kv[1][1].result.step_time_s,
+                                                  kv[1][0]))[:keep]
     res = replace(res, solve_time_s=spent)
     if not ranked:
         return res, {}

@@ -224,6 +224,23 @@ def test_the_fastest_plan_within_the_limit_is_found_not_the_nominal_best_throttl
     assert res.best.plan == every.top[0].plan and not powered[res.best.plan].throttled
 
 
+def test_a_plan_that_meets_the_limit_ranks_before_one_that_cannot():
+    """At 170 W most MPT-30B plans on the H100 are over the limit even at the lowest clock, and
+    such a plan's step there is shorter than any plan's that meets the limit: the fastest plans
+    that meet it are listed, in order (brute force over every layout)."""
+    model, chip = as_model("mpt-30b"), as_chip("h100-sxm")
+    eff, opts, limit = calibrated_efficiency(chip), PlacementOptions(tp=(1, 2, 4, 8), mbs=(1, 2), vp=(1, 2)), 170.0
+    every = place(model, chip, 256, 512, opts, eff, top=10 ** 6, with_baseline=False)
+    runs = [(within_limit(model, chip, 256, 512, p.plan, eff, limit, p.result), i, p.plan)
+            for i, p in enumerate(every.top)]
+    meet = sorted((ps.result.step_time_s, i, plan) for ps, i, plan in runs if ps.fits_limit)
+    over = [ps.result.step_time_s for ps, _, _ in runs if not ps.fits_limit]
+    assert len(meet) >= 3 and over and min(over) < meet[0][0]
+    res, powered = place_within_limit(model, chip, 256, 512, opts, eff, 3, limit, with_baseline=False)
+    assert [p.plan for p in res.top] == [plan for _, _, plan in meet[:3]]
+    assert all(ps.fits_limit and ps.energy.power_w <= limit for ps in powered.values())
+
+
 def test_place_and_the_api_list_the_fastest_plans_within_the_limit(capsys):
     """`phaze place --power-limit` and `phaze.place(power_limit_w=...)` give the same three plans
     and steps, the fastest within the limit (the previous test's brute force), throttled."""

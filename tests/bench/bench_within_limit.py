@@ -19,6 +19,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import tqdm
+
 from phaze.area import silicon
 from phaze.candidate import evaluate_chip, power_limit, weighted_geomean
 from phaze.power import place_within_limit
@@ -53,7 +55,8 @@ def main() -> int:
         cfg = replace(cfg, constraints=(*[(k, b) for k, b in cfg.constraints if k != "power_w"], ("power_w", budget)))
         t0 = time.perf_counter()
         rows = []           # (chip, candidate's throughput, the fastest within the limit's)
-        for chip in designs(cfg):
+        chips = list(designs(cfg))
+        for chip in tqdm.tqdm(chips, desc=f"{cfg.name} at {budget:.0f} W", unit="design", file=sys.stderr):
             ev = evaluate_chip(chip, cfg.workloads, constraints=cfg.constraints)
             if not ev.feasible_plans:
                 continue
