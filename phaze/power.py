@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from .arch import Chip
-from .area import Energy, step_energy
+from .area import Energy, silicon, step_energy
 from .cost import IDEAL, Efficiency
 from .placement import Placement, PlacementOptions, PlacementResult, place
 from .plan import Plan
@@ -176,10 +176,13 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
     the ``top``-th fastest run that meets the limit (throttling only slows a plan: none after it
     can win); when the placed plans run out first, more are placed. A plan within the limit at the
     nominal clock ends it at once. A plan over the limit even at the lowest clock ranks after
-    every plan that meets it."""
+    every plan that meets it; when the die's leakage at the lowest voltage is over the limit, no
+    plan meets it, and the ``top`` first placed are run."""
     keep = max(1, top)
     k, spent = keep, 0.0
     runs: dict = {}          # plan -> (nominal rank, PoweredStep)
+    limit = limit_w if limit_w is not None else chip.tdp_w
+    hopeless = limit is not None and silicon(chip).leakage_w * V_FLOOR > limit
     while True:
         res = place(model, chip, devices, global_batch, options, eff, top=k, progress=progress,
                     with_baseline=with_baseline)
@@ -193,6 +196,9 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
             if p.plan not in runs:
                 runs[p.plan] = (rank, within_limit(model, chip, devices, global_batch, p.plan, eff, limit_w,
                                                    p.result))
+            if hopeless and len(runs) >= keep:
+                proven = True
+                break
         if proven:
             break
         k *= 4

@@ -241,6 +241,18 @@ def test_a_plan_that_meets_the_limit_ranks_before_one_that_cannot():
     assert all(ps.fits_limit and ps.energy.power_w <= limit for ps in powered.values())
 
 
+def test_no_plan_can_meet_a_limit_under_the_leakage():
+    """A limit under the die's leakage at the lowest voltage: no plan meets it, so the nominal
+    clock's first plans are run, and none says it meets the limit."""
+    model, chip = as_model("mpt-30b"), as_chip("h100-sxm")
+    eff, opts = calibrated_efficiency(chip), PlacementOptions(tp=(1, 2, 4, 8), mbs=(1, 2), vp=(1, 2))
+    limit = silicon(chip).leakage_w * V_FLOOR * 0.9
+    nominal = place(model, chip, 256, 512, opts, eff, top=2, with_baseline=False)
+    res, powered = place_within_limit(model, chip, 256, 512, opts, eff, 2, limit, with_baseline=False)
+    assert set(powered) == {p.plan for p in nominal.top} and not any(ps.fits_limit for ps in powered.values())
+    assert [p.result.step_time_s for p in res.top] == sorted(ps.result.step_time_s for ps in powered.values())
+
+
 def test_place_and_the_api_list_the_fastest_plans_within_the_limit(capsys):
     """`phaze place --power-limit` and `phaze.place(power_limit_w=...)` give the same three plans
     and steps, the fastest within the limit (the previous test's brute force), throttled."""
