@@ -199,6 +199,9 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
             if hopeless and len(runs) >= keep:
                 proven = True
                 break
+        else:   # every plan not placed is no faster at the nominal clock than the last one placed
+            done = sorted(r.result.step_time_s for _, r in runs.values() if r.fits_limit)
+            proven = proven or (len(done) >= keep and res.top[-1].result.step_time_s >= done[keep - 1])
         if proven:
             break
         k *= 4
