@@ -111,8 +111,13 @@ class Chip:
                                    # area only (0 = local_sram_bytes)
     execution: str = ""            # how its work is issued (EXECUTION); "" = by kind: gpu eager,
                                    # accelerator xla (a compiled program, as on TPU)
+    reference_clock_hz: float = 0.0  # the clock its energies per operation hold at (0 = clock_hz):
+                                     # a throttled chip keeps its nominal clock's, a candidate its
+                                     # template's; the core voltage follows the clock against it
 
     def __post_init__(self):
+        if not self.reference_clock_hz:
+            object.__setattr__(self, "reference_clock_hz", self.clock_hz)
         if not self.family:
             object.__setattr__(self, "family", self.name)
         if not self.unit_sharing:

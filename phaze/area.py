@@ -166,6 +166,33 @@ def sram_mm2_per_mib(node_nm: float) -> float:
     return SRAM_MM2_PER_MIB_7NM * _by_node(SRAM_BITCELL_UM2, node_nm) / SRAM_BITCELL_UM2[7]
 
 
+# ---- the core's supply voltage ------------------------------------------------------------------
+# assumption: the core voltage falls linearly with the clock down to 70 % of its value at the top
+# of the V-f curve (a 7-5 nm core runs near 1 V at its top clock and needs about 0.65-0.7 V to keep
+# noise margins: the floor below which only the clock, not the voltage, can fall). No vendor
+# publishes its V-f table.
+V_FLOOR_OF_TOP = 0.70
+# measured: the clock a GPU holds at its TDP under full load, over the clock its peak is quoted at.
+# A lent H100 SXM held dense bf16 8,192-square products at a median 1,395 MHz (1,365-1,425) of the
+# 1,830 MHz its peak is quoted at, at 700 W (results/kernels/h100/sustained.txt; an H200, the same
+# die, 1,485 MHz). A chip's nominal clock stands for this held point: on a shipped chip the fitted
+# tensor share stands for the drop (0.674 against the 0.696 of the peak the H100 held), and the
+# power fit sets full load at the nominal clock to the TDP, the load at which the chip holds it. So
+# the core voltage there is already this share of the top one, and a lower clock has only the
+# rest, down to the floor, to take.
+HELD_CLOCK_SHARE = 1395 / 1830
+V_FLOOR = V_FLOOR_OF_TOP / HELD_CLOCK_SHARE    # 0.918: the floor over the nominal point's voltage
+
+
+def core_voltage_ratio(chip: Chip) -> float:
+    """The core supply at ``chip``'s clock over the supply at its reference clock (its nominal
+    one; a candidate's template's), on the linear V-f line: ``max(V_FLOOR, clock / reference)``.
+    Below the reference a throttled chip saves little voltage; above it a candidate clocked past
+    its template pays for the clock in voltage too (past 1 / HELD_CLOCK_SHARE of the reference,
+    the top of the curve, the line is extended: silicon would not reach it)."""
+    return max(V_FLOOR, chip.clock_hz / chip.reference_clock_hz)
+
+
 # ---- fitted parameters -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Coefficients:
@@ -305,7 +332,8 @@ def control_area_mm2(chip: Chip, c: Coefficients) -> float:
 
 @lru_cache(maxsize=65536)
 def silicon(chip: Chip, coefficients: Coefficients | None = None) -> Silicon:
-    """Area (with breakdown), cost (die, HBM), leakage and HBM stacks of ``chip``."""
+    """Area (with breakdown), cost (die, HBM), leakage (at the core voltage,
+    :func:`core_voltage_ratio`: first order, P_leak = V I_leak) and HBM stacks of ``chip``."""
     c = coefficients or DEFAULT
     parts, _ = _area_parts(chip)
     parts["control"] = control_area_mm2(chip, c)
@@ -316,7 +344,8 @@ def silicon(chip: Chip, coefficients: Coefficients | None = None) -> Silicon:
     hbm_usd = chip.hbm_bytes / GB * HBM_USD_PER_GB
     return Silicon(
         area_mm2=area, area_breakdown_mm2=parts, cost_usd=die_usd + hbm_usd,
-        cost_breakdown_usd={"die": die_usd, "hbm": hbm_usd}, leakage_w=c.leakage_w_per_mm2 * area,
+        cost_breakdown_usd={"die": die_usd, "hbm": hbm_usd},
+        leakage_w=c.leakage_w_per_mm2 * area * core_voltage_ratio(chip),
         hbm_stacks=hbm_stacks(chip), dies_per_wafer=dpw, die_yield=y,
         transistors=area * logic_density(chip.process_node_nm) * 1e6)
 
@@ -514,8 +543,10 @@ class Energy:
 
 
 def energy_coefficients(chip: Chip) -> dict:
-    """Joules per FLOP / byte at the chip's node (HBM by generation, links by SerDes)."""
-    f = node_energy_factor(chip.process_node_nm)
+    """Joules per FLOP / byte at the chip's node and core voltage (the core's parts scale with the
+    square of :func:`core_voltage_ratio`; HBM, by generation, and the links, by SerDes, have their
+    own supplies)."""
+    f = node_energy_factor(chip.process_node_nm) * core_voltage_ratio(chip) ** 2
     return {
         "tensor": PJ_PER_TENSOR_FLOP_45 * f * 1e-12,
         "vector": PJ_PER_VECTOR_FLOP_45 * f * 1e-12,
@@ -528,10 +559,11 @@ def energy_coefficients(chip: Chip) -> dict:
 
 def logic_power_w(chip: Chip, coefficients: Coefficients | None = None) -> float:
     """The clocked logic's switching power while the units are busy (the fitted
-    ``switching_fj_per_transistor_cycle`` times the die's transistors and the clock)."""
+    ``switching_fj_per_transistor_cycle`` times the die's transistors and the clock, at the
+    square of :func:`core_voltage_ratio`)."""
     c = coefficients or DEFAULT
     return (c.switching_fj_per_transistor_cycle * 1e-15 * node_energy_factor(chip.process_node_nm)
-            * silicon(chip, c).transistors * chip.clock_hz)
+            * core_voltage_ratio(chip) ** 2 * silicon(chip, c).transistors * chip.clock_hz)
 
 
 def _busy_s(result) -> float:
@@ -540,21 +572,19 @@ def _busy_s(result) -> float:
     return float(b["compute_s"] + b["memory_bound_s"] + b["optimizer_s"])
 
 
-def activity_energy_j(a: Activity, k: dict, v2: float = 1.0) -> dict:
+def activity_energy_j(a: Activity, k: dict) -> dict:
     """The dynamic energy of ``a``'s work by part (joules): FLOPs and bytes times the energy per
-    FLOP and per byte of :func:`energy_coefficients`; the core's parts scaled by ``v2``, the
-    supply voltage's square over nominal (HBM and the link PHYs have their own supplies)."""
-    return {"tensor": a.tensor_flops * k["tensor"] * v2,
-            "vector": a.vector_flops * k["vector"] * v2,
-            "local_sram": a.local_bytes * k["local_sram"] * v2,
-            "shared_buffer": a.shared_bytes * k["shared_buffer"] * v2,
+    FLOP and per byte of :func:`energy_coefficients`."""
+    return {"tensor": a.tensor_flops * k["tensor"],
+            "vector": a.vector_flops * k["vector"],
+            "local_sram": a.local_bytes * k["local_sram"],
+            "shared_buffer": a.shared_bytes * k["shared_buffer"],
             "hbm": a.hbm_bytes * k["hbm"],
             "link": a.link_bytes * k["link"]}
 
 
 def step_energy(model: Model, chip: Chip, devices: int, global_batch: int, plan: Plan,
-                eff: Efficiency = IDEAL, result=None, coefficients: Coefficients | None = None,
-                voltage_ratio: float = 1.0) -> Energy:
+                eff: Efficiency = IDEAL, result=None, coefficients: Coefficients | None = None) -> Energy:
     """Energy one device spends on one training step of ``plan`` (the average device: the
     cluster's energy / devices), its average power and the cluster's tokens per joule.
 
@@ -570,9 +600,9 @@ def step_energy(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     its mean rank's tokens (a dropless router's busiest rank sets the time, but the others see
     fewer), and DeepEP's forwarding inside a node is not counted; the gradient accumulation's
     adds count their bytes, not their one FLOP a parameter.
-    ``voltage_ratio``: the core supply over its nominal one, for a chip run below its nominal clock
-    (:mod:`phaze.power`): the core's switching energies scale with its square and leakage with it
-    (first order: P_leak = V I_leak); HBM and the link PHYs have their own supplies."""
+    The core's switching energies and leakage are at the chip's core voltage
+    (:func:`core_voltage_ratio`: a chip run below its nominal clock, :mod:`phaze.power`, saves
+    some); HBM and the link PHYs have their own supplies."""
     if result is None:
         result = evaluate(model, chip, devices, global_batch, plan, eff)
     c = coefficients or DEFAULT
@@ -581,8 +611,7 @@ def step_energy(model: Model, chip: Chip, devices: int, global_batch: int, plan:
     k = energy_coefficients(chip)
     t = result.step_time_s
     logic = logic_power_w(chip, c) * _busy_s(result)
-    v2 = voltage_ratio ** 2
-    parts = dict(activity_energy_j(a, k, v2), logic=logic * v2, leakage=si.leakage_w * voltage_ratio * t)
+    parts = dict(activity_energy_j(a, k), logic=logic, leakage=si.leakage_w * t)
     e = sum(parts.values())
     tokens = global_batch * model.seq_len
     return Energy(energy_per_step_j=e, breakdown_j=parts, power_w=e / t,

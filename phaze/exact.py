@@ -33,7 +33,7 @@ import numpy as np
 
 from .area import silicon
 from .bounds import chip_bound, chip_power_bounds, dominance_keys, dominated_by, grid, grid_bounds
-from .power import V_FLOOR, throttled_power_floor
+from .power import lowest_leakage_w, throttled_power_floor
 from .space import CONSTRAINTS, SweepConfig, build_chip, design_key, power_budget
 from .validate import load_default_params, params_for
 
@@ -63,6 +63,8 @@ class Space:
     ub0: np.ndarray                # level-0 throughput bound
     mono: np.ndarray
     other: np.ndarray
+    leakage_low: np.ndarray        # leakage at the lowest clock a throttle reaches (phaze.power)
+    power_floor: np.ndarray        # a throttled plan's power over its limit is at least this
     index: dict = field(default_factory=dict)
 
     def chip(self, i: int):
@@ -83,7 +85,7 @@ def prepare(cfg: SweepConfig) -> Space:
     the budgets known before evaluation, and the level-0 bounds (vectorised)."""
     g = grid(cfg)
     n = g.size
-    area, cost, leak = np.empty(n), np.empty(n), np.empty(n)
+    area, cost, leak, low, floor = np.empty(n), np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     keys = list(g.values)
     cols = [g.values[k] for k in keys]
     for i in range(n):
@@ -91,8 +93,10 @@ def prepare(cfg: SweepConfig) -> Space:
                           cfg.process_node_nm, cfg.link_latency_s)
         si = silicon(chip)
         area[i], cost[i], leak[i] = si.area_mm2, si.cost_usd, si.leakage_w
+        low[i] = lowest_leakage_w(chip)
+        floor[i] = throttled_power_floor(chip.clock_hz / chip.reference_clock_hz)
     over = {}
-    static = {"area": area, "cost": cost, "power": leak * V_FLOOR}   # power: over even at the lowest voltage
+    static = {"area": area, "cost": cost, "power": low}   # power: over even at the lowest voltage
     for key, bound in cfg.constraints:
         metric, sense = CONSTRAINTS[key]
         x = static[metric]
@@ -103,7 +107,7 @@ def prepare(cfg: SweepConfig) -> Space:
     ub0 = grid_bounds(cfg, g, _efficiency)
     mono, other = dominance_keys(cfg, g)
     index = {design_key(g.point(i)): i for i in range(n)} if n <= 2_000_000 else {}
-    return Space(cfg, g, area, cost, leak, over, ok, ub0, mono, other, index)
+    return Space(cfg, g, area, cost, leak, over, ok, ub0, mono, other, low, floor, index)
 
 
 # --- objectives --------------------------------------------------------------------------------------
@@ -282,14 +286,14 @@ class ExactSampler:
         leak = float(self.space.leakage[i])
         b = max(leak, self._state.power1.get(i, 0.0)) if level1 else leak
         if self.power_budget is not None:
-            b = min(b, max(leak * V_FLOOR, throttled_power_floor() * self.power_budget))
+            b = min(b, max(float(self.space.leakage_low[i]), float(self.space.power_floor[i]) * self.power_budget))
         return b
 
     def over_power(self, i: int, level1: bool = True) -> bool:
         """Whether point ``i`` cannot meet the power budget even throttled to the lowest clock:
         its leakage at the lowest voltage already breaks it."""
         return (self.power_budget is not None
-                and float(self.space.leakage[i]) * V_FLOOR > self.power_budget * (1 + _REL))
+                and float(self.space.leakage_low[i]) > self.power_budget * (1 + _REL))
 
     def can_win(self, i: int, tput_bound: float, front: np.ndarray, level1: bool = True) -> bool:
         """Whether point ``i`` may still improve the answer: its bounds within the power budget

@@ -5,11 +5,11 @@ supply voltage with it, until the power fits. :func:`within_limit` does the same
 
 - the limit is the chip's TDP (``tdp_w`` of a shipped chip) or the one given (a sweep's power
   budget, a searched ``tdp_w``);
-- at a clock ratio ``s`` of the nominal clock the core voltage is ``max(V_FLOOR, s)`` of the
-  nominal one (linear V-f scaling down to a floor), so the core's switching energy per operation
-  scales with V^2 and its dynamic power with f V^2; HBM and link energies do not change. The
-  nominal clock is the one a chip holds at its TDP under full load, not the top of its V-f curve
-  (:data:`HELD_CLOCK_SHARE`, measured), so the floor is close: little voltage is left to drop;
+- the core voltage follows the clock (:func:`phaze.area.core_voltage_ratio`: linear V-f scaling
+  down to a floor), so the core's switching energy per operation scales with V^2 and its dynamic
+  power with f V^2; HBM and link energies do not change. The nominal clock is the one a chip
+  holds at its TDP under full load, not the top of its V-f curve (``HELD_CLOCK_SHARE``,
+  measured), so the floor is close: little voltage is left to drop;
 - the step is evaluated again at that clock (:func:`phaze.step.evaluate` on the chip with the
   lower clock): compute slows, HBM- and link-bound work does not;
 - clocks are taken in bins of :data:`CLOCK_BIN` of the nominal one (a GPU's clock table moves in
@@ -23,53 +23,51 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
 from .arch import Chip
-from .area import Energy, silicon, step_energy
+from .area import HELD_CLOCK_SHARE, V_FLOOR, V_FLOOR_OF_TOP, Energy, core_voltage_ratio, silicon, step_energy
 from .cost import IDEAL, Efficiency
 from .placement import Placement, PlacementOptions, PlacementResult, place
 from .plan import Plan
 from .step import StepResult, evaluate
 from .workload import Model
 
-# assumption: the core voltage falls linearly with the clock down to 70 % of its value at the top
-# of the V-f curve (a 7-5 nm core runs near 1 V at its top clock and needs about 0.65-0.7 V to keep
-# noise margins: the floor below which only the clock, not the voltage, can fall). No vendor
-# publishes its V-f table.
-V_FLOOR_OF_TOP = 0.70
-# measured: the clock a GPU holds at its TDP under full load, over the clock its peak is quoted at.
-# A lent H100 SXM held dense bf16 8,192-square products at a median 1,395 MHz (1,365-1,425) of the
-# 1,830 MHz its peak is quoted at, at 700 W (results/kernels/h100/sustained.txt; an H200, the same
-# die, 1,485 MHz). phaze's nominal clock stands for this held point: on a shipped chip the fitted
-# tensor share stands for the drop (0.674 against the 0.696 of the peak the H100 held), and the
-# power fit sets full load at the nominal clock to the TDP, the load at which the chip holds it. So
-# the core voltage there is already this share of the top one, and throttling has only the rest,
-# down to the floor, to take.
-HELD_CLOCK_SHARE = 1395 / 1830
-V_FLOOR = V_FLOOR_OF_TOP / HELD_CLOCK_SHARE    # 0.918: the floor over the nominal point's voltage
 CLOCK_BIN = 0.01          # clock bins, as a share of the nominal clock (H100: 15 MHz of 1980)
 MIN_CLOCK_RATIO = 0.30    # the lowest clock considered; below it the plan cannot meet the limit
 
 
-def throttled_power_floor() -> float:
-    """A throttled plan's power over its limit is at least this. The plan runs at the highest bin
-    s whose power fits, so the next bin s' = s + CLOCK_BIN is over the limit; and P(s) >=
-    (r v)^2 P(s'), with r = s / s' and v = V(s) / V(s') (v >= r): from s' to s the step time grows
-    at most by 1 / r (every duration scales with the clock or not at all), the core's energy per
-    operation falls by v^2, the clocked logic's busy cycles at most by r, leakage power by v, and
-    HBM and link energies not at all. The smallest factor over the bins: at the lowest bin, where
-    the voltage is on its floor (r^2), or just above the floor (r^4)."""
+@lru_cache(maxsize=256)
+def throttled_power_floor(clock_over_reference: float = 1.0) -> float:
+    """A throttled plan's power over its limit is at least this, on a chip whose nominal clock is
+    ``clock_over_reference`` of its reference clock (:func:`phaze.area.core_voltage_ratio`). The
+    plan runs at the highest bin s whose power fits, so the next bin s' = s + CLOCK_BIN is over
+    the limit; and P(s) >= (r v)^2 P(s'), with r = s / s' and v = V(s) / V(s') (v >= r): from s'
+    to s the step time grows at most by 1 / r (every duration scales with the clock or not at all),
+    the core's energy per operation falls by v^2, the clocked logic's busy cycles at most by r,
+    leakage power by v, and HBM and link energies not at all. The smallest factor over the bins:
+    at the lowest bin, where the voltage is on its floor (r^2), or where it reaches the floor
+    (r^4)."""
     bins = round((1.0 - MIN_CLOCK_RATIO) / CLOCK_BIN)
     worst = 1.0
     for k in range(1, bins + 1):
         s, up = 1.0 - k * CLOCK_BIN, 1.0 - (k - 1) * CLOCK_BIN
-        worst = min(worst, (s / up * voltage_ratio(s) / voltage_ratio(up)) ** 2)
+        v = voltage_ratio(s * clock_over_reference) / voltage_ratio(up * clock_over_reference)
+        worst = min(worst, (s / up * v) ** 2)
     return worst
 
 
-def voltage_ratio(clock_ratio: float) -> float:
-    """Core voltage over nominal at ``clock_ratio`` of the nominal clock."""
-    return max(V_FLOOR, min(1.0, clock_ratio))
+def voltage_ratio(clock_over_reference: float) -> float:
+    """Core voltage at ``clock_over_reference`` of a chip's reference clock over the voltage there
+    (:func:`phaze.area.core_voltage_ratio`)."""
+    return max(V_FLOOR, clock_over_reference)
+
+
+def lowest_leakage_w(chip: Chip) -> float:
+    """``chip``'s leakage at the lowest clock a throttle reaches (:data:`MIN_CLOCK_RATIO`): no plan
+    on it draws less under a power limit."""
+    return silicon(chip).leakage_w * voltage_ratio(MIN_CLOCK_RATIO * chip.clock_hz / chip.reference_clock_hz) \
+        / core_voltage_ratio(chip)
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,7 @@ def within_limit(model: Model, chip: Chip, devices: int, global_batch: int, plan
         s = 1.0 - k * CLOCK_BIN
         c = at_clock(chip, s)
         r = evaluate(model, c, devices, global_batch, plan, eff)
-        e = step_energy(model, c, devices, global_batch, plan, eff, r, coefficients, voltage_ratio(s))
+        e = step_energy(model, c, devices, global_batch, plan, eff, r, coefficients)   # at c's core voltage
         # MFU and HFU against the nominal clock's peak, the datasheet's, as a throttled GPU's are quoted
         # (against the lower clock's peak they would rise as the clock falls)
         ratio = c.clock_hz / chip.clock_hz
@@ -182,7 +180,7 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
     k, spent = keep, 0.0
     runs: dict = {}          # plan -> (nominal rank, PoweredStep)
     limit = limit_w if limit_w is not None else chip.tdp_w
-    hopeless = limit is not None and silicon(chip).leakage_w * V_FLOOR > limit
+    hopeless = limit is not None and lowest_leakage_w(chip) > limit
     while True:
         res = place(model, chip, devices, global_batch, options, eff, top=k, progress=progress,
                     with_baseline=with_baseline)
@@ -215,4 +213,4 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
 
 
 __all__ = ["CLOCK_BIN", "HELD_CLOCK_SHARE", "MIN_CLOCK_RATIO", "V_FLOOR", "V_FLOOR_OF_TOP", "PoweredStep", "at_clock",
-           "place_within_limit", "throttled_power_floor", "voltage_ratio", "within_limit"]
+           "lowest_leakage_w", "place_within_limit", "throttled_power_floor", "voltage_ratio", "within_limit"]

@@ -90,7 +90,7 @@ def test_throttle_takes_the_highest_clock_bin_that_fits(h100_run, limit):
     up = s + CLOCK_BIN
     c = at_clock(chip, up)
     r = evaluate(model, c, 256, 1024, plan, eff)
-    assert step_energy(model, c, 256, 1024, plan, eff, r, voltage_ratio=voltage_ratio(up)).power_w > limit
+    assert step_energy(model, c, 256, 1024, plan, eff, r).power_w > limit
     assert ps.energy.power_w >= throttled_power_floor() * limit
     assert ps.result.step_time_s > r1.step_time_s
     # compute slows (its HBM-bound share does not), the step never by more than the clock ratio
@@ -109,7 +109,7 @@ def test_power_falls_with_the_clock(h100_run):
     for s in (1.0, 0.9, 0.8, 0.7, 0.6, 0.5):
         c = at_clock(chip, s)
         r = evaluate(model, c, 256, 1024, plan, eff)
-        powers.append(step_energy(model, c, 256, 1024, plan, eff, r, voltage_ratio=voltage_ratio(s)).power_w)
+        powers.append(step_energy(model, c, 256, 1024, plan, eff, r).power_w)
     assert powers == sorted(powers, reverse=True)
 
 
@@ -126,7 +126,7 @@ def test_one_clock_bin_cuts_the_power_by_at_most_the_floor(h100_run):
             s = 1.0 - k * CLOCK_BIN
             c = at_clock(chip, s)
             r = evaluate(model, c, 256, 1024, plan, eff)
-            powers.append(step_energy(model, c, 256, 1024, plan, eff, r, voltage_ratio=voltage_ratio(s)).power_w)
+            powers.append(step_energy(model, c, 256, 1024, plan, eff, r).power_w)
         cuts = [lo / hi for hi, lo in itertools.pairwise(powers)]
         assert max(cuts) < 1 and min(cuts) >= throttled_power_floor() * (1 - 1e-12)
         largest = min(largest, *cuts)
@@ -182,6 +182,7 @@ def test_the_power_page_quotes_the_throttle_with_and_without_the_held_point(h100
     """docs/power.md's figures for Llama-2 7B on the H100 under four limits: the clock and the
     step's growth with the floor over the held point, and with the floor the nominal clock had
     before it (0.70 of the nominal voltage)."""
+    import phaze.area as area
     import phaze.power as pw
     model, chip, plan, eff, r1 = h100_run
     page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "power.md").read_text().split())
@@ -192,7 +193,12 @@ def test_the_power_page_quotes_the_throttle_with_and_without_the_held_point(h100
 
     now = {w: run(w) for w in (350, 450, 500, 560, 600)}
     monkeypatch.setattr(pw, "V_FLOOR", V_FLOOR_OF_TOP)
-    before = {w: run(w) for w in (350, 450, 500, 560, 600)}
+    monkeypatch.setattr(area, "V_FLOOR", V_FLOOR_OF_TOP)
+    area.silicon.cache_clear()      # its leakage is at the core voltage: cached under the other floor
+    try:
+        before = {w: run(w) for w in (350, 450, 500, 560, 600)}
+    finally:
+        area.silicon.cache_clear()
     assert f"zero=1`, {now[350][2]:.0f} W at the nominal clock)" in page
     assert now[560][0] == before[560][0] and now[600][0] == before[600][0]
     assert f"({now[560][0]} and {now[600][0]} %, above the floor)" in page
@@ -270,3 +276,80 @@ def test_place_and_the_api_list_the_fastest_plans_within_the_limit(capsys):
     assert nominal.best.plan != api.best.plan and nominal.best.result.clock_hz == as_chip("h100-sxm").clock_hz
     with pytest.raises(phaze.ConfigError, match="power_limit_w"):
         phaze.place("mpt-30b", "h100-sxm", 256, 512, power_limit_w=0)
+
+
+def test_a_candidate_clocked_past_its_template_pays_for_the_clock_in_voltage():
+    """Hand derivation on the linear V-f line: a TPUv4-template candidate at twice the template's
+    clock runs at twice its voltage, so each core operation costs four times the energy, the
+    clocked logic eight times the power (twice the cycles at four times the energy) and leakage
+    twice; HBM and links keep theirs. At half the clock the voltage is on its floor (0.918). A
+    shipped chip, and the template itself, run at their reference clock."""
+    from phaze.area import core_voltage_ratio, energy_coefficients, logic_power_w
+    from phaze.space import build_chip
+    base = as_chip("tpuv4")
+    assert base.reference_clock_hz == base.clock_hz and core_voltage_ratio(base) == 1.0
+    fast = build_chip(base, {"clock_ghz": 2 * base.clock_hz / 1e9})
+    slow = build_chip(base, {"clock_ghz": 0.5 * base.clock_hz / 1e9})
+    same = build_chip(base, {"clock_ghz": base.clock_hz / 1e9})
+    assert fast.reference_clock_hz == slow.reference_clock_hz == base.clock_hz
+    assert core_voltage_ratio(fast) == pytest.approx(2.0) and core_voltage_ratio(slow) == V_FLOOR
+    k0, k2, kh = energy_coefficients(same), energy_coefficients(fast), energy_coefficients(slow)
+    for part in ("tensor", "vector", "local_sram", "shared_buffer"):
+        assert k2[part] == pytest.approx(4 * k0[part]) and kh[part] == pytest.approx(V_FLOOR ** 2 * k0[part])
+    for part in ("hbm", "link"):
+        assert k2[part] == k0[part] == kh[part]
+    assert logic_power_w(fast) == pytest.approx(8 * logic_power_w(same))
+    assert silicon(fast).leakage_w == pytest.approx(2 * silicon(same).leakage_w)
+    assert silicon(slow).leakage_w == pytest.approx(V_FLOOR * silicon(same).leakage_w)
+    # throttled, the voltage follows the running clock against the reference: 1.9 of it at 95 %
+    assert core_voltage_ratio(at_clock(fast, 0.95)) == pytest.approx(1.9)
+
+
+def test_the_floor_holds_on_a_candidate_clocked_past_its_template():
+    """throttled_power_floor for a chip at 1.9 times its reference clock, brute force over every
+    pair of adjacent bins: the voltage reaches its floor at about half the clock, where one bin's
+    cut is deepest."""
+    from phaze.space import build_chip
+    model, base = as_model("llama2-7b"), as_chip("h100-sxm")
+    chip = build_chip(base, {"clock_ghz": 1.9 * base.clock_hz / 1e9})
+    eff, plan = calibrated_efficiency(base), as_plan("tp=1,pp=1,mbs=2,zero=1")
+    floor = throttled_power_floor(1.9)
+    assert floor < throttled_power_floor() and floor == pytest.approx(min(
+        (s / (s + CLOCK_BIN) * voltage_ratio(1.9 * s) / voltage_ratio(1.9 * (s + CLOCK_BIN))) ** 2
+        for s in (1 - k * CLOCK_BIN for k in range(1, 71))))
+    powers = []
+    for k in range(71):
+        c = at_clock(chip, 1.0 - k * CLOCK_BIN)
+        powers.append(step_energy(model, c, 256, 1024, plan, eff, evaluate(model, c, 256, 1024, plan, eff)).power_w)
+    cuts = [lo / hi for hi, lo in itertools.pairwise(powers)]
+    assert min(cuts) >= floor * (1 - 1e-12) and max(cuts) < 1
+
+
+def test_the_power_page_quotes_llm_2026s_clocks():
+    """docs/power.md's example: Llama-3 8B on 1,024 llm-2026 candidates at 1.0, 1.5 and 2.0 GHz, the
+    power at the nominal clock with the voltage following the clock and without (the reference
+    clock the candidate's own), and the 1 kW budget's throttle at 1.75 and 2.0 GHz."""
+    from phaze.space import build_chip, load_sweep
+    from phaze.validate import load_default_params, params_for
+    root = Path(__file__).resolve().parent.parent
+    cfg = load_sweep(root / "search" / "llm-2026.yaml")
+    spec, plan = cfg.workloads[0], as_plan("tp=1,pp=1,mbs=1,zero=1,recompute=full")
+    assert spec.model.name.startswith("Llama-3") and spec.devices == 1024 and dict(cfg.constraints)["power_w"] == 1000
+    values = dict(tensor_units=16, tensor_rows=128, vector_units=4, local_sram_kib=2048, shared_buffer_mib=64,
+                  hbm_gib=96, hbm_bandwidth_gb_per_s=4000, link_bandwidth_gb_per_s=400)
+    runs = {}
+    for ghz in (1.0, 1.5, 1.75, 2.0):
+        chip = build_chip(cfg.base, dict(values, clock_ghz=ghz), cfg.process_node_nm)
+        eff = params_for(chip, load_default_params())
+        runs[ghz] = [within_limit(spec.model, c, spec.devices, spec.global_batch, plan, eff, 1000.0)
+                     for c in (chip, replace(chip, reference_clock_hz=chip.clock_hz))]
+    page = " ".join((root / "docs" / "power.md").read_text().split())
+    now, before = ([f"{runs[g][k].nominal_power_w:,.0f}" for g in (1.0, 1.5, 2.0)] for k in (0, 1))
+    assert (f"{now[0]}, {now[1]} and {now[2]} W at the nominal clock, against {before[0]}, {before[1]} and "
+            f"{before[2]} W before") in page
+    two, seven = runs[2.0][0], runs[1.75][0]
+    assert two.throttled and seven.throttled and not runs[2.0][1].throttled
+    assert (f"throttled to {two.clock_hz / 1e9:.2f} GHz and gives {two.result.tokens_per_s:,.0f} tokens/s, no more "
+            f"than the 1.75 GHz one ({seven.result.tokens_per_s:,.0f}, also throttled), where it gave "
+            f"{runs[2.0][1].result.tokens_per_s:,.0f} at 2.0 GHz before") in page
+    assert two.result.tokens_per_s <= seven.result.tokens_per_s
