@@ -184,13 +184,19 @@ HELD_CLOCK_SHARE = 1395 / 1830
 V_FLOOR = V_FLOOR_OF_TOP / HELD_CLOCK_SHARE    # 0.918: the floor over the nominal point's voltage
 
 
+def voltage_ratio(clock_over_reference: float) -> float:
+    """The core supply at ``clock_over_reference`` of a chip's reference clock over the supply
+    there, on the linear V-f line: ``max(V_FLOOR, clock_over_reference)``. Below the reference a
+    throttled chip saves little voltage; above it a candidate clocked past its template pays for
+    the clock in voltage too (past 1 / HELD_CLOCK_SHARE, the top of the curve, the line is
+    extended: silicon would not reach it)."""
+    return max(V_FLOOR, clock_over_reference)
+
+
 def core_voltage_ratio(chip: Chip) -> float:
-    """The core supply at ``chip``'s clock over the supply at its reference clock (its nominal
-    one; a candidate's template's), on the linear V-f line: ``max(V_FLOOR, clock / reference)``.
-    Below the reference a throttled chip saves little voltage; above it a candidate clocked past
-    its template pays for the clock in voltage too (past 1 / HELD_CLOCK_SHARE of the reference,
-    the top of the curve, the line is extended: silicon would not reach it)."""
-    return max(V_FLOOR, chip.clock_hz / chip.reference_clock_hz)
+    """:func:`voltage_ratio` at ``chip``'s clock over its reference clock (its nominal one; a
+    candidate's template's)."""
+    return voltage_ratio(chip.clock_hz / chip.reference_clock_hz)
 
 
 # ---- fitted parameters -------------------------------------------------------------------------

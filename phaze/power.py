@@ -26,7 +26,16 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from .arch import Chip
-from .area import HELD_CLOCK_SHARE, V_FLOOR, V_FLOOR_OF_TOP, Energy, core_voltage_ratio, silicon, step_energy
+from .area import (
+    HELD_CLOCK_SHARE,
+    V_FLOOR,
+    V_FLOOR_OF_TOP,
+    Energy,
+    core_voltage_ratio,
+    silicon,
+    step_energy,
+    voltage_ratio,
+)
 from .cost import IDEAL, Efficiency
 from .placement import Placement, PlacementOptions, PlacementResult, place
 from .plan import Plan
@@ -55,12 +64,6 @@ def throttled_power_floor(clock_over_reference: float = 1.0) -> float:
         v = voltage_ratio(s * clock_over_reference) / voltage_ratio(up * clock_over_reference)
         worst = min(worst, (s / up * v) ** 2)
     return worst
-
-
-def voltage_ratio(clock_over_reference: float) -> float:
-    """Core voltage at ``clock_over_reference`` of a chip's reference clock over the voltage there
-    (:func:`phaze.area.core_voltage_ratio`)."""
-    return max(V_FLOOR, clock_over_reference)
 
 
 def lowest_leakage_w(chip: Chip) -> float:

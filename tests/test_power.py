@@ -183,7 +183,6 @@ def test_the_power_page_quotes_the_throttle_with_and_without_the_held_point(h100
     step's growth with the floor over the held point, and with the floor the nominal clock had
     before it (0.70 of the nominal voltage)."""
     import phaze.area as area
-    import phaze.power as pw
     model, chip, plan, eff, r1 = h100_run
     page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "power.md").read_text().split())
 
@@ -192,7 +191,6 @@ def test_the_power_page_quotes_the_throttle_with_and_without_the_held_point(h100
         return round(100 * ps.clock_hz / chip.clock_hz), ps.result.step_time_s / r1.step_time_s, ps.nominal_power_w
 
     now = {w: run(w) for w in (350, 450, 500, 560, 600)}
-    monkeypatch.setattr(pw, "V_FLOOR", V_FLOOR_OF_TOP)
     monkeypatch.setattr(area, "V_FLOOR", V_FLOOR_OF_TOP)
     area.silicon.cache_clear()      # its leakage is at the core voltage: cached under the other floor
     try:
