@@ -292,21 +292,25 @@ def launch_line(gpu: str = "h200") -> str:
             f"{eff.host_overhead_s * 1e6:.1f} us")
 
 
+def _held_seconds(path: Path) -> tuple[int, list[tuple[float, int, float]]]:
+    """(seconds logged, (TFLOP/s, SM clock, power) of each second after the first, before which
+    the power limit does not act) of a ``measure_sustained.py`` log."""
+    pat = re.compile(r"second\s+(\d+):\s+([\d.]+) TFLOP/s.*: (\d+) MHz, ([\d.]+) W")
+    secs = [m.groups() for m in map(pat.search, path.read_text().splitlines()) if m]
+    return len(secs), [(float(r), int(c), float(w)) for n, r, c, w in secs if int(n) > 1]
+
+
 def sustained(path: Path) -> tuple[int, float, tuple[int, int], tuple[float, float]]:
     """(seconds, median TFLOP/s, SM clock range, power range) of a ``measure_sustained.py`` log,
     the first second (before the power limit acts) left out of the median and the ranges."""
-    pat = re.compile(r"second\s+(\d+):\s+([\d.]+) TFLOP/s.*: (\d+) MHz, ([\d.]+) W")
-    secs = [m.groups() for m in map(pat.search, path.read_text().splitlines()) if m]
-    held = [(float(r), int(c), float(w)) for n, r, c, w in secs if int(n) > 1]
-    return (len(secs), statistics.median(x[0] for x in held), (min(x[1] for x in held), max(x[1] for x in held)),
+    n, held = _held_seconds(path)
+    return (n, statistics.median(x[0] for x in held), (min(x[1] for x in held), max(x[1] for x in held)),
             (min(x[2] for x in held), max(x[2] for x in held)))
 
 
 def held_clock_mhz(path: Path) -> float:
     """The median SM clock of a ``measure_sustained.py`` log, the first second left out."""
-    pat = re.compile(r"second\s+(\d+):.*: (\d+) MHz, [\d.]+ W")
-    return statistics.median(int(c) for n, c in (m.groups() for m in map(pat.search, path.read_text().splitlines())
-                                                 if m) if int(n) > 1)
+    return statistics.median(c for _, c, _ in _held_seconds(path)[1])
 
 
 def sustained_table(gpu: str = "h200") -> str:
