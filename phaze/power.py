@@ -184,14 +184,19 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
     runs: dict = {}          # plan -> (nominal rank, PoweredStep)
     limit = limit_w if limit_w is not None else chip.tdp_w
     hopeless = limit is not None and lowest_leakage_w(chip) > limit
+
+    def to_beat() -> float:
+        """The ``top``-th fastest run that meets the limit (none yet: infinity)."""
+        met = sorted(r.result.step_time_s for _, r in runs.values() if r.fits_limit)
+        return met[keep - 1] if len(met) >= keep else math.inf
+
     while True:
         res = place(model, chip, devices, global_batch, options, eff, top=k, progress=progress,
                     with_baseline=with_baseline)
         spent += res.solve_time_s
         proven = len(res.top) < k        # every layout that fits was placed
         for rank, p in enumerate(res.top):
-            done = sorted(r.result.step_time_s for _, r in runs.values() if r.fits_limit)
-            if len(done) >= keep and p.result.step_time_s >= done[keep - 1]:
+            if p.result.step_time_s >= to_beat():
                 proven = True
                 break
             if p.plan not in runs:
@@ -201,8 +206,7 @@ def place_within_limit(model: Model, chip: Chip, devices: int, global_batch: int
                 proven = True
                 break
         else:   # every plan not placed is no faster at the nominal clock than the last one placed
-            done = sorted(r.result.step_time_s for _, r in runs.values() if r.fits_limit)
-            proven = proven or (len(done) >= keep and res.top[-1].result.step_time_s >= done[keep - 1])
+            proven = proven or res.top[-1].result.step_time_s >= to_beat()
         if proven:
             break
         k *= 4
