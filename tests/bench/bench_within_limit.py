@@ -12,19 +12,19 @@ Run: python tests/bench/bench_within_limit.py
 """
 from __future__ import annotations
 
-import itertools
 import statistics
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import tqdm
 
-from phaze.area import silicon
 from phaze.candidate import evaluate_chip, power_limit, weighted_geomean
+from phaze.exact import prepare
 from phaze.power import place_within_limit
-from phaze.space import CONSTRAINTS, build_chip, load_sweep
+from phaze.space import load_sweep
 from phaze.system import apply_system
 from phaze.validate import load_default_params, params_for
 
@@ -35,19 +35,6 @@ HERE = Path(__file__).resolve().parent
 SPACES = ((HERE / "lone_best_432.yaml", 250.0), (ROOT / "search" / "quickstart.yaml", 150.0))
 
 
-def designs(cfg):
-    """The chips of ``cfg``'s grid within its area and cost budgets (as ``phaze sweep`` takes them)."""
-    grid = cfg.grid()
-    static = [(k, b) for k, b in cfg.constraints if CONSTRAINTS[k][0] in ("area", "cost")]
-    for combo in itertools.product(*(grid[k] for k in grid)):
-        chip = build_chip(cfg.base, cfg.values(dict(zip(grid, combo, strict=True))), cfg.process_node_nm)
-        si = silicon(chip)
-        values = {"area": si.area_mm2, "cost": si.cost_usd}
-        if all(values[CONSTRAINTS[k][0]] <= b if CONSTRAINTS[k][1] == "max" else values[CONSTRAINTS[k][0]] >= b
-               for k, b in static):
-            yield chip
-
-
 def main() -> int:
     params = load_default_params()
     for path, budget in SPACES:
@@ -55,7 +42,8 @@ def main() -> int:
         cfg = replace(cfg, constraints=(*[(k, b) for k, b in cfg.constraints if k != "power_w"], ("power_w", budget)))
         t0 = time.perf_counter()
         rows = []           # (chip, candidate's throughput, the fastest within the limit's)
-        chips = list(designs(cfg))
+        sp = prepare(cfg)     # the designs within the budgets known before evaluation, as a sweep takes them
+        chips = [sp.chip(int(i)) for i in np.flatnonzero(sp.ok)]
         for chip in tqdm.tqdm(chips, desc=f"{cfg.name} at {budget:.0f} W", unit="design", file=sys.stderr):
             ev = evaluate_chip(chip, cfg.workloads, constraints=cfg.constraints)
             if not ev.feasible_plans:
