@@ -188,15 +188,46 @@ def voltage_ratio(clock_over_reference: float) -> float:
     """The core supply at ``clock_over_reference`` of a chip's reference clock over the supply
     there, on the linear V-f line: ``max(V_FLOOR, clock_over_reference)``. Below the reference a
     throttled chip saves little voltage; above it a candidate clocked past its template pays for
-    the clock in voltage too (past 1 / HELD_CLOCK_SHARE, the top of the curve, the line is
-    extended: silicon would not reach it)."""
+    the clock in voltage too, up to 1 / HELD_CLOCK_SHARE, the top of the curve
+    (:func:`top_clock_hz`), past which a sweep refuses its clock."""
     return max(V_FLOOR, clock_over_reference)
 
 
 def core_voltage_ratio(chip: Chip) -> float:
     """:func:`voltage_ratio` at ``chip``'s clock over its reference clock (its nominal one; a
-    candidate's template's)."""
+    candidate's template's, moved to the candidate's node by :func:`node_speed`)."""
     return voltage_ratio(chip.clock_hz / chip.reference_clock_hz)
+
+
+# Logic speed at the same power, relative to N7, chained from TSMC's announcements of each node
+# against its predecessor (speed gain at iso-power): N10 over 16FF+ 15 % (TSMC's 10 nm technology
+# page: 15 % speed gain or 35 % power reduction), N7 over N10 20 % (its 7 nm page: ~20 % speed,
+# ~40 % power), N5 over N7 15 % (its 5 nm page: 15 % speed gain or 30 % power reduction), N4P over
+# N5 11 % (TSMC's N4P announcement, 2021, the 4 nm density's source above), N3E over N5 18 % (TSMC's
+# 2022 Technology Symposium: 18 % speed, 32 % power, 1.6x density, the 3 nm density's source).
+# Other nodes are interpolated or extrapolated log-linearly in the node, as the densities are.
+NODE_SPEED = {16: 1 / (1.20 * 1.15), 10: 1 / 1.20, 7: 1.0, 5: 1.15, 4: 1.15 * 1.11, 3: 1.15 * 1.18}
+
+
+def node_speed(node_nm: float) -> float:
+    """The clock a design reaches at ``node_nm`` at the same voltage, relative to N7."""
+    return _by_node(NODE_SPEED, node_nm)
+
+
+def reference_clock_at(chip: Chip, node_nm: float) -> float:
+    """``chip``'s reference clock (Hz) with its design moved to ``node_nm``: the same design at
+    the same voltage runs :func:`node_speed`'s ratio faster. With :func:`node_energy_factor`'s
+    capacitance the core's switching power meets the foundry's two claims for N7 to N5: at the
+    template's clock 0.70 of it (TSMC: 30 % less at the same speed), at the template's voltage 15 %
+    faster for 0.96 of it (TSMC: 15 % faster at the same power)."""
+    return chip.reference_clock_hz * node_speed(node_nm) / node_speed(chip.process_node_nm)
+
+
+def top_clock_hz(chip: Chip) -> float:
+    """The top of ``chip``'s V-f curve: its reference clock (the held point) over
+    :data:`HELD_CLOCK_SHARE`. No voltage takes silicon past it, so a candidate clocked above it is
+    refused rather than priced on an extended line."""
+    return chip.reference_clock_hz / HELD_CLOCK_SHARE
 
 
 # ---- fitted parameters -------------------------------------------------------------------------

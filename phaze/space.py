@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .arch import Chip, load_chip
+from .area import HELD_CLOCK_SHARE, reference_clock_at, top_clock_hz
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
@@ -376,11 +377,13 @@ def _expression_value(d: Dimension, env: dict, source: str) -> float:
         raise ConfigError(source, f"space.{d.key}", f"{quote(d.expression)}{at}: {exc}") from None
 
 
-def _check_expressions(dims: dict[str, Dimension], order: tuple[str, ...], source: str) -> None:
+def _check_expressions(dims: dict[str, Dimension], order: tuple[str, ...], source: str) -> dict[str, float]:
     """Evaluate every expression on every point of the space it depends on (a sample of
     :data:`MAX_CHECKED` points and the corners where there are more), so that a value that
     fails (a division by zero, a fraction of a count, a value out of range) is refused when the
-    config is read rather than in the middle of a search."""
+    config is read rather than in the middle of a search. Returns each parameter's highest value
+    (an expression's over the points tried)."""
+    highest = {k: max(d.values) for k, d in dims.items() if not d.expression}
     for key in order:
         if not dims[key].expression:
             continue
@@ -403,6 +406,8 @@ def _check_expressions(dims: dict[str, Dimension], order: tuple[str, ...], sourc
             env = dict(zip(roots, point, strict=True))
             for k in chain:
                 env[k] = _expression_value(dims[k], env, source)
+            highest[key] = max(highest.get(key, env[key]), env[key])
+    return highest
 
 
 def _order(dims: dict[str, Dimension], source: str) -> tuple[str, ...]:
@@ -513,7 +518,9 @@ def build_chip(base: Chip, values: dict[str, float], process_node_nm: float | No
     What the space does not set keeps the template's value; quantities that follow from the set
     ones keep the template's ratios: the shared-buffer bandwidth per array row per clock, the
     local-SRAM bandwidth per array cell, transcendental units per vector lane, and the ratio of
-    every link level to the first. Published die area and TDP do not carry over."""
+    every link level to the first. Published die area and TDP do not carry over. Its reference
+    clock is the template's, moved to its node (:func:`phaze.area.reference_clock_at`)."""
+    node = process_node_nm if process_node_nm is not None else base.process_node_nm
     v = {k: values[k] * PARAMETERS[k][1] for k in values}
     t0, v0 = base.tensor, base.vector
     count = int(v.get("tensor_units", t0.count))
@@ -544,8 +551,8 @@ def build_chip(base: Chip, values: dict[str, float], process_node_nm: float | No
         shared_buffer_bandwidth_bytes_per_s=sb_bw,
         hbm_bytes=v.get("hbm_gib", base.hbm_bytes),
         hbm_bandwidth_bytes_per_s=v.get("hbm_bandwidth_gb_per_s", base.hbm_bandwidth_bytes_per_s),
-        links=links, area_mm2=None, tdp_w=None,
-        process_node_nm=process_node_nm if process_node_nm is not None else base.process_node_nm)
+        links=links, area_mm2=None, tdp_w=None, process_node_nm=node,
+        reference_clock_hz=reference_clock_at(base, node))
 
 
 def chip_values(chip: Chip) -> dict[str, float]:
@@ -726,7 +733,7 @@ def load_sweep(path: str | Path) -> SweepConfig:
             raise space.error(str(key), f"unknown parameter; allowed: {', '.join(PARAMETERS)}")
         dims[key] = _dimension(key, space._get(key, None), source)
     order = _order(dims, source)
-    _check_expressions(dims, order, source)
+    highest = _check_expressions(dims, order, source)
     fixed = [w.system.name for w in workloads if w.system and w.system.intra_node_bandwidth_bytes_per_s]
     if "link_bandwidth_gb_per_s" in dims and fixed:
         raise ConfigError(source, "space.link_bandwidth_gb_per_s", f"has no effect: system {fixed[0]!r} fixes the "
@@ -765,7 +772,25 @@ def load_sweep(path: str | Path) -> SweepConfig:
         link_latency_s=f.number("link_latency_s", base.links[0].latency_s, inclusive=True, maximum=1.0),
         sampler_options=dict(options.data) if options is not None else {})
     f.finish()
+    _check_clock(cfg, highest)
     return cfg
+
+
+def _check_clock(cfg: SweepConfig, highest: dict[str, float]) -> None:
+    """Refuse a sweep whose clock goes past the top of its template's V-f curve at the sweep's
+    node (:func:`phaze.area.top_clock_hz`): no voltage takes the silicon there."""
+    ref = build_chip(cfg.base, {}, cfg.process_node_nm)
+    top = top_clock_hz(ref)
+    ghz = highest.get("clock_ghz", cfg.base.clock_hz / 1e9)
+    if ghz * 1e9 <= top * (1 + 1e-9):
+        return
+    where = (f"past the top of {cfg.base.name}'s V-f curve at {cfg.process_node_nm:g} nm, {top / 1e9:.3f} GHz (its "
+             f"held clock there, {ref.reference_clock_hz / 1e9:.3f} GHz, over {HELD_CLOCK_SHARE:.3f}: docs/power.md)")
+    if "clock_ghz" in highest:
+        raise ConfigError(cfg.source, "space.clock_ghz", f"{ghz:g} GHz is {where}; allowed: clocks up to "
+                          f"{top / 1e9:.3f} GHz")
+    raise ConfigError(cfg.source, "process_node_nm", f"the template's {ghz:g} GHz clock is {where}; allowed: a "
+                      f"newer node, or a space.clock_ghz up to {top / 1e9:.3f} GHz")
 
 
 def override(cfg: SweepConfig, **changes) -> SweepConfig:

@@ -34,8 +34,9 @@ WORKLOADS = [
 ]
 
 
-def config(tmp_path, space: dict, constraints: dict, objectives=("throughput",), name="exact", workloads=None):
-    cfg = {"name": name, "base": "tpuv4", "workloads": workloads or WORKLOADS, "space": space,
+def config(tmp_path, space: dict, constraints: dict, objectives=("throughput",), name="exact", workloads=None,
+           base="tpuv4"):
+    cfg = {"name": name, "base": base, "workloads": workloads or WORKLOADS, "space": space,
            "constraints": constraints, "objectives": list(objectives), "sampler": "exact", "trials": 10_000,
            "seed": 0}
     p = tmp_path / f"{name}.yaml"
@@ -86,7 +87,7 @@ def test_bounds_are_bounds_on_random_designs():
                                "tensor_cols": [16, 64, 256], "vector_units": [1, 2, 8],
                                "vector_lanes": [64, 256, 1024], "shared_buffer_mib": [2, 32, 128],
                                "hbm_gib": [8, 32], "hbm_bandwidth_gb_per_s": [300, 1200],
-                               "clock_ghz": [0.7, 1.05, 1.5]}, {})
+                               "clock_ghz": [0.7, 1.05, 1.35]}, {})
     g = grid(cfg)
     ub0 = grid_bounds(cfg, g, _efficiency)
     checked = 0
@@ -102,7 +103,7 @@ def test_bounds_are_bounds_on_random_designs():
             # the power bound at the design's own throughput, too
             assert float(pb.power_at(exact)) <= ev.power_w * (1 + 1e-9), (g.point(i), pb, ev.power_w)
             # and it is tight: the least dynamic energy over the layouts the chosen plan may have
-            # (0.972-1.000 of the exact power on these 30 designs; it was 0.8 over every layout)
+            # (0.964-1.000 of the exact power on these 30 designs; it was 0.8 over every layout)
             assert pb.power_lb >= 0.95 * ev.power_w, (g.point(i), pb.power_lb, ev.power_w)
         assert ub0[i] >= exact * (1 - 1e-9), (g.point(i), ub0[i], exact)
         assert ub0[i] >= min(ub0[i], b1) >= exact * (1 - 1e-9)
@@ -335,8 +336,8 @@ def test_bounds_hold_on_a_gpu_template(tmp_path):
                             "hbm_bandwidth_gb_per_s": [800, 2000], "clock_ghz": [1.0, 1.41]}, {},
                  workloads=[{"workload": "gpt2-xl", "devices": 16, "global_batch": 64,
                              "placement": {"tp": [1, 2, 4], "mbs": [1, 2], "recompute": ["none", "full"]}}],
-                 name="gpu")
-    cfg = replace(cfg, base=load_chip("a100-80gb"))
+                 name="gpu", base="a100-80gb")
+    assert cfg.base == load_chip("a100-80gb")
     g = grid(cfg)
     ub0 = grid_bounds(cfg, g, _efficiency)
     for i in random.Random(5).sample(range(g.size), 8):

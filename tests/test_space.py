@@ -56,6 +56,15 @@ BAD = [
     (space(clock_ghz={"low": 1, "high": 1.00000001, "step": 1e-10}), "space.clock_ghz.step", "resolution"),
     (space(tensor_cols={"low": 1, "high": 9, "step": 2.5}), "space.tensor_cols.step", "whole number"),
     (space(hbm_gib={"low": 1, "high": 1e300, "log2": True}), "space.hbm_gib.high", "from 0.001 to"),
+    # past the top of the V-f curve: the A100's 1.41 GHz over 1,395 / 1,830 is 1.8497 GHz at its 7 nm;
+    # at 16 nm its held clock falls to 1.41 / (1.20 x 1.15) = 1.022 GHz and the top to 1.340
+    (space(clock_ghz=[1.41, 1.9]), "space.clock_ghz", "1.9 GHz is past the top of A100-SXM4-80GB's V-f curve at "
+     "7 nm, 1.850 GHz"),
+    (space(clock_ghz="tensor_units / 20"), "space.clock_ghz", "5.4 GHz is past the top"),
+    (dict(space(clock_ghz=1.41), process_node_nm=16), "space.clock_ghz",
+     "at 16 nm, 1.340 GHz (its held clock there, 1.022 GHz"),
+    ({"process_node_nm": 16, "space": {"tensor_units": [27, 54]}}, "process_node_nm",
+     "the template's 1.41 GHz clock is past the top"),
     ({"objectives": [["throughput"]]}, "objectives", "unknown objective"),
     ({"objectives": [{"a": 1}]}, "objectives", "unknown objective"),
     ({"seed": 4294967296}, "seed", "up to 4,294,967,295"),
