@@ -29,6 +29,8 @@ class Collective:
 # a fit: Megatron-MoE-ModelZoo's paired forced-balance / dropless runs of the same layout (S21 in
 # phaze/data/reference: Qwen3-235B 295 vs 237, 335 vs 277, 368 vs 320, 389 vs 357 TFLOP/s per GPU;
 # Mixtral-8x22B 465 vs 445) lose 4-24 % of throughput to it with the expert part 40-70 % of a layer.
+# So S21's dropless rows are in sample for it. Uniform independent routing would give about 1.01
+# (docs/design.md); the rest is correlated routing, which no bundled public measurement gives.
 DROPLESS_LOAD = 1.3
 
 

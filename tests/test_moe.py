@@ -9,13 +9,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from phaze.arch import load_chip
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency, collective_time, op_time
-from phaze.graph import Collective, ExpertLayout, Op, collective_groups, layer_graph, tensor_flops
+from phaze.graph import DROPLESS_LOAD, Collective, ExpertLayout, Op, collective_groups, layer_graph, tensor_flops
 from phaze.plan import Plan, parse_plan
 from phaze.step import _layer_costs, _layer_sums, evaluate, expert_layout, exposed, model_flops_per_sample, stage_costs
 from phaze.validate import Case, Skipped, default_runs_paths, read_runs, row_to_case
@@ -714,3 +716,22 @@ def test_fp8_experts_keep_one_fp8_layout_of_their_linear_inputs(recompute):
     assert bf16 - fp8 == pytest.approx(s * (58 * moe + 3 * f) / 61 + s * latents - s * o, rel=1e-12)
     assert activation_bytes_per_layer(replace(m, precision="fp8", fp8_casts="separate"), 1, 1, False, recompute,
                                       "flash") == bf16
+
+
+def test_sampling_alone_does_not_give_the_dropless_load():
+    """docs/design.md: with each token's top-k experts drawn independently and uniformly, the
+    busiest of 8 expert-parallel ranks receives only about 1 % over the mean (32,768 tokens over
+    the ep group), far from DROPLESS_LOAD's 1.3, which the page says is read from S21's rows."""
+    rng = np.random.default_rng(0)
+    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text().split())
+    found = []
+    for experts, top_k in ((128, 8), (8, 2)):
+        loads = []
+        for _ in range(20):
+            picks = np.argpartition(rng.random((32_768, experts)), top_k, axis=1)[:, :top_k]
+            counts = np.bincount(picks.ravel() // (experts // 8), minlength=8)
+            loads.append(counts.max() / counts.mean())
+        found.append(f"{np.mean(loads):.3f}")
+        assert 1.0 < np.mean(loads) < 1.02 < DROPLESS_LOAD
+    assert (f"the busiest of 8 ranks gets {found[0]} of the mean on Qwen3-235B (128 experts, top 8) and {found[1]} "
+            f"on Mixtral (8 experts, top 2)") in page and f"`phaze.graph.DROPLESS_LOAD` = {DROPLESS_LOAD:g}" in page
