@@ -140,7 +140,8 @@ def run_cli(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedP
 
 def test_bad_configs_are_one_line_and_exit_2_through_the_cli(tmp_path):
     """As a user meets them: a billion-laughs YAML of 600 bytes, a recursive alias, a device file
-    as the base chip, NSGA-II with a population of one, a seed past NumPy's range."""
+    as the base chip, NSGA-II with a population of one, a seed past NumPy's range, a clock past
+    the top of the template's V-f curve."""
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(laughs() + yaml.safe_dump({k: v for k, v in SMALL_SWEEP.items() if k != "name"}))
     assert len(bomb.read_bytes()) < 1000
@@ -162,6 +163,9 @@ def test_bad_configs_are_one_line_and_exit_2_through_the_cli(tmp_path):
         ([str(write(tmp_path, SMALL_SWEEP)), "--seed", "4294967296"], "--seed"),
         ([str(write(tmp_path, dict(SMALL_SWEEP, space=space(local_sram_kib="9 ** 9 ** 9")["space"]),
                     "tower.yaml"))], "space.local_sram_kib"),
+        # a clock no voltage reaches: refused when read, not priced on an extended V-f line
+        ([str(write(tmp_path, dict(SMALL_SWEEP, space=space(clock_ghz=2.0)["space"]), "clock.yaml"))],
+         "field 'space.clock_ghz': 2 GHz is past the top of A100-SXM4-80GB's V-f curve"),
     ]
     for args, words in cases:
         r = run_cli(tmp_path, "search", *args, "--storage", f"sqlite:///{tmp_path / 'study.db'}")
