@@ -323,6 +323,9 @@ def test_a_candidate_on_a_newer_node_meets_the_foundrys_speed_and_power_claims()
     assert k5 / k7 == pytest.approx(math.sqrt(96 / 138) * (0.70 * 1830 / 1395) ** 2) == pytest.approx(0.703, abs=5e-4)
     assert kf * fast5.clock_hz / (k7 * base.clock_hz) == pytest.approx(0.959, abs=5e-4)
     assert top_clock_hz(at5) == pytest.approx(1.5841e9, rel=1e-4)
+    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "search.md").read_text().split())
+    assert (f"({top_clock_hz(base) / 1e9:.3f} GHz for TPUv4 at 7 nm, {top_clock_hz(at5) / 1e9:.3f} at 5 nm;"
+            in page)
     # the chain of the foundry's steps: N10 over 16FF+ 15 %, N7 over N10 20 %, N4P and N3E over N5 11 and 18 %
     assert [round(node_speed(a) / node_speed(b), 6) for a, b in ((10, 16), (7, 10), (5, 7), (4, 5), (3, 5))] == \
         [1.15, 1.2, 1.15, 1.11, 1.18]
