@@ -27,6 +27,21 @@ HBM_GENERATIONS = ("hbm2", "hbm2e", "hbm3", "hbm3e")
 #   backward reads (phaze.graph.reruns_needed; JAX's remat already leaves the rest out).
 EXECUTION = ("eager", "cuda-graphs", "xla")
 
+# The process nodes phaze/area.py's tables give public figures for (logic and SRAM density, energy
+# per operation, speed, wafer price, defect density): 16 nm to 3 nm. A node outside them would be
+# extrapolated with no source, so a chip file or a sweep that names one is refused.
+NODE_RANGE_NM = (3.0, 16.0)
+
+
+def process_node(f: Fields, default: float) -> float:
+    """``f``'s ``process_node_nm`` (``default`` when absent), within :data:`NODE_RANGE_NM`."""
+    lo, hi = NODE_RANGE_NM
+    node = f.number("process_node_nm", default)
+    if not lo <= node <= hi:
+        raise f.error("process_node_nm", f"must be from {lo:g} to {hi:g} nm, the nodes whose density, energy, "
+                                         f"speed and wafer cost phaze/area.py has public figures for; got {node:g}")
+    return node
+
 
 @dataclass(frozen=True)
 class TensorUnits:
@@ -218,7 +233,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         hbm_bytes=f.number("hbm_bytes"), hbm_bandwidth_bytes_per_s=f.number("hbm_bandwidth_bytes_per_s"),
         links=tuple(links), peak_flops_per_s=tuple(peaks),
         collective_latency_s=f.number("collective_latency_s", 0.0, inclusive=True),
-        process_node_nm=f.number("process_node_nm", 7.0),
+        process_node_nm=process_node(f, 7.0),
         area_mm2=f.number("area_mm2", None), tdp_w=f.number("tdp_w", None),
         family=f.str("family", ""),
         unit_sharing=f.choice("unit_sharing", ("sequential", "concurrent"), ""),

@@ -11,9 +11,10 @@ Three pure, cached functions a search calls thousands of times:
 
 Every coefficient below names its public source beside it, or says ``assumption:`` and why.
 Area at a node other than the tabulated ones is interpolated log-linearly in the node
-(``_by_node``); analogue and I/O blocks (HBM and link PHYs) are kept at their published size at
-every node (assumption: I/O and analogue circuits barely shrink, which is why chiplet designs keep
-I/O dies on older nodes).
+(``_by_node``; chip files and sweeps are held to the tables' 3-16 nm, ``phaze.arch.NODE_RANGE_NM``,
+so nothing is extrapolated without a source); analogue and I/O blocks (HBM and link PHYs) are kept
+at their published size at every node (assumption: I/O and analogue circuits barely shrink, which
+is why chiplet designs keep I/O dies on older nodes).
 """
 from __future__ import annotations
 
@@ -205,7 +206,8 @@ def core_voltage_ratio(chip: Chip) -> float:
 # ~40 % power), N5 over N7 15 % (its 5 nm page: 15 % speed gain or 30 % power reduction), N4P over
 # N5 11 % (TSMC's N4P announcement, 2021, the 4 nm density's source above), N3E over N5 18 % (TSMC's
 # 2022 Technology Symposium: 18 % speed, 32 % power, 1.6x density, the 3 nm density's source).
-# Other nodes are interpolated or extrapolated log-linearly in the node, as the densities are.
+# Nodes between them are interpolated log-linearly, as the densities are (chip files and sweeps
+# keep to the tables' 3-16 nm: phaze.arch.NODE_RANGE_NM).
 NODE_SPEED = {16: 1 / (1.20 * 1.15), 10: 1 / 1.20, 7: 1.0, 5: 1.15, 4: 1.15 * 1.11, 3: 1.15 * 1.18}
 
 

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .arch import Chip, load_chip
+from .arch import Chip, load_chip, process_node
 from .area import HELD_CLOCK_SHARE, reference_clock_at, top_clock_hz
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
@@ -767,8 +767,7 @@ def load_sweep(path: str | Path) -> SweepConfig:
         dimensions=tuple(dims[k] for k in order), constraints=tuple(cons),
         objectives=tuple(objectives), sampler=sampler, trials=f.int("trials", 100, maximum=MAX_TRIALS),
         seed=f.int("seed", 0, minimum=0, maximum=MAX_SEED), storage=f.str("storage", ""), baselines=tuple(baselines),
-        process_node_nm=f.number("process_node_nm", base.process_node_nm, minimum=1.0, inclusive=True,
-                                 maximum=1000.0),
+        process_node_nm=process_node(f, base.process_node_nm),
         link_latency_s=f.number("link_latency_s", base.links[0].latency_s, inclusive=True, maximum=1.0),
         sampler_options=dict(options.data) if options is not None else {})
     f.finish()

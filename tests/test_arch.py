@@ -296,6 +296,10 @@ def _negative_register_file(d):
     d["register_file_bytes"] = -262144
 
 
+def _node_past_the_tables(d):
+    d["process_node_nm"] = 28       # area.py's tables stop at 16 nm: no extrapolation without a source
+
+
 @pytest.mark.parametrize("mutate, field", [
     (_drop_tensor, "tensor_units"),
     (_zero_tensor_count, "tensor_units.count"),
@@ -307,6 +311,7 @@ def _negative_register_file(d):
     (_levels_decreasing, "links[1].devices"),
     (_links_not_list, "links"),
     (_negative_register_file, "register_file_bytes"),
+    (_node_past_the_tables, "process_node_nm"),
 ])
 def test_bad_chip_yaml_names_path_and_field(tmp_path, mutate, field):
     data = copy.deepcopy(GOOD)
@@ -344,3 +349,13 @@ def test_name_lookup_lives_in_configio():
         imported = {(node.module, a.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                     for a in node.names}
         assert ("configio", "resolve_config") in imported and ("workload", "resolve_config") not in imported
+
+
+def test_the_accepted_nodes_are_the_ones_every_node_table_gives():
+    """A chip file's or sweep's node must lie where every one of area.py's node tables has a public
+    figure (phaze.arch.NODE_RANGE_NM): the range's ends are each table's first and last node."""
+    from phaze import area
+    from phaze.arch import NODE_RANGE_NM
+    tables = (area.LOGIC_MTR_PER_MM2, area.SRAM_BITCELL_UM2, area.WAFER_USD, area.DEFECTS_PER_CM2, area.NODE_SPEED)
+    assert all((min(t), max(t)) == NODE_RANGE_NM for t in tables)
+    assert all(NODE_RANGE_NM[0] <= load_chip(n).process_node_nm <= NODE_RANGE_NM[1] for n in SHIPPED)
