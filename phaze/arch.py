@@ -129,6 +129,9 @@ class Chip:
     reference_clock_hz: float = 0.0  # the clock its energies per operation hold at (0 = clock_hz):
                                      # a throttled chip keeps its nominal clock's, a candidate its
                                      # template's; the core voltage follows the clock against it
+    held_clock_share: float = 0.0    # the clock it holds at its TDP under full load over its quoted
+                                     # peak clock, measured (0: phaze.area.HELD_CLOCK_SHARE, the
+                                     # H100's): how far up its V-f curve the nominal point sits
 
     def __post_init__(self):
         if not self.reference_clock_hz:
@@ -234,6 +237,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         links=tuple(links), peak_flops_per_s=tuple(peaks),
         collective_latency_s=f.number("collective_latency_s", 0.0, inclusive=True),
         process_node_nm=process_node(f, 7.0),
+        held_clock_share=f.number("held_clock_share", 0.0, maximum=1.0),
         area_mm2=f.number("area_mm2", None), tdp_w=f.number("tdp_w", None),
         family=f.str("family", ""),
         unit_sharing=f.choice("unit_sharing", ("sequential", "concurrent"), ""),

@@ -176,7 +176,8 @@ V_FLOOR_OF_TOP = 0.70
 # measured: the clock a GPU holds at its TDP under full load, over the clock its peak is quoted at.
 # A lent H100 SXM held dense bf16 8,192-square products at a median 1,395 MHz (1,365-1,425) of the
 # 1,830 MHz its peak is quoted at, at 700 W (results/kernels/h100/sustained.txt; an H200, the same
-# die, 1,485 MHz). A chip's nominal clock stands for this held point: on a shipped chip the fitted
+# die, 1,485 MHz, results/kernels/h200/sustained.txt: its chip file says so, ``held_clock_share``;
+# every other chip takes the H100's). A chip's nominal clock stands for this held point: on a shipped chip the fitted
 # tensor share stands for the drop (0.674 against the 0.696 of the peak the H100 held), and the
 # power fit sets full load at the nominal clock to the TDP, the load at which the chip holds it. So
 # the core voltage there is already this share of the top one, and a lower clock has only the
@@ -185,19 +186,30 @@ HELD_CLOCK_SHARE = 1395 / 1830
 V_FLOOR = V_FLOOR_OF_TOP / HELD_CLOCK_SHARE    # 0.918: the floor over the nominal point's voltage
 
 
-def voltage_ratio(clock_over_reference: float) -> float:
+def held_share(chip: Chip) -> float:
+    """``chip``'s held clock over its quoted one: its file's measurement, else the H100's."""
+    return chip.held_clock_share or HELD_CLOCK_SHARE
+
+
+def v_floor(chip: Chip) -> float:
+    """``chip``'s voltage floor over its nominal point's voltage (:data:`V_FLOOR` for the H100's
+    held share; 0.863 for the H200's 1,485 of 1,830 MHz)."""
+    return V_FLOOR_OF_TOP / held_share(chip)
+
+
+def voltage_ratio(clock_over_reference: float, floor: float = V_FLOOR) -> float:
     """The core supply at ``clock_over_reference`` of a chip's reference clock over the supply
-    there, on the linear V-f line: ``max(V_FLOOR, clock_over_reference)``. Below the reference a
-    throttled chip saves little voltage; above it a candidate clocked past its template pays for
-    the clock in voltage too, up to 1 / HELD_CLOCK_SHARE, the top of the curve
-    (:func:`top_clock_hz`), past which a sweep refuses its clock."""
-    return max(V_FLOOR, clock_over_reference)
+    there, on the linear V-f line: ``max(floor, clock_over_reference)`` (``floor``: the chip's
+    :func:`v_floor`). Below the reference a throttled chip saves little voltage; above it a
+    candidate clocked past its template pays for the clock in voltage too, up to the top of the
+    curve (:func:`top_clock_hz`), past which a sweep refuses its clock."""
+    return max(floor, clock_over_reference)
 
 
 def core_voltage_ratio(chip: Chip) -> float:
     """:func:`voltage_ratio` at ``chip``'s clock over its reference clock (its nominal one; a
-    candidate's template's, moved to the candidate's node by :func:`node_speed`)."""
-    return voltage_ratio(chip.clock_hz / chip.reference_clock_hz)
+    candidate's template's, moved to the candidate's node by :func:`node_speed`), on its floor."""
+    return voltage_ratio(chip.clock_hz / chip.reference_clock_hz, v_floor(chip))
 
 
 # Logic speed at the same power, relative to N7, chained from TSMC's announcements of each node
@@ -226,10 +238,10 @@ def reference_clock_at(chip: Chip, node_nm: float) -> float:
 
 
 def top_clock_hz(chip: Chip) -> float:
-    """The top of ``chip``'s V-f curve: its reference clock (the held point) over
-    :data:`HELD_CLOCK_SHARE`. No voltage takes silicon past it, so a candidate clocked above it is
+    """The top of ``chip``'s V-f curve: its reference clock (the held point) over its
+    :func:`held_share`. No voltage takes silicon past it, so a candidate clocked above it is
     refused rather than priced on an extended line."""
-    return chip.reference_clock_hz / HELD_CLOCK_SHARE
+    return chip.reference_clock_hz / held_share(chip)
 
 
 # ---- fitted parameters -------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .area import silicon
+from .area import silicon, v_floor
 from .bounds import chip_bound, chip_power_bounds, dominance_keys, dominated_by, grid, grid_bounds
 from .power import lowest_leakage_w, throttled_power_floor
 from .space import CONSTRAINTS, SweepConfig, build_chip, design_key, power_budget
@@ -94,7 +94,7 @@ def prepare(cfg: SweepConfig) -> Space:
         si = silicon(chip)
         area[i], cost[i], leak[i] = si.area_mm2, si.cost_usd, si.leakage_w
         low[i] = lowest_leakage_w(chip)
-        floor[i] = throttled_power_floor(chip.clock_hz / chip.reference_clock_hz)
+        floor[i] = throttled_power_floor(chip.clock_hz / chip.reference_clock_hz, v_floor(chip))
     over = {}
     static = {"area": area, "cost": cost, "power": low}   # power: over even at the lowest voltage
     for key, bound in cfg.constraints:

@@ -8,8 +8,9 @@ supply voltage with it, until the power fits. :func:`within_limit` does the same
 - the core voltage follows the clock (:func:`phaze.area.core_voltage_ratio`: linear V-f scaling
   down to a floor), so the core's switching energy per operation scales with V^2 and its dynamic
   power with f V^2; HBM and link energies do not change. The nominal clock is the one a chip
-  holds at its TDP under full load, not the top of its V-f curve (``HELD_CLOCK_SHARE``,
-  measured), so the floor is close: little voltage is left to drop;
+  holds at its TDP under full load, not the top of its V-f curve (measured: a chip file's
+  ``held_clock_share``, else the H100's ``HELD_CLOCK_SHARE``), so the floor is close: little
+  voltage is left to drop;
 - the step is evaluated again at that clock (:func:`phaze.step.evaluate` on the chip with the
   lower clock): compute slows, HBM- and link-bound work does not;
 - clocks are taken in bins of :data:`CLOCK_BIN` of the nominal one (a GPU's clock table moves in
@@ -34,6 +35,7 @@ from .area import (
     core_voltage_ratio,
     silicon,
     step_energy,
+    v_floor,
     voltage_ratio,
 )
 from .cost import IDEAL, Efficiency
@@ -47,9 +49,10 @@ MIN_CLOCK_RATIO = 0.30    # the lowest clock considered; below it the plan canno
 
 
 @lru_cache(maxsize=256)
-def throttled_power_floor(clock_over_reference: float = 1.0) -> float:
+def throttled_power_floor(clock_over_reference: float = 1.0, floor: float = V_FLOOR) -> float:
     """A throttled plan's power over its limit is at least this, on a chip whose nominal clock is
-    ``clock_over_reference`` of its reference clock (:func:`phaze.area.core_voltage_ratio`). The
+    ``clock_over_reference`` of its reference clock (:func:`phaze.area.core_voltage_ratio`) and
+    whose voltage floor is ``floor`` (:func:`phaze.area.v_floor`). The
     plan runs at the highest bin s whose power fits, so the next bin s' = s + CLOCK_BIN is over
     the limit; and P(s) >= (r v)^2 P(s'), with r = s / s' and v = V(s) / V(s') (v >= r): from s'
     to s the step time grows at most by 1 / r (every duration scales with the clock or not at all),
@@ -61,7 +64,7 @@ def throttled_power_floor(clock_over_reference: float = 1.0) -> float:
     worst = 1.0
     for k in range(1, bins + 1):
         s, up = 1.0 - k * CLOCK_BIN, 1.0 - (k - 1) * CLOCK_BIN
-        v = voltage_ratio(s * clock_over_reference) / voltage_ratio(up * clock_over_reference)
+        v = voltage_ratio(s * clock_over_reference, floor) / voltage_ratio(up * clock_over_reference, floor)
         worst = min(worst, (s / up * v) ** 2)
     return worst
 
@@ -69,8 +72,8 @@ def throttled_power_floor(clock_over_reference: float = 1.0) -> float:
 def lowest_leakage_w(chip: Chip) -> float:
     """``chip``'s leakage at the lowest clock a throttle reaches (:data:`MIN_CLOCK_RATIO`): no plan
     on it draws less under a power limit."""
-    return silicon(chip).leakage_w * voltage_ratio(MIN_CLOCK_RATIO * chip.clock_hz / chip.reference_clock_hz) \
-        / core_voltage_ratio(chip)
+    ratio = MIN_CLOCK_RATIO * chip.clock_hz / chip.reference_clock_hz
+    return silicon(chip).leakage_w * voltage_ratio(ratio, v_floor(chip)) / core_voltage_ratio(chip)
 
 
 @dataclass(frozen=True)

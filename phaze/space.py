@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .arch import Chip, load_chip, process_node
-from .area import HELD_CLOCK_SHARE, reference_clock_at, top_clock_hz
+from .area import held_share, reference_clock_at, top_clock_hz
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
 from .placement import PlacementOptions
@@ -784,7 +784,7 @@ def _check_clock(cfg: SweepConfig, highest: dict[str, float]) -> None:
     if ghz * 1e9 <= top * (1 + 1e-9):
         return
     where = (f"past the top of {cfg.base.name}'s V-f curve at {cfg.process_node_nm:g} nm, {top / 1e9:.3f} GHz (its "
-             f"held clock there, {ref.reference_clock_hz / 1e9:.3f} GHz, over {HELD_CLOCK_SHARE:.3f}: docs/power.md)")
+             f"held clock there, {ref.reference_clock_hz / 1e9:.3f} GHz, over {held_share(ref):.3f}: docs/power.md)")
     if "clock_ghz" in highest:
         raise ConfigError(cfg.source, "space.clock_ghz", f"{ghz:g} GHz is {where}; allowed: clocks up to "
                           f"{top / 1e9:.3f} GHz")

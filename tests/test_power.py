@@ -47,6 +47,23 @@ def test_the_nominal_clock_is_the_clock_the_h100_held_at_its_tdp():
     assert V_FLOOR_OF_TOP == 0.70 and V_FLOOR == pytest.approx(0.70 * 1830 / 1395, rel=1e-12) and V_FLOOR < 1
 
 
+def test_the_h200_file_says_the_clock_the_h200_held_and_throttles_on_its_own_floor():
+    """The H200's chip file carries its own measured held share (1,485 of 1,830 MHz, the median of
+    the seconds after the first), so its floor is 0.70 / 0.8115 = 0.863 of its nominal voltage,
+    where every other chip takes the H100's 0.918; its top, 1.83 / 0.8115 = 2.255 GHz."""
+    from phaze.area import core_voltage_ratio, held_share, top_clock_hz, v_floor
+    h200, h100 = as_chip("h200-sxm"), as_chip("h100-sxm")
+    mhz = kt.held_clock_mhz(kt.GPUS["h200"].folder / "sustained.txt")
+    assert mhz == 1485 and h200.held_clock_share == pytest.approx(mhz / (h200.clock_hz / 1e6), abs=5e-5)
+    assert held_share(h100) == HELD_CLOCK_SHARE and v_floor(h100) == V_FLOOR
+    assert v_floor(h200) == pytest.approx(0.70 / 0.8115) == pytest.approx(0.8626, abs=1e-4)
+    assert top_clock_hz(h200) == pytest.approx(2.2551e9, rel=1e-4)
+    # throttled to 88 % of the clock: the H100 is on its floor, the H200 still on the line
+    assert core_voltage_ratio(at_clock(h100, 0.88)) == V_FLOOR
+    assert core_voltage_ratio(at_clock(h200, 0.88)) == pytest.approx(0.88)
+    assert silicon(at_clock(h200, 0.88)).leakage_w == pytest.approx(0.88 * silicon(h200).leakage_w)
+
+
 @pytest.mark.parametrize("chip_name", CHIPS)
 def test_shipped_chips_stay_within_their_tdp(chip_name):
     """Every shipped chip with its TDP, on each workload's best plan (tp and mbs narrowed to keep
@@ -191,7 +208,7 @@ def test_the_power_page_quotes_the_throttle_with_and_without_the_held_point(h100
         return round(100 * ps.clock_hz / chip.clock_hz), ps.result.step_time_s / r1.step_time_s, ps.nominal_power_w
 
     now = {w: run(w) for w in (350, 450, 500, 560, 600)}
-    monkeypatch.setattr(area, "V_FLOOR", V_FLOOR_OF_TOP)
+    monkeypatch.setattr(area, "HELD_CLOCK_SHARE", 1.0)     # the floor 0.70 of the nominal voltage
     area.silicon.cache_clear()      # its leakage is at the core voltage: cached under the other floor
     try:
         before = {w: run(w) for w in (350, 450, 500, 560, 600)}
