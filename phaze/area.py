@@ -177,11 +177,11 @@ V_FLOOR_OF_TOP = 0.70
 # A lent H100 SXM held dense bf16 8,192-square products at a median 1,395 MHz (1,365-1,425) of the
 # 1,830 MHz its peak is quoted at, at 700 W (results/kernels/h100/sustained.txt; an H200, the same
 # die, 1,485 MHz, results/kernels/h200/sustained.txt: its chip file says so, ``held_clock_share``;
-# every other chip takes the H100's). A chip's nominal clock stands for this held point: on a shipped chip the fitted
-# tensor share stands for the drop (0.674 against the 0.696 of the peak the H100 held), and the
-# power fit sets full load at the nominal clock to the TDP, the load at which the chip holds it. So
-# the core voltage there is already this share of the top one, and a lower clock has only the
-# rest, down to the floor, to take.
+# every other chip takes the H100's). A chip's nominal clock stands for this held point: on a
+# shipped chip the fitted tensor share stands for the drop (0.674 against the 0.696 of the peak the
+# H100 held), and the power fit sets full load at the nominal clock to the TDP, the load at which
+# the chip holds it. So the core voltage there is already this share of the top one, and a lower
+# clock has only the rest, down to the floor, to take.
 HELD_CLOCK_SHARE = 1395 / 1830
 V_FLOOR = V_FLOOR_OF_TOP / HELD_CLOCK_SHARE    # 0.918: the floor over the nominal point's voltage
 
