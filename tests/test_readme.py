@@ -143,6 +143,19 @@ def test_readme_speed_and_unseen_gpu_figures_are_the_docs_measurements():
     unseen = re.search(r"\| set 1 H100 rows, cost model as at commit \w+ .*? \| (\d+) \| \*\*([\d.]+) %\*\*",
                        _page("validation.md"))
     assert f"predicting H100 runs from the chip file: {unseen.group(2)} %" in flat
+    # the latest alternated pair: the README's rounding of the last such paragraph of benchmarks.md
+    said = re.search(r"the latest, after .*?, ([\d.]+) and ([\d.]+) s a candidate and ([\d,]+) and ([\d,]+) plans per "
+                     r"minute against ([\d.]+) and ([\d.]+) s and ([\d,]+) and ([\d,]+) for its first code \((\w+)\)",
+                     flat).groups()
+    last = bench[bench.rindex("After the session"):]
+    measured = re.search(r"first code \((\w+)\).*?: ([\d.]+) and ([\d.]+) s a five-workload candidate and "
+                         r"([\d,]+) and ([\d,]+) distinct plans per minute against ([\d.]+) and ([\d.]+) s and "
+                         r"([\d,]+) and ([\d,]+)", last).groups()
+
+    def hundreds(x: str) -> str:
+        return f"{round(int(x.replace(',', '')) / 100) * 100:,}"
+    assert said[8] == measured[0] and said[:2] == measured[1:3] and said[4:6] == measured[5:7]
+    assert [said[k] for k in (2, 3, 6, 7)] == [hundreds(measured[k]) for k in (3, 4, 7, 8)]
 
 
 def _certificate_lines(text: str) -> list[str]:
