@@ -197,12 +197,13 @@ def v_floor(chip: Chip) -> float:
     return V_FLOOR_OF_TOP / held_share(chip)
 
 
-def voltage_ratio(clock_over_reference: float, floor: float = V_FLOOR) -> float:
+def voltage_ratio(clock_over_reference: float, floor: float) -> float:
     """The core supply at ``clock_over_reference`` of a chip's reference clock over the supply
     there, on the linear V-f line: ``max(floor, clock_over_reference)`` (``floor``: the chip's
-    :func:`v_floor`). Below the reference a throttled chip saves little voltage; above it a
-    candidate clocked past its template pays for the clock in voltage too, up to the top of the
-    curve (:func:`top_clock_hz`), past which a sweep refuses its clock."""
+    :func:`v_floor`, given by each caller: the H200's is not the H100's). Below the reference a
+    throttled chip saves little voltage; above it a candidate clocked past its template pays for
+    the clock in voltage too, up to the top of the curve (:func:`top_clock_hz`), past which a sweep
+    refuses its clock."""
     return max(floor, clock_over_reference)
 
 

@@ -49,7 +49,7 @@ MIN_CLOCK_RATIO = 0.30    # the lowest clock considered; below it the plan canno
 
 
 @lru_cache(maxsize=256)
-def throttled_power_floor(clock_over_reference: float = 1.0, floor: float = V_FLOOR) -> float:
+def throttled_power_floor(clock_over_reference: float, floor: float) -> float:
     """A throttled plan's power over its limit is at least this, on a chip whose nominal clock is
     ``clock_over_reference`` of its reference clock (:func:`phaze.area.core_voltage_ratio`) and
     whose voltage floor is ``floor`` (:func:`phaze.area.v_floor`). The

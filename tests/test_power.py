@@ -32,8 +32,8 @@ WORKLOADS = (("llama2-7b", 256, 1024), ("mpt-30b", 256, 512), ("gpt3-175b", 1024
 
 
 def test_voltage_follows_the_clock_down_to_its_floor():
-    assert voltage_ratio(1.0) == 1.0 and voltage_ratio(0.95) == pytest.approx(0.95)
-    assert voltage_ratio(0.85) == V_FLOOR and voltage_ratio(0.5) == V_FLOOR and voltage_ratio(0.3) == V_FLOOR
+    assert voltage_ratio(1.0, V_FLOOR) == 1.0 and voltage_ratio(0.95, V_FLOOR) == pytest.approx(0.95)
+    assert all(voltage_ratio(r, V_FLOOR) == V_FLOOR for r in (0.85, 0.5, 0.3))
 
 
 def test_the_nominal_clock_is_the_clock_the_h100_held_at_its_tdp():
@@ -108,7 +108,7 @@ def test_throttle_takes_the_highest_clock_bin_that_fits(h100_run, limit):
     c = at_clock(chip, up)
     r = evaluate(model, c, 256, 1024, plan, eff)
     assert step_energy(model, c, 256, 1024, plan, eff, r).power_w > limit
-    assert ps.energy.power_w >= throttled_power_floor() * limit
+    assert ps.energy.power_w >= throttled_power_floor(1.0, V_FLOOR) * limit
     assert ps.result.step_time_s > r1.step_time_s
     # compute slows (its HBM-bound share does not), the step never by more than the clock ratio
     b1, b = r1.breakdown_s, ps.result.breakdown_s
@@ -132,10 +132,10 @@ def test_power_falls_with_the_clock(h100_run):
 
 def test_one_clock_bin_cuts_the_power_by_at_most_the_floor(h100_run):
     """The exact search's floor, brute force over every pair of adjacent bins on the H100 run and
-    a memory-heavier plan: one bin down never cuts the power below throttled_power_floor() of the
+    a memory-heavier plan: one bin down never cuts the power below throttled_power_floor(1.0, V_FLOOR) of the
     bin above; the floor is the lowest bin's, where the voltage no longer falls."""
     model, chip, _, eff, _ = h100_run
-    assert throttled_power_floor() == pytest.approx((MIN_CLOCK_RATIO / (MIN_CLOCK_RATIO + CLOCK_BIN)) ** 2)
+    assert throttled_power_floor(1.0, V_FLOOR) == pytest.approx((MIN_CLOCK_RATIO / (MIN_CLOCK_RATIO + CLOCK_BIN)) ** 2)
     largest = 1.0
     for plan in (as_plan("tp=1,pp=1,mbs=2,zero=1"), as_plan("tp=8,pp=1,mbs=1,zero=1")):
         powers = []
@@ -145,10 +145,10 @@ def test_one_clock_bin_cuts_the_power_by_at_most_the_floor(h100_run):
             r = evaluate(model, c, 256, 1024, plan, eff)
             powers.append(step_energy(model, c, 256, 1024, plan, eff, r).power_w)
         cuts = [lo / hi for hi, lo in itertools.pairwise(powers)]
-        assert max(cuts) < 1 and min(cuts) >= throttled_power_floor() * (1 - 1e-12)
+        assert max(cuts) < 1 and min(cuts) >= throttled_power_floor(1.0, V_FLOOR) * (1 - 1e-12)
         largest = min(largest, *cuts)
     page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "power.md").read_text().split())
-    assert (f"`(0.30/0.31)² = {throttled_power_floor():.3f}`" in page
+    assert (f"`(0.30/0.31)² = {throttled_power_floor(1.0, V_FLOOR):.3f}`" in page
             and f"two H100 plans (the largest cut there: {largest:.3f})" in page)
 
 
@@ -358,8 +358,8 @@ def test_the_floor_holds_on_a_candidate_clocked_past_its_template():
     model, base = as_model("llama2-7b"), as_chip("h100-sxm")
     chip = build_chip(base, {"clock_ghz": 1.9 * base.clock_hz / 1e9})
     eff, plan = calibrated_efficiency(base), as_plan("tp=1,pp=1,mbs=2,zero=1")
-    floor = throttled_power_floor(1.9)
-    assert floor < throttled_power_floor() and floor == pytest.approx((0.49 / 0.50) ** 4, rel=1e-12)
+    floor = throttled_power_floor(1.9, V_FLOOR)
+    assert floor < throttled_power_floor(1.0, V_FLOOR) and floor == pytest.approx((0.49 / 0.50) ** 4, rel=1e-12)
     powers = []
     for k in range(71):
         c = at_clock(chip, 1.0 - k * CLOCK_BIN)
