@@ -6,7 +6,7 @@ so both run through the same cost model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .configio import ConfigError, Fields, config_dirs, read_mapping, resolve_config
@@ -132,6 +132,10 @@ class Chip:
     held_clock_share: float = 0.0    # the clock it holds at its TDP under full load over its quoted
                                      # peak clock, measured (0: phaze.area.HELD_CLOCK_SHARE, the
                                      # H100's): how far up its V-f curve the nominal point sits
+    # the link to its host's memory, bytes per second a direction (0: none given; activation
+    # offload is then refused). Not in the repr, and so not in a study's fingerprint: no search
+    # trial reads it (a sweep cannot offload), and a chip file that gains it keeps its studies
+    host_bandwidth_bytes_per_s: float = field(default=0.0, repr=False)
 
     def __post_init__(self):
         if not self.reference_clock_hz:
@@ -250,6 +254,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         die_memory_ratio=f.number("die_memory_ratio", 1.0, minimum=1.0, inclusive=True),
         register_file_bytes=f.number("register_file_bytes", 0.0, inclusive=True),
         l1_bytes=f.number("l1_bytes", 0.0, inclusive=True),
+        host_bandwidth_bytes_per_s=f.number("host_bandwidth_bytes_per_s", 0.0, inclusive=True),
     )
     f.finish()
     return chip

@@ -25,7 +25,7 @@ from functools import lru_cache
 from .arch import Chip, load_chip
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, gemm_tiles
-from .graph import ExpertLayout, collective_groups, edge_graph, layer_graph, optimizer_op
+from .graph import ExpertLayout, collective_groups, edge_graph, layer_graph, offloaded_bytes, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
 from .step import (
     _shard,
@@ -546,7 +546,12 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
                       + layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "full", moe) * k)
         else:
             per_mb = layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention,
-                                    graph_recompute(r, plan.recompute_modules), moe) * runs
+                                    graph_recompute(r, plan.recompute_modules, plan.offload), moe) * runs
+        # activations offloaded to the host and fetched back, per micro-batch: read from HBM and
+        # written back into it, over the host link (priced as the chip's other off-chip links)
+        host = 2 * offloaded_bytes(shard, plan.mbs, tp, graph_recompute(r, plan.recompute_modules, plan.offload)) * runs
+        if host:
+            per_mb = per_mb + Activity(shared_bytes=host, hbm_bytes=host, link_bytes=host)
         if i == 0:
             per_mb = per_mb + emb
         if i == pp - 1:
@@ -567,7 +572,8 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
                 per_layer = (cp_sent_bytes(model, plan, "none", chip.compiled) * (runs - k)
                              + cp_sent_bytes(model, plan, "full", chip.compiled) * k)
             else:
-                per_layer = cp_sent_bytes(model, plan, graph_recompute(r, plan.recompute_modules), chip.compiled) * runs
+                per_layer = cp_sent_bytes(model, plan, graph_recompute(r, plan.recompute_modules, plan.offload),
+                                          chip.compiled) * runs
             sent += m * per_layer
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp

@@ -137,7 +137,7 @@ def _schedule_quality(spec: WorkloadSpec, chip: Chip, plan, eff: Efficiency) -> 
     recs = set(plan.stage_recompute or (plan.recompute,))
     for r in layer_modes(recs):
         for s in schedule_layer(spec.model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention,
-                                graph_recompute(r, plan.recompute_modules), eff):
+                                graph_recompute(r, plan.recompute_modules, plan.offload), eff):
             if STATUS_RANK.get(s.status, 3) > STATUS_RANK.get(worst, 3):
                 worst = s.status
             gap = max(gap, s.gap)

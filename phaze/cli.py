@@ -262,6 +262,11 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                                                          model.window_layer_share) + " (the workload's)"
     if plan is not None and (note := softmax_note(model, plan)):
         out["softmax"] = note
+    if plan is not None and plan.offload:
+        out["offload"] = (f"{plan.offload} sent to the host's memory and fetched back over "
+                          f"{chip.host_bandwidth_bytes_per_s / 1e9:.1f} GB/s a direction (the chip file's "
+                          f"host_bandwidth_bytes_per_s), each copy under its phase's compute; host memory "
+                          f"capacity is not checked")
     if plan is not None:
         defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",
@@ -1237,7 +1242,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "fsdp_pp (micro_batch/step: zero 3 with pp > 1), fp8_params (an fp8 run's weights held "
                     "and gathered in fp8), pipe_p2p (batched/blocking/overlapped: how pipeline stages "
                     "exchange activations), pipe_schedule (1f1b/dualpipe: DeepSeek-V3's bidirectional "
-                    "pipeline), schedule (optimal/sequential), "
+                    "pipeline), offload (qkv_proj: with recompute=full, the q, k, v projections' outputs "
+                    "kept on the host), schedule (optimal/sequential), "
                     "stages (24:24:24:24), stage_recompute (full:none:none:none), and for a mixture of "
                     "experts ep, etp, routing (forced/dropless/capacity), dispatcher (alltoall/deepep), "
                     "ep_overlap, shared_overlap (shared experts beside the all-to-alls); "

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from .plan import recompute_modules_of
+from .plan import is_full, offloaded_of, recompute_modules_of
 from .workload import Model
 
 
@@ -121,6 +121,17 @@ class Op:
     @property
     def bytes(self) -> float:
         return self.bytes_read + self.bytes_written
+
+
+def offloaded_bytes(model: Model, mbs: int, tp: int, recompute: str) -> float:
+    """Bytes one layer sends to the host's memory in the forward pass, and brings back for the
+    backward, per micro-batch on one of ``tp`` devices, under a graph ``recompute`` that offloads
+    (:func:`phaze.plan.offloaded_of`; 0 otherwise): ``qkv_proj``, the q, k and v projections'
+    16-bit outputs (the heads' share of ``tp``)."""
+    if offloaded_of(recompute) != "qkv_proj":
+        return 0.0
+    width = model.q_dim // tp + 2 * kv_width(model, tp)
+    return float(model.bytes_per_element * mbs * model.seq_len * width)
 
 
 def collective_groups(tp: int, moe: ExpertLayout | None) -> dict:
@@ -460,11 +471,13 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if fp8 and not model.fp8_fused:
             _vector(fb, name + ".weight.fp8_cast", elements, p, reads=1, writes=2 / p, flops_per_element=2)
 
-    def forward(fb: _Builder, prefix: str = "", tail: bool = True) -> None:
+    def forward(fb: _Builder, prefix: str = "", tail: bool = True, qkv: bool = True) -> None:
         """The layer's forward ops. ``tail`` False: without the ops whose results the backward
         never reads (a pre-norm layer's last projections, their tensor-parallel reductions, the
         experts' weighted sum and the residual add), as a re-run that keeps only what the
-        backward needs (``recompute_rerun`` needed) skips them."""
+        backward needs (``recompute_rerun`` needed) skips them. ``qkv`` False: without the q, k,
+        v projections' product (their outputs come back from the host, ``offload`` qkv_proj;
+        their input, which the weight gradient reads, is still re-made)."""
         n = lambda x: prefix + x  # noqa: E731
         _vector(fb, n("ln1"), Tn * h, p, writes=ln1_write, flops_per_element=8)
         if t > 1 and sp:
@@ -472,7 +485,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if model.mla:
             mla_projections(fb, n)
         else:
-            linear(fb, n("qkv"), T, h, qkv_n)
+            linear(fb, n("qkv"), T, h, qkv_n, gemm=qkv)
         heads_prepared(fb, n)
         _attention_core(fb, n)
         if model.parallel_block:
@@ -757,9 +770,10 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     # dP = dO.V^T (value width), dQ = dS.K and dK = dS^T.Q (query/key width): 2.5 forwards when
     # the widths agree
     bwd_passes = (3 * d + 2 * dv) / (d + dv)
-    if recompute == "full":
+    if is_full(recompute):
         # a post-norm layer's last norm reads the residual sum, so nothing of its forward is dead
-        forward(bb, "recompute.", tail=not reruns_needed(model, compiled) or model.norm_position != "pre")
+        forward(bb, "recompute.", tail=not reruns_needed(model, compiled) or model.norm_position != "pre",
+                qkv=offloaded_of(recompute) != "qkv_proj")
     elif recompute == "op":
         op_recompute(bb)
     elif recompute == "selective" and not fused:

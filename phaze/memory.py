@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .graph import kv_heads_read, kv_width, megatron_softmax_fused, norm_fed_linears
-from .plan import recompute_modules_of
+from .plan import is_full, recompute_modules_of
 from .workload import Model
 
 # fp32 master + m + v; Megatron-Core's precision-aware optimizer keeps the master weights as the 16-bit
@@ -58,7 +58,7 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     p = model.bytes_per_element
     sb = s * b
     rep = 1.0 / t if sp else 1.0          # tensors replicated across TP unless sequence-parallel
-    if recompute == "full":
+    if is_full(recompute):      # an offloaded full recompute keeps its offloaded tensors on the host
         return p * sb * h * rep
     if recompute == "op":
         return _op_checkpoint_bytes(model, sb, t, rep, attention)

@@ -54,6 +54,12 @@ PIPE_P2P = ("batched", "blocking", "overlapped")
 # schedule (phaze.dualpipe): micro-batches enter from both ends, every rank holds two stages and
 # overlaps a forward chunk with a backward one
 PIPE_SCHEDULES = ("1f1b", "dualpipe")
+# activations a full recompute keeps in the host's memory instead of re-running them (Plan.offload):
+# ``qkv_proj``, the attention's query, key and value projections' outputs (MaxText's
+# ``remat_policy: qkv_proj_offloaded``, maxtext 0.2.5 layers/decoders.py: JAX's
+# ``save_and_offload_only_these_names`` with query_proj, key_proj and value_proj sent to pinned
+# host memory and every other activation recomputed)
+OFFLOADS = ("qkv_proj",)
 
 
 def cp_a2a_groups(cp: int) -> tuple[int, ...]:
@@ -93,11 +99,25 @@ def ordered_modules(names) -> tuple[str, ...] | None:
     return tuple(m for m in RECOMPUTE_MODULES if m in names)
 
 
-def graph_recompute(r: str, modules: tuple[str, ...]) -> str:
+def graph_recompute(r: str, modules: tuple[str, ...], offload: str = "") -> str:
     """What one layer's graph re-runs for a stage mode ``r``: a selective recompute of Megatron-Core
     ``modules`` is ``selective+<module>+...``; plain ``selective`` (no modules) is Megatron-LM's
-    (the core attention when it is not a fused kernel); any other mode is itself."""
+    (the core attention when it is not a fused kernel); a full one with activations ``offload``ed
+    to the host is ``full/offload=<what>``; any other mode is itself."""
+    if r == "full" and offload:
+        return f"full/offload={offload}"
     return "selective+" + "+".join(modules) if r == "selective" and modules else r
+
+
+def offloaded_of(recompute: str) -> str:
+    """What a ``full/offload=...`` graph recompute keeps on the host (:func:`graph_recompute`); ""
+    for any other recompute."""
+    return recompute.removeprefix("full/offload=") if recompute.startswith("full/offload=") else ""
+
+
+def is_full(recompute: str) -> bool:
+    """Whether a graph recompute re-runs the whole forward (offloaded activations aside)."""
+    return recompute == "full" or bool(offloaded_of(recompute))
 
 
 def recompute_modules_of(recompute: str) -> frozenset[str] | None:
@@ -134,9 +154,10 @@ def shared_overlap_conflict(plan, shared_experts: int) -> str:
 
 def is_layer_recompute(recompute: str) -> bool:
     """Whether ``recompute`` is a layer graph's recompute: a :data:`RECOMPUTE` mode or a selective
-    recompute of known modules."""
+    recompute of known modules, or a full one with known activations offloaded."""
     mods = recompute_modules_of(recompute)
-    return recompute in RECOMPUTE or (mods is not None and bool(mods) and mods <= set(RECOMPUTE_MODULES))
+    return (recompute in RECOMPUTE or offloaded_of(recompute) in OFFLOADS
+            or (mods is not None and bool(mods) and mods <= set(RECOMPUTE_MODULES)))
 
 
 def layer_modes(modes) -> tuple[str, ...]:
@@ -233,7 +254,9 @@ class Plan:
     casts for the step's other micro-batches, beside the 16-bit weights. ``pipe_p2p``: how the
     pipeline's stages exchange activations and gradients (:data:`PIPE_P2P`). ``pipe_schedule``: the
     order of the pipeline's chunks (:data:`PIPE_SCHEDULES`); ``dualpipe`` overlaps its paired
-    chunks' all-to-alls when ``ep_overlap`` is on."""
+    chunks' all-to-alls when ``ep_overlap`` is on. ``offload`` (with a full recompute,
+    :data:`OFFLOADS`): the activations sent to the host's memory in the forward pass and brought
+    back for the backward instead of re-run, over the chip's host link, under the layer's compute."""
 
     tp: int = 1
     pp: int = 1
@@ -273,6 +296,7 @@ class Plan:
     fp8_params: bool = False               # an fp8 run's linear weights held and gathered in fp8
     pipe_p2p: str = "batched"              # pipeline sends: batched | blocking | overlapped (PIPE_P2P)
     pipe_schedule: str = "1f1b"            # pipeline chunk order: 1f1b | dualpipe (PIPE_SCHEDULES)
+    offload: str = ""                      # full recompute: activations kept on the host (OFFLOADS; "": none)
 
     def __post_init__(self):
         if self.sp is None:
@@ -330,7 +354,8 @@ class Plan:
                    if self.recompute_modules and "selective" in self.stage_modes()[0] else "")
                 + (",fp8_params=1" if self.fp8_params else "")
                 + (f",pipe_p2p={self.pipe_p2p}" if self.pipe_p2p != "batched" and self.pp > 1 else "")
-                + (f",pipe_schedule={self.pipe_schedule}" if self.pipe_schedule != "1f1b" else ""))
+                + (f",pipe_schedule={self.pipe_schedule}" if self.pipe_schedule != "1f1b" else "")
+                + (f",offload={self.offload}" if self.offload else ""))
 
 
 _INT_KEYS = ("tp", "pp", "mbs", "vp", "cp", "ep", "etp", "cp_a2a")
@@ -339,7 +364,8 @@ PLAN_KEYS = ("tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attentio
              "tp_overlap", "tp_async", "reduce_fp32", "schedule", "stages", "stage_recompute", "recompute_layers",
              "ep", "etp", "routing",
              "dispatcher", "ep_overlap", "shared_overlap", "loss", "recompute_modules", "grad_accum_fusion",
-             "dp_shard", "cp_comm", "cp_a2a", "fsdp_pp", "fp8_params", "pipe_p2p", "pipe_schedule")
+             "dp_shard", "cp_comm", "cp_a2a", "fsdp_pp", "fp8_params", "pipe_p2p", "pipe_schedule",
+             "offload")
 BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
               "off": False}   # a switch's words, in --plan and in the flags that take off,on
 
@@ -404,7 +430,7 @@ def parse_plan(text: str, source: str = "--plan") -> Plan:
             choices = {"recompute": PLAN_RECOMPUTE, "attention": ATTENTION, "optimizer": OPTIMIZERS,
                        "schedule": SCHEDULES, "routing": ROUTING,
                        "dispatcher": DISPATCHERS, "loss": LOSSES, "fsdp_pp": FSDP_PP, "pipe_p2p": PIPE_P2P,
-                       "pipe_schedule": PIPE_SCHEDULES}[key]
+                       "pipe_schedule": PIPE_SCHEDULES, "offload": OFFLOADS}[key]
             if raw.lower() not in choices:
                 raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {raw!r}")
             values[key] = raw.lower()

@@ -541,7 +541,7 @@ def layer_schedules(study, meta: StudyMeta, row: pd.Series, cfg: SweepConfig | N
         plan = parse_plan(o["plan"], "plan")
         recompute = plan.stage_recompute[0] if plan.stage_recompute else plan.recompute
         # a block stage: most of its layers re-run nothing
-        recompute = "none" if recompute == "block" else graph_recompute(recompute, plan.recompute_modules)
+        recompute = "none" if recompute == "block" else graph_recompute(recompute, plan.recompute_modules, plan.offload)
         fwd, bwd = schedule_layer(model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention, recompute, eff)
         out.append((name, o["plan"], chip.name, fwd, bwd))
     return out, notes

@@ -33,6 +33,7 @@ from .graph import (
     kv_heads_read,
     kv_width,
     layer_graph,
+    offloaded_bytes,
     optimizer_op,
     runs_deepspeed_zero,
     tensor_flops,
@@ -65,6 +66,7 @@ COMMUNICATION_GROUPS = {
     "context_parallel_s": "context-parallel",
     "data_parallel_s": "data-parallel",
     "pipeline_parallel_s": "pipeline sends",
+    "host_offload_s": "host offload",
 }
 
 
@@ -81,12 +83,14 @@ class PhaseTime(NamedTuple):
     # (they sum to it): the tensor-parallel group's collectives (what Transformer Engine's
     # userbuffers overlap, ``tp_overlap``), the experts' (token all-to-alls, expert-tensor-parallel
     # gathers), context parallelism's K/V exchange, the data-parallel group's (FSDP's per-layer
-    # gathers and reduce-scatters, DeepSpeed ZeRO-2's per-micro-batch reduces) and the pipeline's sends
+    # gathers and reduce-scatters, DeepSpeed ZeRO-2's per-micro-batch reduces), the pipeline's sends
+    # and the activations offloaded to the host and fetched back (``Plan.offload``)
     tp_comm: float = 0.0
     ep_comm: float = 0.0
     cp_comm: float = 0.0
     dp_comm: float = 0.0
     pp_comm: float = 0.0
+    host_comm: float = 0.0
 
     @property
     def total(self) -> float:
@@ -96,7 +100,7 @@ class PhaseTime(NamedTuple):
         return PhaseTime(self.compute + o.compute, self.memory + o.memory,
                          self.communication + o.communication, self.async_hidden + o.async_hidden,
                          self.tp_comm + o.tp_comm, self.ep_comm + o.ep_comm, self.cp_comm + o.cp_comm,
-                         self.dp_comm + o.dp_comm, self.pp_comm + o.pp_comm)
+                         self.dp_comm + o.dp_comm, self.pp_comm + o.pp_comm, self.host_comm + o.host_comm)
 
     def __rmul__(self, k):   # not a tuple's repetition
         return NotImplemented
@@ -104,13 +108,15 @@ class PhaseTime(NamedTuple):
     def __mul__(self, k: float) -> PhaseTime:
         # a group part that is a float zero stays one, not an array of zeros when k is an array
         # (the placement's arrays of layer counts multiply ModeCosts.main, which has no group parts)
-        tp, ep, cp, dp, pp = self.tp_comm, self.ep_comm, self.cp_comm, self.dp_comm, self.pp_comm
+        tp, ep, cp, dp, pp, ho = (self.tp_comm, self.ep_comm, self.cp_comm, self.dp_comm, self.pp_comm,
+                                  self.host_comm)
         return PhaseTime(self.compute * k, self.memory * k, self.communication * k, self.async_hidden * k,
                          tp * k if tp.__class__ is not float or tp else 0.0,
                          ep * k if ep.__class__ is not float or ep else 0.0,
                          cp * k if cp.__class__ is not float or cp else 0.0,
                          dp * k if dp.__class__ is not float or dp else 0.0,
-                         pp * k if pp.__class__ is not float or pp else 0.0)
+                         pp * k if pp.__class__ is not float or pp else 0.0,
+                         ho * k if ho.__class__ is not float or ho else 0.0)
 
 
 def exposed(comm, cover, eff: Efficiency):
@@ -539,6 +545,25 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                                                   f"= {dp * plan.mbs}, got {global_batch}")
     if plan.pipe_schedule == "dualpipe":
         _check_dualpipe(plan, global_batch // (dp * plan.mbs))
+    if plan.offload:
+        modes = plan.stage_modes()[0]
+        why = ""
+        if set(modes) != {"full"}:
+            why = (f"keeps on the host what a full recompute would re-run: needs recompute=full in every stage, "
+                   f"got {':'.join(modes)}")
+        elif model.mla:
+            why = (f"is MaxText's policy for the q, k and v projections; {model.name}'s multi-head latent "
+                   f"attention has none of them")
+        if why:
+            raise ConfigError("--plan", "offload", f"offload={plan.offload} {why}; allowed: no offload here")
+
+
+def check_offload(chip: Chip, plan: Plan) -> None:
+    """Raise :class:`ConfigError` when ``plan`` offloads activations and ``chip`` has no host link."""
+    if plan.offload and not chip.host_bandwidth_bytes_per_s:
+        raise ConfigError("--plan", "offload", f"offload={plan.offload} sends activations over the host link, "
+                          f"which {chip.name}'s chip file does not give (host_bandwidth_bytes_per_s); "
+                          f"allowed: no offload on this chip")
 
 
 def _check_dualpipe(plan: Plan, micro_batches: int) -> None:
@@ -1383,7 +1408,7 @@ def mode_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficien
                r: str) -> ModeCosts:
     """The costs of one layer of the layout ``plan`` under recompute ``r`` (a selective one: the
     plan's Megatron-Core modules, :func:`phaze.plan.graph_recompute`)."""
-    r = graph_recompute(r, plan.recompute_modules)
+    r = graph_recompute(r, plan.recompute_modules, plan.offload)
     fwd, bwd = layer_time(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
                           plan.schedule, expert_layout(model, plan, chip))
     f, b, total = _layer_costs(model, chip, devices, plan, eff, fwd, bwd, r)
@@ -1398,7 +1423,7 @@ def wgrad_share(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -
     over its dense and MoE layers, as :func:`_layer_sums` weighs them."""
     def share(m: Model, moe) -> float:
         g = layer_graph(_shard(m, plan), plan.mbs, plan.tp, plan.sp, plan.attention,
-                        graph_recompute(r, plan.recompute_modules), moe, chip.compiled)
+                        graph_recompute(r, plan.recompute_modules, plan.offload), moe, chip.compiled)
         groups = collective_groups(plan.tp, moe)
         times = [(o.name.endswith(".wgrad"), op_time(o, chip, m.precision, eff, groups=groups,
                                                       bytes_per_element=m.bytes_per_element)) for o in g.bwd]
@@ -1421,7 +1446,7 @@ def mode_cost_bounds(model: Model, chip: Chip, devices: int, plan: Plan, eff: Ef
     longer window hides more). A stage's time (monotone in the layer's phases) and its tail
     (non-increasing in the windows) are then at most their values with the optimal schedules,
     and so is the step time of every stage assignment."""
-    r = graph_recompute(r, plan.recompute_modules)
+    r = graph_recompute(r, plan.recompute_modules, plan.offload)
     lo, hi = layer_time_bounds(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
                                plan.schedule, expert_layout(model, plan, chip))
     _, _, total = _layer_costs(model, chip, devices, plan, eff, *lo, r)
@@ -1436,7 +1461,7 @@ def mode_cost_upper(model: Model, chip: Chip, devices: int, plan: Plan, eff: Eff
     (feasible schedules, so at least the optimum) and the windows that hide data-parallel traffic
     from the lower bounds (a shorter window hides less). Every stage assignment's step time under
     it is at least its step time with the optimal layer schedules."""
-    r = graph_recompute(r, plan.recompute_modules)
+    r = graph_recompute(r, plan.recompute_modules, plan.offload)
     lo, hi = layer_time_bounds(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
                                plan.schedule, expert_layout(model, plan, chip))
     _, _, total = _layer_costs(model, chip, devices, plan, eff, *hi, r)
@@ -1609,6 +1634,13 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
         shown = (exposed(gather, fwd.compute + fwd.memory, eff)
                  + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
         total = total + PhaseTime(communication=shown, dp_comm=shown)
+    host = offloaded_bytes(_shard(model, plan), plan.mbs, tp, r)
+    if host:
+        # sent to the host as the forward makes them and fetched back ahead of the backward (JAX's
+        # offload: XLA's asynchronous copies), each under its phase's compute, over the host link
+        move = host / (chip.host_bandwidth_bytes_per_s * eff.link_fraction)
+        shown = exposed(move, fwd.compute + fwd.memory, eff) + exposed(move, bwd.compute + bwd.memory, eff)
+        total = total + PhaseTime(communication=shown, host_comm=shown)
     return fwd, bwd, total
 
 
@@ -1753,6 +1785,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
              eff: Efficiency = IDEAL) -> StepResult:
     """Step time, throughput, utilisation and per-device memory of ``plan``."""
     check_plan(model, devices, global_batch, plan)
+    check_offload(chip, plan)
     pp, v = plan.pp, plan.vp
     costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), eff)
     counts = stage_split(model, plan)
@@ -1776,7 +1809,7 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     }
     by_group = {"tensor_parallel_s": m * per_mb.tp_comm, "expert_parallel_s": m * per_mb.ep_comm,
                 "context_parallel_s": m * per_mb.cp_comm, "data_parallel_s": m * per_mb.dp_comm + dp_exposed,
-                "pipeline_parallel_s": m * per_mb.pp_comm}
+                "pipeline_parallel_s": m * per_mb.pp_comm, "host_offload_s": m * per_mb.host_comm}
     flops = model_flops_per_sample(model) * global_batch
     peak = chip.peak_flops(model.precision) * devices
     hw = sum((n - k) * _layers_flops(model, _counted_recompute(r, plan), chip.compiled, mtp=False)
@@ -1823,7 +1856,7 @@ def _counted_recompute(r: str, plan: Plan) -> str:
     selective recompute of a fused attention, which has nothing to re-run, count none."""
     if r == "block" or (r == "selective" and not plan.recompute_modules and plan.attention in ("flash", "flash2")):
         return "none"
-    return graph_recompute(r, plan.recompute_modules)
+    return graph_recompute(r, plan.recompute_modules, plan.offload)
 
 
 def _hardware_flops_per_sample(model: Model, plan: Plan) -> float:

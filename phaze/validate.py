@@ -72,6 +72,7 @@ from .plan import (
     DP_SHARD_ALLOWED,
     FSDP_PP,
     LOSSES,
+    OFFLOADS,
     PIPE_SCHEDULES,
     RECOMPUTE_MODULES,
     Plan,
@@ -81,7 +82,7 @@ from .plan import (
     ordered_modules,
     shared_overlap_conflict,
 )
-from .step import check_plan, evaluate, model_flops_per_sample, stage_split
+from .step import check_offload, check_plan, evaluate, model_flops_per_sample, stage_split
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import (
     KV_REPEATS,
@@ -111,7 +112,7 @@ EXPLICIT_COLUMNS = (
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
     "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers", "parallel_block", "fsdp_pp",
     "fp8_param_gather", "rotary_kernels", "kv_repeat", "softmax_kernel", "pipeline_schedule",
-    "moe_shared_expert_overlap", "cross_entropy")
+    "moe_shared_expert_overlap", "cross_entropy", "offload")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -474,9 +475,18 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         raise ValueError("global_batch not published: the step's size is unknown")
     recompute_text = _text(row, "recompute").lower()
     recompute_stated = bool(recompute_text)
+    offload = _text(row, "offload").lower()
     if recompute_text == "offload":
-        raise ValueError("recompute = offload: activations moved to host memory in the forward pass and "
-                         "back for the backward are not modelled (phaze's chips have no host-memory level)")
+        # a full recompute that keeps the tensors the ``offload`` column names on the host
+        if not offload:
+            raise ValueError("recompute = offload: column 'offload' must name what the run keeps on the host "
+                             f"({', '.join(OFFLOADS)}); it is blank")
+        recompute_text = "full"
+    if offload and offload not in OFFLOADS:
+        raise ValueError(f"column 'offload' must be one of {', '.join(OFFLOADS)}, got {row['offload']!r}")
+    if offload and recompute_text != "full":
+        raise ValueError(f"column 'offload' names what a full recompute keeps on the host: it needs recompute "
+                         f"offload or full, got {row['recompute']!r}")
     recompute = _RECOMPUTE.get(recompute_text or "none")
     if recompute is None:
         raise ValueError(f"column 'recompute' must be none, selective, block or full, got {row['recompute']!r}")
@@ -526,10 +536,11 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 dp_shard=_dp_shard(row, preset["dp_shard"]), cp_comm=_cp_comm(row, preset["cp_comm"]),
                 cp_a2a=_int(row, "cp_a2a", 1), fsdp_pp=_choice(row, "fsdp_pp", FSDP_PP, preset["fsdp_pp"]),
                 fp8_params=_flag(row, "fp8_param_gather", preset["fp8_params"]), pipe_p2p=preset["pipe_p2p"],
-                pipe_schedule="dualpipe" if schedule == "dualpipe" else "1f1b")
+                pipe_schedule="dualpipe" if schedule == "dualpipe" else "1f1b", offload=offload)
     if dp_col is not None and dp_col * tp * pp * (cp or 1) != devices:
         raise ValueError(f"dp*tp*pp*cp = {dp_col * tp * pp * (cp or 1)} != gpu_count {devices}")
     check_plan(model, devices, batch, plan)
+    check_offload(chip, plan)
     layout_from = "searched" if layout_searched else "unconfirmed" if unconfirmed else "row"
     alternatives: tuple[Plan, ...] = ()
     searched = {}

@@ -484,12 +484,22 @@ def test_bundled_copies_keep_the_published_values():
                     assert value == "" and k in filled.get(t["source_id"][:3], ()), (rid, k)
 
 
-def test_activation_offload_is_refused_with_the_reason():
-    # MaxText's qkv_proj_offloaded moves activations to host memory: phaze has no host level
-    item = v.row_to_case(row("R1088"))
-    assert rows()["R1088"]["recompute"] == "offload"
-    assert isinstance(item, v.Skipped) and "host memory" in item.reason and "not modelled" in item.reason
-    assert isinstance(v.row_to_case(row("R1088", recompute="full")), v.Case)
+def test_activation_offload_is_a_full_recompute_with_the_named_tensors_on_the_host():
+    # MaxText's qkv_proj_offloaded (the row's run script): recompute offload, column offload qkv_proj
+    assert (rows()["R1088"]["recompute"], rows()["R1088"]["offload"]) == ("offload", "qkv_proj")
+    c = case("R1088")
+    assert (c.plan.recompute, c.plan.offload) == ("full", "qkv_proj")
+    assert case("R1088", recompute="full").plan.offload == "qkv_proj"      # the same plan, said as full
+    assert case("R1088", recompute="full", offload="").plan.offload == ""
+    # what is offloaded must be named, and only a full recompute offloads
+    for changes, words in (({"offload": ""}, "column 'offload' must name"),
+                           ({"offload": "everything"}, "column 'offload' must be one of qkv_proj"),
+                           ({"recompute": "selective"}, "it needs recompute offload or full")):
+        item = v.row_to_case(row("R1088", **changes))
+        assert isinstance(item, v.Skipped) and words in item.reason, (changes, item)
+    # a chip whose file gives no host link cannot offload (TPU v4: none published)
+    item = v.row_to_case(row("R1088", chip="tpuv4", gpu="TPUv4", system_config="tpuv4-multislice"))
+    assert isinstance(item, v.Skipped) and "host_bandwidth_bytes_per_s" in item.reason
 
 
 # --- 4. malformed input ------------------------------------------------------------------------
