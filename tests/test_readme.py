@@ -99,6 +99,24 @@ def test_validation_headline_is_the_tracked_summary():
             f"| {_max[:-1]} % | {within[:-1]} % |") in page
 
 
+def test_held_out_offload_rows_figure_is_their_tracked_scoring():
+    """S25's 6 offload rows, scored once after activation offload was modelled: the README's figure
+    and the validation page's row are the tracked file's, and the file scores exactly those rows."""
+    text = (ROOT / "results" / "validation" / "held_out_s25_offload.txt").read_text()
+    assert "HELD OUT: S25_maxtext_tpuv5" in text and "(6 of 6 rows expressed)" in text
+    n, mape, bias, median, top, within = re.search(
+        r"^  all expressed runs +(\d+) +([\d.]+)% +([+-][\d.]+)% +([\d.]+)% +([\d.]+)% +(\d+)%", text,
+        flags=re.M).groups()
+    flat = " ".join(README.split())
+    assert f"scored once: **{mape} %**, bias {bias} % (`results/validation/held_out_s25_offload.txt`)" in flat
+    page = _page("validation.md").replace("−", "-")
+    assert (f"| 128B on 1 to 32 v5e-256 slices | {n} | **{mape} %** | {bias} % | {median} % | {top} % "
+            f"| {within} % |") in page
+    rows = list(csv.DictReader(open(ROOT / "results" / "validation" / "held_out_s25_offload.csv")))
+    assert sorted(r["run_id"] for r in rows) == [f"R{1088 + i}" for i in range(6)]
+    assert all("offload=qkv_proj" in r["plan"] and r["status"] == "ok" for r in rows)
+
+
 def test_held_out_tpu_figure_is_the_tracked_scoring():
     text = (ROOT / "results" / "validation" / "held_out_s25.txt").read_text()
     assert "HELD OUT: S25_maxtext_tpuv5" in text     # scored with parameters fitted without it
