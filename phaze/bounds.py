@@ -19,7 +19,9 @@ bound: every tensor op takes at least its executed multiply-accumulates over the
 units it runs on times the clock (the tile model's cycles count whole tiles in whole waves, never
 fewer MACs); a schedule runs the ops of one unit pool within the pool's capacity; a device's step
 under 1F1B is at least its micro-batches times its stage time, and the busiest device does at
-least the mean work.
+least the mean work. A mixture of experts' routed experts count as one product a rank over all
+the tokens it receives at the mean load (:func:`_bound_experts`): a grouped product pads each
+expert's tokens and pays a prologue and a fill for each, never less than one over their sum.
 
 Monotonicity (:data:`MONOTONE`): more tensor or vector units, lanes, SRAM, HBM capacity or
 bandwidth, link bandwidth or clock never lowers the best throughput (the property tests check it
@@ -37,10 +39,11 @@ import numpy as np
 from .arch import Chip
 from .area import _sent_bytes, _step_activity, activity_energy_j, energy_coefficients, logic_power_w, silicon
 from .cost import Efficiency, fused_columns
-from .graph import edge_graph, layer_graph
-from .placement import cp_values, place_bound, place_step_bounds
+from .graph import ExpertLayout, edge_graph, layer_graph
+from .placement import cp_values, etp_values, place_bound, place_step_bounds, routing_values
 from .plan import graph_recompute, layer_modes
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
+from .step import dense_view
 from .system import apply_system
 
 # Parameters in which a design is never slower with a larger value (for a fixed value of the
@@ -164,19 +167,34 @@ def _ops_work(ops, eff: Efficiency, R: int, C: int, fill: bool) -> tuple[float, 
 
 
 def _layout_options(spec: WorkloadSpec):
-    """(tp, sp, mbs, recompute) of every layout option the placement may pick for ``spec`` whose
-    work the operator graphs give in closed form: none for a mixture of experts or context
-    parallelism (the busiest rank's load depends on the layout; level 1 bounds them)."""
+    """(tp, sp, mbs, recompute, experts) of every layout option the placement may pick for
+    ``spec`` whose work the operator graphs give in closed form (``experts``: the expert layers'
+    bounding layout, :func:`_bound_experts`, None for a dense model): none under context
+    parallelism (a rank's attention work depends on its place in the ring; level 1 bounds it)."""
     m, o = spec.model, spec.options
-    if m.moe or m.context_parallel > 1 or max(cp_values(m, o)) > 1:
+    if m.context_parallel > 1 or max(cp_values(m, o)) > 1:
         return
     modes = layer_modes(o.recompute)   # a block stage runs none and full layers
     for tp in sorted(set(o.tp)):
         if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:   # never placed
             continue
-        for mbs in sorted(set(o.mbs)):     # padding and fills do not scale with the micro-batch
-            for r in modes:
-                yield tp, o.sp and tp > 1, mbs, graph_recompute(r, o.recompute_modules)
+        for experts in (_bound_experts(m, o, etp) for etp in etp_values(m, tp, o)) if m.moe else (None,):
+            for mbs in sorted(set(o.mbs)):     # padding and fills do not scale with the micro-batch
+                for r in modes:
+                    yield tp, o.sp and tp > 1, mbs, graph_recompute(r, o.recompute_modules), experts
+
+
+def _bound_experts(model, options, etp: int) -> ExpertLayout:
+    """The expert layout whose layer graph bounds the work of every ep at expert tensor width
+    ``etp``: each rank's experts as one product over all the tokens it receives (one expert a
+    rank, ``ep`` = the experts), since a grouped product of ``local`` experts pads each expert's
+    tokens to whole arrays and pays a tile prologue and a fill for each, never less than one over
+    their sum; and the mean rank's tokens (``load`` 1, or a capacity factor below 1 where the
+    placement may pad to it), since the busiest device does at least the mean work."""
+    loads = {"forced": 1.0, "dropless": 1.0, "capacity": model.capacity_factor or 1.0}
+    load = min(loads[r or ("capacity" if model.capacity_factor else "dropless")]
+               for r in routing_values(model, options))
+    return ExpertLayout(ep=model.experts, etp=etp, load=min(1.0, load))
 
 
 @lru_cache(maxsize=4096)
@@ -186,11 +204,16 @@ def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fil
     ``cols`` (:func:`_layout_options`; empty when it has none)."""
     m = spec.model
     out = []
-    for tp, sp, mbs, r in _layout_options(spec):
+    for tp, sp, mbs, r, experts in _layout_options(spec):
         head = _ops_work(edge_graph(m, mbs, tp, sp)["head"], eff, rows, cols, fill)
         # compiled: the fewest ops a full recompute may run on any chip (a lower bound for each)
-        layer = _ops_work(layer_graph(m, mbs, tp, sp, spec.options.attention, r, None, True).ops, eff, rows, cols,
-                          fill)
+        layer = _ops_work(layer_graph(m, mbs, tp, sp, spec.options.attention, r, experts, True).ops, eff, rows,
+                          cols, fill)
+        if m.moe and m.dense_ffn_layers:   # the mean over the dense and MoE layers, as the step weighs them
+            dense = _ops_work(layer_graph(dense_view(m), mbs, tp, sp, spec.options.attention, r, None, True).ops,
+                              eff, rows, cols, fill)
+            w = m.dense_ffn_layers / m.layers
+            layer = tuple(a * (1 - w) + b * w for a, b in zip(layer, dense, strict=True))
         # per micro-batch, over the tp ranks of its group: every layer (the multi-token prediction
         # modules' too), and the head once (the modules' heads in it)
         per_mb = [tp * ((m.layers + m.mtp_layers) * a + h) for a, h in zip(layer, head, strict=True)]
@@ -279,13 +302,15 @@ def _ops_energy(ops, k: dict, precision: str, p: int, tp: int) -> float:
     e = 0.0
     for op in ops:
         if op.unit == "link":
-            e += _sent_bytes(op.collective.kind, op.collective.bytes, tp) * k["link"]
+            # the experts' exchanges depend on their layout (none at ep 1): left out of the bound
+            if op.collective.group == "tp":
+                e += _sent_bytes(op.collective.kind, op.collective.bytes, tp) * k["link"]
         elif op.unit in ("tensor", "tensor+vector"):
             e += op.flops * op.work_fraction * k["tensor"]
             if op.unit == "tensor+vector":
                 e += op.work_fraction * (op.vector_flops + op.special) * k["vector"]
                 e += op.bytes * (k["hbm"] + k["shared_buffer"])
-            elif not op.name.startswith("expert_"):
+            elif not op.name.removeprefix("recompute.").startswith("expert_"):
                 # (a routed expert's GEMMs here hold every expert on one rank, whose weights an
                 # ep-way layout splits over its ranks: their bytes are left out of the bound)
                 batch, M, K, N = op.gemm
@@ -302,11 +327,16 @@ def _energy_min(spec: WorkloadSpec, k: dict) -> float:
     0 where :func:`_layout_options` has none)."""
     m = spec.model
     best = math.inf
-    for tp, sp, mbs, r in _layout_options(spec):
+    for tp, sp, mbs, r, experts in _layout_options(spec):
         e = edge_graph(m, mbs, tp, sp)
         edges = _ops_energy(e["embedding"] + e["head"], k, m.precision, m.bytes_per_element, tp)
-        layer = _ops_energy(layer_graph(m, mbs, tp, sp, spec.options.attention, r, None, True).ops, k, m.precision,
-                            m.bytes_per_element, tp)
+        layer = _ops_energy(layer_graph(m, mbs, tp, sp, spec.options.attention, r, experts, True).ops, k,
+                            m.precision, m.bytes_per_element, tp)
+        if m.moe and m.dense_ffn_layers:   # the mean over the dense and MoE layers
+            dense = _ops_energy(layer_graph(dense_view(m), mbs, tp, sp, spec.options.attention, r, None, True).ops,
+                                k, m.precision, m.bytes_per_element, tp)
+            w = m.dense_ffn_layers / m.layers
+            layer = layer * (1 - w) + dense * w
         best = min(best, spec.global_batch / mbs * tp * ((m.layers + m.mtp_layers) * layer + edges))
     return 0.0 if not math.isfinite(best) else best
 

@@ -135,6 +135,38 @@ def test_bounds_hold_with_multi_token_prediction(tmp_path):
     assert checked >= 5
 
 
+TINY_MOE = {"name": "tiny-moe", "architecture": "decoder", "layers": 4, "hidden": 1024, "heads": 16, "kv_heads": 4,
+            "ffn_hidden": 2048, "experts": 16, "top_k": 4, "expert_ffn_hidden": 512, "dense_layers": 1,
+            "shared_experts": 1, "activation": "swiglu", "vocab": 32000, "seq_len": 1024,
+            "position_embedding": "rotary", "tied_embeddings": False, "norm": "rmsnorm", "norm_position": "pre",
+            "bias": False, "dropout": False, "precision": "bf16"}
+
+
+@pytest.mark.parametrize("changes,placement", [({}, {}), ({"capacity_factor": 0.75}, {"etp": [1, 2]})])
+def test_level_0_bounds_a_mixture_of_experts(tmp_path, changes, placement):
+    """A mixture of experts (a dense first layer, a shared expert; dropless, or padded to a
+    capacity factor below 1 with two expert tensor widths): level 0 is finite on every design and,
+    with level 1, bounds the exact throughput and power on random designs of a wide space."""
+    (tmp_path / "moe.yaml").write_text(yaml.safe_dump(dict(TINY_MOE, **changes)))
+    work = [{"workload": str(tmp_path / "moe.yaml"), "devices": 16, "global_batch": 64,
+             "placement": {"tp": [1, 2], "mbs": [1, 2], "recompute": ["none", "full"], **placement}}]
+    cfg = config(tmp_path, {"tensor_units": [1, 4, 16], "tensor_rows": [16, 64, 256], "tensor_cols": [16, 256],
+                            "vector_units": [1, 8], "vector_lanes": [64, 1024], "shared_buffer_mib": [2, 128],
+                            "hbm_gib": [8, 32], "clock_ghz": [0.7, 1.35]}, {}, workloads=work)
+    g = grid(cfg)
+    ub0 = grid_bounds(cfg, g, _efficiency)
+    assert np.isfinite(ub0).all()
+    checked = 0
+    for i, chip, eff, ev in _random_designs(cfg, g, random.Random(5), 4):
+        exact = ev.throughput
+        assert ub0[i] >= exact * (1 - 1e-9) and chip_bound(chip, cfg.workloads, eff) >= exact * (1 - 1e-9)
+        if exact > 0:
+            pb = chip_power_bounds(chip, cfg.workloads, eff)
+            assert pb.throughput_ub >= exact * (1 - 1e-9) and pb.power_lb <= ev.power_w * (1 + 1e-9)
+        checked += exact > 0
+    assert checked >= 2
+
+
 def test_the_chosen_plan_has_one_of_the_bounded_layouts():
     """place_step_bounds names every layout the chosen plan may have; the best plan's layout is
     one of them, and the least dynamic energy over them is at most the best plan's."""

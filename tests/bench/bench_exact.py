@@ -43,7 +43,8 @@ ROOT = HERE.parent.parent
 SPACES = [(ROOT / "search" / "quickstart.yaml", None, None), (HERE / "lone_best.yaml", None, None),
           (HERE / "lone_best.yaml", ("throughput", "power"), 600.0), (HERE / "search_quality.yaml", None, None),
           (HERE / "lone_best_432.yaml", ("throughput", "power"), 600.0),
-          (HERE / "lone_best_432.yaml", ("throughput", "power"), 250.0)]   # below many designs' power
+          (HERE / "lone_best_432.yaml", ("throughput", "power"), 250.0),   # below many designs' power
+          (HERE / "moe_space.yaml", None, None)]                           # a mixture of experts
 
 
 def hypervolume_2d(points: np.ndarray, ref: tuple[float, float]) -> float:
