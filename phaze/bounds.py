@@ -22,6 +22,8 @@ under 1F1B is at least its micro-batches times its stage time, and the busiest d
 least the mean work. A mixture of experts' routed experts count as one product a rank over all
 the tokens it receives at the mean load (:func:`_bound_experts`): a grouped product pads each
 expert's tokens and pays a prologue and a fill for each, never less than one over their sum.
+Under context parallelism every rank of the ring runs the same ops in the step model, so one
+rank's work times the ranks of its group is the cluster's.
 
 Monotonicity (:data:`MONOTONE`): more tensor or vector units, lanes, SRAM, HBM capacity or
 bandwidth, link bandwidth or clock never lowers the best throughput (the property tests check it
@@ -40,10 +42,10 @@ from .arch import Chip
 from .area import _sent_bytes, _step_activity, activity_energy_j, energy_coefficients, logic_power_w, silicon
 from .cost import Efficiency, fused_columns
 from .graph import ExpertLayout, edge_graph, layer_graph
-from .placement import cp_values, etp_values, place_bound, place_step_bounds, routing_values
-from .plan import graph_recompute, layer_modes
+from .placement import cp_values, etp_values, layouts, place_bound, place_step_bounds, routing_values
+from .plan import Plan, graph_recompute, layer_modes
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
-from .step import dense_view
+from .step import _shard, dense_view
 from .system import apply_system
 
 # Parameters in which a design is never slower with a larger value (for a fixed value of the
@@ -167,21 +169,42 @@ def _ops_work(ops, eff: Efficiency, R: int, C: int, fill: bool) -> tuple[float, 
 
 
 def _layout_options(spec: WorkloadSpec):
-    """(tp, sp, mbs, recompute, experts) of every layout option the placement may pick for
-    ``spec`` whose work the operator graphs give in closed form (``experts``: the expert layers'
-    bounding layout, :func:`_bound_experts`, None for a dense model): none under context
-    parallelism (a rank's attention work depends on its place in the ring; level 1 bounds it)."""
+    """(tp, sp, mbs, recompute, experts, rank model, ranks) of every layout option the placement
+    may pick for ``spec``: ``experts`` the expert layers' bounding layout (:func:`_bound_experts`,
+    None for a dense model), the model as one rank of a micro-batch's group runs it (its share of
+    the sequence under context parallelism, :func:`phaze.step._shard`) and the group's ranks
+    (tp x cp). Every rank of a context-parallel group runs the same ops (the ring's causal
+    blocks balanced over the ranks, as the step model has them): the options at cp > 1 are those
+    of the placement's own layouts (:func:`_cp_layouts`)."""
     m, o = spec.model, spec.options
-    if m.context_parallel > 1 or max(cp_values(m, o)) > 1:
+    if m.context_parallel > 1:
         return
     modes = layer_modes(o.recompute)   # a block stage runs none and full layers
-    for tp in sorted(set(o.tp)):
+    for tp in sorted(set(o.tp)) if 1 in cp_values(m, o) else ():
         if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:   # never placed
             continue
         for experts in (_bound_experts(m, o, etp) for etp in etp_values(m, tp, o)) if m.moe else (None,):
             for mbs in sorted(set(o.mbs)):     # padding and fills do not scale with the micro-batch
                 for r in modes:
-                    yield tp, o.sp and tp > 1, mbs, graph_recompute(r, o.recompute_modules), experts
+                    yield tp, o.sp and tp > 1, mbs, graph_recompute(r, o.recompute_modules), experts, m, tp
+    for plan in _cp_layouts(spec):
+        experts = _bound_experts(m, o, plan.etp) if m.moe else None
+        for r in modes:
+            yield (plan.tp, plan.sp, plan.mbs, graph_recompute(r, o.recompute_modules), experts, _shard(m, plan),
+                   plan.tp * plan.cp)
+
+
+@lru_cache(maxsize=256)
+def _cp_layouts(spec: WorkloadSpec) -> tuple[Plan, ...]:
+    """The placement's layouts of ``spec`` with context parallelism, one for each tp, micro-batch,
+    cp, K/V exchange and expert tensor width (what a rank's ops depend on)."""
+    seen = {}
+    if max(cp_values(spec.model, spec.options)) == 1:
+        return ()
+    for plan in layouts(spec.model, spec.devices, spec.global_batch, spec.options):
+        if plan.cp > 1:
+            seen.setdefault((plan.tp, plan.sp, plan.mbs, plan.cp, plan.cp_comm, plan.cp_a2a, plan.etp), plan)
+    return tuple(seen.values())
 
 
 def _bound_experts(model, options, etp: int) -> ExpertLayout:
@@ -204,19 +227,19 @@ def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fil
     ``cols`` (:func:`_layout_options`; empty when it has none)."""
     m = spec.model
     out = []
-    for tp, sp, mbs, r, experts in _layout_options(spec):
-        head = _ops_work(edge_graph(m, mbs, tp, sp)["head"], eff, rows, cols, fill)
+    for tp, sp, mbs, r, experts, rank, ranks in _layout_options(spec):
+        head = _ops_work(edge_graph(rank, mbs, tp, sp)["head"], eff, rows, cols, fill)
         # compiled: the fewest ops a full recompute may run on any chip (a lower bound for each)
-        layer = _ops_work(layer_graph(m, mbs, tp, sp, spec.options.attention, r, experts, True).ops, eff, rows,
+        layer = _ops_work(layer_graph(rank, mbs, tp, sp, spec.options.attention, r, experts, True).ops, eff, rows,
                           cols, fill)
         if m.moe and m.dense_ffn_layers:   # the mean over the dense and MoE layers, as the step weighs them
-            dense = _ops_work(layer_graph(dense_view(m), mbs, tp, sp, spec.options.attention, r, None, True).ops,
+            dense = _ops_work(layer_graph(dense_view(rank), mbs, tp, sp, spec.options.attention, r, None, True).ops,
                               eff, rows, cols, fill)
             w = m.dense_ffn_layers / m.layers
             layer = tuple(a * (1 - w) + b * w for a, b in zip(layer, dense, strict=True))
-        # per micro-batch, over the tp ranks of its group: every layer (the multi-token prediction
-        # modules' too), and the head once (the modules' heads in it)
-        per_mb = [tp * ((m.layers + m.mtp_layers) * a + h) for a, h in zip(layer, head, strict=True)]
+        # per micro-batch, over the tp x cp ranks of its group: every layer (the multi-token
+        # prediction modules' too), and the head once (the modules' heads in it)
+        per_mb = [ranks * ((m.layers + m.mtp_layers) * a + h) for a, h in zip(layer, head, strict=True)]
         out.append(Work(*(spec.global_batch / mbs * x for x in per_mb)))
     return tuple(out)
 
@@ -327,17 +350,17 @@ def _energy_min(spec: WorkloadSpec, k: dict) -> float:
     0 where :func:`_layout_options` has none)."""
     m = spec.model
     best = math.inf
-    for tp, sp, mbs, r, experts in _layout_options(spec):
-        e = edge_graph(m, mbs, tp, sp)
+    for tp, sp, mbs, r, experts, rank, ranks in _layout_options(spec):
+        e = edge_graph(rank, mbs, tp, sp)
         edges = _ops_energy(e["embedding"] + e["head"], k, m.precision, m.bytes_per_element, tp)
-        layer = _ops_energy(layer_graph(m, mbs, tp, sp, spec.options.attention, r, experts, True).ops, k,
+        layer = _ops_energy(layer_graph(rank, mbs, tp, sp, spec.options.attention, r, experts, True).ops, k,
                             m.precision, m.bytes_per_element, tp)
         if m.moe and m.dense_ffn_layers:   # the mean over the dense and MoE layers
-            dense = _ops_energy(layer_graph(dense_view(m), mbs, tp, sp, spec.options.attention, r, None, True).ops,
+            dense = _ops_energy(layer_graph(dense_view(rank), mbs, tp, sp, spec.options.attention, r, None, True).ops,
                                 k, m.precision, m.bytes_per_element, tp)
             w = m.dense_ffn_layers / m.layers
             layer = layer * (1 - w) + dense * w
-        best = min(best, spec.global_batch / mbs * tp * ((m.layers + m.mtp_layers) * layer + edges))
+        best = min(best, spec.global_batch / mbs * ranks * ((m.layers + m.mtp_layers) * layer + edges))
     return 0.0 if not math.isfinite(best) else best
 
 

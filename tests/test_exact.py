@@ -167,6 +167,36 @@ def test_level_0_bounds_a_mixture_of_experts(tmp_path, changes, placement):
     assert checked >= 2
 
 
+@pytest.mark.parametrize("experts", [{}, {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1024}])
+def test_level_0_bounds_context_parallel_layouts(tmp_path, experts):
+    """A 16K-token workload whose placement may only run context parallelism (cp 2 or 4, a ring,
+    K/V gathered or Ulysses' all-to-alls; dense, and a mixture of experts): level 0 is finite and,
+    with level 1, bounds the exact throughput and power on random designs."""
+    model = dict(TINY_MOE, name="tiny-long", layers=2, seq_len=16384, ffn_hidden=2816, dense_layers=0,
+                 shared_experts=0, **experts)
+    if not experts:
+        model = {k: v for k, v in model.items() if k not in ("experts", "top_k", "expert_ffn_hidden")}
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(model))
+    work = [{"workload": str(tmp_path / "long.yaml"), "devices": 16, "global_batch": 16,
+             "placement": {"tp": [1, 2], "mbs": [1], "recompute": ["none", "full"], "cp": [2, 4],
+                           "cp_comm": ["p2p", "all_gather", "a2a"]}}]
+    cfg = config(tmp_path, {"tensor_units": [1, 4, 16], "tensor_rows": [16, 64, 256], "tensor_cols": [16, 256],
+                            "vector_units": [1, 8], "hbm_gib": [8, 32], "clock_ghz": [0.7, 1.35]}, {}, workloads=work)
+    g = grid(cfg)
+    ub0 = grid_bounds(cfg, g, _efficiency)
+    assert np.isfinite(ub0).all()
+    checked = 0
+    for i, chip, eff, ev in _random_designs(cfg, g, random.Random(2), 4):
+        exact = ev.throughput
+        assert ub0[i] >= exact * (1 - 1e-9) and chip_bound(chip, cfg.workloads, eff) >= exact * (1 - 1e-9)
+        if exact > 0:
+            assert ",cp=" in ev.outcomes[0].plan        # the plan runs context parallelism
+            pb = chip_power_bounds(chip, cfg.workloads, eff)
+            assert pb.throughput_ub >= exact * (1 - 1e-9) and pb.power_lb <= ev.power_w * (1 + 1e-9)
+        checked += exact > 0
+    assert checked >= 2
+
+
 def test_the_chosen_plan_has_one_of_the_bounded_layouts():
     """place_step_bounds names every layout the chosen plan may have; the best plan's layout is
     one of them, and the least dynamic energy over them is at most the best plan's."""

@@ -44,7 +44,8 @@ SPACES = [(ROOT / "search" / "quickstart.yaml", None, None), (HERE / "lone_best.
           (HERE / "lone_best.yaml", ("throughput", "power"), 600.0), (HERE / "search_quality.yaml", None, None),
           (HERE / "lone_best_432.yaml", ("throughput", "power"), 600.0),
           (HERE / "lone_best_432.yaml", ("throughput", "power"), 250.0),   # below many designs' power
-          (HERE / "moe_space.yaml", None, None)]                           # a mixture of experts
+          (HERE / "moe_space.yaml", None, None),                           # a mixture of experts
+          (HERE / "long_context_space.yaml", None, None)]                  # context parallelism
 
 
 def hypervolume_2d(points: np.ndarray, ref: tuple[float, float]) -> float:
