@@ -549,7 +549,8 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
                                     graph_recompute(r, plan.recompute_modules, plan.offload), moe) * runs
         # activations offloaded to the host and fetched back, per micro-batch: read from HBM and
         # written back into it, over the host link (priced as the chip's other off-chip links)
-        host = 2 * offloaded_bytes(shard, plan.mbs, tp, graph_recompute(r, plan.recompute_modules, plan.offload)) * runs
+        host = (2 * offloaded_bytes(shard, plan.mbs, tp, graph_recompute(r, plan.recompute_modules, plan.offload))
+                * runs if plan.offload else 0.0)
         if host:
             per_mb = per_mb + Activity(shared_bytes=host, hbm_bytes=host, link_bytes=host)
         if i == 0:

@@ -1634,7 +1634,7 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
         shown = (exposed(gather, fwd.compute + fwd.memory, eff)
                  + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
         total = total + PhaseTime(communication=shown, dp_comm=shown)
-    host = offloaded_bytes(_shard(model, plan), plan.mbs, tp, r)
+    host = offloaded_bytes(_shard(model, plan), plan.mbs, tp, r) if plan.offload else 0.0
     if host:
         # sent to the host as the forward makes them and fetched back ahead of the backward (JAX's
         # offload: XLA's asynchronous copies), each under its phase's compute, over the host link
