@@ -153,14 +153,22 @@ def test_level_0_bounds_a_mixture_of_experts(tmp_path, changes, placement):
     cfg = config(tmp_path, {"tensor_units": [1, 4, 16], "tensor_rows": [16, 64, 256], "tensor_cols": [16, 256],
                             "vector_units": [1, 8], "vector_lanes": [64, 1024], "shared_buffer_mib": [2, 128],
                             "hbm_gib": [8, 32], "clock_ghz": [0.7, 1.35]}, {}, workloads=work)
+    _bounds_hold_with_level_0(cfg, random.Random(5))
+
+
+def _bounds_hold_with_level_0(cfg, rng, plan_has: str = "") -> None:
+    """Level 0 is finite on every design of ``cfg``'s grid and, with level 1 and the power bound,
+    bounds the exact values on 4 random designs, at least 2 of which fit a plan (whose label
+    contains ``plan_has``)."""
     g = grid(cfg)
     ub0 = grid_bounds(cfg, g, _efficiency)
     assert np.isfinite(ub0).all()
     checked = 0
-    for i, chip, eff, ev in _random_designs(cfg, g, random.Random(5), 4):
+    for i, chip, eff, ev in _random_designs(cfg, g, rng, 4):
         exact = ev.throughput
         assert ub0[i] >= exact * (1 - 1e-9) and chip_bound(chip, cfg.workloads, eff) >= exact * (1 - 1e-9)
         if exact > 0:
+            assert plan_has in ev.outcomes[0].plan
             pb = chip_power_bounds(chip, cfg.workloads, eff)
             assert pb.throughput_ub >= exact * (1 - 1e-9) and pb.power_lb <= ev.power_w * (1 + 1e-9)
         checked += exact > 0
@@ -182,19 +190,7 @@ def test_level_0_bounds_context_parallel_layouts(tmp_path, experts):
                            "cp_comm": ["p2p", "all_gather", "a2a"]}}]
     cfg = config(tmp_path, {"tensor_units": [1, 4, 16], "tensor_rows": [16, 64, 256], "tensor_cols": [16, 256],
                             "vector_units": [1, 8], "hbm_gib": [8, 32], "clock_ghz": [0.7, 1.35]}, {}, workloads=work)
-    g = grid(cfg)
-    ub0 = grid_bounds(cfg, g, _efficiency)
-    assert np.isfinite(ub0).all()
-    checked = 0
-    for i, chip, eff, ev in _random_designs(cfg, g, random.Random(2), 4):
-        exact = ev.throughput
-        assert ub0[i] >= exact * (1 - 1e-9) and chip_bound(chip, cfg.workloads, eff) >= exact * (1 - 1e-9)
-        if exact > 0:
-            assert ",cp=" in ev.outcomes[0].plan        # the plan runs context parallelism
-            pb = chip_power_bounds(chip, cfg.workloads, eff)
-            assert pb.throughput_ub >= exact * (1 - 1e-9) and pb.power_lb <= ev.power_w * (1 + 1e-9)
-        checked += exact > 0
-    assert checked >= 2
+    _bounds_hold_with_level_0(cfg, random.Random(2), plan_has=",cp=")     # the plans run context parallelism
 
 
 def test_the_chosen_plan_has_one_of_the_bounded_layouts():
