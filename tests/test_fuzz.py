@@ -25,10 +25,11 @@ BAD_NAMES = ["nope", "gpt-9000", "../../etc", ".", "/", "a" * 300, "a100-80gb.ya
              "-", "~"]
 PLAN_KEYS = ["tp", "pp", "mbs", "recompute", "sp", "vp", "cp", "zero", "attention", "optimizer", "dp_overlap",
              "tp_overlap", "reduce_fp32", "schedule", "stages", "stage_recompute", "ep", "etp", "routing",
-             "dispatcher", "ep_overlap", "cp_comm", "cp_a2a", "dp_shard", "pipe_p2p", "pipe_schedule", "colour", ""]
+             "dispatcher", "ep_overlap", "cp_comm", "cp_a2a", "dp_shard", "pipe_p2p", "pipe_schedule", "offload",
+             "colour", ""]
 PLAN_VALUES = ["0", "1", "2", "3", "7", "8", "16", "96", "128", "-1", "full", "none", "flash2", "yes", "maybe",
                "1:2:3", "48:48", "full:none", "", "=", "1e3", "9" * 30, "forced", "capacity", "deepep", "a2a+p2p",
-               "node", "dualpipe", "blocking"]
+               "node", "dualpipe", "blocking", "qkv_proj"]
 GOOD = {
     "evaluate": ["evaluate", "--workload", "gpt3-175b", "--arch", "a100-80gb", "--devices", "1024",
                  "--global-batch", "1536", "--plan", "tp=8,pp=16,mbs=1,recompute=full", "--system",
