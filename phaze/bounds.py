@@ -45,7 +45,7 @@ from .graph import ExpertLayout, edge_graph, layer_graph
 from .placement import cp_values, etp_values, layouts, place_bound, place_step_bounds, routing_values
 from .plan import Plan, graph_recompute, layer_modes
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
-from .step import _shard, dense_view
+from .step import _shard, dense_view, expert_layout
 from .system import apply_system
 
 # Parameters in which a design is never slower with a larger value (for a fixed value of the
@@ -214,10 +214,20 @@ def _bound_experts(model, options, etp: int) -> ExpertLayout:
     tokens to whole arrays and pays a tile prologue and a fill for each, never less than one over
     their sum; and the mean rank's tokens (``load`` 1, or a capacity factor below 1 where the
     placement may pad to it), since the busiest device does at least the mean work."""
-    loads = {"forced": 1.0, "dropless": 1.0, "capacity": model.capacity_factor or 1.0}
-    load = min(loads[r or ("capacity" if model.capacity_factor else "dropless")]
-               for r in routing_values(model, options))
+    load = min(expert_layout(model, Plan(routing=r), mean=True).load for r in routing_values(model, options))
     return ExpertLayout(ep=model.experts, etp=etp, load=min(1.0, load))
+
+
+def _layer_graphs(spec: WorkloadSpec, rank, mbs: int, tp: int, sp: bool, r: str, experts):
+    """One rank's layer graphs with their weights in the mean layer: an MoE model's dense layers
+    weigh by their share, as the step weighs them. Compiled: the fewest ops a full recompute may
+    run on any chip (a lower bound for each)."""
+    m, attention = spec.model, spec.options.attention
+    graph = layer_graph(rank, mbs, tp, sp, attention, r, experts, True)
+    if not (m.moe and m.dense_ffn_layers):
+        return ((graph, 1.0),)
+    w = m.dense_ffn_layers / m.layers
+    return ((graph, 1 - w), (layer_graph(dense_view(rank), mbs, tp, sp, attention, r, None, True), w))
 
 
 @lru_cache(maxsize=4096)
@@ -229,14 +239,9 @@ def workload_work(spec: WorkloadSpec, eff: Efficiency, rows: int, cols: int, fil
     out = []
     for tp, sp, mbs, r, experts, rank, ranks in _layout_options(spec):
         head = _ops_work(edge_graph(rank, mbs, tp, sp)["head"], eff, rows, cols, fill)
-        # compiled: the fewest ops a full recompute may run on any chip (a lower bound for each)
-        layer = _ops_work(layer_graph(rank, mbs, tp, sp, spec.options.attention, r, experts, True).ops, eff, rows,
-                          cols, fill)
-        if m.moe and m.dense_ffn_layers:   # the mean over the dense and MoE layers, as the step weighs them
-            dense = _ops_work(layer_graph(dense_view(rank), mbs, tp, sp, spec.options.attention, r, None, True).ops,
-                              eff, rows, cols, fill)
-            w = m.dense_ffn_layers / m.layers
-            layer = tuple(a * (1 - w) + b * w for a, b in zip(layer, dense, strict=True))
+        parts = [(_ops_work(g.ops, eff, rows, cols, fill), w) for g, w in _layer_graphs(spec, rank, mbs, tp, sp, r,
+                                                                                        experts)]
+        layer = tuple(sum(work[j] * w for work, w in parts) for j in range(3))
         # per micro-batch, over the tp x cp ranks of its group: every layer (the multi-token
         # prediction modules' too), and the head once (the modules' heads in it)
         per_mb = [ranks * ((m.layers + m.mtp_layers) * a + h) for a, h in zip(layer, head, strict=True)]
@@ -353,13 +358,8 @@ def _energy_min(spec: WorkloadSpec, k: dict) -> float:
     for tp, sp, mbs, r, experts, rank, ranks in _layout_options(spec):
         e = edge_graph(rank, mbs, tp, sp)
         edges = _ops_energy(e["embedding"] + e["head"], k, m.precision, m.bytes_per_element, tp)
-        layer = _ops_energy(layer_graph(rank, mbs, tp, sp, spec.options.attention, r, experts, True).ops, k,
-                            m.precision, m.bytes_per_element, tp)
-        if m.moe and m.dense_ffn_layers:   # the mean over the dense and MoE layers
-            dense = _ops_energy(layer_graph(dense_view(rank), mbs, tp, sp, spec.options.attention, r, None, True).ops,
-                                k, m.precision, m.bytes_per_element, tp)
-            w = m.dense_ffn_layers / m.layers
-            layer = layer * (1 - w) + dense * w
+        layer = sum(_ops_energy(g.ops, k, m.precision, m.bytes_per_element, tp) * w
+                    for g, w in _layer_graphs(spec, rank, mbs, tp, sp, r, experts))
         best = min(best, spec.global_batch / mbs * ranks * ((m.layers + m.mtp_layers) * layer + edges))
     return 0.0 if not math.isfinite(best) else best
 
