@@ -541,16 +541,15 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
         experts = costs.expert_params(runs) if model.moe else 0.0
         fp8_weights = costs.fp8_weights(i, n) if plan.fp8_params else 0.0
         cast = costs.weight_cast_bytes(i, n, updated / params) or 0.0   # the step's one cast of the weights to fp8
+        rec = graph_recompute(r, plan.recompute_modules, plan.offload)    # what the stage's layers re-run
         if r == "block":     # k layers re-run whole, the others nothing
             per_mb = (layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "none", moe) * (runs - k)
                       + layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, "full", moe) * k)
         else:
-            per_mb = layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention,
-                                    graph_recompute(r, plan.recompute_modules, plan.offload), moe) * runs
+            per_mb = layer_activity(shard, chip, plan.mbs, tp, plan.sp, plan.attention, rec, moe) * runs
         # activations offloaded to the host and fetched back, per micro-batch: read from HBM and
         # written back into it, over the host link (priced as the chip's other off-chip links)
-        host = (2 * offloaded_bytes(shard, plan.mbs, tp, graph_recompute(r, plan.recompute_modules, plan.offload))
-                * runs if plan.offload else 0.0)
+        host = 2 * offloaded_bytes(shard, plan.mbs, tp, rec) * runs
         if host:
             per_mb = per_mb + Activity(shared_bytes=host, hbm_bytes=host, link_bytes=host)
         if i == 0:
@@ -573,8 +572,7 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
                 per_layer = (cp_sent_bytes(model, plan, "none", chip.compiled) * (runs - k)
                              + cp_sent_bytes(model, plan, "full", chip.compiled) * k)
             else:
-                per_layer = cp_sent_bytes(model, plan, graph_recompute(r, plan.recompute_modules, plan.offload),
-                                          chip.compiled) * runs
+                per_layer = cp_sent_bytes(model, plan, rec, chip.compiled) * runs
             sent += m * per_layer
         if pp > 1:   # activations forward and gradients backward, per micro-batch and chunk
             sent += 2 * plan.vp * m * p * plan.mbs * shard.seq_len * model.hidden / tp * (pp - 1) / pp
