@@ -36,6 +36,7 @@ from .step import (
     expert_layout,
     expert_shard,
     gathered_bytes,
+    layer_mix,
     layout_of,
     main_grad_bytes,
     shard_ranks,
@@ -479,9 +480,18 @@ def _ops_activity(ops, chip: Chip, precision: str, p: int, groups: dict) -> Acti
 def layer_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str,
                    recompute: str, moe: ExpertLayout | None = None) -> Activity:
     """One layer, one micro-batch, forward and backward (recompute included), on one device
-    (a mixture of experts laid out by ``moe``: its all-to-alls' bytes, its experts' GEMMs)."""
-    g = layer_graph(model, mbs, tp, sp, attention, recompute, moe, chip.compiled)
-    return _ops_activity(g.ops, chip, model.precision, model.bytes_per_element, collective_groups(tp, moe))
+    (a mixture of experts laid out by ``moe``: its all-to-alls' bytes, its experts' GEMMs), the
+    mean layer of :func:`phaze.step.layer_mix` (an MoE model's dense layers weighed in)."""
+    def kind(m: Model, lm: ExpertLayout | None) -> Activity:
+        g = layer_graph(m, mbs, tp, sp, attention, recompute, lm, chip.compiled)
+        return _ops_activity(g.ops, chip, m.precision, m.bytes_per_element, collective_groups(tp, lm))
+    (w, m, lm), *rest = layer_mix(model, moe)
+    total = kind(m, lm)
+    if rest:
+        total = total * w
+        for w, m, lm in rest:
+            total = total + kind(m, lm) * w
+    return total
 
 
 @lru_cache(maxsize=4096)

@@ -45,7 +45,7 @@ from .graph import ExpertLayout, edge_graph, layer_graph
 from .placement import cp_values, etp_values, layouts, place_bound, place_step_bounds, routing_values
 from .plan import Plan, graph_recompute, layer_modes
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
-from .step import _shard, dense_view, expert_layout
+from .step import _shard, expert_layout, layer_mix
 from .system import apply_system
 
 # Parameters in which a design is never slower with a larger value (for a fixed value of the
@@ -222,12 +222,8 @@ def _layer_graphs(spec: WorkloadSpec, rank, mbs: int, tp: int, sp: bool, r: str,
     """One rank's layer graphs with their weights in the mean layer: an MoE model's dense layers
     weigh by their share, as the step weighs them. Compiled: the fewest ops a full recompute may
     run on any chip (a lower bound for each)."""
-    m, attention = spec.model, spec.options.attention
-    graph = layer_graph(rank, mbs, tp, sp, attention, r, experts, True)
-    if not (m.moe and m.dense_ffn_layers):
-        return ((graph, 1.0),)
-    w = m.dense_ffn_layers / m.layers
-    return ((graph, 1 - w), (layer_graph(dense_view(rank), mbs, tp, sp, attention, r, None, True), w))
+    attention = spec.options.attention
+    return tuple((layer_graph(k, mbs, tp, sp, attention, r, lm, True), w) for w, k, lm in layer_mix(rank, experts))
 
 
 @lru_cache(maxsize=4096)

@@ -20,6 +20,7 @@ from .plan import graph_recompute, layer_modes
 from .power import within_limit
 from .schedule import schedule_layer
 from .space import CONSTRAINTS, WorkloadSpec, power_budget
+from .step import _shard, expert_layout, layer_mix
 from .system import apply_system
 from .validate import load_default_params, params_for
 
@@ -135,12 +136,14 @@ def _schedule_quality(spec: WorkloadSpec, chip: Chip, plan, eff: Efficiency) -> 
         return "OPTIMAL", 0.0
     worst, gap = "OPTIMAL", 0.0
     recs = set(plan.stage_recompute or (plan.recompute,))
+    kinds = layer_mix(_shard(spec.model, plan), expert_layout(spec.model, plan, chip))
     for r in layer_modes(recs):
-        for s in schedule_layer(spec.model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention,
-                                graph_recompute(r, plan.recompute_modules, plan.offload), eff):
-            if STATUS_RANK.get(s.status, 3) > STATUS_RANK.get(worst, 3):
-                worst = s.status
-            gap = max(gap, s.gap)
+        for _, model, moe in kinds:   # each kind of layer, as the step time schedules it
+            for s in schedule_layer(model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention,
+                                    graph_recompute(r, plan.recompute_modules, plan.offload), eff, moe=moe):
+                if STATUS_RANK.get(s.status, 3) > STATUS_RANK.get(worst, 3):
+                    worst = s.status
+                gap = max(gap, s.gap)
     return worst, gap
 
 

@@ -159,6 +159,28 @@ def dense_view(model: Model) -> Model:
                    shared_expert_ffn_hidden=0, moe_layer_interval=1)
 
 
+def layer_mix(model: Model, moe: ExpertLayout | None = None) -> tuple[tuple[float, Model, ExpertLayout | None], ...]:
+    """The kinds of layer the mean layer weighs, as (weight, model of that kind, its expert
+    layout): the model itself, or for a mixture of experts with dense layers its MoE layers (laid
+    out by ``moe``) and its dense ones (:func:`dense_view`) by their shares. Every per-layer
+    figure (time, schedule, FLOPs, activity, weight-gradient share) is this mean."""
+    if not (model.moe and model.dense_ffn_layers):
+        return ((1.0, model, moe),)
+    w = model.dense_ffn_layers / model.layers
+    return ((1 - w, model, moe), (w, dense_view(model), None))
+
+
+def _mean(parts):
+    """The weighted sum of ``(weight, value)`` pairs; one part of weight 1 is itself."""
+    (w, total), *rest = parts
+    if not rest and w == 1.0:
+        return total
+    total = total * w
+    for w, v in rest:
+        total = total + v * w
+    return total
+
+
 def expert_layout(model: Model, plan: Plan, chip: Chip | None = None, mean: bool = False) -> ExpertLayout | None:
     """The expert layers' layout of ``plan`` (None for a dense model): ep, etp, the busiest
     rank's load under the plan's routing (forced 1, capacity the capacity factor (padded),
@@ -208,10 +230,10 @@ def _beside_shared(ops, t: PhaseTime, chip: Chip, model: Model, eff: Efficiency,
 
 
 @lru_cache(maxsize=16384)
-def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
+def _graph_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
                 eff: Efficiency, moe: ExpertLayout | None = None) -> tuple[PhaseTime, PhaseTime]:
-    """(forward, backward) sums of the layer's operator times, split by what bounds each op; for a
-    mixture of experts with dense layers, the mean over its dense and MoE layers."""
+    """(forward, backward) sums of one kind of layer's operator times, split by what bounds each
+    op."""
     g = layer_graph(model, mbs, tp, sp, attention, recompute, moe, chip.compiled)
     groups = collective_groups(tp, moe)
     p = model.bytes_per_element
@@ -228,11 +250,15 @@ def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention
     elif moe is not None and moe.shared_overlap:
         fwd, bwd = (_beside_shared(g.fwd, fwd, chip, model, eff, groups, SHARED_COVER_FWD),
                     _beside_shared(g.bwd, bwd, chip, model, eff, groups, SHARED_COVER_BWD))
-    if model.moe and model.dense_ffn_layers:
-        df, db = _layer_sums(dense_view(model), chip, mbs, tp, sp, attention, recompute, eff)
-        w = model.dense_ffn_layers / model.layers
-        fwd, bwd = fwd * (1 - w) + df * w, bwd * (1 - w) + db * w
     return fwd, bwd
+
+
+@lru_cache(maxsize=16384)
+def _layer_sums(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
+                eff: Efficiency, moe: ExpertLayout | None = None) -> tuple[PhaseTime, PhaseTime]:
+    """(forward, backward) sums of the mean layer's operator times (:func:`layer_mix`)."""
+    sums = [(w, _graph_sums(m, chip, mbs, tp, sp, attention, recompute, eff, lm)) for w, m, lm in layer_mix(model, moe)]
+    return _mean([(w, f) for w, (f, _) in sums]), _mean([(w, b) for w, (_, b) in sums])
 
 
 @lru_cache(maxsize=65536)
@@ -244,12 +270,17 @@ def layer_time(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attention:
     ``optimal``: the makespan of the CP-SAT schedule of each phase on the chip's units
     (:mod:`phaze.schedule`), its parts scaled from the operators' sums; ``sequential``: the sum
     of the operator times. On a chip whose units are shared sequentially (a GPU) the optimal
-    schedule is that sum, computed directly. ``moe``: the expert layers' layout."""
-    fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
+    schedule is that sum, computed directly. ``moe``: the expert layers' layout. A model with
+    more than one kind of layer (:func:`layer_mix`): each kind's schedule, weighed."""
     if schedule == "sequential" or chip.unit_sharing == "sequential":
-        return fwd, bwd
-    sf, sb = schedule_layer(model, chip, mbs, tp, sp, attention, recompute, eff, moe=moe)
-    return _scaled(fwd, sf.makespan_s), _scaled(bwd, sb.makespan_s)
+        return _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
+    fwds, bwds = [], []   # each kind of layer scheduled on its own, then weighed
+    for w, m, lm in layer_mix(model, moe):
+        fwd, bwd = _graph_sums(m, chip, mbs, tp, sp, attention, recompute, eff, lm)
+        sf, sb = schedule_layer(m, chip, mbs, tp, sp, attention, recompute, eff, moe=lm)
+        fwds.append((w, _scaled(fwd, sf.makespan_s)))
+        bwds.append((w, _scaled(bwd, sb.makespan_s)))
+    return _mean(fwds), _mean(bwds)
 
 
 def _scaled(t: PhaseTime, makespan_s: float) -> PhaseTime:
@@ -266,11 +297,16 @@ def layer_time_bounds(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, att
     """((forward, backward) lower bounds, (forward, backward) upper bounds) of :func:`layer_time`,
     without a solver: the critical-path and energy bounds and the list schedule of each phase
     (:func:`phaze.schedule.layer_bounds`), split into parts as :func:`layer_time` splits them."""
-    fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
     if schedule == "sequential" or chip.unit_sharing == "sequential":
+        fwd, bwd = _layer_sums(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
         return (fwd, bwd), (fwd, bwd)
-    (fl, fh), (bl, bh) = layer_bounds(model, chip, mbs, tp, sp, attention, recompute, eff, moe)
-    return ((_scaled(fwd, fl), _scaled(bwd, bl)), (_scaled(fwd, fh), _scaled(bwd, bh)))
+    parts = []
+    for w, m, lm in layer_mix(model, moe):
+        fwd, bwd = _graph_sums(m, chip, mbs, tp, sp, attention, recompute, eff, lm)
+        (fl, fh), (bl, bh) = layer_bounds(m, chip, mbs, tp, sp, attention, recompute, eff, lm)
+        parts.append((w, (_scaled(fwd, fl), _scaled(bwd, bl), _scaled(fwd, fh), _scaled(bwd, bh))))
+    fl, bl, fh, bh = (_mean([(w, t[j]) for w, t in parts]) for j in range(4))
+    return (fl, bl), (fh, bh)
 
 
 @lru_cache(maxsize=16384)
@@ -1419,8 +1455,7 @@ def mode_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficien
 def wgrad_share(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -> float:
     """The share of one layer's backward operator time (recompute included) that its
     weight-gradient GEMMs (``*.wgrad``) take under recompute ``r``: the part a zero-bubble
-    schedule defers (:mod:`phaze.dualpipe`). For a mixture of experts with dense layers, the mean
-    over its dense and MoE layers, as :func:`_layer_sums` weighs them."""
+    schedule defers (:mod:`phaze.dualpipe`), in the mean layer (:func:`layer_mix`)."""
     def share(m: Model, moe) -> float:
         g = layer_graph(_shard(m, plan), plan.mbs, plan.tp, plan.sp, plan.attention,
                         graph_recompute(r, plan.recompute_modules, plan.offload), moe, chip.compiled)
@@ -1430,11 +1465,7 @@ def wgrad_share(model: Model, chip: Chip, plan: Plan, eff: Efficiency, r: str) -
         total = sum(t for _, t in times)
         return sum(t for w, t in times if w) / total if total else 0.0
 
-    out = share(model, expert_layout(model, plan, chip))
-    if model.moe and model.dense_ffn_layers:
-        w = model.dense_ffn_layers / model.layers
-        out = out * (1 - w) + share(dense_view(model), None) * w
-    return out
+    return _mean([(w, share(m, lm)) for w, m, lm in layer_mix(model, expert_layout(model, plan, chip))])
 
 
 @lru_cache(maxsize=65536)
