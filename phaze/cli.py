@@ -301,7 +301,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         o = options
         out["searched"] = (f"tp {','.join(map(str, o.tp))}; mbs {','.join(map(str, o.mbs))}; pp "
                            + (','.join(map(str, o.pp)) if o.pp else "every divisor of devices/tp up to the layers")
-                           + "; vp " + (','.join(map(str, o.vp)) if o.vp else
+                           + "; vp " + (','.join(map(str, o.vp)) if o.vp else "1 (a hybrid)" if model.hybrid else
                                         f"every value Megatron accepts for the layers, up to {MAX_AUTO_VP}")
                            + f"; cp {','.join(map(str, cp_values(model, o)))}"
                            + f"; recompute {'/'.join(searched_modes(model, o))} per stage"
@@ -911,6 +911,20 @@ def cmd_schedule(args) -> int:
     """``phaze schedule``: the CP-SAT schedule of one layer (forward, backward) on one chip."""
     model = as_model(args.workload, args.seq_len)
     chip = chip_for(args)
+    kinds = {"mamba": "M", "attention": "*", "mlp": "-"}
+    if model.hybrid:   # one kind of layer: the one asked for, else the pattern's first
+        kind = kinds[args.layer_kind] if args.layer_kind else model.hybrid_pattern[0]
+        if kind not in model.hybrid_pattern:
+            raise ConfigError("--layer-kind", None, f"{model.name} has no {args.layer_kind} layer; allowed: "
+                              + ", ".join(k for k, c in kinds.items() if c in model.hybrid_pattern))
+        named = next(k for k, c in kinds.items() if c == kind)
+        layer_note = f" of its {model.hybrid_pattern.count(kind)} {named} layers"
+        model = replace(model, hybrid_pattern=kind * model.layers)
+    elif args.layer_kind:
+        raise ConfigError("--layer-kind", None, f"is for a hybrid of Mamba-2 and attention layers; {model.name} "
+                                                f"has one kind of layer")
+    else:
+        layer_note = ""
     if args.gantt:
         _check_output("--gantt", args.gantt, image=True)
     if not args.time_limit > 0:
@@ -920,7 +934,8 @@ def cmd_schedule(args) -> int:
     with _Ticker("phaze schedule (CP-SAT)"):
         fwd, bwd = schedule_layer(model, chip, args.mbs, args.tp, sp, args.attention, args.recompute, eff,
                                   time_limit_s=args.time_limit)
-    head = (f"{model.name} on {chip.name}: one layer, mbs={args.mbs}, tp={args.tp}, sp={'on' if sp else 'off'}, "
+    head = (f"{model.name} on {chip.name}: one layer{layer_note}, mbs={args.mbs}, tp={args.tp}, "
+            f"sp={'on' if sp else 'off'}, "
             f"attention={args.attention}, recompute={args.recompute}; {sharing(chip)} units "
             f"({chip.tensor.count} tensor, {chip.vector.count} vector)")
     if args.gantt:
@@ -1380,6 +1395,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="attention kernel (default flash)")
     sc.add_argument("--recompute", choices=RECOMPUTE, default="none")
     sc.add_argument("--seq-len", type=_seq_len, default=None, help="override the sequence length")
+    sc.add_argument("--layer-kind", choices=("mamba", "attention", "mlp"), default=None,
+                    help="a hybrid's kind of layer to schedule (default: its first layer's)")
     sc.add_argument("--time-limit", type=float, default=10.0, help="solver seconds per phase (default 10)")
     sc.add_argument("--format", choices=("text", "json"), default="text")
     sc.add_argument("--gantt", help="write a Gantt chart of both phases (PNG, SVG, PDF)")

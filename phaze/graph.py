@@ -252,7 +252,8 @@ def norm_fed_linears(model: Model) -> tuple[str, ...]:
     two down projections read the layer's norm) and a dense FFN's up projection (an MoE layer's
     router reads its norm's output too). Under Transformer Engine's fp8 only their fp8 copy of
     that input is kept."""
-    return tuple(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe)) if on)
+    return tuple(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe), ("mamba_in", model.hybrid))
+                 if on)
 
 
 def fp8_fused_inputs(model: Model, tp: int, sp: bool) -> tuple[frozenset, frozenset]:
@@ -266,7 +267,8 @@ def fp8_fused_inputs(model: Model, tp: int, sp: bool) -> tuple[frozenset, frozen
         return frozenset(), frozenset()
     mla_ups = (("q_up", model.q_lora_rank > 0), ("kv_up", True)) if model.mla else ()
     norm_fed = frozenset(norm_fed_linears(model)) | {n for n, on in mla_ups if on}
-    rowwise = frozenset(n for n, on in (("attn_out", True), ("ffn_down", not model.moe)) if on and tp > 1 and sp)
+    rowwise = frozenset(n for n, on in (("attn_out", True), ("ffn_down", not model.moe), ("mamba_out", model.hybrid))
+                        if on and tp > 1 and sp)
     return norm_fed, rowwise
 
 
@@ -277,11 +279,11 @@ def _ring_name(k: int) -> str:
 
 # the linear layers (a weight operand): their backward is a data and a weight gradient
 _LINEAR = ("qkv", "attn_out", "ffn_up", "ffn_down", "q_down", "q_up", "kv_down", "kv_up", "router",
-           "expert_up", "expert_down", "shared_up", "shared_down")
+           "expert_up", "expert_down", "shared_up", "shared_down", "mamba_in", "mamba_out")
 # the column-parallel linears whose input sequence parallelism gathers over tp
-_COLUMN_PARALLEL = ("qkv", "ffn_up", "shared_up")
+_COLUMN_PARALLEL = ("qkv", "ffn_up", "shared_up", "mamba_in")
 # the row-parallel linears whose output is reduced over tp (their bias is added after it)
-_ROW_PARALLEL = ("attn_out", "ffn_down", "shared_down")
+_ROW_PARALLEL = ("attn_out", "ffn_down", "shared_down", "mamba_out")
 
 
 # The kernels a rotary embedding runs on each query or key tensor (ROTARY_KERNELS), as (name,
@@ -399,6 +401,10 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     policy, every other linear and the element-wise ops).
     """
     h, s, b, t = model.hidden, model.seq_len, mbs, tp
+    kind = model.layer_kind
+    if kind is None:
+        raise ValueError(f"{model.name}: a hybrid pattern of several kinds has no one layer graph; "
+                         f"take each kind's (phaze.step.layer_mix)")
     p = model.bytes_per_element
     T = b * s                           # tokens in the micro-batch
     Tn = T // t if sp else T            # tokens each device holds outside the TP regions
@@ -479,9 +485,18 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         v projections' product (their outputs come back from the host, ``offload`` qkv_proj;
         their input, which the weight gradient reads, is still re-made)."""
         n = lambda x: prefix + x  # noqa: E731
+        if kind == "-":   # a hybrid's MLP layer: its norm, FFN and residual
+            _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
+            dense_ffn(fb, n, tail)
+            if tail:
+                _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+            return
         _vector(fb, n("ln1"), Tn * h, p, writes=ln1_write, flops_per_element=8)
         if t > 1 and sp:
             _coll(fb, n("ln1.all_gather"), "all_gather", "tp", p * ln1_write * T * h)
+        if kind == "M":
+            mamba_mixer(fb, n, tail)
+            return
         if model.mla:
             mla_projections(fb, n)
         else:
@@ -498,10 +513,14 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             if tail:
                 _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
             return
-        linear(fb, n("attn_out"), T, model.o_dim // t, h)
-        if t > 1:
+        last = kind == "*"   # a hybrid's attention layer ends here: the backward never reads its output
+        linear(fb, n("attn_out"), T, model.o_dim // t, h, gemm=tail or not last)
+        if t > 1 and (tail or not last):
             _tp_reduce(fb, n("attn_out"), p * T * h, sp)
-        _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+        if tail or not last:
+            _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+        if last:
+            return
         _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
         if model.moe:
             moe_ffn(fb, n, tail)
@@ -512,6 +531,42 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
     rot, rw = rotary_kernels(model), model.rotated_width
     kv_local = kv_t // d                # key/value heads on this rank
+
+    def mamba_mixer(fb: _Builder, n, tail: bool = True) -> None:
+        """A Mamba-2 mixer (Megatron-Core 0.16 MambaMixer, its training path: the norm fused
+        into the input projection, mamba_ssm's split-conv1d-scan kernel, the gated RMSNorm, the
+        output projection), on a tp rank's heads and groups: the input projection (z, x, B, C,
+        dt), the depthwise causal convolution and SiLU over x, B and C, dt's softplus and
+        cumulative decay, then the SSD scan by chunks of Q tokens (Dao and Gu 2024, Sec. 7, its
+        four products: C·Bᵀ within a chunk for each group, each chunk's state Bᵀ·X, the output
+        from the states before it C·h, and within it (L∘C·Bᵀ)·X, for each head), the states
+        passed from chunk to chunk, the skip D·x and the gate by SiLU(z), the group norm, the
+        output projection and its reduction, the residual. The chunk's causal decay mask L
+        (an exp a head and pair of positions) is computed inside the scan's kernel and not
+        costed."""
+        H, G, N, P, Q = (model.mamba_heads // t, model.mamba_groups // t, model.mamba_state,
+                         model.mamba_head_dim, model.mamba_chunk)
+        d_t = H * P
+        conv_t = d_t + 2 * G * N
+        chunks = b * -(-s // Q)
+        linear(fb, n("mamba_in"), T, h, 2 * d_t + 2 * G * N + H)
+        _vector(fb, n("mamba_conv"), T * conv_t, p, flops_per_element=2 * model.mamba_conv + 4,
+                special_per_element=1)
+        _vector(fb, n("ssd_dt"), T * H, p, reads=1 + 4 / p, writes=4 / p, flops_per_element=8,
+                special_per_element=2)
+        _gemm(fb, n("ssd_cb"), chunks * G, Q, N, Q, p, weights=False)
+        _gemm(fb, n("ssd_states"), chunks * H, N, Q, P, p, weights=False)
+        _vector(fb, n("ssd_state_passing"), chunks * H * P * N, p, reads=4 / p, writes=4 / p,
+                flops_per_element=2)
+        _gemm(fb, n("ssd_y_off"), chunks * H, Q, N, P, p, weights=False)
+        _gemm(fb, n("ssd_y_diag"), chunks * H, Q, Q, P, p, weights=False)
+        _vector(fb, n("ssd_gate"), T * d_t, p, reads=3, flops_per_element=6, special_per_element=1)
+        _vector(fb, n("mamba_norm"), T * d_t, p, flops_per_element=8)
+        linear(fb, n("mamba_out"), T, d_t, h, gemm=tail)
+        if t > 1 and tail:
+            _tp_reduce(fb, n("mamba_out"), p * T * h, sp)
+        if tail:
+            _vector(fb, n("mamba_residual"), Tn * h, p, reads=2, flops_per_element=2)
 
     def heads_prepared(fb: _Builder, n) -> None:
         """What runs between the projections and the attention: the per-head norms of the queries
@@ -776,7 +831,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 qkv=offloaded_of(recompute) != "qkv_proj")
     elif recompute == "op":
         op_recompute(bb)
-    elif recompute == "selective" and not fused:
+    elif recompute == "selective" and not fused and kind in ("", "*"):   # a layer with attention
         _attention_core(bb, lambda x: "recompute." + x)
     elif recompute_modules_of(recompute):
         module_rerun(bb, recompute_modules_of(recompute))
@@ -873,14 +928,14 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             _gemm(bb, f"{op.name}.wgrad", batch, K, M, N, p, weights=False, deps=wdeps, linear=True)
             grad = (dgrad,)
             column = op.name if op.name in _COLUMN_PARALLEL else ""
-            if t > 1 and not sp and op.name in ("qkv", "ffn_up"):
+            if t > 1 and not sp and op.name in ("qkv", "ffn_up", "mamba_in"):
                 grad = (_coll(bb, f"{op.name}.dgrad.all_reduce", "all_reduce", "tp", p * T * h,
                               deps=grad, hidden_by=f"{op.name}.wgrad"),)
         else:                    # attention batched GEMMs: both operands are activations
             g1 = _gemm(bb, f"{op.name}.dgrad_a", batch, M, N, K, p, weights=False, deps=grad,
-                       core_attention=True)
+                       core_attention=op.core_attention)
             g2 = _gemm(bb, f"{op.name}.dgrad_b", batch, K, M, N, p, weights=False, deps=grad,
-                       core_attention=True)
+                       core_attention=op.core_attention)
             grad = (g1, g2)
             if op.name == "scores":
                 # baddbmm's derivative scales both gradients by its alpha (1/sqrt(d)) in kernels of

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .graph import kv_heads_read, kv_width, megatron_softmax_fused, norm_fed_linears
 from .plan import is_full, recompute_modules_of
-from .workload import Model
+from .workload import Model, hybrid_views
 
 # fp32 master + m + v; Megatron-Core's precision-aware optimizer keeps the master weights as the 16-bit
 # remainders of the bf16 ones (2 + 4 + 4), and with bf16 moments 2 + 2 + 2 (phaze.graph.optimizer_op);
@@ -60,6 +60,9 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     rep = 1.0 / t if sp else 1.0          # tensors replicated across TP unless sequence-parallel
     if is_full(recompute):      # an offloaded full recompute keeps its offloaded tensors on the host
         return p * sb * h * rep
+    if model.hybrid and model.layer_kind is None:   # the mean over a hybrid's kinds of layer
+        return sum(w * activation_bytes_per_layer(view, mbs, tp, sp, recompute, attention)
+                   for w, view in hybrid_views(model))
     if recompute == "op":
         return _op_checkpoint_bytes(model, sb, t, rep, attention)
     mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
@@ -69,10 +72,19 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     # fp8 under fused casts and a te.Linear casts itself (the norm's 16-bit output freed); the
     # down projection's is the only copy of its input, and the out-projection's sits beside the
     # 16-bit output a fused attention keeps for its own backward
-    saved = {n: p for n in ("qkv", "ffn_up", "attn_out", "ffn_down")}
+    saved = {n: p for n in ("qkv", "ffn_up", "attn_out", "ffn_down", "mamba_in", "mamba_out")}
     if model.fp8_saved_inputs:
-        saved.update({n: 1.0 for n in norm_fed_linears(model)}, ffn_down=1.0,
+        saved.update({n: 1.0 for n in norm_fed_linears(model)}, ffn_down=1.0, mamba_out=1.0,
                      attn_out=1.0 + (p if attention in ("flash", "flash2") else 0.0))
+    kind = model.layer_kind
+    if kind == "M":
+        # the norm's input and the input projection's (the norm's output); on the tp rank's heads,
+        # what mamba_ssm's split-conv1d-scan function saves (z, x, B, C, dt as projected, and the
+        # scan's output before the gate, out_x; its chunk states are re-made in the backward), the
+        # gated norm's input and fp32 reciprocal deviations (one a group), the output projection's input
+        d, width, groups = model.mamba_inner, model.mamba_in_width, model.mamba_groups
+        return ((p + saved["mamba_in"]) * sb * h * rep
+                + sb * (p * width + 2 * p * d + saved["mamba_out"] * d + 4 * groups) / t)
     # ln1 in, qkv in, mask, ln2 in, ffn in, mask; a parallel block's norms both read the layer's
     # input, and a shared norm's output is the FFN's input too (te.Linear: each keeps its own copy)
     ln2_in = 0.0 if model.parallel_block else p
@@ -105,6 +117,11 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
         # (the up projections' inputs: fp8 under Transformer Engine's fp8, whose LayerNormLinear
         # writes them), replicated over tp (Megatron-Core's MLA)
         replicated += (p + _linear_input_bytes(model)) * sb * (model.q_lora_rank + model.kv_lora_rank) * rep
+    if kind in ("*", "-"):   # a hybrid's attention or MLP layer: its half of the transformer layer's
+        if kind == "*":
+            return ((p + saved["qkv"] + mask) * sb * h * rep
+                    + sb * (p * (q + kv + v) + saved["attn_out"] * model.o_dim) / t + core)
+        return (p + saved["ffn_up"] + mask) * sb * h * rep + sb * (p * act_inputs * f + saved["ffn_down"] * f) / t
     mods = recompute_modules_of(recompute)
     if mods:
         if "core_attn" in mods:   # the checkpointed core attention keeps only its inputs (Q, K, V)

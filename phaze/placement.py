@@ -518,9 +518,12 @@ CP_MIN_TOKENS = 4096     # ... with at least this many tokens per rank
 def vp_values(model: Model, pp: int, options: PlacementOptions) -> tuple[int, ...]:
     """Interleaving searched at depth ``pp``: the listed values, or every vp Megatron accepts for
     the layer count up to :data:`MAX_AUTO_VP`, uneven splits included (pp > 1 and pp x vp at most
-    the layers + 2, the embedding and the loss taking a chunk each)."""
+    the layers + 2, the embedding and the loss taking a chunk each); 1 for a hybrid, which NeMo runs
+    without interleaving."""
     if options.vp:
         return tuple(sorted(set(options.vp)))
+    if model.hybrid:
+        return (1,)
     return (1,) + tuple(v for v in range(2, MAX_AUTO_VP + 1) if pp > 1 and pp * v <= model.layers + 2)
 
 
@@ -529,7 +532,7 @@ def cp_values(model: Model, options: PlacementOptions) -> tuple[int, ...]:
     :data:`CP_FROM_SEQ` tokens, every power of two leaving each rank :data:`CP_MIN_TOKENS` tokens."""
     if options.cp:
         return tuple(sorted(set(options.cp)))
-    if model.seq_len < CP_FROM_SEQ:
+    if model.seq_len < CP_FROM_SEQ or model.hybrid:   # a hybrid's Mamba-2 context parallelism: not modelled
         return (1,)
     return tuple(2 ** k for k in range(0, 11) if model.seq_len % 2 ** k == 0
                  and model.seq_len // 2 ** k >= CP_MIN_TOKENS)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -542,6 +542,11 @@ def layer_schedules(study, meta: StudyMeta, row: pd.Series, cfg: SweepConfig | N
         recompute = plan.stage_recompute[0] if plan.stage_recompute else plan.recompute
         # a block stage: most of its layers re-run nothing
         recompute = "none" if recompute == "block" else graph_recompute(recompute, plan.recompute_modules, plan.offload)
+        if model.hybrid and model.layer_kind is None:   # a hybrid's most common kind of layer
+            kind = max(model.hybrid_counts, key=model.hybrid_counts.get)
+            notes.append(f"{name}: the layer schedule shown is its {kind!r} layers' ({model.hybrid_counts[kind]} "
+                         f"of {model.layers})")
+            model = replace(model, hybrid_pattern=kind * model.layers)
         fwd, bwd = schedule_layer(model, chip, plan.mbs, plan.tp, bool(plan.sp), plan.attention, recompute, eff)
         out.append((name, o["plan"], chip.name, fwd, bwd))
     return out, notes

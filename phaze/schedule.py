@@ -1051,12 +1051,22 @@ def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompu
         raise ConfigError("--mbs", None, f"must be a positive integer, got {mbs}")
     if tp < 1:
         raise ConfigError("--tp", None, f"must be a positive integer, got {tp}")
-    if model.heads % tp or model.ffn_hidden % tp:
-        g = math.gcd(model.heads, model.ffn_hidden)
+    kind = model.layer_kind   # a hybrid's one kind of layer (M, *, -), or '' for a transformer layer
+    if kind is None:
+        raise ConfigError("--workload", None, f"{model.name} is a hybrid of several kinds of layer: schedule "
+                                              f"one kind (phaze schedule --layer-kind)")
+    if kind == "M" and (model.mamba_heads % tp or model.mamba_groups % tp):
+        g = math.gcd(model.mamba_heads, model.mamba_groups)
+        raise ConfigError("--tp", None, f"must divide the Mamba-2 heads ({model.mamba_heads}) and groups "
+                          f"({model.mamba_groups}) of {model.name}; allowed: "
+                          f"{', '.join(str(d) for d in range(1, g + 1) if g % d == 0)}")
+    widths = {"": (model.heads, model.ffn_hidden), "*": (model.heads,), "-": (model.ffn_hidden,), "M": ()}[kind]
+    if any(w % tp for w in widths):
+        g = math.gcd(*widths, 0)
         raise ConfigError("--tp", None, f"must divide the heads ({model.heads}) and FFN width "
                           f"({model.ffn_hidden}) of {model.name}; allowed: "
                           f"{', '.join(str(d) for d in range(1, g + 1) if g % d == 0)}")
-    if model.kv_heads % tp and tp % model.kv_heads:
+    if kind in ("", "*") and model.kv_heads % tp and tp % model.kv_heads:
         raise ConfigError("--tp", None, f"must divide or be a multiple of the kv heads "
                                         f"({model.kv_heads}), got {tp}")
     if sp and tp > 1 and model.seq_len % tp:

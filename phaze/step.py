@@ -56,7 +56,7 @@ from .plan import (
     shared_overlap_conflict,
 )
 from .schedule import layer_bounds, schedule_layer
-from .workload import Model, with_seq_len
+from .workload import Model, hybrid_views, with_seq_len
 
 # the parallel groups whose exposed communication a step reports apart (StepResult.communication_by_group_s)
 # and how a printout names them
@@ -160,14 +160,17 @@ def dense_view(model: Model) -> Model:
 
 
 def layer_mix(model: Model, moe: ExpertLayout | None = None) -> tuple[tuple[float, Model, ExpertLayout | None], ...]:
-    """The kinds of layer the mean layer weighs, as (weight, model of that kind, its expert
-    layout): the model itself, or for a mixture of experts with dense layers its MoE layers (laid
-    out by ``moe``) and its dense ones (:func:`dense_view`) by their shares. Every per-layer
+    """The kinds of layer the mean layer weighs, as (weight, model of that kind alone, its expert
+    layout): the model itself; for a mixture of experts with dense layers its MoE layers (laid out
+    by ``moe``) and its dense ones (:func:`dense_view`) by their shares; for a hybrid its Mamba-2,
+    attention and MLP layers (:func:`phaze.workload.hybrid_views`) by theirs. Every per-layer
     figure (time, schedule, FLOPs, activity, weight-gradient share) is this mean."""
+    if model.hybrid and model.layer_kind is None:   # a hybrid: each kind's share of the layers
+        return tuple((w, view, None) for w, view in hybrid_views(model))
     if not (model.moe and model.dense_ffn_layers):
         return ((1.0, model, moe),)
     w = model.dense_ffn_layers / model.layers
-    return ((1 - w, model, moe), (w, dense_view(model), None))
+    return ((1 - w, replace(model, dense_layers=0, moe_layer_interval=1), moe), (w, dense_view(model), None))
 
 
 def _mean(parts):
@@ -334,6 +337,8 @@ def _layers_flops(model: Model, recompute: str, compiled: bool = False, mtp: boo
     """Tensor FLOPs of all the layers for one sequence (balanced routing over one rank), recompute
     included: what the hardware executes (for HFU; ``compiled``: as :func:`phaze.graph.layer_graph`);
     ``mtp``: with the multi-token prediction modules' layers."""
+    if model.hybrid and model.layer_kind is None:
+        return sum(w * _layers_flops(view, recompute, compiled, mtp) for w, view in hybrid_views(model))
     layer = tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute, None, compiled).ops)
     flops = model.layers * layer
     if model.moe and model.dense_ffn_layers:
@@ -475,7 +480,7 @@ def expert_shard(plan: Plan, devices: int, chip: Chip) -> tuple[int, int]:
 def runs_op_recompute(model: Model) -> bool:
     """Whether torchtitan's per-op recompute (``op``) is modelled for ``model``: sequential dense
     layers with ordinary attention projections (no experts, no MLA, no parallel block)."""
-    return not (model.moe or model.mla or model.parallel_block)
+    return not (model.moe or model.mla or model.parallel_block or model.hybrid)
 
 
 def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> None:
@@ -486,13 +491,16 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
         raise ConfigError("--devices", None, f"must be a positive integer, got {devices}")
     if global_batch < 1:
         raise ConfigError("--global-batch", None, f"must be a positive integer, got {global_batch}")
-    if model.heads % plan.tp or model.ffn_hidden % plan.tp:
+    attention, ffn = model.attention_layers > 0, not model.hybrid or "-" in model.hybrid_pattern
+    if (attention and model.heads % plan.tp) or (ffn and model.ffn_hidden % plan.tp):
         raise ConfigError("--plan", "tp", f"must divide the heads ({model.heads}) and FFN width "
                           f"({model.ffn_hidden}) of {model.name}; allowed: "
-                          f"{divisors(math.gcd(model.heads, model.ffn_hidden))}")
-    if model.kv_heads % plan.tp and plan.tp % model.kv_heads:
+                          f"{divisors(math.gcd(model.heads if attention else 0, model.ffn_hidden if ffn else 0))}")
+    if attention and model.kv_heads % plan.tp and plan.tp % model.kv_heads:
         raise ConfigError("--plan", "tp", f"must divide or be a multiple of the kv heads "
                                           f"({model.kv_heads}), got {plan.tp}")
+    if model.hybrid:
+        _check_hybrid(model, plan)
     if plan.optimizer == "adam-deepspeed" and plan.zero >= 3:
         raise ConfigError("--plan", "zero", f"must be 0 to 2 with optimizer=adam-deepspeed (DeepSpeed's "
                           f"FP16/BF16 optimizer wrappers and its ZeRO-1 and 2 optimizer; its ZeRO-3 "
@@ -592,6 +600,28 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                    f"attention has none of them")
         if why:
             raise ConfigError("--plan", "offload", f"offload={plan.offload} {why}; allowed: no offload here")
+
+
+def _check_hybrid(model: Model, plan: Plan) -> None:
+    """What a hybrid Mamba-2 model's plan may not do: split a Mamba-2 head or group over tp
+    (Megatron-Core's MambaMixer asserts that tp divides both), and what is not modelled for it."""
+    g = math.gcd(model.mamba_heads, model.mamba_groups)
+    if model.mamba_heads % plan.tp or model.mamba_groups % plan.tp:
+        raise ConfigError("--plan", "tp", f"must divide the Mamba-2 heads ({model.mamba_heads}) and groups "
+                          f"({model.mamba_groups}) of {model.name}; allowed: "
+                          + ", ".join(str(d) for d in range(1, g + 1) if g % d == 0))
+    for bad, key, why in (
+            (plan.cp > 1, "cp", "Megatron-Core's context parallelism of the Mamba-2 layers (an all-to-all of "
+                                "their heads around the scan) is not modelled; allowed: 1"),
+            (plan.vp > 1, "vp", "NeMo 2.5's hybrid models run no interleaved schedule (its SSM config "
+                                "asserts it); allowed: 1"),
+            (bool(plan.recompute_modules), "recompute", "Megatron-Core's selective recompute modules are not "
+                                                        "modelled for a hybrid; allowed: none, selective, block, full"),
+            (bool(plan.offload), "offload", "activation offload is not modelled for a hybrid; allowed: blank"),
+            (plan.pipe_schedule == "dualpipe", "pipe_schedule", "DualPipe is not modelled for a hybrid; "
+                                                                "allowed: 1f1b")):
+        if bad:
+            raise ConfigError("--plan", key, f"{model.name} is a hybrid of Mamba-2 and attention layers: {why}")
 
 
 def check_offload(chip: Chip, plan: Plan) -> None:
@@ -1351,10 +1381,13 @@ def tp_layer_params(model: Model, tp: int) -> int:
     """Parameters of one layer summed over its ``tp`` ranks: ``layer_params``, plus the copies of
     the K/V projections when tp exceeds the KV heads (each rank holds one whole KV head, as
     Megatron replicates them)."""
-    if tp <= model.kv_heads:
+    if tp <= model.kv_heads or not model.attention_layers:
         return model.layer_params
     bias = 1 if (model.bias or model.qkv_bias) else 0
-    return model.layer_params + 2 * (model.hidden + bias) * (tp * kv_width(model, tp) - model.kv_dim)
+    copies = 2 * (model.hidden + bias) * (tp * kv_width(model, tp) - model.kv_dim)
+    if model.hybrid:   # only the attention layers have K/V projections
+        return model.layer_params + copies * model.attention_layers / model.layers
+    return model.layer_params + copies
 
 
 @lru_cache(maxsize=4096)
@@ -1362,6 +1395,10 @@ def fp8_linear_params(model: Model, tp: int) -> float:
     """Parameters of one layer's linear weights summed over its ``tp`` ranks: what an fp8 run
     quantises (:func:`tp_layer_params` less the layer's norms; the biases and the router, under
     0.1 % of a layer, counted with them)."""
+    if model.hybrid:   # each layer's norm; a Mamba-2 mixer's convolution, A, D, dt bias and gated norm
+        w = model.hybrid_pattern.count("M") / model.layers
+        linear = model.hidden * model.mamba_in_width + model.mamba_inner * model.hidden
+        return tp_layer_params(model, tp) - model.norm_params - w * (model.mamba_params - linear)
     return tp_layer_params(model, tp) - model.layer_norms * model.norm_params
 
 

@@ -262,6 +262,22 @@ def _cp_comm(row: dict, default: str) -> str:
         raise ValueError(f"column 'cp_comm' {exc}") from None
 
 
+def nemo_hybrid_flops_per_sample(model: Model) -> float:
+    """Model FLOPs of one sequence of a hybrid as NeMo 2.5 counts them (nemo/utils/flops_formulas.py
+    ``_hybrid_model_flops``, the ``nemotronh`` formula of its FLOPs callback): per attention layer
+    6·s·h·(h + 2·h·groups/heads + s + h) (the causal half of the two products), per Mamba-2 layer
+    6·s·h·(2·d_inner + 2·G·N + heads) + 6·s·d_inner·N + 6·s·d_inner·h (its scan counted in part,
+    "because the chunk size is not known"), per MLP layer 6·s·h·ffn·3 (a gated unit assumed, so
+    a squared-ReLU MLP counts half again its work), and 6·s·h·V for the logits. The source's
+    convention, not phaze's count (:func:`phaze.step.model_flops_per_sample`)."""
+    s, h, V = model.seq_len, model.hidden, model.vocab
+    d, n = model.mamba_inner, model.hybrid_counts
+    attention = 6 * s * h * (h + 2 * h * model.kv_heads / model.heads + s + h)
+    mamba = (6 * s * h * model.mamba_in_width + 6 * s * d * model.mamba_state + 6 * s * d * h)
+    mlp = 6 * s * h * model.ffn_hidden * 3
+    return n.get("*", 0) * attention + n.get("M", 0) * mamba + n.get("-", 0) * mlp + 6 * s * h * V
+
+
 def _choice(row: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
     raw = _text(row, key).lower()
     if not raw:
@@ -284,6 +300,11 @@ def convention_flops_per_step(model: Model, global_batch: int, convention: str,
     counted at half, as causal: NeMo 2.5's FLOPsMeasurementCallback, nemo/utils/flops_formulas.py
     causal_self_attn = True in every family; 2.4 and before count them in full)."""
     B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    if model.hybrid and convention == "model_causal":
+        return nemo_hybrid_flops_per_sample(model) * B
+    if model.hybrid and convention != "model":
+        raise ValueError(f"flop_convention {convention} counts a transformer's layers; for a hybrid of Mamba-2 "
+                         f"and attention layers ({model.name}) allowed: model, model_causal")
     if convention == "narayanan96":
         # assumption: a block recompute counts as full (the log's recompute factor reads the
         # flag that turns whole-layer recompute on, not how many layers re-run)
@@ -361,11 +382,18 @@ def moe_models() -> dict[str, dict]:
     return _catalogue("moe_models.csv")
 
 
+@lru_cache(maxsize=1)
+def model_aliases() -> dict[str, dict]:
+    """Other published spellings of shipped workloads (``phaze/data/model_aliases.csv``), by
+    normalised name."""
+    return _catalogue("model_aliases.csv")
+
+
 def resolve_workload(model_name: str) -> Model | None:
-    """The shipped workload a row's ``model`` names (or a catalogued MoE model's alias names),
-    or None."""
+    """The shipped workload a row's ``model`` names (or a catalogued MoE model's or another
+    model's alias names), or None."""
     shipped, key = _shipped_workloads(), _norm_name(model_name)
-    known = moe_models().get(key)
+    known = moe_models().get(key) or model_aliases().get(key)
     path = shipped.get(key) or (shipped.get(_norm_name(known["model"])) if known else None)
     return load_model(path) if path else None
 
@@ -385,8 +413,8 @@ def row_to_case(row: dict, chips: dict[str, Chip] | None = None, dataset: str = 
 
 @lru_cache(maxsize=1)
 def unmodelled_models() -> dict[str, dict]:
-    """Published models whose layers phaze does not model (``phaze/data/unmodelled_models.csv``:
-    state-space and hybrid models), by normalised name."""
+    """Published models phaze cannot express from a row (``phaze/data/unmodelled_models.csv``:
+    state-space and hybrid models it ships no workload for), by normalised name."""
     return _catalogue("unmodelled_models.csv")
 
 
@@ -409,7 +437,7 @@ def _moe_reason(row: dict) -> str | None:
 def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     other = unmodelled_models().get(_norm_name(_text(row, "model")))
     if other:
-        raise ValueError(f"{other['model']} ({other['params_b']}B) is not modelled: {other['not_modelled']}")
+        raise ValueError(f"{other['model']} ({other['params_b']}B) is not expressed: {other['not_modelled']}")
     moe = _moe_reason(row)
     if moe:
         raise ValueError(moe)
@@ -884,6 +912,10 @@ def _row_shape_model(row: dict, seq: int, precision: str) -> Model:
     if None in (layers, hidden, heads):
         raise ValueError("layers, hidden and heads are required (or a model name phaze ships)")
     named = resolve_workload(name)
+    if named is not None and named.hybrid and (named.layers, named.hidden, named.heads) != (layers, hidden, heads):
+        raise ValueError(f"{named.name} is a hybrid of Mamba-2 and attention layers; the row's shape "
+                         f"(layers {layers}, hidden {hidden}, heads {heads}) is not the shipped one "
+                         f"({named.layers}, {named.hidden}, {named.heads}), so its layer pattern is unknown")
     if named is not None and not named.moe and (named.layers, named.hidden, named.heads) == (layers, hidden, heads):
         # a named workload of this shape brings what the standard columns do not give (vocabulary,
         # kv heads, activation, norm, position embedding); any explicit column still wins

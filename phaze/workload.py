@@ -55,6 +55,7 @@ RECOMPUTE_RERUN = ("whole", "needed")
 # outputs"); ``shared_norm``: one norm feeds both (GPT-J, PaLM, Falcon-7B); ``two_norms``: each has
 # its own (GPT-NeoX, Falcon-40B/180B); "" a sequential layer
 PARALLEL_BLOCKS = ("shared_norm", "two_norms")
+HYBRID_KINDS = ("M", "*", "-")   # a Mamba-2 mixer, attention, an MLP (Megatron-Core's Symbols)
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
@@ -147,6 +148,16 @@ class Model:
     # one more transformer layer, a norm, the shared head and its own loss; 0: none
     mtp_layers: int = 0
     parallel_block: str = ""             # attention and FFN side by side (PARALLEL_BLOCKS); "" sequential
+    # hybrid state-space models (Megatron-Core's MambaModel, NeMo's Nemotron-H): one character a
+    # layer, each layer one mixer with its pre-norm and residual: M a Mamba-2 mixer, * attention,
+    # - an MLP (Megatron-Core's hybrid_override_pattern); "": every layer attention and FFN
+    hybrid_pattern: str = ""
+    mamba_state: int = 128               # Mamba-2's state size N (mamba_state_dim)
+    mamba_head_dim: int = 64             # Mamba-2's head width P (mamba_head_dim)
+    mamba_heads: int = 0                 # Mamba-2 heads (mamba_num_heads); 0 means = 2 x hidden / mamba_head_dim
+    mamba_groups: int = 8                # groups sharing B and C (mamba_num_groups)
+    mamba_conv: int = 4                  # the causal depthwise convolution's width (d_conv)
+    mamba_chunk: int = 128               # the SSD scan's chunk length Q (MambaMixer chunk_size)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -158,6 +169,8 @@ class Model:
             object.__setattr__(self, "max_positions", self.seq_len)
         if self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim)
+        if self.mamba_heads == 0:
+            object.__setattr__(self, "mamba_heads", 2 * self.hidden // self.mamba_head_dim)
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -186,6 +199,43 @@ class Model:
     @property
     def moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def hybrid(self) -> bool:
+        """Layers of more than the transformer's one kind (:attr:`hybrid_pattern`)."""
+        return bool(self.hybrid_pattern)
+
+    @property
+    def layer_kind(self) -> str:
+        """The one kind of every layer: '' a transformer layer (attention and FFN), else the
+        pattern's character ('M', '*' or '-'); a pattern of several kinds has none (None)."""
+        kinds = set(self.hybrid_pattern)
+        return (kinds.pop() if len(kinds) == 1 else None) if kinds else ""
+
+    @property
+    def hybrid_counts(self) -> dict[str, int]:
+        """Layers of each kind of a hybrid pattern, in the order M, *, - (those present)."""
+        return {k: self.hybrid_pattern.count(k) for k in HYBRID_KINDS if k in self.hybrid_pattern}
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers with attention: all of a transformer's, a hybrid's '*' layers."""
+        return self.hybrid_pattern.count("*") if self.hybrid else self.layers
+
+    @property
+    def mamba_inner(self) -> int:
+        """Mamba-2's inner width d_inner (heads x head width): x, z and the output's."""
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def mamba_in_width(self) -> int:
+        """Mamba-2's input projection's output: z, x, B, C and dt (2·d_inner + 2·G·N + heads)."""
+        return 2 * self.mamba_inner + 2 * self.mamba_groups * self.mamba_state + self.mamba_heads
+
+    @property
+    def mamba_conv_width(self) -> int:
+        """Channels of the depthwise convolution: x, B and C (d_inner + 2·G·N)."""
+        return self.mamba_inner + 2 * self.mamba_groups * self.mamba_state
 
     @property
     def moe_layers(self) -> int:
@@ -297,8 +347,27 @@ class Model:
         return self.shared_experts * self._ffn(self.shared_ffn, self.bias or self.expert_bias)
 
     @property
+    def mamba_params(self) -> int:
+        """Parameters of one Mamba-2 mixer (Megatron-Core's MambaMixer): the input projection, the
+        depthwise convolution with its bias, A_log, D and dt_bias (one each a head), the gated
+        RMSNorm's weight and the output projection; no other bias."""
+        d = self.mamba_inner
+        return (self.hidden * self.mamba_in_width + self.mamba_conv_width * (self.mamba_conv + 1)
+                + 3 * self.mamba_heads + d + d * self.hidden)
+
+    @property
+    def kind_params(self) -> dict[str, int]:
+        """Parameters of one layer of each hybrid kind, its pre-norm included."""
+        return {"M": self.mamba_params + self.norm_params, "*": self.attention_params + self.norm_params,
+                "-": self.ffn_params + self.norm_params}
+
+    @property
     def dense_layer_params(self) -> int:
-        """Parameters of one dense transformer layer (attention, FFN, its norms)."""
+        """Parameters of one dense transformer layer (attention, FFN, its norms); a hybrid's, the
+        mean over its kinds."""
+        if self.hybrid:
+            kinds = self.kind_params
+            return sum(n * kinds[k] for k, n in self.hybrid_counts.items()) / self.layers
         return self.attention_params + self.ffn_params + self.layer_norms * self.norm_params
 
     @property
@@ -387,6 +456,10 @@ class Model:
         def linear(biased: bool) -> int:
             return (1 if biased else 0) + (0 if hooked else 1)
         norm = self.norm_tensors
+        if self.hybrid:   # M: norm, in_proj, conv weight and bias, A_log, D, dt_bias, gated norm, out_proj
+            kinds = {"M": norm + 6 + 2 * linear(False),
+                     "*": norm + 2 * linear(self.bias or self.qkv_bias), "-": norm + 2 * linear(self.bias)}
+            return sum(n * kinds[k] for k, n in self.hybrid_counts.items()) / self.layers
         n = self.layer_norms * norm + (2 if self.qk_norm else 0) + (1 if self.attention_sinks else 0)
         if self.mla:   # q down (or full), q norm, q up, kv down, kv norm, kv up, output
             n += ((2 * linear(self.bias) + norm) if self.q_lora_rank else linear(self.bias))
@@ -439,6 +512,9 @@ class Model:
         """Total trainable parameters of the main model (multi-token prediction:
         :attr:`mtp_params`)."""
         layers = self.dense_ffn_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params
+        if self.hybrid:
+            kinds = self.kind_params
+            layers = sum(n * kinds[k] for k, n in self.hybrid_counts.items())
         return layers + self.embedding_params + self.head_params
 
     @property
@@ -476,7 +552,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         raise f.error("heads", f"must divide hidden ({hidden}) unless head_dim is given, got {heads}")
     if heads % kv_heads:
         raise f.error("kv_heads", f"must divide heads ({heads}), got {kv_heads}")
-    position = f.choice("position_embedding", ("learned", "rotary", "alibi"), "learned")
+    position = f.choice("position_embedding", ("learned", "rotary", "alibi", "none"), "learned")
     model = Model(
         name=name, architecture=architecture, layers=layers, hidden=hidden, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim,
@@ -523,6 +599,13 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         router_group_topk=f.int("router_group_topk", 0, minimum=0),
         mtp_layers=f.int("mtp_layers", 0, minimum=0),
         parallel_block=f.choice("parallel_block", PARALLEL_BLOCKS, ""),
+        hybrid_pattern=f.str("hybrid_pattern", ""),
+        mamba_state=f.int("mamba_state", 128),
+        mamba_head_dim=f.int("mamba_head_dim", 64),
+        mamba_heads=f.int("mamba_heads", 0, minimum=0),
+        mamba_groups=f.int("mamba_groups", 8),
+        mamba_conv=f.int("mamba_conv", 4),
+        mamba_chunk=f.int("mamba_chunk", 128),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
@@ -538,6 +621,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     bad = parallel_block_error(model)
     if bad:
         raise ConfigError(source, "parallel_block", bad)
+    bad, message = hybrid_error(model)
+    if bad:
+        raise ConfigError(source, bad, message)
     if model.position_embedding == "learned" and model.max_positions < model.seq_len:
         raise ConfigError(source, "seq_len", f"must be <= max_positions ({model.max_positions}) "
                                              f"with learned positions, got {model.seq_len}")
@@ -574,6 +660,41 @@ def parallel_block_error(model: Model) -> str:
             return (f"not modelled with {what}: a parallel block is costed for a pre-norm decoder's dense "
                     f"layers (GPT-J, GPT-NeoX, PaLM, Falcon); allowed: blank (a sequential layer)")
     return ""
+
+
+def hybrid_views(model: Model) -> tuple[tuple[float, Model], ...]:
+    """A hybrid's layers of each kind as a model of that kind alone (its pattern that kind
+    repeated), with the kind's share of the layers."""
+    return tuple((n / model.layers, replace(model, hybrid_pattern=k * model.layers))
+                 for k, n in model.hybrid_counts.items())
+
+
+def hybrid_error(model: Model) -> tuple[str, str]:
+    """(field, what is allowed) when ``model``'s hybrid layers cannot be costed, else ("", ""): a
+    pattern of M, * and - as long as the layers, Mamba-2 heads that the groups divide, in a
+    pre-norm decoder without experts, MLA, a parallel block or multi-token prediction (Megatron-
+    Core's MambaModel has none of them; its MoE layers, 'E', are not modelled)."""
+    pattern = model.hybrid_pattern
+    if not pattern:
+        return "", ""
+    odd = sorted(set(pattern) - set(HYBRID_KINDS))
+    if odd:
+        return "hybrid_pattern", (f"one character a layer: M (Mamba-2), * (attention) or - (MLP); got "
+                                  f"{''.join(odd)!r}" + (" (MoE layers, E, are not modelled)" if "E" in odd else ""))
+    if len(pattern) != model.layers:
+        return "hybrid_pattern", f"must have one character a layer ({model.layers}), got {len(pattern)}"
+    for bad, what in ((model.moe, "experts"), (model.mla, "multi-head latent attention"),
+                      (model.parallel_block, "a parallel block"), (model.mtp_layers, "multi-token prediction"),
+                      (model.norm_position == "post", "post-norm layers"), (not model.causal, "an encoder")):
+        if bad:
+            return "hybrid_pattern", (f"not modelled with {what}: a hybrid is costed as Megatron-Core's "
+                                      f"MambaModel, a pre-norm decoder of Mamba-2, attention and MLP layers")
+    for name in ("mamba_state", "mamba_head_dim", "mamba_groups", "mamba_conv", "mamba_chunk"):
+        if getattr(model, name) < 1:
+            return name, f"must be >= 1, got {getattr(model, name)}"
+    if model.mamba_heads % model.mamba_groups:
+        return "mamba_groups", f"must divide the Mamba-2 heads ({model.mamba_heads}), got {model.mamba_groups}"
+    return "", ""
 
 
 def _check_moe(model: Model, source: str) -> None:
@@ -728,6 +849,50 @@ def local_attention_phrase(window: int, chunk: int, share: float) -> str:
     return kind + (f" in {share:.0%} of the layers (the others attend to every earlier token)" if share < 1 else "")
 
 
+def _hf_hybrid(cfg: dict, mtype: str, source: str, name: str | None) -> Model:
+    """A Mamba-2 model from a Hugging Face config: NVIDIA's Nemotron-H remote code (``nemotron_h``:
+    hybrid_override_pattern, mamba_num_heads, mamba_head_dim, ssm_state_size, n_groups,
+    conv_kernel, chunk_size; its MLP's relu2, squared ReLU, costed as relu) or transformers'
+    ``mamba2`` (Mamba-2 layers only: num_heads, head_dim, state_size)."""
+    def whole(key, *keys, default=None):
+        value = _first(cfg, key, *keys, default=default)
+        if not isinstance(value, int) or value <= 0:
+            raise ConfigError(source, key, f"must be a positive integer, got {value!r}")
+        return value
+    hidden, layers, vocab = whole("hidden_size"), whole("num_hidden_layers"), whole("vocab_size")
+    if mtype == "nemotron_h":
+        pattern = str(cfg.get("hybrid_override_pattern") or "")
+        heads = whole("num_attention_heads")
+        extra = dict(kv_heads=whole("num_key_value_heads", default=heads),
+                     head_dim=whole("head_dim", "attention_head_dim", default=hidden // heads),
+                     ffn_hidden=whole("intermediate_size"), mamba_heads=whole("mamba_num_heads"),
+                     mamba_head_dim=whole("mamba_head_dim"))
+        act = str(cfg.get("mlp_hidden_act", "relu2")).lower()
+        if act not in ("relu2", "relu"):
+            raise ConfigError(source, "mlp_hidden_act", f"must be relu2 or relu (Nemotron-H's MLP), got {act!r}")
+    else:
+        pattern, heads = "M" * layers, 1
+        extra = dict(ffn_hidden=hidden, mamba_heads=whole("num_heads"), mamba_head_dim=whole("head_dim"))
+    max_pos = cfg.get("max_position_embeddings")
+    seq = min(max_pos, 8192) if isinstance(max_pos, int) and max_pos > 0 else 4096
+    dtype = str(cfg.get("torch_dtype", "bfloat16"))
+    model = Model(name=name or str(cfg.get("_name_or_path") or mtype), layers=layers, hidden=hidden, heads=heads,
+                  vocab=vocab, seq_len=seq, activation="relu", position_embedding="none",
+                  tied_embeddings=bool(cfg.get("tie_word_embeddings", mtype == "mamba2")), norm="rmsnorm",
+                  bias=False, dropout=False, precision={"float16": "fp16"}.get(dtype, "bf16"),
+                  hybrid_pattern=pattern, mamba_state=whole("ssm_state_size", "state_size"),
+                  mamba_groups=whole("n_groups", default=1), mamba_conv=whole("conv_kernel", default=4),
+                  mamba_chunk=whole("chunk_size", default=256),
+                  notes=(f"sequence length {seq}: the config's context (at most 8192); --seq-len sets it",
+                         "a hybrid of Mamba-2, attention and MLP layers (hybrid_pattern), its MLP's squared "
+                         "ReLU costed as relu" if mtype == "nemotron_h" else "Mamba-2 layers only (hybrid_pattern)"),
+                  **extra)
+    bad, message = hybrid_error(model)
+    if bad:
+        raise ConfigError(source, {"hybrid_pattern": "hybrid_override_pattern"}.get(bad, bad), message)
+    return model
+
+
 def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | None = None) -> Model:
     """Build a :class:`Model` from a Hugging Face ``config.json`` dictionary (GPT-2, OPT, BERT,
     Llama/Mistral, MPT, GPT-NeoX and similar)."""
@@ -735,9 +900,12 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if isinstance(cfg.get("text_config"), dict) and mtype == "llama4":   # a multimodal checkpoint: its
         cfg = {"torch_dtype": cfg.get("torch_dtype"), **cfg["text_config"]}  # language model (the vision
         mtype = "llama4_text"                                                  # encoder is not trained here)
+    if mtype in ("nemotron_h", "mamba2"):
+        return _hf_hybrid(cfg, mtype, source, name)
     if mtype in _HF_NOT_MODELLED:
         raise ConfigError(source, "model_type", f"{mtype!r} has {_HF_NOT_MODELLED[mtype]}, which phaze does not "
-                                                f"model; allowed: transformers (attention and FFN layers)")
+                                                f"model; allowed: transformers (attention and FFN layers), "
+                                                f"nemotron_h and mamba2 (Mamba-2 layers)")
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     heads = _first(cfg, "num_attention_heads", "n_head", "n_heads")

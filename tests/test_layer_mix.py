@@ -32,7 +32,7 @@ def kinds():
 def test_layer_mix_weights(kinds):
     mixed, moe_only, dense = kinds
     (w1, m1, _), (w2, m2, lm2) = layer_mix(mixed)
-    assert (w1, w2) == (0.5, 0.5) and m1 is mixed and m2 == dense and lm2 is None
+    assert (w1, w2) == (0.5, 0.5) and m1 == moe_only and m2 == dense and lm2 is None
     assert layer_mix(moe_only) == ((1.0, moe_only, None),)
 
 

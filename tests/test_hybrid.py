@@ -1,0 +1,237 @@
+"""Hybrid Mamba-2 / transformer models (Megatron-Core's MambaModel, NeMo's Nemotron-H): the pattern
+of layer kinds, the Mamba-2 mixer's parameters, operators and FLOPs, the mean layer the step
+weighs, the memory it keeps, NeMo's FLOP convention for hybrids, what a plan may not do, and rows
+and Hugging Face configs that name them.
+
+Expected numbers are derived here by hand from Megatron-Core 0.16's MambaMixer (input projection
+of 2·d_inner + 2·G·N + heads, a depthwise convolution over d_inner + 2·G·N channels, A_log, D and
+dt_bias a head, a gated RMSNorm, an output projection), Dao and Gu's SSD chunked scan (arXiv:
+2405.21060, Sec. 7) and NeMo 2.5's flops_formulas.py.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from phaze import validate as v
+from phaze.arch import load_chip
+from phaze.configio import ConfigError
+from phaze.graph import layer_graph, tensor_flops
+from phaze.memory import activation_bytes_per_layer
+from phaze.placement import PlacementOptions, cp_values, vp_values
+from phaze.plan import parse_plan
+from phaze.step import evaluate, layer_mix, layer_time, model_flops_per_sample
+from phaze.workload import hybrid_views, load_model, model_from_hf_config, with_seq_len
+
+H8 = load_model("nemotron-h-8b")   # 24 M, 4 *, 24 -; hidden 4096, d_inner 8192, N 128, G 8, 128 heads
+S = H8.seq_len                     # 8192
+
+
+def kind(model, k):
+    return replace(model, hybrid_pattern=k * model.layers)
+
+
+def test_the_patterns_counts_and_the_shipped_shapes():
+    assert H8.hybrid_counts == {"M": 24, "*": 4, "-": 24} and H8.layer_kind is None
+    assert (H8.mamba_heads, H8.mamba_inner, H8.mamba_in_width, H8.mamba_conv_width) == (128, 8192, 18560, 10240)
+    assert load_model("nemotron-h-56b").hybrid_counts == {"M": 54, "*": 10, "-": 54}   # NeMo's 56B pattern
+    assert load_model("nemotron-h-47b").hybrid_counts == {"M": 45, "*": 5, "-": 48}
+    assert kind(H8, "M").layer_kind == "M" and load_model("llama3-8b").layer_kind == ""
+
+
+def test_mamba_layer_parameters_by_hand():
+    h, d = 4096, 8192
+    mixer = h * (2 * d + 2 * 8 * 128 + 128) + (d + 2 * 8 * 128) * (4 + 1) + 3 * 128 + d + d * h
+    assert H8.mamba_params == mixer == 109_635_968
+    attention = h * (4096 + 2 * 1024) + 4096 * h      # q, k, v (8 groups of 128) and out, no biases
+    mlp = 2 * h * 21504                               # squared ReLU: up and down
+    layers = 24 * (mixer + h) + 4 * (attention + h) + 24 * (mlp + h)
+    assert H8.params == layers + 2 * 131072 * h + h   # untied table and head, final norm
+    assert H8.layer_params == pytest.approx(layers / 52)
+
+
+def test_mamba_mixer_operators_and_flops_by_hand():
+    """tp 2 splits heads and groups: the four SSD products of 64 heads and 4 groups, chunks of 128."""
+    T, h, t = S, 4096, 2
+    heads, groups, N, P, Q = 128 // t, 8 // t, 128, 64, 128
+    d = heads * P
+    g = layer_graph(kind(H8, "M"), 1, t, True, "flash", "none")
+    names = [o.name for o in g.fwd]
+    assert names == ["ln1", "ln1.all_gather", "mamba_in", "mamba_conv", "ssd_dt", "ssd_cb", "ssd_states",
+                     "ssd_state_passing", "ssd_y_off", "ssd_y_diag", "ssd_gate", "mamba_norm", "mamba_out",
+                     "mamba_out.reduce_scatter", "mamba_residual"]
+    chunks = T // Q
+    expected = (2 * T * h * (2 * d + 2 * groups * N + heads)   # z, x, B, C, dt
+                + 2 * chunks * groups * Q * N * Q              # C·Bᵀ within each chunk, per group
+                + 2 * chunks * heads * N * Q * P               # each chunk's state Bᵀ·X
+                + 2 * chunks * heads * Q * N * P               # C·(states before it)
+                + 2 * chunks * heads * Q * Q * P               # (L∘C·Bᵀ)·X
+                + 2 * T * d * h)                               # out
+    assert tensor_flops(g.fwd) == expected
+    assert tensor_flops(g.bwd) == 2 * expected   # each product's two input gradients (data and weight)
+
+
+def test_model_flops_sum_the_kinds():
+    """Per sequence: three times each kind's forward GEMMs (attention non-causal, in full) and the logits."""
+    h, d, T, V = 4096, 8192, S, 131072
+    mamba = 2 * T * h * 18560 + 2 * T * 8 * 128 * 128 + 4 * T * 128 * d + 2 * T * 128 * d + 2 * T * d * h
+    attention = 2 * T * h * 6144 + 2 * T * 4096 * h + 2 * 2 * S * S * 4096
+    mlp = 2 * 2 * T * h * 21504
+    assert model_flops_per_sample(H8) == 3 * (24 * mamba + 4 * attention + 24 * mlp) + 6 * T * h * V
+
+
+def test_nemo_hybrid_convention_is_nemos_formula():
+    """NeMo 2.5 flops_formulas.py _hybrid_model_flops with its terms written out for the 56B."""
+    m = load_model("nemotron-h-56b")
+    s, h, V, f, d, N, G, heads = 8192, 8192, 131072, 32768, 16384, 256, 8, 256
+    attn = 6 * s * h * (h + 8 / 64 * h * 2 + s / 2 * 2 + h)
+    mamba = 6 * s * h * (2 * d + 2 * G * N + heads) + 3 * 2 * s * d * N + 6 * s * d * h
+    mlp = 6 * s * h * f * 3                       # NeMo assumes a gated unit
+    nemo = 10 * attn + 54 * mamba + 54 * mlp + 6 * s * h * V
+    assert v.convention_flops_per_step(m, 4, "model_causal", "none") == pytest.approx(4 * nemo, rel=1e-12)
+    # phaze's own count of the same model is lower: its squared-ReLU MLP has two matrices, not three
+    assert v.convention_flops_per_step(m, 1, "model", "none") < nemo
+    with pytest.raises(ValueError, match="allowed: model, model_causal"):
+        v.convention_flops_per_step(m, 1, "6n_12lqs", "none")
+
+
+@pytest.mark.parametrize("chip", ["h100-sxm", "tpuv5p"])
+def test_layer_time_is_the_kinds_mean(chip):
+    """On the H100 (sequential units) the operator sums, on the TPU v5p each kind's schedule."""
+    c = load_chip(chip)
+    mix = layer_mix(H8)
+    assert [(round(w, 6), m.layer_kind) for w, m, _ in mix] == [(round(24 / 52, 6), "M"), (round(4 / 52, 6), "*"),
+                                                                 (round(24 / 52, 6), "-")]
+    got = layer_time(H8, c, 1, 2, True, "flash", "none")
+    parts = [layer_time(kind(H8, k), c, 1, 2, True, "flash", "none") for k in "M*-"]
+    for phase in (0, 1):
+        want = (24 * parts[0][phase].total + 4 * parts[1][phase].total + 24 * parts[2][phase].total) / 52
+        assert got[phase].total == pytest.approx(want, rel=1e-9)
+
+
+def test_memory_of_each_kind_by_hand():
+    """tp 2 with sequence parallelism, 16-bit, no recompute: what each kind keeps per token."""
+    t, h, d, sb = 2, 4096, 8192, S
+    mamba = (2 * h / t + 2 * h / t                 # the norm's input, the input projection's input
+             + 2 * 18560 / t                       # z, x, B, C, dt as projected (the scan's input)
+             + 2 * d / t + 2 * d / t               # the scan's output, the gated norm's input
+             + 2 * d / t + 4 * 8 / t)              # the output projection's input, fp32 rstd a group
+    attention = 2 * h / t + 2 * h / t + 2 * (4096 + 1024 + 1024) / t + 2 * 4096 / t + 4 * 32 / t
+    mlp = 2 * h / t + 2 * h / t + 2 * 21504 / t + 2 * 21504 / t
+    for k, per_token in (("M", mamba), ("*", attention), ("-", mlp)):
+        assert activation_bytes_per_layer(kind(H8, k), 1, t, True, "none", "flash") == pytest.approx(sb * per_token)
+    mean = activation_bytes_per_layer(H8, 1, t, True, "none", "flash")
+    assert mean == pytest.approx(sb * (24 * mamba + 4 * attention + 24 * mlp) / 52)
+    assert activation_bytes_per_layer(H8, 1, t, True, "full", "flash") == 2 * sb * h / t   # the layer input
+
+
+def test_hybrid_views_weigh_to_one():
+    assert sum(w for w, _ in hybrid_views(H8)) == pytest.approx(1.0)
+    assert [m.layer_kind for _, m in hybrid_views(H8)] == ["M", "*", "-"]
+
+
+@pytest.mark.parametrize("plan,key", [("tp=16", "tp"), ("tp=2,pp=2,cp=2", "cp"), ("tp=2,pp=4,vp=2", "vp"),
+                                      ("tp=2,recompute=selective,recompute_modules=core_attn", "recompute"),
+                                      ("tp=2,recompute=full,offload=qkv_proj", "offload")])
+def test_plans_a_hybrid_may_not_run(plan, key):
+    with pytest.raises(ConfigError, match=f"field '{key}'"):
+        evaluate(H8, load_chip("h100-sxm"), 64, 64, parse_plan(plan))
+
+
+def test_cli_refusal_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "phaze.cli", "evaluate", "--workload", "nemotron-h-8b", "--arch",
+                           "h100-sxm", "--devices", "16", "--global-batch", "16", "--plan", "tp=2,cp=2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Mamba-2" in proc.stderr and "cp" in proc.stderr
+
+
+def test_a_plan_runs_and_fits_where_it_should():
+    r = evaluate(H8, load_chip("h100-sxm"), 64, 128, parse_plan("tp=2,pp=1,mbs=1,sp=1,zero=1"))
+    assert r.step_time_s > 0 and r.fits
+    # a tenth of the parameters and the same tokens: far below a dense 70B's step
+    dense = evaluate(load_model("llama3-70b", S), load_chip("h100-sxm"), 64, 128,
+                     parse_plan("tp=8,pp=2,mbs=1,sp=1,zero=1,recompute=full"))
+    assert r.step_time_s < dense.step_time_s / 4
+
+
+def _row(**kw):
+    base = dict(run_id="X1", source_id="SX", gpu="H100-SXM5-80GB", gpu_count="64", seq_len="8192",
+                global_batch="128", micro_batch="1", tp="2", pp="1", measured_metric="step_time_s",
+                measured_value="2.0")
+    return {**base, **kw}
+
+
+def test_rows_naming_nemotron_h_are_expressed_as_the_hybrid():
+    for name in ("Nemotron-H 8B", "NemotronH_8B", "nemotron-h-8b-base-8k"):
+        case = v.row_to_case(_row(model=name))
+        assert isinstance(case, v.Case), name
+        assert case.model.hybrid_pattern == H8.hybrid_pattern
+    same = v.row_to_case(_row(model="Nemotron-H 8B", layers="52", hidden="4096", heads="32"))
+    assert isinstance(same, v.Case) and same.model.hybrid
+    other = v.row_to_case(_row(model="Nemotron-H 8B", layers="48", hidden="4096", heads="32"))
+    assert isinstance(other, v.Skipped) and "layer pattern is unknown" in other.reason
+    pure = v.row_to_case(_row(model="Mamba2-8B"))
+    assert isinstance(pure, v.Skipped) and "ships no workload" in pure.reason
+
+
+def test_nemotron_h_hugging_face_config_reads_as_the_shipped_workload():
+    """nvidia/Nemotron-H-8B-Base-8K's config.json fields (NVIDIA's remote code, configuration_nemotron_h.py)."""
+    cfg = {"model_type": "nemotron_h", "hidden_size": 4096, "num_hidden_layers": 52, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 21504, "vocab_size": 131072,
+           "hybrid_override_pattern": H8.hybrid_pattern, "mamba_num_heads": 128, "mamba_head_dim": 64,
+           "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "chunk_size": 128, "mlp_hidden_act": "relu2",
+           "tie_word_embeddings": False, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+    m = model_from_hf_config(cfg)
+    assert m.params == H8.params and m.hybrid_pattern == H8.hybrid_pattern
+    assert model_flops_per_sample(m) == model_flops_per_sample(H8)
+    with pytest.raises(ConfigError, match="hybrid_override_pattern"):
+        model_from_hf_config({**cfg, "hybrid_override_pattern": "ME" * 26})
+
+
+def test_mamba2_hugging_face_config_is_mamba_layers_only():
+    """state-spaces/mamba2-2.7b as transformers' Mamba2Config: 64 layers of 80 heads of 64, state
+    128, one group, vocabulary 50,288, tied embeddings; Dao and Gu publish 2.7B."""
+    cfg = {"model_type": "mamba2", "hidden_size": 2560, "num_hidden_layers": 64, "num_heads": 80, "head_dim": 64,
+           "state_size": 128, "n_groups": 1, "conv_kernel": 4, "chunk_size": 256, "vocab_size": 50288,
+           "tie_word_embeddings": True}
+    m = model_from_hf_config(cfg)
+    assert m.layer_kind == "M" and m.attention_layers == 0
+    assert m.params == pytest.approx(2.7e9, rel=0.01)
+    r = evaluate(m, load_chip("h100-sxm"), 8, 16, parse_plan("tp=1,mbs=1"))   # no attention heads to divide
+    assert r.step_time_s > 0
+    with pytest.raises(ConfigError, match="groups \\(1\\)"):   # one group: Megatron-Core asserts tp divides it
+        evaluate(m, load_chip("h100-sxm"), 8, 16, parse_plan("tp=2,mbs=1,sp=1"))
+
+
+def test_schedule_cli_picks_a_kind(tmp_path):
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "phaze.cli", "schedule", "--workload", "nemotron-h-8b",
+                               "--arch", "tpuv5p", "--tp", "2", "--seq-len", "1024", *extra],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    ok = run("--layer-kind", "attention")
+    assert ok.returncode == 0 and "one layer of its 4 attention layers" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "phaze.cli", "schedule", "--workload", "llama3-8b", "--arch",
+                          "tpuv5p", "--layer-kind", "mlp"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--layer-kind" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_selective_recompute_re_runs_only_the_attention_layers_core():
+    """Megatron's selective recompute checkpoints the core attention: an unfused attention layer
+    re-runs its scores, softmax and context; a Mamba-2 or MLP layer has none to re-run."""
+    for k, reruns in (("*", True), ("M", False), ("-", False)):
+        g = layer_graph(kind(H8, k), 1, 1, False, "standard", "selective")
+        assert any(o.name == "recompute.scores" for o in g.bwd) == reruns, k
+        assert not any(o.name.startswith("recompute.") and not o.core_attention for o in g.bwd), k
+
+
+def test_the_placement_searches_what_a_hybrid_may_run():
+    """No context parallelism even at 32K tokens (a transformer would search cp up to 8), no interleaving."""
+    long = with_seq_len(H8, 32768)
+    assert cp_values(long, PlacementOptions()) == (1,)
+    assert cp_values(with_seq_len(load_model("llama3-8b"), 32768), PlacementOptions()) != (1,)
+    assert vp_values(H8, 4, PlacementOptions()) == (1,)
+    assert vp_values(load_model("llama3-8b"), 4, PlacementOptions()) != (1,)
