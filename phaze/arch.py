@@ -136,6 +136,9 @@ class Chip:
     # offload is then refused). Not in the repr, and so not in a study's fingerprint: no search
     # trial reads it (a sweep cannot offload), and a chip file that gains it keeps its studies
     host_bandwidth_bytes_per_s: float = field(default=0.0, repr=False)
+    # the host's memory a chip may fill with offloaded activations: the host's DRAM over its chips
+    # (0: none given; offloaded bytes are then not checked, and the printout says so); not in the repr
+    host_memory_bytes: float = field(default=0.0, repr=False)
 
     def __post_init__(self):
         if not self.reference_clock_hz:
@@ -255,6 +258,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         register_file_bytes=f.number("register_file_bytes", 0.0, inclusive=True),
         l1_bytes=f.number("l1_bytes", 0.0, inclusive=True),
         host_bandwidth_bytes_per_s=f.number("host_bandwidth_bytes_per_s", 0.0, inclusive=True),
+        host_memory_bytes=f.number("host_memory_bytes", 0.0, inclusive=True),
     )
     f.finish()
     return chip

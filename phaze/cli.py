@@ -66,7 +66,7 @@ from .report import baselines_frame, best_designs, gains, load_study, pareto_fra
 from .schedule import schedule_layer, sharing, write_gantt
 from .search import SearchInterrupted, interruptible, open_study, search, sweep
 from .space import MAX_BATCH, MAX_DEVICES, MAX_NAME, MAX_SEQ_LEN, load_sweep, override, study_name_ok
-from .step import COMMUNICATION_GROUPS, StepResult, evaluate
+from .step import COMMUNICATION_GROUPS, StepResult, evaluate, host_offload_bytes
 from .storage import mask_password
 from .study_files import compare_studies, write_study_files
 from .system import apply_system, as_system, system_note, with_devices_per_node, with_nics
@@ -263,10 +263,14 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     if plan is not None and (note := softmax_note(model, plan)):
         out["softmax"] = note
     if plan is not None and plan.offload:
+        host = host_offload_bytes(model, args.devices, args.global_batch, plan)
+        held = (f"{host / GiB:.1f} GiB a device in the host's memory, of {chip.host_memory_bytes / GiB:.1f} GiB "
+                f"a chip (host_memory_bytes)" if chip.host_memory_bytes else
+                f"{host / GiB:.1f} GiB a device in the host's memory, not checked: the chip file gives no "
+                f"host_memory_bytes")
         out["offload"] = (f"{plan.offload} sent to the host's memory and fetched back over "
                           f"{chip.host_bandwidth_bytes_per_s / 1e9:.1f} GB/s a direction (the chip file's "
-                          f"host_bandwidth_bytes_per_s), each copy under its phase's compute; host memory "
-                          f"capacity is not checked")
+                          f"host_bandwidth_bytes_per_s), each copy under its phase's compute; {held}")
     if plan is not None:
         defaults = {"tp": "tp=1", "pp": "pp=1", "mbs": "mbs=1", "recompute": "recompute=none",
                     "sp": "sp on when tp > 1", "vp": "vp=1", "cp": "cp=1", "zero": "zero=0 (no sharding)",
@@ -415,6 +419,12 @@ def cmd_evaluate(args) -> int:
     if args.memory_reserve is not None:
         plan = replace(plan, memory_reserve=args.memory_reserve)
     result = evaluate(model, chip, args.devices, args.global_batch, plan, efficiency_for(chip, args))
+    host = host_offload_bytes(model, args.devices, args.global_batch, plan)
+    if not result.fits and not args.allow_oom and chip.host_memory_bytes and host > chip.host_memory_bytes:
+        raise ConfigError("--plan", "offload", f"does not fit in the host's memory: offloads {host / GiB:.1f} GiB "
+                          f"per device, {chip.name}'s host holds {chip.host_memory_bytes / GiB:.1f} GiB a chip (the "
+                          f"chip file's host_memory_bytes); allowed: more pipeline stages or a smaller micro-batch, "
+                          f"no offload, or --allow-oom to print the result anyway")
     if not result.fits and not args.allow_oom:
         m = result.stage_memory[result.binding_stage]
         hints = fit_hints(plan, args.devices)

@@ -624,6 +624,19 @@ def _check_hybrid(model: Model, plan: Plan) -> None:
             raise ConfigError("--plan", key, f"{model.name} is a hybrid of Mamba-2 and attention layers: {why}")
 
 
+def host_offload_bytes(model: Model, devices: int, global_batch: int, plan: Plan) -> float:
+    """Bytes of activations one device keeps in its host's memory at the step's peak (0 when
+    ``plan`` offloads nothing): each layer's offloaded tensors (:func:`phaze.graph.offloaded_bytes`)
+    for every layer of a stage and every micro-batch in flight on it (1F1B's warm-up, as for the
+    activations kept on the device), on the stage that holds the most."""
+    if not plan.offload:
+        return 0.0
+    per = offloaded_bytes(_shard(model, plan), plan.mbs, plan.tp, graph_recompute("full", plan.recompute_modules,
+                                                                                 plan.offload))
+    m = global_batch // (plan.dp(devices) * plan.mbs)
+    return max(per * n * inflight_micro_batches(plan.pp, plan.vp, m, i) for i, n in enumerate(stage_split(model, plan)))
+
+
 def check_offload(chip: Chip, plan: Plan) -> None:
     """Raise :class:`ConfigError` when ``plan`` offloads activations and ``chip`` has no host link."""
     if plan.offload and not chip.host_bandwidth_bytes_per_s:
@@ -1897,13 +1910,16 @@ def evaluate(model: Model, chip: Chip, devices: int, global_batch: int, plan: Pl
     worst = max(range(pp), key=lambda i: stages[i].total_bytes)
     need = stages[worst].total_bytes
     reserve = memory_reserve_bytes(chip, plan.memory_reserve)
+    host = host_offload_bytes(model, devices, global_batch, plan)   # offloaded activations, in the host's memory
+    host_fits = not chip.host_memory_bytes or host <= chip.host_memory_bytes
     step = float(step)
     return StepResult(
         workload=model.name, chip=chip.name, devices=devices, global_batch=global_batch,
         plan=plan.label(), dp=plan.dp(devices), micro_batches=m, step_time_s=step,
         samples_per_s=global_batch / step, tokens_per_s=global_batch * model.seq_len / step,
         model_flops_per_step=float(flops), mfu=float(flops / (step * peak)), hfu=float(hw / (step * peak)),
-        memory_per_device_bytes=need, hbm_bytes=float(chip.hbm_bytes), fits=bool(need + reserve <= chip.hbm_bytes),
+        memory_per_device_bytes=need, hbm_bytes=float(chip.hbm_bytes),
+        fits=bool(need + reserve <= chip.hbm_bytes and host_fits),
         binding_stage=worst, breakdown_s={k: float(v) for k, v in breakdown.items()}, stage_memory=tuple(stages),
         memory_reserve_bytes=reserve, headroom_bytes=float(chip.hbm_bytes - reserve - need),
         model_flops_per_s_per_device=float(flops / (step * devices)),

@@ -1,9 +1,11 @@
 """Activation offload (``Plan.offload``): MaxText's ``qkv_proj_offloaded`` remat policy, a full
 recompute whose q, k and v projections' outputs go to the host's memory in the forward pass and
 come back for the backward instead of being re-made. Each against a count derived by hand."""
+import re
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +125,34 @@ def test_cli_refusal_is_one_line_and_exit_2(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "offload" in proc.stderr and "TPUv4" in proc.stderr
+
+
+def test_host_memory_holds_each_layer_of_each_micro_batch_in_flight():
+    """Llama-like, tp 4, mbs 2, pp 2 over 4 layers (2 a stage), 8 micro-batches: under 1F1B stage 0
+    holds 2 micro-batches' offloaded q, k, v of its 2 layers, stage 1 one's; each layer's a micro-batch
+    is 2 B x 2 x 4096 tokens x (4096 + 2 x 1024) / 4 wide."""
+    from phaze.step import host_offload_bytes
+    plan = parse_plan("tp=4,pp=2,mbs=2,recompute=full,offload=qkv_proj")
+    per_layer = 2 * 2 * 4096 * 6144 / 4
+    assert host_offload_bytes(LLAMA, 16, 16, plan) == per_layer * 2 * 2   # dp 2, m = 16 / (2 x 2) = 4
+    assert host_offload_bytes(LLAMA, 16, 16, parse_plan("tp=4,pp=2,mbs=2,recompute=full")) == 0.0
+    chip = load_chip("h100-sxm")
+    assert chip.host_memory_bytes == 256 * 2 ** 30            # a DGX H100's 2 TB over 8 GPUs
+    assert evaluate(LLAMA, chip, 16, 16, plan, IDEAL).fits
+    small = replace(chip, host_memory_bytes=per_layer * 4 - 1)   # one byte short
+    assert not evaluate(LLAMA, small, 16, 16, plan, IDEAL).fits
+    assert evaluate(LLAMA, replace(chip, host_memory_bytes=0.0), 16, 16, plan, IDEAL).fits   # not given: not checked
+
+
+def test_cli_says_when_the_host_memory_is_short(tmp_path):
+    text = (Path(__file__).resolve().parent.parent / "arch_configs" / "h100-sxm.yaml").read_text()
+    chip = tmp_path / "small-host.yaml"
+    chip.write_text(re.sub(r"^host_memory_bytes:.*$", "host_memory_bytes: 1.0e+9   # assumption: a test's",
+                           text, flags=re.M))
+    proc = subprocess.run([sys.executable, "-m", "phaze.cli", "evaluate", "--workload", "llama3-8b", "--arch",
+                           str(chip), "--devices", "8", "--global-batch", "8", "--plan",
+                           "tp=1,mbs=1,recompute=full,offload=qkv_proj,zero=3"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "host's memory" in proc.stderr
+    assert "host_memory_bytes" in proc.stderr
