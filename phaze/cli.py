@@ -260,6 +260,11 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     if model.local_attention and "attention_window" not in out:
         out["attention_window"] = local_attention_phrase(model.sliding_window, model.attention_chunk,
                                                          model.window_layer_share) + " (the workload's)"
+    if model.hybrid:
+        names = {"M": "Mamba-2", "*": "attention", "-": "MLP"}
+        kinds = ", ".join(f"{n} {names[k]}" for k, n in model.hybrid_counts.items())
+        out["layers"] = (f"{kinds} (hybrid_pattern), each kind costed on its own and weighed as the mean layer; "
+                         f"the stages share the layers evenly, not the pattern's order")
     if plan is not None and (note := softmax_note(model, plan)):
         out["softmax"] = note
     if plan is not None and plan.offload:

@@ -235,3 +235,14 @@ def test_the_placement_searches_what_a_hybrid_may_run():
     assert cp_values(with_seq_len(load_model("llama3-8b"), 32768), PlacementOptions()) != (1,)
     assert vp_values(H8, 4, PlacementOptions()) == (1,)
     assert vp_values(load_model("llama3-8b"), 4, PlacementOptions()) != (1,)
+
+
+def test_the_printout_says_the_kinds(capsys):
+    import json
+
+    from phaze.cli import main
+    assert main(["evaluate", "--workload", "nemotron-h-8b", "--arch", "h100-sxm", "--devices", "16",
+                 "--global-batch", "32", "--seq-len", "1024", "--plan", "tp=2,sp=1", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["assumptions"]["layers"].startswith("24 Mamba-2, 4 attention, 24 MLP (hybrid_pattern)")
+    assert out["params"] == H8.params
