@@ -1953,8 +1953,8 @@ def clear_caches(workload_too: bool = False) -> None:
     costs, step results, schedules, bounds, the cost model's GEMM geometry); with
     ``workload_too`` also the chip-independent operator graphs. Every cache is size-capped
     anyway: a long search's memory stays bounded without calling this."""
-    for f in (_layer_sums, layer_time, layer_time_bounds, edge_time, mode_costs, mode_cost_bounds, mode_cost_upper,
-              stage_costs, evaluate, cost._gemm_geometry):
+    for f in (_graph_sums, _layer_sums, layer_time, layer_time_bounds, edge_time, mode_costs, mode_cost_bounds,
+              mode_cost_upper, stage_costs, evaluate, cost._gemm_geometry):
         f.cache_clear()
     schedule.clear_memory_cache()
     if workload_too:
