@@ -28,6 +28,7 @@ from .cost import IDEAL, Efficiency, _gemm_geometry, gemm_tiles
 from .graph import ExpertLayout, collective_groups, edge_graph, layer_graph, offloaded_bytes, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
 from .step import (
+    _mean,
     _shard,
     check_plan,
     cp_sent_bytes,
@@ -481,17 +482,12 @@ def layer_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attent
                    recompute: str, moe: ExpertLayout | None = None) -> Activity:
     """One layer, one micro-batch, forward and backward (recompute included), on one device
     (a mixture of experts laid out by ``moe``: its all-to-alls' bytes, its experts' GEMMs), the
-    mean layer of :func:`phaze.step.layer_mix` (an MoE model's dense layers weighed in)."""
+    mean layer of :func:`phaze.step.layer_mix` (an MoE model's dense layers, a hybrid's kinds,
+    weighed in)."""
     def kind(m: Model, lm: ExpertLayout | None) -> Activity:
         g = layer_graph(m, mbs, tp, sp, attention, recompute, lm, chip.compiled)
         return _ops_activity(g.ops, chip, m.precision, m.bytes_per_element, collective_groups(tp, lm))
-    (w, m, lm), *rest = layer_mix(model, moe)
-    total = kind(m, lm)
-    if rest:
-        total = total * w
-        for w, m, lm in rest:
-            total = total + kind(m, lm) * w
-    return total
+    return _mean([(w, kind(m, lm)) for w, m, lm in layer_mix(model, moe)])
 
 
 @lru_cache(maxsize=4096)

@@ -220,8 +220,8 @@ def _bound_experts(model, options, etp: int) -> ExpertLayout:
 
 def _layer_graphs(spec: WorkloadSpec, rank, mbs: int, tp: int, sp: bool, r: str, experts):
     """One rank's layer graphs with their weights in the mean layer: an MoE model's dense layers
-    weigh by their share, as the step weighs them. Compiled: the fewest ops a full recompute may
-    run on any chip (a lower bound for each)."""
+    and a hybrid's kinds weigh by their shares, as the step weighs them (:func:`phaze.step.layer_mix`).
+    Compiled: the fewest ops a full recompute may run on any chip (a lower bound for each)."""
     attention = spec.options.attention
     return tuple((layer_graph(k, mbs, tp, sp, attention, r, lm, True), w) for w, k, lm in layer_mix(rank, experts))
 

@@ -963,7 +963,7 @@ def cmd_schedule(args) -> int:
     if args.format == "json":
         system = system_for(args)
         print(json.dumps({"workload": model.name, "chip": chip.name, "system": system.name if system else None,
-                          "unit_sharing": sharing(chip),
+                          "unit_sharing": sharing(chip), "layer_kind": model.layer_kind or None,
                           "mbs": args.mbs, "tp": args.tp, "sp": sp, "attention": args.attention,
                           "recompute": args.recompute, "forward": fwd.to_dict(), "backward": bwd.to_dict()},
                          indent=2))
