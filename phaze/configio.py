@@ -290,3 +290,9 @@ def resolve_config(name: str, folder: str, what: str, flag: str,
     known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
     raise ConfigError(flag, None, f"unknown {what} {name!r}{suggest(key, known + list(aliases))}; shipped: "
                                   f"{', '.join(known)} (or give a path to a .yaml file)")
+
+
+def divisors(n: int) -> str:
+    """The divisors of ``n``, comma-separated: what a width that must divide ``n`` may be (the
+    'allowed' part of an error)."""
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

@@ -81,7 +81,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .arch import Chip
-from .configio import ConfigError
+from .configio import ConfigError, divisors
 from .cost import IDEAL, Efficiency, op_time
 from .graph import Op, collective_groups, layer_graph
 from .plan import ATTENTION, RECOMPUTE, RECOMPUTE_MODULES, is_layer_recompute
@@ -1059,13 +1059,13 @@ def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompu
         g = math.gcd(model.mamba_heads, model.mamba_groups)
         raise ConfigError("--tp", None, f"must divide the Mamba-2 heads ({model.mamba_heads}) and groups "
                           f"({model.mamba_groups}) of {model.name}; allowed: "
-                          f"{', '.join(str(d) for d in range(1, g + 1) if g % d == 0)}")
+                          f"{divisors(g)}")
     widths = {"": (model.heads, model.ffn_hidden), "*": (model.heads,), "-": (model.ffn_hidden,), "M": ()}[kind]
     if any(w % tp for w in widths):
         g = math.gcd(*widths, 0)
         raise ConfigError("--tp", None, f"must divide the heads ({model.heads}) and FFN width "
                           f"({model.ffn_hidden}) of {model.name}; allowed: "
-                          f"{', '.join(str(d) for d in range(1, g + 1) if g % d == 0)}")
+                          f"{divisors(g)}")
     if kind in ("", "*") and model.kv_heads % tp and tp % model.kv_heads:
         raise ConfigError("--tp", None, f"must divide or be a multiple of the kv heads "
                                         f"({model.kv_heads}), got {tp}")

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import cost, dualpipe, graph, schedule
 from .arch import Chip
-from .configio import ConfigError
+from .configio import ConfigError, divisors
 from .cost import IDEAL, Efficiency, collective_time, kernel_overhead, op_time
 from .graph import (
     DEEPSPEED_BUCKET_ELEMENTS,
@@ -485,8 +485,6 @@ def runs_op_recompute(model: Model) -> bool:
 
 def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> None:
     """Raise :class:`ConfigError` naming the plan field and what is allowed."""
-    def divisors(n):
-        return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
     if devices < 1:
         raise ConfigError("--devices", None, f"must be a positive integer, got {devices}")
     if global_batch < 1:
@@ -605,11 +603,10 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
 def _check_hybrid(model: Model, plan: Plan) -> None:
     """What a hybrid Mamba-2 model's plan may not do: split a Mamba-2 head or group over tp
     (Megatron-Core's MambaMixer asserts that tp divides both), and what is not modelled for it."""
-    g = math.gcd(model.mamba_heads, model.mamba_groups)
     if model.mamba_heads % plan.tp or model.mamba_groups % plan.tp:
         raise ConfigError("--plan", "tp", f"must divide the Mamba-2 heads ({model.mamba_heads}) and groups "
                           f"({model.mamba_groups}) of {model.name}; allowed: "
-                          + ", ".join(str(d) for d in range(1, g + 1) if g % d == 0))
+                          + divisors(math.gcd(model.mamba_heads, model.mamba_groups)))
     for bad, key, why in (
             (plan.cp > 1, "cp", "Megatron-Core's context parallelism of the Mamba-2 layers (an all-to-all of "
                                 "their heads around the scan) is not modelled; allowed: 1"),
@@ -715,8 +712,6 @@ def _check_block(model: Model, plan: Plan) -> None:
 def _check_experts(model: Model, plan: Plan, dp: int) -> None:
     """ep and etp: a mixture of experts only; ep divides the experts, etp the expert FFN width, and
     etp x ep the tp x cp x dp ranks of a stage (Megatron-Core's expert layout)."""
-    def divisors(n):
-        return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
     if not model.moe:
         if plan.ep > 1 or plan.etp > 1 or plan.ep_overlap or plan.shared_overlap:
             key = ("ep" if plan.ep > 1 else "etp" if plan.etp > 1 else "ep_overlap" if plan.ep_overlap
