@@ -18,8 +18,8 @@ core (all exact: each keeps at least one optimal schedule):
   splits the phase into segments solved independently, one after another (a forward chain, or a
   recompute prefix, needs no solver at all);
 - a list schedule (ops in topological order, each in its fastest mode at the earliest feasible
-  time) is the hint and the upper bound of every domain; earliest / latest starts come from the
-  longest paths; when it meets the lower bound it is optimal and no model is built;
+  time) is the upper bound of every domain (not a solution hint); earliest / latest starts come
+  from the longest paths; when it meets the lower bound it is optimal and no model is built;
 - lower bounds on the makespan: the critical path (fastest modes) and, per resource, the least
   energy (duration x units) of the ops that cannot start before ``h`` and leave ``q`` of
   dependent work after them, over ``[h, makespan - q]`` (``h = q = 0``: total work / capacity);
@@ -30,7 +30,9 @@ core (all exact: each keeps at least one optimal schedule):
   their mode-dependent energy into the time between them;
 - identical interchangeable ops start in order (symmetry);
 - propagation-only search (no LP), timetable edge finding and the overload checker in the
-  cumulative constraints; ``num_workers=1`` (deterministic) by default.
+  cumulative constraints; ``num_workers=1`` (deterministic) by default; no CP-SAT presolve and no
+  solution hint: with them ortools 9.15 proved wrong optima on three small instances (its
+  symmetry detection, its probing, a hint), which ``tests/test_schedule.py`` keeps.
 
 Time: integer ticks of ``tick_s = 2**e`` seconds, per segment (below), the power of two that puts the
 sum of the segment's ops' fastest durations in [2**20, 2**21) ticks (``Schedule.tick_s`` reports the
@@ -94,6 +96,11 @@ SOLVER_PARAMETERS = {                       # CP-SAT parameters besides time lim
     "use_timetable_edge_finding_in_cumulative": True,
     "use_overload_checker_in_cumulative": True,
     "linearization_level": 0,               # propagation only: the LP costs more than it prunes here
+    # no presolve: ortools 9.15's proved wrong optima on three small instances (tests/test_schedule.py,
+    # test_cpsat_does_not_mis_prove_small_instances), each through its symmetry detection or probing
+    # or a solution hint; phaze's model is already reduced (modes, segments, domains) and its own
+    # symmetries broken, and the solves took no longer without it
+    "cp_model_presolve": False,
 }
 _MEMORY_CACHE_SIZE = 4096
 DISK_CACHE_MAX_FILES = 20000    # the disk cache keeps the most recently written schedules (PHAZE_CACHE_MAX_FILES)
@@ -738,8 +745,8 @@ def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num
     left = deadline - time.perf_counter()
     if left <= 0:
         return "HEURISTIC", mode, start, lb, lb_s, "no time left to solve; list schedule"
-    res = _cpsat(seg, pre["sdeps"], pre["ssucc"], D, dem, capacities, pre["head"], pre["tail"], lb, ub, mode,
-                 start, left, num_workers)
+    res = _cpsat(seg, pre["sdeps"], pre["ssucc"], D, dem, capacities, pre["head"], pre["tail"], lb, ub, left,
+                 num_workers)
     if res[0] in ("OPTIMAL", "FEASIBLE"):
         return res + (lb_s, "")
     return "HEURISTIC", mode, start, lb, lb_s, f"CP-SAT returned {res[0]}; list schedule"
@@ -852,8 +859,7 @@ def stop_solves() -> None:
         solver.stop_search()
 
 
-def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, hint_start, time_left,
-           num_workers):
+def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, time_left, num_workers):
     """CP-SAT on the ops ``seg`` in ticks. Returns (status, {op: mode}, {op: start}, proven
     lower bound); status is CP-SAT's name (UNKNOWN, ...) and the rest None when no solution
     was found."""
@@ -906,12 +912,8 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, hint_mode, h
     _active_starts(m, seg, deps, succ, dem, starts, ends)
     _precedence_energy(m, seg, deps, succ, D, dem, capacities, starts, ends, bools, mk)
     m.minimize(mk)
-    for i in seg:
-        m.add_hint(starts[i], hint_start[i])
-        if bools[i] is not None:
-            for a, b in enumerate(bools[i]):
-                m.add_hint(b, a == hint_mode[i])
-    m.add_hint(mk, ub)
+    # no solution hint: given the list schedule as one (feasible, complete but for the active-start
+    # literals) ortools 9.15 proved wrong optima (SOLVER_PARAMETERS); ub bounds every domain instead
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(1e-3, time_left)
