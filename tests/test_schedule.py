@@ -600,21 +600,27 @@ def _modes(unit, *ds):
     return tuple(Mode(duration_s=d, demand=demand, tensor_units=0, vector_units=0) for d in ds)
 
 
+def _task(name, unit, durations, deps=()):
+    kind = unit if isinstance(unit, str) else "+".join(unit)
+    return Task(name, _modes(unit, *durations), tuple(deps), kind)
+
+
+TV = ("tensor", "vector")
+
+
 @pytest.mark.parametrize("tasks,best", [
     # t1, then t2 and t3 beside t0, then t4: 6 s
-    ([Task("t0", _modes("link", 3.0, 2.0, 3.0), (), "link"), Task("t1", _modes("link", 3.0, 2.0, 3.0), (), "link"),
-      Task("t2", _modes("tensor", 1.0, 1.0), ("t1",), "tensor"), Task("t3", _modes("tensor", 1.0, 1.0), ("t1",), "tensor"),
-      Task("t4", _modes("link", 2.0, 3.0), ("t1", "t2", "t3"), "link")], 6.0),
+    ([_task("t0", "link", (3.0, 2.0, 3.0)), _task("t1", "link", (3.0, 2.0, 3.0)),
+      _task("t2", "tensor", (1.0, 1.0), ("t1",)), _task("t3", "tensor", (1.0, 1.0), ("t1",)),
+      _task("t4", "link", (2.0, 3.0), ("t1", "t2", "t3"))], 6.0),
     # t4 on the link while t0 and t1 run, then t2 and t3 at 4 s each: 12 s
-    ([Task("t0", _modes("tensor", 1.0, 1.0), (), "tensor"),
-      Task("t1", _modes(("tensor", "vector"), 1.0, 1.0), ("t0",), "tensor+vector"),
-      Task("t2", _modes("link", 4.0, 6.0, 5.0), ("t1",), "link"), Task("t3", _modes("link", 4.0, 6.0, 5.0), ("t2",), "link"),
-      Task("t4", _modes("link", 4.0, 6.0, 5.0), (), "link"), Task("t5", _modes("tensor", 1.0, 1.0), (), "tensor")], 12.0),
+    ([_task("t0", "tensor", (1.0, 1.0)), _task("t1", TV, (1.0, 1.0), ("t0",)),
+      _task("t2", "link", (4.0, 6.0, 5.0), ("t1",)), _task("t3", "link", (4.0, 6.0, 5.0), ("t2",)),
+      _task("t4", "link", (4.0, 6.0, 5.0)), _task("t5", "tensor", (1.0, 1.0))], 12.0),
     # t3 on the link while t0 runs, then t1, then t2 beside t5: 7 s
-    ([Task("t0", _modes("tensor", 1.0, 1.0), (), "tensor"), Task("t1", _modes("link", 3.0, 3.0, 4.0), ("t0",), "link"),
-      Task("t2", _modes("link", 2.0, 2.0, 3.0), ("t1",), "link"), Task("t3", _modes("link", 2.0, 2.0, 3.0), (), "link"),
-      Task("t4", _modes("tensor", 1.0, 2.0), (), "tensor"), Task("t5", _modes("tensor", 1.0, 1.0), ("t0", "t1"), "tensor")],
-     7.0),
+    ([_task("t0", "tensor", (1.0, 1.0)), _task("t1", "link", (3.0, 3.0, 4.0), ("t0",)),
+      _task("t2", "link", (2.0, 2.0, 3.0), ("t1",)), _task("t3", "link", (2.0, 2.0, 3.0)),
+      _task("t4", "tensor", (1.0, 2.0)), _task("t5", "tensor", (1.0, 1.0), ("t0", "t1"))], 7.0),
 ])
 def test_cpsat_does_not_mis_prove_small_instances(tasks, best):
     """Found by test_optimum_equals_brute_force and longer runs of it: ortools 9.15 with its
