@@ -32,7 +32,10 @@ core (all exact: each keeps at least one optimal schedule):
 - propagation-only search (no LP), timetable edge finding and the overload checker in the
   cumulative constraints; ``num_workers=1`` (deterministic) by default; no CP-SAT presolve and no
   solution hint: with them ortools 9.15 proved wrong optima on three small instances (its
-  symmetry detection, its probing, a hint), which ``tests/test_schedule.py`` keeps.
+  symmetry detection, its probing, a hint), which ``tests/test_schedule.py`` keeps. A segment not
+  proven in its time limit is solved again with the presolve for a quarter of that time more
+  (``PRESOLVE_SHARE``): a shorter schedule it finds is checked (deps, capacities) and kept, its
+  bound never is (the first solve's stands, and proves the schedule optimal only when they meet).
 
 Time: integer ticks of ``tick_s = 2**e`` seconds, per segment (below), the power of two that puts the
 sum of the segment's ops' fastest durations in [2**20, 2**21) ticks (``Schedule.tick_s`` reports the
@@ -96,12 +99,13 @@ SOLVER_PARAMETERS = {                       # CP-SAT parameters besides time lim
     "use_timetable_edge_finding_in_cumulative": True,
     "use_overload_checker_in_cumulative": True,
     "linearization_level": 0,               # propagation only: the LP costs more than it prunes here
-    # no presolve: ortools 9.15's proved wrong optima on three small instances (tests/test_schedule.py,
-    # test_cpsat_does_not_mis_prove_small_instances), each through its symmetry detection or probing
-    # or a solution hint; phaze's model is already reduced (modes, segments, domains) and its own
-    # symmetries broken, and the solves took no longer without it
+    # no presolve for a proof: ortools 9.15's proved wrong optima on three small instances
+    # (tests/test_schedule.py, test_cpsat_does_not_mis_prove_small_instances), through its symmetry
+    # detection, its probing or a solution hint, and called a feasible one infeasible; a segment
+    # not proven in its time is solved again with it, for a schedule only (_solve_segment)
     "cp_model_presolve": False,
 }
+PRESOLVE_SHARE = 0.25   # the time that second solve may take beyond the limit, as a share of the segment's
 _MEMORY_CACHE_SIZE = 4096
 DISK_CACHE_MAX_FILES = 20000    # the disk cache keeps the most recently written schedules (PHAZE_CACHE_MAX_FILES)
 _DISK_PRUNE_EVERY = 256         # writes between two checks of the disk cache's size
@@ -745,11 +749,41 @@ def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num
     left = deadline - time.perf_counter()
     if left <= 0:
         return "HEURISTIC", mode, start, lb, lb_s, "no time left to solve; list schedule"
-    res = _cpsat(seg, pre["sdeps"], pre["ssucc"], D, dem, capacities, pre["head"], pre["tail"], lb, ub, left,
-                 num_workers)
+    args = (seg, pre["sdeps"], pre["ssucc"], D, dem, capacities, pre["head"], pre["tail"], lb, ub)
+    res = _cpsat(*args, left, num_workers)
+    if res[0] != "OPTIMAL":
+        # not proven in the time: CP-SAT with its presolve, which proves more but has proved wrong
+        # optima (SOLVER_PARAMETERS), may find a shorter schedule in a quarter of that time more;
+        # it is checked and taken, its bound never is
+        alt = _cpsat(*args, PRESOLVE_SHARE * left, num_workers, presolve=True)
+        if alt[1] is not None and _valid_ticks(seg, pre["sdeps"], D, dem, capacities, alt[1], alt[2]):
+            span = _span(seg, D, alt[1], alt[2])
+            if res[1] is None or span < _span(seg, D, res[1], res[2]):
+                bound = lb if res[3] is None else res[3]
+                res = ("OPTIMAL" if span <= bound else "FEASIBLE", alt[1], alt[2], bound)
     if res[0] in ("OPTIMAL", "FEASIBLE"):
         return res + (lb_s, "")
     return "HEURISTIC", mode, start, lb, lb_s, f"CP-SAT returned {res[0]}; list schedule"
+
+
+def _span(seg, D, modes, starts) -> int:
+    """Makespan in ticks of a tick schedule of the ops ``seg``."""
+    return max(starts[i] + D[i][modes[i]] for i in seg)
+
+
+def _valid_ticks(seg, deps, D, dem, capacities, modes, starts) -> bool:
+    """Whether a tick schedule starts no op before its deps end and holds no resource beyond its
+    capacity (a check on a schedule CP-SAT found with its presolve)."""
+    if any(starts[i] < 0 or any(starts[i] < starts[j] + D[j][modes[j]] for j in deps[i]) for i in seg):
+        return False
+    events = sorted((t, k, r) for i in seg for r, n in dem[i][modes[i]].items()
+                    for t, k in ((starts[i], n), (starts[i] + D[i][modes[i]], -n)))
+    use = dict.fromkeys(capacities, 0)
+    for _, k, r in events:          # at one tick the ends (k < 0) come before the starts
+        use[r] += k
+        if use[r] > capacities[r]:
+            return False
+    return True
 
 
 def _energy_bounds(order, deps, succ, fast, dur, dem, capacities, integral) -> list:
@@ -859,10 +893,10 @@ def stop_solves() -> None:
         solver.stop_search()
 
 
-def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, time_left, num_workers):
+def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, time_left, num_workers, presolve=False):
     """CP-SAT on the ops ``seg`` in ticks. Returns (status, {op: mode}, {op: start}, proven
     lower bound); status is CP-SAT's name (UNKNOWN, ...) and the rest None when no solution
-    was found."""
+    was found. ``presolve``: with CP-SAT's presolve (its answer is then not proven)."""
     from ortools.sat.python import cp_model  # deferred: 0.24 s to import, and only a solve needs it
     m = cp_model.CpModel()
     starts, ends, bools = {}, {}, {}
@@ -924,6 +958,7 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, time_left, n
         if isinstance(v, str):      # an enum value by name
             v = getattr(type(getattr(solver.parameters, k)), v)
         setattr(solver.parameters, k, v)
+    solver.parameters.cp_model_presolve = presolve
     _ACTIVE.add(solver)
     try:
         st = solver.solve(m)

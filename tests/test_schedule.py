@@ -636,3 +636,39 @@ def test_cpsat_does_not_mis_prove_small_instances(tasks, best):
         finally:
             S._SHORTCUTS = True
         assert s.status == "OPTIMAL" and s.makespan_s == best and s.lower_bound_s == best, shortcuts
+
+
+def test_a_schedule_found_with_the_presolve_is_checked_and_keeps_the_proven_bound(monkeypatch):
+    """A segment the solve without the presolve does not prove is solved again with it: its
+    schedule is kept when valid and shorter, with the first solve's bound; an invalid one (an op
+    before its dep) is dropped. The instance: t1 after t0 on the tensor units, t2 beside them, 6 s."""
+    tasks = [_task("t0", "tensor", (2.0, 3.0)), _task("t1", "tensor", (2.0, 3.0), ("t0",)),
+             _task("t2", "link", (4.0, 6.0))]
+    caps = {"tensor": 1, "vector": 1, "link": 1}
+    real, seen = S._cpsat, []
+
+    def unproven(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, time_left, num_workers, presolve=False):
+        res = real(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, time_left, num_workers, presolve)
+        seen.append(presolve)
+        if presolve:
+            return res
+        worse = {i: s + 1 for i, s in res[2].items()}     # every op a tick later: valid, not optimal
+        return ("FEASIBLE", res[1], worse, lb)
+
+    monkeypatch.setattr(S, "_SHORTCUTS", False)
+    monkeypatch.setattr(S, "_cpsat", unproven)
+    s = solve(tasks, caps, time_limit_s=20, cache=False)
+    assert seen == [False, True] and s.makespan_s == 4.0 and check_task_schedule(s, tasks, caps) == []
+    assert s.status == "OPTIMAL" and s.lower_bound_s == 4.0     # the first solve's bound: 4 s, met
+
+    def invalid(*a, presolve=False, **k):
+        res = real(*a, presolve=presolve, **k)
+        if presolve:                                          # t1 at t0's start: before its dep ends
+            return (res[0], res[1], {i: 0 for i in res[2]}, res[3])
+        return ("FEASIBLE", res[1], {i: s + 1 for i, s in res[2].items()}, res[3])
+
+    monkeypatch.setattr(S, "_cpsat", invalid)
+    s = solve(tasks, caps, time_limit_s=20, cache=False)
+    # the first solve's schedule, a tick over its bound; the invalid one, shorter than the bound, would
+    # have been called OPTIMAL
+    assert s.status == "FEASIBLE" and check_task_schedule(s, tasks, caps) == []
