@@ -252,8 +252,8 @@ def norm_fed_linears(model: Model) -> tuple[str, ...]:
     two down projections read the layer's norm) and a dense FFN's up projection (an MoE layer's
     router reads its norm's output too). Under Transformer Engine's fp8 only their fp8 copy of
     that input is kept."""
-    return tuple(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe), ("mamba_in", model.hybrid))
-                 if on)
+    return tuple(n for n, on in (("qkv", not model.mla), ("ffn_up", not model.moe), ("mamba_in", model.hybrid),
+                                 ("gdn_in", model.gdn_layers > 0)) if on)
 
 
 def fp8_fused_inputs(model: Model, tp: int, sp: bool) -> tuple[frozenset, frozenset]:
@@ -279,11 +279,11 @@ def _ring_name(k: int) -> str:
 
 # the linear layers (a weight operand): their backward is a data and a weight gradient
 _LINEAR = ("qkv", "attn_out", "ffn_up", "ffn_down", "q_down", "q_up", "kv_down", "kv_up", "router",
-           "expert_up", "expert_down", "shared_up", "shared_down", "mamba_in", "mamba_out")
+           "expert_up", "expert_down", "shared_up", "shared_down", "mamba_in", "mamba_out", "gdn_in", "gdn_out")
 # the column-parallel linears whose input sequence parallelism gathers over tp
-_COLUMN_PARALLEL = ("qkv", "ffn_up", "shared_up", "mamba_in")
+_COLUMN_PARALLEL = ("qkv", "ffn_up", "shared_up", "mamba_in", "gdn_in")
 # the row-parallel linears whose output is reduced over tp (their bias is added after it)
-_ROW_PARALLEL = ("attn_out", "ffn_down", "shared_down", "mamba_out")
+_ROW_PARALLEL = ("attn_out", "ffn_down", "shared_down", "mamba_out", "gdn_out")
 
 
 # The kernels a rotary embedding runs on each query or key tensor (ROTARY_KERNELS), as (name,
@@ -409,7 +409,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     T = b * s                           # tokens in the micro-batch
     Tn = T // t if sp else T            # tokens each device holds outside the TP regions
     kv_t = kv_width(model, t)
-    qkv_n = model.q_dim // t + 2 * kv_t
+    qkv_n = model.q_dim // t * (2 if model.attention_output_gate else 1) + 2 * kv_t   # the gate: a second query width
     a_t, d, dv = model.heads // t, model.head_dim, model.v_head_dim
     # what a fused attention kernel reads per token: queries, keys and the values at their own
     # width (MLA's are narrower than its keys)
@@ -497,12 +497,24 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if kind == "M":
             mamba_mixer(fb, n, tail)
             return
+        if model.linear_attention_interval == -1:   # a Gated DeltaNet layer: its mixer, then the FFN
+            gdn_mixer(fb, n)
+            if t > 1:
+                _tp_reduce(fb, n("gdn_out"), p * T * h, sp)
+            _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+            _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
+            (moe_ffn if model.moe else dense_ffn)(fb, n, tail)
+            if tail:
+                _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+            return
         if model.mla:
             mla_projections(fb, n)
         else:
             linear(fb, n("qkv"), T, h, qkv_n, gemm=qkv)
         heads_prepared(fb, n)
         _attention_core(fb, n)
+        if model.attention_output_gate:   # the output times sigmoid(gate) (Qwen3-Next)
+            _vector(fb, n("attn_gate"), T * model.o_dim // t, p, reads=2, flops_per_element=4, special_per_element=1)
         if model.parallel_block:
             # the FFN reads the layer's input too; the attention's partial output waits for the
             # FFN's, and the backward never reads it
@@ -567,6 +579,40 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             _tp_reduce(fb, n("mamba_out"), p * T * h, sp)
         if tail:
             _vector(fb, n("mamba_residual"), Tn * h, p, reads=2, flops_per_element=2)
+
+    def gdn_mixer(fb: _Builder, n) -> None:
+        """A Gated DeltaNet mixer (Megatron-Core 0.16 ssm/gated_delta_net.py, its training path
+        through fla's chunk_gated_delta_rule), on a tp rank's heads: the input projection (q, k, v,
+        the gate z, b and a; the norm fused in), the depthwise causal convolution and SiLU over q,
+        k and v, the L2 norms of q and k, the decay g and the step beta, q and k repeated to the
+        value heads, then the chunked delta rule by chunks of C tokens for each value head (Yang et
+        al. 2024, Gated Delta Networks, its chunkwise form: β·K·Kᵀ, the WY factors A·(β·K) and
+        A·(β·V), the state update through W·h and Kᵀ·(U − W·h), the output Q·h and within the
+        chunk (Q·Kᵀ∘mask)·V'), the gated RMSNorm and the output projection. A is the inverse of
+        the unit lower-triangular I + β·K·Kᵀ∘decay: forward substitution, Σ i² ≈ C³/3 multiply-adds
+        a chunk and head (transformers' torch_chunk_gated_delta_rule loop; fla-core 0.6's
+        chunk_gated_delta_rule_fwd_kkt_solve_kernel fuses it into the β·K·Kᵀ kernel, so its FLOPs
+        and no traffic of its own)."""
+        Hk, Hv = model.linear_key_heads // t, model.linear_value_heads // t
+        dk, dv, C = model.linear_key_head_dim, model.linear_value_head_dim, model.linear_chunk
+        qk_t, v_t = Hk * dk, Hv * dv
+        chunks = b * -(-s // C)
+        linear(fb, n("gdn_in"), T, h, model.gdn_in_width // t)
+        _vector(fb, n("gdn_conv"), T * (2 * qk_t + v_t), p, flops_per_element=2 * model.linear_conv + 4,
+                special_per_element=1)
+        _vector(fb, n("gdn_l2norm"), T * 2 * qk_t, p, flops_per_element=4)
+        _vector(fb, n("gdn_gates"), T * 2 * Hv, p, reads=1, writes=4 / p, flops_per_element=6,
+                special_per_element=2)
+        if Hv > Hk:   # repeat_interleave of q and k to the value heads
+            _vector(fb, n("gdn_repeat"), T * 2 * Hv * dk, p, reads=Hk / Hv, flops_per_element=0)
+        _gemm(fb, n("gdn_kkt"), chunks * Hv, C, dk, C, p, weights=False)
+        _vector(fb, n("gdn_solve"), chunks * Hv * C * C, p, reads=0, writes=0, flops_per_element=2 * C / 3)
+        for name, M, K, N in (("gdn_w", C, C, dk), ("gdn_u", C, C, dv), ("gdn_wh", C, dk, dv),
+                              ("gdn_state", dk, C, dv), ("gdn_qh", C, dk, dv), ("gdn_qk", C, dk, C),
+                              ("gdn_intra", C, C, dv)):
+            _gemm(fb, n(name), chunks * Hv, M, K, N, p, weights=False)
+        _vector(fb, n("gdn_gate_norm"), T * v_t, p, reads=2, flops_per_element=12, special_per_element=1)
+        linear(fb, n("gdn_out"), T, v_t, h)
 
     def heads_prepared(fb: _Builder, n) -> None:
         """What runs between the projections and the attention: the per-head norms of the queries
@@ -685,6 +731,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             linear(fb, n("shared_down"), T, sf, h, gemm=tail)
             if t > 1 and tail:
                 _coll(fb, n("shared.reduce_scatter"), "reduce_scatter", "tp", p * T * h)
+            if model.shared_expert_gate and tail:   # sigmoid(x·w), one logit a token, times the output
+                _vector(fb, n("shared_gate"), Tn * h, p, reads=2, flops_per_element=3, special_per_element=1 / h)
         if t > 1 and not sp and tail:   # the layer's output is replicated on the tp ranks again
             _coll(fb, n("moe.all_gather"), "all_gather", "tp", p * T * h)
 
@@ -928,7 +976,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             _gemm(bb, f"{op.name}.wgrad", batch, K, M, N, p, weights=False, deps=wdeps, linear=True)
             grad = (dgrad,)
             column = op.name if op.name in _COLUMN_PARALLEL else ""
-            if t > 1 and not sp and op.name in ("qkv", "ffn_up", "mamba_in"):
+            if t > 1 and not sp and op.name in ("qkv", "ffn_up", "mamba_in", "gdn_in"):
                 grad = (_coll(bb, f"{op.name}.dgrad.all_reduce", "all_reduce", "tp", p * T * h,
                               deps=grad, hidden_by=f"{op.name}.wgrad"),)
         else:                    # attention batched GEMMs: both operands are activations

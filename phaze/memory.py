@@ -6,7 +6,7 @@ models without dropout and fused (FlashAttention-style) attention.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .graph import kv_heads_read, kv_width, megatron_softmax_fused, norm_fed_linears
 from .plan import is_full, recompute_modules_of
@@ -63,6 +63,11 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     if model.hybrid and model.layer_kind is None:   # the mean over a hybrid's kinds of layer
         return sum(w * activation_bytes_per_layer(view, mbs, tp, sp, recompute, attention)
                    for w, view in hybrid_views(model))
+    if model.gdn_layers and model.linear_attention_interval != -1:   # Gated DeltaNet beside full attention
+        w = model.gdn_layers / model.layers
+        return sum(share * activation_bytes_per_layer(replace(model, linear_attention_interval=n), mbs, tp, sp,
+                                                      recompute, attention)
+                   for share, n in ((w, -1), (1 - w, 0)))
     if recompute == "op":
         return _op_checkpoint_bytes(model, sb, t, rep, attention)
     mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
@@ -72,11 +77,29 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     # fp8 under fused casts and a te.Linear casts itself (the norm's 16-bit output freed); the
     # down projection's is the only copy of its input, and the out-projection's sits beside the
     # 16-bit output a fused attention keeps for its own backward
-    saved = {n: p for n in ("qkv", "ffn_up", "attn_out", "ffn_down", "mamba_in", "mamba_out")}
+    saved = {n: p for n in ("qkv", "ffn_up", "attn_out", "ffn_down", "mamba_in", "mamba_out", "gdn_in", "gdn_out")}
     if model.fp8_saved_inputs:
-        saved.update({n: 1.0 for n in norm_fed_linears(model)}, ffn_down=1.0, mamba_out=1.0,
+        saved.update({n: 1.0 for n in norm_fed_linears(model)}, ffn_down=1.0, mamba_out=1.0, gdn_out=1.0,
                      attn_out=1.0 + (p if attention in ("flash", "flash2") else 0.0))
     kind = model.layer_kind
+    if model.linear_attention_interval == -1:
+        # a Gated DeltaNet layer: the full-attention layer's bytes (its FFN and any selective
+        # recompute modules alike) less its attention's, plus the mixer's (Megatron-Core 0.16
+        # gated_delta_net.py on fla-core 0.6.0, both read from PyPI): the norm's and input
+        # projection's inputs; the convolution's input (causal_conv1d_fn keeps q, k, v before it);
+        # l2norm's outputs and fp32 reciprocal norms (q, k); what chunk_gated_delta_rule keeps (q
+        # and k repeated to the value heads, v, the fp32 cumulative g, beta and A, C a token and
+        # value head, in the inputs' dtype); the softplus's fp32 input and output; the gate z; the
+        # gated norm's input; the output projection's input
+        full_layer = replace(model, linear_attention_interval=0)
+        whole = activation_bytes_per_layer(full_layer, mbs, tp, sp, recompute, attention)
+        qk = model.linear_key_heads * model.linear_key_head_dim
+        v = model.linear_value_heads * model.linear_value_head_dim
+        hk, hv, dk, c = model.linear_key_heads, model.linear_value_heads, model.linear_key_head_dim, model.linear_chunk
+        mixer = (p * (2 * qk + v) + p * 2 * qk + 4 * 2 * hk + p * (2 * hv * dk + v) + 4 * hv + p * hv + p * c * hv
+                 + 4 * 2 * hv + p * v + p * v + saved["gdn_out"] * v)
+        return (whole - _attention_bytes(full_layer, sb, t, rep, recompute, attention, saved, mask, mbs)
+                + (p + saved["gdn_in"] + mask) * sb * h * rep + sb * mixer / t)
     if kind == "M":
         # the norm's input and the input projection's (the norm's output); on the tp rank's heads,
         # what mamba_ssm's split-conv1d-scan function saves (z, x, B, C, dt as projected, and the
@@ -117,6 +140,8 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
         # (the up projections' inputs: fp8 under Transformer Engine's fp8, whose LayerNormLinear
         # writes them), replicated over tp (Megatron-Core's MLA)
         replicated += (p + _linear_input_bytes(model)) * sb * (model.q_lora_rank + model.kv_lora_rank) * rep
+    if model.attention_output_gate:   # the gate's input and the attention's output before the gate
+        split += sb * p * (q + model.o_dim) / t
     if kind in ("*", "-"):   # a hybrid's attention or MLP layer: its half of the transformer layer's
         if kind == "*":
             return ((p + saved["qkv"] + mask) * sb * h * rep
@@ -128,6 +153,26 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
             core = 0.0
         return replicated + split + core - _modules_saved_bytes(model, sb, t, rep, mods, saved, act_inputs)
     return replicated + split + core
+
+
+def _attention_bytes(model: Model, sb: int, t: int, rep: float, recompute: str, attention: str, saved: dict,
+                     mask: float, mbs: int) -> float:
+    """The bytes :func:`activation_bytes_per_layer` counts for a layer's attention (its input
+    norm's input, the projection's input and mask; Q, K, V and the out-projection's input; the
+    fused kernel's statistics or the unfused scores), under ``recompute``."""
+    p, h, a = model.bytes_per_element, model.hidden, model.heads
+    q, kv = model.q_dim, kv_heads_read(model, t) * t * model.head_dim
+    v = kv * model.v_head_dim // model.head_dim
+    if attention in ("flash", "flash2"):
+        core = 4.0 * a * sb / t
+    elif recompute == "selective" or "core_attn" in (recompute_modules_of(recompute) or ()):
+        core = 0.0
+    else:
+        probs = p if megatron_softmax_fused(model, mbs, t) else 4.0 + (0.0 if model.dropout else p)
+        core = (probs + (mask + p if model.dropout else 0.0)) * a * model.seq_len * model.context_parallel * sb / t
+    gate = p * (q + model.o_dim) * sb / t if model.attention_output_gate else 0.0
+    return ((p + saved["qkv"] + mask) * sb * h * rep + sb * (p * (q + kv + v) + saved["attn_out"] * model.o_dim) / t
+            + core + gate)
 
 
 def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved: dict, act_inputs: int) -> float:
@@ -209,7 +254,8 @@ def moe_activation_bytes(model: Model, tokens: int, tp: int) -> float:
 def _expert_tensors(model: Model, tokens: float, tp: int) -> tuple[float, float, float]:
     """Bytes one MoE layer keeps on a device for its experts: (the router's fp32 probabilities and
     the ``top_k`` dispatched copies of its tokens/tp tokens with their activation and
-    down-projection inputs; the shared experts' activation and down-projection inputs; under
+    down-projection inputs; the shared experts' activation and down-projection inputs, and with
+    their gate its sigmoid and the output it scales (Megatron-Core's SharedExpertMLP.forward); under
     Transformer Engine's fp8 the shared experts' first linear's fp8 copy of the router's input)."""
     p, h, k = model.bytes_per_element, model.hidden, model.top_k
     gate = 2 if model.activation == "swiglu" else 1
@@ -217,7 +263,7 @@ def _expert_tensors(model: Model, tokens: float, tp: int) -> tuple[float, float,
     lin = _linear_input_bytes(model)
     ef, sf = model.expert_ffn, model.shared_experts * model.shared_ffn
     routed = 4 * local * model.experts + local * k * (lin * h + p * gate * ef + lin * ef)
-    shared = tokens * (p * gate * sf + lin * sf) / tp
+    shared = tokens * (p * gate * sf + lin * sf + (p * (h + 1) if model.shared_expert_gate else 0)) / tp
     copy = tokens * h / tp if sf and model.fp8_saved_inputs else 0.0
     return routed, shared, copy
 

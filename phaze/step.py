@@ -167,6 +167,11 @@ def layer_mix(model: Model, moe: ExpertLayout | None = None) -> tuple[tuple[floa
     figure (time, schedule, FLOPs, activity, weight-gradient share) is this mean."""
     if model.hybrid and model.layer_kind is None:   # a hybrid: each kind's share of the layers
         return tuple((w, view, None) for w, view in hybrid_views(model))
+    if model.gdn_layers and model.linear_attention_interval != -1:   # Gated DeltaNet beside full attention
+        w = model.gdn_layers / model.layers
+        return tuple((share * v, m, lm) for share, view in ((w, replace(model, linear_attention_interval=-1)),
+                                                            (1 - w, replace(model, linear_attention_interval=0)))
+                     for v, m, lm in layer_mix(view, moe))
     if not (model.moe and model.dense_ffn_layers):
         return ((1.0, model, moe),)
     w = model.dense_ffn_layers / model.layers
@@ -337,8 +342,9 @@ def _layers_flops(model: Model, recompute: str, compiled: bool = False, mtp: boo
     """Tensor FLOPs of all the layers for one sequence (balanced routing over one rank), recompute
     included: what the hardware executes (for HFU; ``compiled``: as :func:`phaze.graph.layer_graph`);
     ``mtp``: with the multi-token prediction modules' layers."""
-    if model.hybrid and model.layer_kind is None:
-        return sum(w * _layers_flops(view, recompute, compiled, mtp) for w, view in hybrid_views(model))
+    if (model.hybrid and model.layer_kind is None) or (model.gdn_layers and model.linear_attention_interval != -1):
+        return model.layers * sum(w * _layers_flops(m, recompute, compiled, mtp) / m.layers
+                                  for w, m, _ in layer_mix(model))
     layer = tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute, None, compiled).ops)
     flops = model.layers * layer
     if model.moe and model.dense_ffn_layers:
@@ -499,6 +505,8 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
                                           f"({model.kv_heads}), got {plan.tp}")
     if model.hybrid:
         _check_hybrid(model, plan)
+    if model.gdn_layers:
+        _check_gdn(model, plan)
     if plan.optimizer == "adam-deepspeed" and plan.zero >= 3:
         raise ConfigError("--plan", "zero", f"must be 0 to 2 with optimizer=adam-deepspeed (DeepSpeed's "
                           f"FP16/BF16 optimizer wrappers and its ZeRO-1 and 2 optimizer; its ZeRO-3 "
@@ -632,6 +640,23 @@ def host_offload_bytes(model: Model, devices: int, global_batch: int, plan: Plan
                                                                                  plan.offload))
     m = global_batch // (plan.dp(devices) * plan.mbs)
     return max(per * n * inflight_micro_batches(plan.pp, plan.vp, m, i) for i, n in enumerate(stage_split(model, plan)))
+
+
+def _check_gdn(model: Model, plan: Plan) -> None:
+    """What a plan of a model with Gated DeltaNet layers may not do: split a key or value head over
+    tp (Megatron-Core's GatedDeltaNet splits both head counts by tp), or run context parallelism,
+    which its GatedDeltaNet does not support ("TODO: support CP")."""
+    k, v = model.linear_key_heads, model.linear_value_heads
+    if k % plan.tp or v % plan.tp:
+        g = math.gcd(k, v)
+        raise ConfigError("--plan", "tp", f"must divide the Gated DeltaNet key heads ({k}) and value heads ({v}) "
+                          f"of {model.name}; allowed: " + ", ".join(str(d) for d in range(1, g + 1) if g % d == 0))
+    if plan.cp > 1:
+        raise ConfigError("--plan", "cp", f"{model.name} has Gated DeltaNet layers, which Megatron-Core 0.16 runs "
+                                          f"without context parallelism; allowed: 1")
+    if plan.offload or plan.pipe_schedule == "dualpipe":
+        raise ConfigError("--plan", "offload" if plan.offload else "pipe_schedule",
+                          f"{model.name} has Gated DeltaNet layers: offload and DualPipe are not modelled with them")
 
 
 def check_offload(chip: Chip, plan: Plan) -> None:

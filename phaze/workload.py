@@ -132,6 +132,8 @@ class Model:
     expert_ffn_hidden: int = 0           # FFN width of one routed expert; 0 means = ffn_hidden
     shared_experts: int = 0              # experts every token passes through (DeepSeek)
     shared_expert_ffn_hidden: int = 0    # FFN width of one shared expert; 0 means = expert_ffn_hidden
+    shared_expert_gate: bool = False     # the shared experts' output times sigmoid(x·w), one weight
+                                         # vector (Qwen3-Next; Megatron-Core --moe-shared-expert-gate)
     dense_layers: int = 0                # the first layers keep a dense FFN (DeepSeek-V3: 3)
     moe_layer_interval: int = 1          # after those, every this-many-th layer is MoE and the others
                                          # dense (Llama 4 Maverick: 2; Hugging Face's
@@ -158,6 +160,19 @@ class Model:
     mamba_groups: int = 8                # groups sharing B and C (mamba_num_groups)
     mamba_conv: int = 4                  # the causal depthwise convolution's width (d_conv)
     mamba_chunk: int = 128               # the SSD scan's chunk length Q (MambaMixer chunk_size)
+    # Gated DeltaNet linear attention (Qwen3-Next; Megatron-Core 0.16 ssm/gated_delta_net.py): of
+    # every ``linear_attention_interval`` layers N, N - 1 run a Gated DeltaNet mixer and the last
+    # full attention (Megatron-Core's linear_attention_freq); 0 or 1: none; -1: every layer (the
+    # one-kind view phaze.step.layer_mix takes of the linear layers)
+    linear_attention_interval: int = 0
+    linear_key_heads: int = 16           # linear_num_key_heads
+    linear_value_heads: int = 32         # linear_num_value_heads
+    linear_key_head_dim: int = 128       # linear_key_head_dim
+    linear_value_head_dim: int = 128     # linear_value_head_dim
+    linear_conv: int = 4                 # linear_conv_kernel_dim
+    linear_chunk: int = 64               # fla's chunk_gated_delta_rule chunk length
+    attention_output_gate: bool = False  # a sigmoid gate on the attention's output (Qwen3-Next), its
+                                         # width from a query projection twice as wide
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -221,6 +236,29 @@ class Model:
     def attention_layers(self) -> int:
         """Layers with attention: all of a transformer's, a hybrid's '*' layers."""
         return self.hybrid_pattern.count("*") if self.hybrid else self.layers
+
+    @property
+    def gdn_layers(self) -> int:
+        """Layers running a Gated DeltaNet mixer (:attr:`linear_attention_interval`)."""
+        n = self.linear_attention_interval
+        return self.layers if n == -1 else self.layers - self.layers // n if n >= 2 else 0
+
+    @property
+    def gdn_in_width(self) -> int:
+        """The Gated DeltaNet input projection's output: q, k, v, the gate z, b and a."""
+        qk = self.linear_key_heads * self.linear_key_head_dim
+        v = self.linear_value_heads * self.linear_value_head_dim
+        return 2 * qk + 2 * v + 2 * self.linear_value_heads
+
+    @property
+    def gdn_params(self) -> int:
+        """Parameters of one Gated DeltaNet mixer (Megatron-Core's GatedDeltaNet): the input
+        projection, the depthwise convolution over q, k and v (no bias), dt_bias and A_log (one a
+        value head), the gated norm's weight (one value head wide) and the output projection."""
+        qk = self.linear_key_heads * self.linear_key_head_dim
+        v = self.linear_value_heads * self.linear_value_head_dim
+        return (self.hidden * self.gdn_in_width + (2 * qk + v) * self.linear_conv + 2 * self.linear_value_heads
+                + self.linear_value_head_dim + v * self.hidden)
 
     @property
     def mamba_inner(self) -> int:
@@ -304,8 +342,14 @@ class Model:
 
     @property
     def attention_params(self) -> int:
+        """Parameters of one layer's attention; with Gated DeltaNet layers, the mean over the
+        layers of the Gated DeltaNet mixers' and the full attention's."""
+        if self.gdn_layers:
+            full = replace(self, linear_attention_interval=0).attention_params
+            return (self.gdn_layers * self.gdn_params + (self.layers - self.gdn_layers) * full) / self.layers
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
-        extra = (2 * self.head_dim if self.qk_norm else 0) + (self.heads if self.attention_sinks else 0)
+        extra = ((2 * self.head_dim if self.qk_norm else 0) + (self.heads if self.attention_sinks else 0)
+                 + (q * h if self.attention_output_gate else 0))
         if self.mla:
             return self.mla_params + extra
         weights = h * (q + 2 * kv) + q * h
@@ -343,8 +387,9 @@ class Model:
 
     @property
     def shared_expert_params(self) -> int:
-        """Parameters of the shared experts of one MoE layer."""
-        return self.shared_experts * self._ffn(self.shared_ffn, self.bias or self.expert_bias)
+        """Parameters of the shared experts of one MoE layer (and their gate's weight vector)."""
+        return (self.shared_experts * self._ffn(self.shared_ffn, self.bias or self.expert_bias)
+                + (self.hidden if self.shared_expert_gate else 0))
 
     @property
     def mamba_params(self) -> int:
@@ -472,7 +517,8 @@ class Model:
         b = self.bias or self.expert_bias
         held = self.experts if experts is None else experts
         router = 2 if b else 1
-        moe = router + held * 2 * linear(b) + (2 * linear(b) if self.shared_experts else 0)
+        moe = (router + held * 2 * linear(b) + (2 * linear(b) if self.shared_experts else 0)
+               + (1 if self.shared_expert_gate else 0))   # the gate's weight: a plain matmul, hooked
         return n + (self.dense_ffn_layers * dense + self.moe_layers * moe) / self.layers
 
     @property
@@ -591,6 +637,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         expert_ffn_hidden=f.int("expert_ffn_hidden", 0, minimum=0),
         shared_experts=f.int("shared_experts", 0, minimum=0),
         shared_expert_ffn_hidden=f.int("shared_expert_ffn_hidden", 0, minimum=0),
+        shared_expert_gate=f.bool("shared_expert_gate", False),
         dense_layers=f.int("dense_layers", 0, minimum=0),
         moe_layer_interval=f.int("moe_layer_interval", 1, minimum=1),
         expert_bias=f.bool("expert_bias", False),
@@ -606,6 +653,14 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         mamba_groups=f.int("mamba_groups", 8),
         mamba_conv=f.int("mamba_conv", 4),
         mamba_chunk=f.int("mamba_chunk", 128),
+        linear_attention_interval=f.int("linear_attention_interval", 0, minimum=0),
+        linear_key_heads=f.int("linear_key_heads", 16),
+        linear_value_heads=f.int("linear_value_heads", 32),
+        linear_key_head_dim=f.int("linear_key_head_dim", 128),
+        linear_value_head_dim=f.int("linear_value_head_dim", 128),
+        linear_conv=f.int("linear_conv", 4),
+        linear_chunk=f.int("linear_chunk", 64),
+        attention_output_gate=f.bool("attention_output_gate", False),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
@@ -705,6 +760,8 @@ def _check_moe(model: Model, source: str) -> None:
             raise ConfigError(source, "experts", "must be > 0 when top_k, shared_experts, router groups "
                                                  "or moe_layer_interval are given")
         return
+    if model.shared_expert_gate and not model.shared_experts:
+        raise ConfigError(source, "shared_expert_gate", "must be false without shared_experts (it gates their output)")
     if not 1 <= model.top_k <= model.experts:
         raise ConfigError(source, "top_k", f"must be between 1 and experts ({model.experts}), got {model.top_k}")
     if model.dense_layers >= model.layers:
@@ -752,7 +809,6 @@ _HF_NOT_MODELLED = {
     **dict.fromkeys(("mamba", "mamba2", "falcon_mamba"), "Mamba state-space layers and no attention"),
     **dict.fromkeys(("jamba", "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h"),
                     "a hybrid of Mamba state-space and attention layers"),
-    "qwen3_next": "Gated DeltaNet linear attention in 3 of every 4 layers",
     "minimax": "lightning (linear) attention in most layers",
     "rwkv": "RWKV recurrent layers and no attention",
     "recurrent_gemma": "RG-LRU recurrent layers beside local attention",
@@ -760,15 +816,15 @@ _HF_NOT_MODELLED = {
     "xlstm": "xLSTM recurrent layers and no attention",
 }
 
-_HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text")
+_HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next")
 
 
-def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list) -> dict:
+def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, source: str) -> dict:
     """Mixture-of-experts, MLA, q/k-norm and chunked-attention fields of a Hugging Face config
     (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4) of ``layers`` layers; what is
     simplified goes to ``notes``."""
     out: dict = {}
-    if mtype in ("qwen3", "qwen3_moe"):
+    if mtype in ("qwen3", "qwen3_moe", "qwen3_next"):
         out["qk_norm"] = True
     experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
     if mtype in _HF_MOE_TYPES and experts:
@@ -780,6 +836,16 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list) ->
         if mtype == "llama4_text":   # transformers' Llama4TextMoe: one shared expert as wide as the routed
             out.update(shared_experts=1, ffn_hidden=int(cfg.get("intermediate_size_mlp") or ffn))  # ones
         out.update(_hf_moe_pattern(cfg, layers, out["dense_layers"], notes))
+    if mtype == "qwen3_next":   # Gated DeltaNet in (N-1) of every N layers, gated full attention in the rest
+        out.update(linear_attention_interval=_hf_linear_interval(cfg, layers, notes, source),
+                   linear_key_heads=int(cfg.get("linear_num_key_heads") or 16),
+                   linear_value_heads=int(cfg.get("linear_num_value_heads") or 32),
+                   linear_key_head_dim=int(cfg.get("linear_key_head_dim") or 128),
+                   linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 128),
+                   linear_conv=int(cfg.get("linear_conv_kernel_dim") or 4), attention_output_gate=True)
+        if cfg.get("shared_expert_intermediate_size"):
+            out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_expert_intermediate_size"]),
+                       shared_expert_gate=True)   # transformers' Qwen3NextSparseMoeBlock.shared_expert_gate
     if mtype == "deepseek_v3":
         out.update(q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
@@ -821,6 +887,24 @@ def _hf_moe_pattern(cfg: dict, layers: int, dense: int, notes: list) -> dict:
     if moe != regular:
         notes.append(f"MoE layers {moe} costed by count as every {interval} layer(s) after the first {dense}")
     return {"moe_layer_interval": interval} if interval > 1 else {}
+
+
+def _hf_linear_interval(cfg: dict, layers: int, notes: list, source: str) -> int:
+    """Qwen3-Next's N (every N-th layer full attention, the others Gated DeltaNet): its
+    ``full_attention_interval``, or from ``layer_types`` as transformers 4.57 reads them; another
+    pattern of kinds is costed by count, and a note says so."""
+    interval = int(cfg.get("full_attention_interval") or 4)
+    kinds = cfg.get("layer_types")
+    if not isinstance(kinds, list) or not kinds:
+        return interval
+    full = [i for i, k in enumerate(kinds) if k == "full_attention"]
+    if not full or any(k not in ("full_attention", "linear_attention") for k in kinds):
+        raise ConfigError(source, "layer_types", "must name full_attention and linear_attention layers, at least "
+                                                   "one full_attention")
+    interval = max(2, round(layers / len(full)))
+    if full != [i for i in range(layers) if (i + 1) % interval == 0]:
+        notes.append(f"full attention layers {full} costed by count as every {interval} layer(s)")
+    return interval
 
 
 def _hf_chunks(cfg: dict, layers: int) -> dict:
@@ -965,7 +1049,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         which = (f"GPT-OSS; its output projection's bias, {hidden} per layer, is not counted"
                  if mtype == "gpt_oss" else "Qwen2")
         notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
-    extra = _hf_moe_fields(cfg, mtype, ffn, layers, notes)
+    extra = _hf_moe_fields(cfg, mtype, ffn, layers, notes, source)
     block = _hf_parallel_block(cfg, mtype)
     if block:
         notes.append("a parallel block: attention and FFN read the layer's input side by side ("

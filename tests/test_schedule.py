@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = sorted(p.stem for p in (ROOT / "workloads").glob("*.yaml"))
 # backward layers the solver does not prove optimal within the default time limit (DeepSeek-V3's
 # MLA projections, router, routed and shared experts: 22 forward ops, their backward about three
-# times as many); their schedules are still checked, bounded and within 20 % of the lower bound
-NOT_PROVEN = ("deepseek-v3",)
+# times as many; Qwen3-Next's Gated DeltaNet layer, whose backward the solve without CP-SAT's
+# presolve bounds within 8 %); their schedules are still checked, bounded and within 20 % of the
+# lower bound
+NOT_PROVEN = ("deepseek-v3", "qwen3-next-80b-a3b")
 # a non-ideal machine (kernel overheads make fewer units relatively cheaper: a harder instance)
 EFF = Efficiency(tensor_fraction=0.7, hbm_fraction=0.75, link_fraction=0.8, attention_fraction=0.45,
                  kernel_overhead_s=6e-6, tile_overhead_k=64)

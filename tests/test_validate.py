@@ -424,11 +424,11 @@ def test_most_bundled_rows_are_expressed_and_skips_say_why():
     # every row names the chip file it is scored with; the power-limited HBM2e H100 has its own
     assert all(c.chip_file for c in cases)
     assert {c.chip_file for c in cases if c.gpu == "H100-HBM2e-96GB-500W"} == {"h100-hbm2e-96gb-500w"}
-    # mixture-of-experts rows are modelled as experts; the hybrid Qwen3-Next is skipped with the reason
+    # mixture-of-experts rows are modelled as experts, Qwen3-Next's Gated DeltaNet layers too
     moe = [i for i in items if rows()[i.run_id]["num_experts"]]
-    assert len(moe) == 19 and sum(isinstance(i, v.Case) and i.model.moe for i in moe) >= 17
+    assert len(moe) == 19 and sum(isinstance(i, v.Case) and i.model.moe for i in moe) >= 18
     assert all(isinstance(i, v.Case) or i.reason for i in moe)
-    assert [i.run_id for i in moe if isinstance(i, v.Skipped) and "not modelled" in i.reason] == ["R1046"]
+    assert [i.run_id for i in moe if isinstance(i, v.Skipped) and "not modelled" in i.reason] == []
 
 
 def test_explicit_columns_present_in_the_bundled_copies():
@@ -922,9 +922,16 @@ def test_no_code_path_reads_the_notes_column():
 
 
 def test_moe_rows_are_modelled_or_skipped_with_the_reason(monkeypatch):
-    s = v.row_to_case(rows()["R1046"])                         # Qwen3-Next-80B-A3B: hybrid attention
+    c = v.row_to_case(rows()["R1046"])          # Qwen3-Next-80B-A3B: Gated DeltaNet in 36 of 48 layers
+    assert isinstance(c, v.Case) and c.model.gdn_layers == 36
+    # a catalogued model whose architecture phaze does not model is skipped with the reason
+    entry = dict(model="Some-Linear-MoE-80B", experts="512", top_k="10", total_params_b="80", active_params_b="3",
+                 not_modelled="lightning attention in most layers, which phaze does not model")
+    monkeypatch.setattr(v, "moe_models", lambda: {"somelinearmoe80b": entry})
+    s = v.row_to_case(synthetic(model="Some-Linear-MoE-80B"))
     assert isinstance(s, v.Skipped) and "512 experts" in s.reason and "top-10" in s.reason
-    assert "not modelled" in s.reason
+    assert "not modelled" in s.reason and "lightning attention" in s.reason
+    monkeypatch.undo()
     # a CSV without the num_experts column: a shipped MoE model is recognised by name, its ep assumed
     c = v.row_to_case(synthetic(model="Mixtral-8x7B", micro_batch="1", zero_stage="0"))
     assert isinstance(c, v.Case) and (c.model.experts, c.model.top_k) == (8, 2) and c.layout_from == "unconfirmed"
