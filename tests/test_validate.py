@@ -923,7 +923,7 @@ def test_no_code_path_reads_the_notes_column():
 
 def test_moe_rows_are_modelled_or_skipped_with_the_reason(monkeypatch):
     c = v.row_to_case(rows()["R1046"])          # Qwen3-Next-80B-A3B: Gated DeltaNet in 36 of 48 layers
-    assert isinstance(c, v.Case) and c.model.gdn_layers == 36
+    assert isinstance(c, v.Case) and c.model.gdn_layers == 36 and c.model.mtp_layers == 1
     # a catalogued model whose architecture phaze does not model is skipped with the reason
     entry = dict(model="Some-Linear-MoE-80B", experts="512", top_k="10", total_params_b="80", active_params_b="3",
                  not_modelled="lightning attention in most layers, which phaze does not model")
