@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from .graph import kv_heads_read, kv_width, megatron_softmax_fused, norm_fed_linears
 from .plan import is_full, recompute_modules_of
-from .workload import Model, hybrid_views
+from .workload import Model, gdn_views, hybrid_views
 
 # fp32 master + m + v; Megatron-Core's precision-aware optimizer keeps the master weights as the 16-bit
 # remainders of the bf16 ones (2 + 4 + 4), and with bf16 moments 2 + 2 + 2 (phaze.graph.optimizer_op);
@@ -63,11 +63,8 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     if model.hybrid and model.layer_kind is None:   # the mean over a hybrid's kinds of layer
         return sum(w * activation_bytes_per_layer(view, mbs, tp, sp, recompute, attention)
                    for w, view in hybrid_views(model))
-    if model.gdn_layers and model.linear_attention_interval != -1:   # Gated DeltaNet beside full attention
-        w = model.gdn_layers / model.layers
-        return sum(share * activation_bytes_per_layer(replace(model, linear_attention_interval=n), mbs, tp, sp,
-                                                      recompute, attention)
-                   for share, n in ((w, -1), (1 - w, 0)))
+    if views := gdn_views(model):   # Gated DeltaNet beside full attention: the mean of the two kinds
+        return sum(w * activation_bytes_per_layer(view, mbs, tp, sp, recompute, attention) for w, view in views)
     if recompute == "op":
         return _op_checkpoint_bytes(model, sb, t, rep, attention)
     mask = 1.0 if model.dropout else 0.0  # dropout masks are one byte per element
@@ -93,8 +90,7 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
         # gated norm's input; the output projection's input
         full_layer = replace(model, linear_attention_interval=0)
         whole = activation_bytes_per_layer(full_layer, mbs, tp, sp, recompute, attention)
-        qk = model.linear_key_heads * model.linear_key_head_dim
-        v = model.linear_value_heads * model.linear_value_head_dim
+        qk, v = model.gdn_qk_dim, model.gdn_v_dim
         hk, hv, dk, c = model.linear_key_heads, model.linear_value_heads, model.linear_key_head_dim, model.linear_chunk
         mixer = (p * (2 * qk + v) + p * 2 * qk + 4 * 2 * hk + p * (2 * hv * dk + v) + 4 * hv + p * hv + p * c * hv
                  + 4 * 2 * hv + p * v + p * v + saved["gdn_out"] * v)

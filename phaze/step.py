@@ -56,7 +56,7 @@ from .plan import (
     shared_overlap_conflict,
 )
 from .schedule import layer_bounds, schedule_layer
-from .workload import Model, hybrid_views, with_seq_len
+from .workload import Model, gdn_views, hybrid_views, with_seq_len
 
 # the parallel groups whose exposed communication a step reports apart (StepResult.communication_by_group_s)
 # and how a printout names them
@@ -167,11 +167,8 @@ def layer_mix(model: Model, moe: ExpertLayout | None = None) -> tuple[tuple[floa
     figure (time, schedule, FLOPs, activity, weight-gradient share) is this mean."""
     if model.hybrid and model.layer_kind is None:   # a hybrid: each kind's share of the layers
         return tuple((w, view, None) for w, view in hybrid_views(model))
-    if model.gdn_layers and model.linear_attention_interval != -1:   # Gated DeltaNet beside full attention
-        w = model.gdn_layers / model.layers
-        return tuple((share * v, m, lm) for share, view in ((w, replace(model, linear_attention_interval=-1)),
-                                                            (1 - w, replace(model, linear_attention_interval=0)))
-                     for v, m, lm in layer_mix(view, moe))
+    if views := gdn_views(model):   # Gated DeltaNet beside full attention, each kind as layer_mix takes it
+        return tuple((share * v, m, lm) for share, view in views for v, m, lm in layer_mix(view, moe))
     if not (model.moe and model.dense_ffn_layers):
         return ((1.0, model, moe),)
     w = model.dense_ffn_layers / model.layers
@@ -342,7 +339,7 @@ def _layers_flops(model: Model, recompute: str, compiled: bool = False, mtp: boo
     """Tensor FLOPs of all the layers for one sequence (balanced routing over one rank), recompute
     included: what the hardware executes (for HFU; ``compiled``: as :func:`phaze.graph.layer_graph`);
     ``mtp``: with the multi-token prediction modules' layers."""
-    if (model.hybrid and model.layer_kind is None) or (model.gdn_layers and model.linear_attention_interval != -1):
+    if (model.hybrid and model.layer_kind is None) or gdn_views(model):
         return model.layers * sum(w * _layers_flops(m, recompute, compiled, mtp) / m.layers
                                   for w, m, _ in layer_mix(model))
     layer = tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute, None, compiled).ops)

@@ -244,19 +244,26 @@ class Model:
         return self.layers if n == -1 else self.layers - self.layers // n if n >= 2 else 0
 
     @property
+    def gdn_qk_dim(self) -> int:
+        """The Gated DeltaNet mixer's query (and key) width: key heads x their width."""
+        return self.linear_key_heads * self.linear_key_head_dim
+
+    @property
+    def gdn_v_dim(self) -> int:
+        """The Gated DeltaNet mixer's value (and gate, and output) width."""
+        return self.linear_value_heads * self.linear_value_head_dim
+
+    @property
     def gdn_in_width(self) -> int:
         """The Gated DeltaNet input projection's output: q, k, v, the gate z, b and a."""
-        qk = self.linear_key_heads * self.linear_key_head_dim
-        v = self.linear_value_heads * self.linear_value_head_dim
-        return 2 * qk + 2 * v + 2 * self.linear_value_heads
+        return 2 * self.gdn_qk_dim + 2 * self.gdn_v_dim + 2 * self.linear_value_heads
 
     @property
     def gdn_params(self) -> int:
         """Parameters of one Gated DeltaNet mixer (Megatron-Core's GatedDeltaNet): the input
         projection, the depthwise convolution over q, k and v (no bias), dt_bias and A_log (one a
         value head), the gated norm's weight (one value head wide) and the output projection."""
-        qk = self.linear_key_heads * self.linear_key_head_dim
-        v = self.linear_value_heads * self.linear_value_head_dim
+        qk, v = self.gdn_qk_dim, self.gdn_v_dim
         return (self.hidden * self.gdn_in_width + (2 * qk + v) * self.linear_conv + 2 * self.linear_value_heads
                 + self.linear_value_head_dim + v * self.hidden)
 
@@ -722,6 +729,16 @@ def hybrid_views(model: Model) -> tuple[tuple[float, Model], ...]:
     repeated), with the kind's share of the layers."""
     return tuple((n / model.layers, replace(model, hybrid_pattern=k * model.layers))
                  for k, n in model.hybrid_counts.items())
+
+
+def gdn_views(model: Model) -> tuple[tuple[float, Model], ...]:
+    """A model with Gated DeltaNet layers beside full attention as its two kinds alone (every
+    layer Gated DeltaNet, every layer full attention), each with its share of the layers; ()
+    for a model of one kind."""
+    if not model.gdn_layers or model.linear_attention_interval == -1:
+        return ()
+    w = model.gdn_layers / model.layers
+    return ((w, replace(model, linear_attention_interval=-1)), (1 - w, replace(model, linear_attention_interval=0)))
 
 
 def hybrid_error(model: Model) -> tuple[str, str]:
