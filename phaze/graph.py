@@ -497,38 +497,34 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if kind == "M":
             mamba_mixer(fb, n, tail)
             return
-        if model.linear_attention_interval == -1:   # a Gated DeltaNet layer: its mixer, then the FFN
+        if model.linear_attention_interval == -1:   # a Gated DeltaNet layer: its mixer for the attention
             gdn_mixer(fb, n)
-            if t > 1:
-                _tp_reduce(fb, n("gdn_out"), p * T * h, sp)
-            _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
-            _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
-            (moe_ffn if model.moe else dense_ffn)(fb, n, tail)
-            if tail:
-                _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
-            return
-        if model.mla:
-            mla_projections(fb, n)
+            last, out = False, "gdn_out"
         else:
-            linear(fb, n("qkv"), T, h, qkv_n, gemm=qkv)
-        heads_prepared(fb, n)
-        _attention_core(fb, n)
-        if model.attention_output_gate:   # the output times sigmoid(gate) (Qwen3-Next)
-            _vector(fb, n("attn_gate"), T * model.o_dim // t, p, reads=2, flops_per_element=4, special_per_element=1)
-        if model.parallel_block:
-            # the FFN reads the layer's input too; the attention's partial output waits for the
-            # FFN's, and the backward never reads it
-            linear(fb, n("attn_out"), T, model.o_dim // t, h, gemm=tail)
-            if model.parallel_block == "two_norms":
-                _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
-            dense_ffn(fb, n, tail)
-            if tail:
-                _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
-            return
-        last = kind == "*"   # a hybrid's attention layer ends here: the backward never reads its output
-        linear(fb, n("attn_out"), T, model.o_dim // t, h, gemm=tail or not last)
+            if model.mla:
+                mla_projections(fb, n)
+            else:
+                linear(fb, n("qkv"), T, h, qkv_n, gemm=qkv)
+            heads_prepared(fb, n)
+            _attention_core(fb, n)
+            if model.attention_output_gate:   # the output times sigmoid(gate) (Qwen3-Next)
+                _vector(fb, n("attn_gate"), T * model.o_dim // t, p, reads=2, flops_per_element=4,
+                        special_per_element=1)
+            if model.parallel_block:
+                # the FFN reads the layer's input too; the attention's partial output waits for the
+                # FFN's, and the backward never reads it
+                linear(fb, n("attn_out"), T, model.o_dim // t, h, gemm=tail)
+                if model.parallel_block == "two_norms":
+                    _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
+                dense_ffn(fb, n, tail)
+                if tail:
+                    _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+                return
+            # a hybrid's attention layer ends here: the backward never reads its output
+            last, out = kind == "*", "attn_out"
+            linear(fb, n("attn_out"), T, model.o_dim // t, h, gemm=tail or not last)
         if t > 1 and (tail or not last):
-            _tp_reduce(fb, n("attn_out"), p * T * h, sp)
+            _tp_reduce(fb, n(out), p * T * h, sp)
         if tail or not last:
             _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
         if last:
