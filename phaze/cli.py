@@ -50,6 +50,8 @@ from .plan import (
     DP_SHARD_ALLOWED,
     FSDP_PP,
     MEGATRON_OPTIMIZERS,
+    PIPE_SCHEDULES,
+    PIPE_SCHEDULES_ALLOWED,
     PLAN_RECOMPUTE,
     RECOMPUTE,
     RECOMPUTE_MODULES,
@@ -60,6 +62,7 @@ from .plan import (
     dp_shard_value,
     one_or_several,
     ordered_modules,
+    pipe_schedule_value,
 )
 from .power import PoweredStep, place_within_limit, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
@@ -327,6 +330,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                               if not o.grad_accum_fusion and o.optimizer in MEGATRON_OPTIMIZERS else "")
                            + (f"; dp_shard {','.join(map(dp_shard_text, o.dp_shards))}" if o.dp_shards != (0,) else "")
                            + (f"; cp_comm {','.join(o.cp_comms)}" if o.cp_comms != ("p2p",) else "")
+                           + (f"; pipe_schedule {','.join(o.pipe_schedules)} (dualpipe: the even split, one "
+                              f"recompute mode)" if o.pipe_schedules != ("1f1b",) else "")
                            + (f"; fsdp_pp {o.fsdp_pp}" if o.fsdp_pp != "micro_batch" else "")
                            + ("; fp8 weights" if o.fp8_params else ""))
         if model.moe:
@@ -795,6 +800,7 @@ def _one_or_several(parse_one, allowed: str):
 
 _cp_comm = _one_or_several(cp_comm_value, CP_COMMS_ALLOWED)     # one exchange, or several to search
 _dp_shard = _one_or_several(dp_shard_value, DP_SHARD_ALLOWED)   # one shard grouping, or several
+_pipe_schedule = _one_or_several(pipe_schedule_value, PIPE_SCHEDULES_ALLOWED)   # one schedule, or several
 
 
 class _Ticker:
@@ -841,7 +847,8 @@ def cmd_place(args) -> int:
                                ep_overlap=args.ep_overlap or (), recompute_modules=args.recompute_modules or (),
                                dp_shard=args.dp_shard or 0, cp_comm=args.cp_comm or "p2p",
                                fsdp_pp=args.fsdp_pp or "micro_batch", fp8_params=args.fp8_params == "on",
-                               shared_overlap=args.shared_overlap == "on")
+                               shared_overlap=args.shared_overlap == "on",
+                               pipe_schedule=args.pipe_schedule or "1f1b")
     preset = None
     if args.framework:
         fw = framework(args.framework)
@@ -1364,6 +1371,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how context parallelism exchanges K and V: p2p (default; a ring), all_gather, a2a "
                          "(Ulysses), a2a+p2p (Ulysses in groups, a ring across them: every group size searched) "
                          "or torch (PyTorch's context parallel); several, comma-separated, are searched")
+    pl.add_argument("--pipe-schedule", type=_pipe_schedule, default=None, metavar=",".join(PIPE_SCHEDULES),
+                    help="pipeline schedules to rank: 1f1b (default; interleaved when vp > 1, every stage split "
+                         "searched) and dualpipe (DeepSeek-V3's bidirectional schedule: even pp, no "
+                         "interleaving, the even split with one recompute mode for every stage); both, "
+                         "comma-separated, are searched")
     pl.add_argument("--fsdp-pp", choices=FSDP_PP, default=None,
                     help="how FSDP (zero 3) holds a pipeline stage's weights: micro_batch (default; gathered "
                          "for every micro-batch) or step (gathered once per step and kept whole with the "

@@ -104,6 +104,8 @@ class PlacementOptions:
     fsdp_pp: str = "micro_batch"     # zero 3 with pp > 1: weights gathered per micro-batch | per step
     fp8_params: bool = False         # an fp8 run's linear weights held and gathered in fp8
     pipe_p2p: str = "batched"        # how pipeline stages exchange activations (phaze.plan.PIPE_P2P)
+    pipe_schedule: str | tuple[str, ...] = "1f1b"   # the pipeline schedule, or the schedules searched
+                                                   # (phaze.plan.PIPE_SCHEDULES; :attr:`pipe_schedules`)
     shared_overlap: bool = False     # shared experts beside the all-to-alls, in the plans that allow it
     dp_shard: int | tuple[int, ...] = 0   # data-parallel ranks of a ZeRO shard group, or the groupings
                                           # searched (phaze.plan.Plan.dp_shard; :attr:`dp_shards`)
@@ -124,6 +126,13 @@ class PlacementOptions:
         """The K/V exchanges searched at cp > 1, in the given order (a layout at cp = 1 takes the
         first: there is nothing to exchange)."""
         return (self.cp_comm,) if isinstance(self.cp_comm, str) else tuple(dict.fromkeys(self.cp_comm))
+
+    @property
+    def pipe_schedules(self) -> tuple[str, ...]:
+        """The pipeline schedules searched, in the given order: ``1f1b`` by the dynamic program,
+        ``dualpipe`` over even splits (:func:`place`)."""
+        return ((self.pipe_schedule,) if isinstance(self.pipe_schedule, str)
+                else tuple(dict.fromkeys(self.pipe_schedule)))
 
     @property
     def zero_stages(self) -> tuple[int, ...]:
@@ -576,11 +585,12 @@ def exchange_values(options: PlacementOptions, cp: int) -> list[tuple[str, int]]
     return [(c, a) for c in options.cp_comms for a in (cp_a2a_groups(cp) if c == "a2a+p2p" else (1,))]
 
 
-def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions, chip: Chip | None = None):
-    """Every valid layout of the option space, as base plans. With ``chip``, of the shard groupings
-    (``dp_shard``) and dispatchers that give a layout the same group of ranks and the same expert
-    layout on it (DeepEP inside one node is the flat all-to-all) only the first is kept: they are
-    the same plan."""
+def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions, chip: Chip | None = None,
+            pipe_schedule: str = "1f1b"):
+    """Every valid layout of the option space under ``pipe_schedule``, as base plans. With
+    ``chip``, of the shard groupings (``dp_shard``) and dispatchers that give a layout the same
+    group of ranks and the same expert layout on it (DeepEP inside one node is the flat
+    all-to-all) only the first is kept: they are the same plan."""
     zeros = options.zero_stages
     dispatchers, overlaps = dispatcher_values(model, options), ep_overlap_values(model, options)
     same_plans = chip is not None and (len(options.dp_shards) > 1 or len(dispatchers) > 1)
@@ -614,7 +624,7 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                     grad_accum_fusion=options.grad_accum_fusion, dp_shard=shard,
                                     cp_comm=comm, cp_a2a=a2a, dispatcher=disp, ep_overlap=overlap,
                                     fsdp_pp=options.fsdp_pp, fp8_params=options.fp8_params,
-                                    pipe_p2p=options.pipe_p2p)
+                                    pipe_p2p=options.pipe_p2p, pipe_schedule=pipe_schedule)
                         if options.shared_overlap:   # where Megatron-Core allows it (no stage recomputes yet)
                             plan = replace(plan, shared_overlap=not (shared_overlap_conflict(plan, model.shared_experts)
                                                                      or "shared_experts" in options.recompute_modules))
@@ -819,6 +829,10 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     lower bounds of the layer schedules (no solver); layouts are then solved exactly, best
     bound first, until no remaining bound can reach the ``top`` best found (nor the baseline).
     The result is exactly what solving every layout returns (``options.exhaustive`` does that).
+    With ``dualpipe`` among ``options.pipe_schedules``, each layout DualPipe can run is also
+    ranked at its even split with one recompute mode for every stage (:func:`_dualpipe_candidates`:
+    its step has no closed form for the dynamic program), evaluated best bound first while a
+    bound can enter the top; without ``1f1b`` only those are ranked.
     ``progress(done, total)``, if given, is called as layouts are solved or ruled out.
     ``with_baseline``: also score the Megatron-style baseline (a design search, which keeps only
     the best plan, leaves it out: it may need layer schedules of its own)."""
@@ -909,6 +923,8 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
         return (not exhaustive and len(heap) >= keep and bound > 0
                 and tokens / (bound * _SLACK) < heap[0][0])
 
+    if "1f1b" not in options.pipe_schedules:
+        queue = []          # 1F1B's layouts were built for the baseline and the reason nothing fits
     while queue:
         bound, idx, stage = heapq.heappop(queue)
         if beaten(bound):
@@ -962,6 +978,23 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
             heapq.heappop(heap)
         if progress:
             progress(solved_n, feasible)
+    if "dualpipe" in options.pipe_schedules:
+        dual = _dualpipe_candidates(model, chip, devices, global_batch, options, eff, modes)
+        considered += dual[1]
+        feasible += len({layout_of(p) for _, _, p in dual[0]})
+        best_of: dict = {}      # a layout -> its fastest DualPipe plan
+        for bound, _, plan in sorted(dual[0], key=lambda c: c[:2]):
+            if beaten(bound):   # the top holds 1F1B plans only here, so this never cuts a winner
+                break
+            res = evaluate(model, chip, devices, global_batch, plan, eff)
+            key = layout_of(plan)
+            if res.fits and (key not in best_of or res.tokens_per_s > best_of[key].result.tokens_per_s):
+                best_of[key] = Placement(plan, res)
+        solved_n += len(best_of)
+        for j, p in enumerate(best_of.values()):
+            heapq.heappush(heap, (p.result.tokens_per_s, considered + 1 + j, p))
+            if len(heap) > keep:
+                heapq.heappop(heap)
     if progress:
         progress(feasible, feasible)
     ranked = tuple(p for _, _, p in sorted(heap, key=lambda x: (-x[0], x[1])))
@@ -997,7 +1030,14 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
             if best_key is None or (res.step_time_s, idx) < best_key:
                 best_key, baseline = (res.step_time_s, idx), Placement(plan, res)
     reason, source = "", ""
-    if not ranked:
+    if not ranked and "1f1b" not in options.pipe_schedules:
+        source = "--pipe-schedule"
+        reason = ("no DualPipe plan fits: " + (f"none of its {dual[1]} layouts fits at the even split with one "
+                                                "recompute mode" if dual[1] else
+                                                "no layout of the options runs it (an even pp, no interleaving, at "
+                                                "least 2 pp micro-batches, ZeRO below 3, batched sends)")
+                  + "; allowed: 1f1b, more devices or a chip with more HBM")
+    elif not ranked:
         if closest is None:
             source, reason = no_layout_reason(model, devices, global_batch, options)
         else:
@@ -1013,11 +1053,47 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
                            time.perf_counter() - start, reason, solved_n, source, kind if baseline else "")
 
 
+def _dualpipe_candidates(model: Model, chip: Chip, devices: int, global_batch: int,
+                         options: PlacementOptions, eff: Efficiency, modes: tuple[str, ...]) -> tuple[list, int]:
+    """The DualPipe plans :func:`place` ranks, as ``(lower bound, index, plan)``, and the count of
+    layouts DualPipe can run. Each layout of the space (without
+    interleaving) that DualPipe can run (:func:`phaze.step.check_plan`: an even pp, enough
+    micro-batches, ZeRO below 3, batched sends), at its even split (:func:`phaze.step.stage_split`),
+    with each searched recompute mode but ``block`` for every stage (as the Megatron-style
+    baseline), that fits under the layer bounds' memory. The bound: every rank runs half the
+    micro-batches through each of its two stages, so it is busy at least m / 2 times their two
+    stage times under the layer schedules' lower bounds (the paired chunks' overlapped times;
+    the wait for peers and the tail only add)."""
+    out, n = [], 0
+    reserve = memory_reserve_bytes(chip, options.memory_reserve)
+    for plan in layouts(model, devices, global_batch, replace(options, vp=(1,)), chip, "dualpipe"):
+        pp = plan.pp
+        costs = stage_costs(model, chip, devices, global_batch, layout_of(plan), eff)
+        even = stage_split(model, plan)
+        half = costs.micro_batches / 2
+        n += 1
+        for r in modes:
+            if r == "block":
+                continue
+            try:            # what a recompute mode excludes (e.g. ep_overlap under full recompute)
+                check_plan(model, devices, global_batch, replace(plan, recompute=r))
+            except ConfigError:
+                continue
+            lb = _bound_costs(costs, (r,))
+            recs, ks = (r,) * pp, (0,) * pp
+            if any(lb.pair_memory(i, even, recs, ks).total_bytes + reserve > chip.hbm_bytes for i in range(pp)):
+                continue
+            ts = [lb.time(i, n, r, 0, groups=False).total for i, n in enumerate(even)]
+            out.append((half * max(ts[i] + ts[pp - 1 - i] for i in range(pp)), len(out), replace(plan, recompute=r)))
+    return out, n
+
+
 def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
                 options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL) -> float:
-    """A lower bound of the best step time :func:`place` can return (``inf`` when no layout fits),
-    without a solver: the smallest over every layout of the dynamic program run on the layer
-    schedules' lower bounds (what :func:`place` bounds layouts with before it solves any).
+    """A lower bound of the best 1F1B step time :func:`place` can return (``inf`` when no layout
+    fits), without a solver: the smallest over every layout of the dynamic program run on the layer
+    schedules' lower bounds (what :func:`place` bounds layouts with before it solves any). Not of
+    its DualPipe plans: the exact search, its caller, refuses ``pipe_schedule`` dualpipe.
     Layouts are visited in order of their closed-form bound and skipped once that bound reaches
     the best found."""
     chip = chip.with_execution(options.execution)
@@ -1058,7 +1134,8 @@ class StepBounds:
 
 def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
                       options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL) -> StepBounds | None:
-    """Bounds of the best plan's step time and busy share without a solver (None: nothing fits).
+    """Bounds of the best plan's step time and busy share without a solver (None: nothing fits),
+    among 1F1B plans (as :func:`place_bound`).
 
     ``step_ub``: the smallest over all layouts of the dynamic program on upper bounds of the layer
     schedules (list schedules), a step some plan achieves, so the best plan's is no longer. The

@@ -54,6 +54,7 @@ PIPE_P2P = ("batched", "blocking", "overlapped")
 # schedule (phaze.dualpipe): micro-batches enter from both ends, every rank holds two stages and
 # overlaps a forward chunk with a backward one
 PIPE_SCHEDULES = ("1f1b", "dualpipe")
+PIPE_SCHEDULES_ALLOWED = "one of " + ", ".join(PIPE_SCHEDULES)
 # activations a full recompute keeps in the host's memory instead of re-running them (Plan.offload):
 # ``qkv_proj``, the attention's query, key and value projections' outputs (MaxText's
 # ``remat_policy: qkv_proj_offloaded``, maxtext 0.2.5 layers/decoders.py: JAX's
@@ -73,6 +74,15 @@ def one_or_several(values) -> object:
     (a placement option given as one setting or as the settings to search)."""
     values = tuple(dict.fromkeys(values))
     return values[0] if len(values) == 1 else values
+
+
+def pipe_schedule_value(raw) -> str:
+    """A ``pipe_schedule`` as a flag or a sweep key gives it (either case); ValueError with
+    :data:`PIPE_SCHEDULES_ALLOWED` otherwise."""
+    word = raw.strip().lower() if isinstance(raw, str) else raw
+    if word in PIPE_SCHEDULES:
+        return word
+    raise ValueError(f"must be {PIPE_SCHEDULES_ALLOWED}, got {raw!r}")
 
 
 def cp_comm_value(raw) -> str:

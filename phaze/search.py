@@ -110,6 +110,8 @@ def make_sampler(cfg: SweepConfig, worker: int = 0):
             raise ConfigError(cfg.source, "sampler", "gp needs PyTorch, which phaze does not install "
                               "(pip install torch); allowed without it: tpe, nsga2, random, grid") from None
         return make_norepeat(s.GPSampler(seed=seed, **_plain_options(s.GPSampler, kw, cfg.source)), cfg, seed)
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(cfg.source, "sampler_options", f"{exc}") from None
 

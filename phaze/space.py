@@ -33,12 +33,14 @@ from .plan import (
     DP_SHARD_ALLOWED,
     FSDP_PP,
     OPTIMIZERS,
+    PIPE_SCHEDULES_ALLOWED,
     PLAN_RECOMPUTE,
     RECOMPUTE_MODULES,
     cp_comm_value,
     dp_shard_value,
     one_or_several,
     ordered_modules,
+    pipe_schedule_value,
 )
 from .step import fp8_params_error, optimizer_error
 from .system import System, load_system
@@ -658,7 +660,7 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             recompute_modules=_modules(p), dp_shard=_dp_shard(p),
             cp_comm=_cp_comm(p), dispatcher=_dispatchers(p), ep_overlap=_overlaps(p),
             fsdp_pp=p.choice("fsdp_pp", FSDP_PP, d.fsdp_pp), fp8_params=p.bool("fp8_params", d.fp8_params),
-            shared_overlap=p.bool("shared_overlap", d.shared_overlap))
+            shared_overlap=p.bool("shared_overlap", d.shared_overlap), pipe_schedule=_pipe_schedule(p))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
@@ -690,6 +692,20 @@ def _cp_comm(p: Fields) -> str | tuple[str, ...]:
         raise p.error("cp_comm", str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
     if not values:
         raise p.error("cp_comm", f"must be {CP_COMMS_ALLOWED} or a non-empty list of them, got []")
+    return one_or_several(values)
+
+
+def _pipe_schedule(p: Fields) -> str | tuple[str, ...]:
+    """A workload's ``placement.pipe_schedule`` (:data:`phaze.plan.PIPE_SCHEDULES`; default
+    ``1f1b``): one schedule, or a list of them to search."""
+    raw = p._get("pipe_schedule", "1f1b")
+    items = raw if isinstance(raw, list) else [raw]
+    try:
+        values = [pipe_schedule_value(x) for x in items]
+    except ValueError as exc:
+        raise p.error("pipe_schedule", str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
+    if not values:
+        raise p.error("pipe_schedule", f"must be {PIPE_SCHEDULES_ALLOWED} or a non-empty list of them, got []")
     return one_or_several(values)
 
 

@@ -19,10 +19,11 @@ from phaze.arch import load_chip
 from phaze.area import energy_coefficients, step_energy
 from phaze.bounds import MONOTONE, _layouts_energy, chip_bound, chip_power_bounds, grid, grid_bounds
 from phaze.candidate import evaluate_chip
+from phaze.configio import ConfigError
 from phaze.exact import _efficiency, certificate, prepare
 from phaze.placement import place, place_step_bounds
 from phaze.report import pareto_mask
-from phaze.search import open_study, search
+from phaze.search import make_sampler, open_study, search
 from phaze.space import build_chip, load_sweep
 from phaze.step import layout_of
 
@@ -446,3 +447,14 @@ def test_level_0_bounds_a_hybrid(tmp_path):
                             "vector_units": [1, 8], "vector_lanes": [64, 1024], "shared_buffer_mib": [2, 128],
                             "hbm_gib": [8, 32], "clock_ghz": [0.7, 1.35]}, {}, workloads=work)
     _bounds_hold_with_level_0(cfg, random.Random(7))
+
+
+def test_the_exact_search_refuses_to_rank_dualpipe_in_one_line(tmp_path):
+    """Its level-0 and level-1 bounds are the placement's 1F1B dynamic program's; a workload that
+    lists DualPipe is refused with its field, not bounded by the wrong schedule."""
+    wl = [dict(WORKLOADS[0], placement=dict(WORKLOADS[0]["placement"], pp=[2], pipe_schedule=["1f1b", "dualpipe"]))]
+    cfg = config(tmp_path, SPACE, {"area_mm2": 800}, workloads=[WORKLOADS[1]] + wl)
+    with pytest.raises(ConfigError) as e:
+        make_sampler(cfg)
+    assert e.value.field == "workloads[1].placement.pipe_schedule"
+    assert "allowed: 1f1b with sampler exact" in e.value.message

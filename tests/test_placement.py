@@ -10,8 +10,17 @@ from conftest import toy_chip
 from phaze.api import calibrated_efficiency
 from phaze.arch import load_chip
 from phaze.configio import ConfigError
+from phaze.cost import IDEAL
 from phaze.memory import activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
-from phaze.placement import PlacementOptions, _smallest_cap, _splits, layouts, place
+from phaze.placement import (
+    PlacementOptions,
+    _dualpipe_candidates,
+    _smallest_cap,
+    _splits,
+    layouts,
+    place,
+    searched_modes,
+)
 from phaze.plan import Plan
 from phaze.step import evaluate
 from phaze.workload import Model, load_model, with_seq_len
@@ -438,3 +447,81 @@ def test_block_stage_reruns_more_than_the_fewest_layers_when_that_pays(monkeypat
     fewest = place(model, chip, 64, 12, options, eff, top=1, with_baseline=False).best
     assert fewest.result.step_time_s > got.result.step_time_s * 1.001
     assert sum(got.plan.recompute_layers) > sum(fewest.plan.recompute_layers)
+
+
+def dualpipe_brute_force(model, chip, devices, batch, options):
+    """Every DualPipe plan :func:`place` ranks, evaluated: each layout DualPipe runs (no
+    interleaving), its even split, each recompute mode but block for every stage; the best that
+    fits."""
+    best = None
+    for base in layouts(model, devices, batch, replace(options, vp=(1,)), None, "dualpipe"):
+        for r in options.recompute:
+            if r == "block":
+                continue
+            try:
+                res = evaluate(model, chip, devices, batch, replace(base, recompute=r))
+            except ConfigError:
+                continue
+            if res.fits and (best is None or res.step_time_s < best.step_time_s):
+                best = res
+    return best
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_dualpipe_plans_rank_with_the_dp_s_and_equal_brute_force(seed):
+    """With ``pipe_schedule`` 1f1b and dualpipe the best plan is the faster of the DP's 1F1B best
+    and the best DualPipe plan of every layout, found by evaluating each; with dualpipe alone, the
+    latter. The search prunes DualPipe plans by a bound: it never skips a winner."""
+    rng = random.Random(seed)
+    layers = rng.randint(4, 8)
+    model = tiny_model(layers, seed)
+    devices = rng.choice([4, 8, 16])
+    options = PlacementOptions(tp=rng.choice([(1,), (1, 2)]), mbs=(1, 2), pp=rng.choice([(1, 2, 4), (2, 4)]),
+                               vp=rng.choice([(1,), ()]), attention=rng.choice(["standard", "flash"]),
+                               recompute=("none", "selective", "full"))
+    batch = devices * rng.choice([2, 4])
+    chip = binding_chip(model, devices, batch, options, rng) if seed % 2 else toy_chip()
+    one = place(model, chip, devices, batch, options)
+    dual = dualpipe_brute_force(model, chip, devices, batch, options)
+    both = place(model, chip, devices, batch, replace(options, pipe_schedule=("1f1b", "dualpipe")), top=3)
+    expect = min([r for r in (one.best.result if one.best else None, dual) if r is not None],
+                 key=lambda r: r.step_time_s)
+    assert both.best.result.step_time_s == pytest.approx(expect.step_time_s, rel=1e-12)
+    assert [p.result.step_time_s for p in both.top] == sorted(p.result.step_time_s for p in both.top)
+    alone = place(model, chip, devices, batch, replace(options, pipe_schedule="dualpipe"))
+    if dual is None:
+        assert alone.best is None and alone.infeasible_source == "--pipe-schedule"
+    else:
+        assert all("pipe_schedule=dualpipe" in p.plan.label() for p in alone.top)
+        assert alone.best.result.step_time_s == pytest.approx(dual.step_time_s, rel=1e-12)
+
+
+def test_dualpipe_wins_where_a_pipeline_is_needed_and_has_few_micro_batches():
+    """Two stages and eight micro-batches: 1F1B idles one stage time in eight on each rank,
+    DualPipe's bubble at pp = 2 is (pp/2 - 1)(...) = 0 (DeepSeek-V3 report, Table 2), so ranking
+    it finds a faster plan than the 1F1B DP alone, and says so in the plan."""
+    model, devices = tiny_model(6, 0), 4
+    options = PlacementOptions(tp=(1,), mbs=(1,), pp=(2,), vp=(1,), recompute=("none",))
+    one = place(model, toy_chip(), devices, 16, options)
+    both = place(model, toy_chip(), devices, 16, replace(options, pipe_schedule=("1f1b", "dualpipe")))
+    assert one.best.plan.pipe_schedule == "1f1b"
+    assert both.best.plan.pipe_schedule == "dualpipe" and both.best.plan.label().endswith("pipe_schedule=dualpipe")
+    assert both.best.result.step_time_s < 0.95 * one.best.result.step_time_s
+    assert both.top[0].plan.pipe_schedule == "dualpipe" and {p.plan.pipe_schedule for p in both.top} == {
+        "dualpipe", "1f1b"}
+
+
+@pytest.mark.parametrize("arch", ["toy", "tpuv4"])
+def test_dualpipe_bounds_are_below_the_evaluated_steps(arch):
+    """Each DualPipe candidate's bound (a rank busy m/2 times its two stages' lower-bound times)
+    is at most the step evaluate gives it, on a one-kernel-at-a-time chip and on TPU v4, whose
+    layers are scheduled on concurrent units."""
+    model = tiny_model(6, 3)
+    chip = toy_chip() if arch == "toy" else load_chip("tpuv4")
+    options = PlacementOptions(tp=(1, 2), mbs=(1, 2), pp=(2,), vp=(1,), recompute=("none", "selective", "full"),
+                               pipe_schedule="dualpipe")
+    cands, n = _dualpipe_candidates(model, chip, 8, 32, options, IDEAL, searched_modes(model, options))
+    assert n == 8 and len(cands) == 24      # tp 1, 2 x mbs 1, 2 x zero 0, 1; three modes each
+    for bound, _, plan in cands:
+        step = evaluate(model, chip, 8, 32, plan).step_time_s
+        assert 0.8 * step < bound <= step

@@ -206,3 +206,18 @@ def test_bad_dp_shard_names_the_field(tmp_path, value):
         placement_options(tmp_path, {"dp_shard": value})
     assert e.value.field == "workloads[0].placement.dp_shard"
     assert "all, node or a positive integer" in e.value.message
+
+
+@pytest.mark.parametrize("value, expect", [(None, ("1f1b",)), ("DualPipe", ("dualpipe",)),
+                                           (["1f1b", "dualpipe", "1f1b"], ("1f1b", "dualpipe"))])
+def test_placement_takes_pipe_schedule(tmp_path, value, expect):
+    placement = {} if value is None else {"pipe_schedule": value}
+    assert placement_options(tmp_path, placement).pipe_schedules == expect
+
+
+@pytest.mark.parametrize("value", ["gpipe", [], ["1f1b", 3]])
+def test_bad_pipe_schedule_names_the_field(tmp_path, value):
+    with pytest.raises(ConfigError) as e:
+        placement_options(tmp_path, {"pipe_schedule": value})
+    assert e.value.field == "workloads[0].placement.pipe_schedule"
+    assert "one of 1f1b, dualpipe" in e.value.message
