@@ -36,7 +36,7 @@ GOOD = {
                  "dgx-a100-superpod"],
     "moe": ["place", "--workload", "mixtral-8x7b", "--arch", "h100-sxm", "--devices", "64", "--global-batch",
             "256", "--tp", "1,2", "--mbs", "1", "--ep", "4,8", "--recompute", "none,full", "--zero", "1",
-            "--dispatcher", "alltoall,deepep", "--ep-overlap", "off,on"],
+            "--dispatcher", "alltoall,deepep", "--ep-overlap", "off,on", "--pipe-schedule", "1f1b,dualpipe"],
     "place": ["place", "--workload", "mpt-125m", "--arch", "a100-80gb", "--devices", "64",
               "--global-batch", "256", "--tp", "1,2", "--mbs", "1,2", "--zero", "0,1", "--dp-shard", "all,node",
               "--cp-comm", "p2p,all_gather"],
