@@ -14,7 +14,7 @@ from .configio import ConfigError
 from .cost import Efficiency
 from .placement import PlacementOptions
 from .placement import place as _place
-from .plan import Plan, parse_plan
+from .plan import Plan, cp_comm_value, offload_value, one_or_several, parse_plan, pipe_schedule_value
 from .power import place_within_limit
 from .step import StepResult
 from .step import evaluate as _evaluate
@@ -97,6 +97,9 @@ def evaluate(workload: str | Path | Model, arch: str | Path | Chip, devices: int
     return _evaluate(as_model(workload, seq_len), chip, devices, global_batch, p, eff)
 
 
+_WORDS = {"cp_comm": cp_comm_value, "pipe_schedule": pipe_schedule_value, "offload": offload_value}
+
+
 @_library_errors
 def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, global_batch: int,
           options=None, efficiency: Efficiency | None = None, top: int = 5, seq_len: int | None = None,
@@ -128,6 +131,14 @@ def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, g
         listed = ("tp", "mbs", "pp", "vp", "cp", "ep", "etp", "routing", "recompute", "zero")
         if key in listed and isinstance(value, (int, str)):
             value = (value,)
+        if key in _WORDS:       # one setting or several to search, each read as the flag reads it
+            items = list(value) if isinstance(value, (list, tuple)) else [value]
+            try:
+                if not items:
+                    raise ValueError("must be one value or a non-empty list, got []")
+                value = one_or_several([_WORDS[key](v) for v in items])
+            except ValueError as exc:
+                raise ConfigError(key, None, str(exc)) from None
         changes[key] = tuple(value) if isinstance(value, list) else value
     if changes:
         opts = replace(opts, **changes)

@@ -50,6 +50,7 @@ from .plan import (
     DP_SHARD_ALLOWED,
     FSDP_PP,
     MEGATRON_OPTIMIZERS,
+    OFFLOADS_ALLOWED,
     PIPE_SCHEDULES,
     PIPE_SCHEDULES_ALLOWED,
     PLAN_RECOMPUTE,
@@ -60,6 +61,7 @@ from .plan import (
     cp_comm_value,
     dp_shard_text,
     dp_shard_value,
+    offload_value,
     one_or_several,
     ordered_modules,
     pipe_schedule_value,
@@ -332,6 +334,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                            + (f"; cp_comm {','.join(o.cp_comms)}" if o.cp_comms != ("p2p",) else "")
                            + (f"; pipe_schedule {','.join(o.pipe_schedules)} (dualpipe: the even split, one "
                               f"recompute mode)" if o.pipe_schedules != ("1f1b",) else "")
+                           + (f"; offload {','.join(x or 'none' for x in o.offloads)} (with full recompute)"
+                              if o.offloads != ("",) else "")
                            + (f"; fsdp_pp {o.fsdp_pp}" if o.fsdp_pp != "micro_batch" else "")
                            + ("; fp8 weights" if o.fp8_params else ""))
         if model.moe:
@@ -801,6 +805,7 @@ def _one_or_several(parse_one, allowed: str):
 _cp_comm = _one_or_several(cp_comm_value, CP_COMMS_ALLOWED)     # one exchange, or several to search
 _dp_shard = _one_or_several(dp_shard_value, DP_SHARD_ALLOWED)   # one shard grouping, or several
 _pipe_schedule = _one_or_several(pipe_schedule_value, PIPE_SCHEDULES_ALLOWED)   # one schedule, or several
+_offload = _one_or_several(offload_value, OFFLOADS_ALLOWED)     # one activation offload, or several
 
 
 class _Ticker:
@@ -848,7 +853,8 @@ def cmd_place(args) -> int:
                                dp_shard=args.dp_shard or 0, cp_comm=args.cp_comm or "p2p",
                                fsdp_pp=args.fsdp_pp or "micro_batch", fp8_params=args.fp8_params == "on",
                                shared_overlap=args.shared_overlap == "on",
-                               pipe_schedule=args.pipe_schedule or "1f1b")
+                               pipe_schedule=args.pipe_schedule or "1f1b",
+                               offload="" if args.offload is None else args.offload)
     preset = None
     if args.framework:
         fw = framework(args.framework)
@@ -1376,6 +1382,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "searched) and dualpipe (DeepSeek-V3's bidirectional schedule: even pp, no "
                          "interleaving, the even split with one recompute mode for every stage); both, "
                          "comma-separated, are searched")
+    pl.add_argument("--offload", type=_offload, default=None, metavar="none,qkv_proj",
+                    help="activations a full recompute keeps on the host: none (default) or qkv_proj (MaxText's "
+                         "qkv_proj_offloaded: the q, k, v projections' outputs), on a chip file with a host link; "
+                         "both, comma-separated, are searched, an offloading plan recomputing every stage in full")
     pl.add_argument("--fsdp-pp", choices=FSDP_PP, default=None,
                     help="how FSDP (zero 3) holds a pipeline stage's weights: micro_batch (default; gathered "
                          "for every micro-batch) or step (gathered once per step and kept whole with the "

@@ -451,6 +451,10 @@ def make_exact_sampler(cfg: SweepConfig):
             raise ConfigError(cfg.source, f"workloads[{i}].placement.pipe_schedule",
                               "the exact search bounds 1F1B plans (the placement's dynamic program); DualPipe's "
                               "step has no closed form to bound; allowed: 1f1b with sampler exact, or another sampler")
+        if any(w.options.offloads):
+            raise ConfigError(cfg.source, f"workloads[{i}].placement.offload",
+                              "the exact search's bounds are derived for plans without offload (not its host "
+                              "transfers); allowed: none with sampler exact, or another sampler")
     import optuna  # deferred: optuna imports slowly
     base = optuna.samplers.BaseSampler
     cls = type("ExactSampler", (ExactSampler, base), {})

@@ -47,6 +47,7 @@ from .step import (
     evaluate,
     expert_layout,
     fp8_params_error,
+    host_offload_bytes_per_layer,
     inflight_micro_batches,
     layout_of,
     mode_cost_bounds,
@@ -106,6 +107,8 @@ class PlacementOptions:
     pipe_p2p: str = "batched"        # how pipeline stages exchange activations (phaze.plan.PIPE_P2P)
     pipe_schedule: str | tuple[str, ...] = "1f1b"   # the pipeline schedule, or the schedules searched
                                                    # (phaze.plan.PIPE_SCHEDULES; :attr:`pipe_schedules`)
+    offload: str | tuple[str, ...] = ""   # activations a full recompute keeps on the host ("": none;
+                                          # phaze.plan.OFFLOADS), or those searched (:attr:`offloads`)
     shared_overlap: bool = False     # shared experts beside the all-to-alls, in the plans that allow it
     dp_shard: int | tuple[int, ...] = 0   # data-parallel ranks of a ZeRO shard group, or the groupings
                                           # searched (phaze.plan.Plan.dp_shard; :attr:`dp_shards`)
@@ -133,6 +136,12 @@ class PlacementOptions:
         ``dualpipe`` over even splits (:func:`place`)."""
         return ((self.pipe_schedule,) if isinstance(self.pipe_schedule, str)
                 else tuple(dict.fromkeys(self.pipe_schedule)))
+
+    @property
+    def offloads(self) -> tuple[str, ...]:
+        """The activation offloads searched, in the given order ("": none); a plan that offloads
+        recomputes every stage in full (:func:`place` searches each offload on its own)."""
+        return (self.offload,) if isinstance(self.offload, str) else tuple(dict.fromkeys(self.offload))
 
     @property
     def zero_stages(self) -> tuple[int, ...]:
@@ -295,7 +304,12 @@ def _options(costs: StageCosts, modes: tuple[str, ...], allowed_n, tails: dict |
                                                                                     strict=True))
         full_layers = full_layers.astype(int)
         modes = modes + ("block",) * len(longer)
-    return _Options(t, tl, mem + reserve <= costs.chip.hbm_bytes, mem, modes, full_layers)
+    fits = mem + reserve <= costs.chip.hbm_bytes
+    if costs.plan.offload and costs.chip.host_memory_bytes:    # the host's memory holds the offloaded
+        inflight = np.array([inflight_micro_batches(pp, costs.plan.vp, costs.micro_batches, i) for i in range(pp)])
+        held = host_offload_bytes_per_layer(costs.model, costs.plan) * np.arange(L + 1) * inflight[:, None]
+        fits &= (held <= costs.chip.host_memory_bytes)[:, :, None]      # copies, as evaluate checks
+    return _Options(t, tl, fits, mem, modes, full_layers)
 
 
 def _block_rows(costs: StageCosts, ns: np.ndarray, counts: np.ndarray, alive: np.ndarray,
@@ -609,12 +623,13 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                     comms = exchange_values(options, cp)
                     shards = options.dp_shards if zero else options.dp_shards[:1]
                     seen: set = set()
-                    for vp, mbs, ep, etp, routing, (comm, a2a), shard, disp, overlap in itertools.product(
+                    for vp, mbs, ep, etp, routing, (comm, a2a), shard, disp, overlap, off in itertools.product(
                             vp_values(model, pp, options), sorted(set(options.mbs)), expert_widths(model, options),
                             etp_values(model, tp, options), routing_values(model, options), comms, shards,
-                            dispatchers, overlaps):
+                            dispatchers, overlaps, options.offloads):
                         sp = options.sp and tp > 1
-                        plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=sp,
+                        plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=sp, offload=off,
+                                    recompute="full" if off else "none",
                                     attention=options.attention, optimizer=options.optimizer,
                                     reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
                                     ep=ep, etp=etp, routing=routing, tp_async=options.tp_async,
@@ -633,8 +648,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                         except ConfigError:
                             continue
                         if same_plans:
-                            same = (vp, mbs, ep, etp, routing, comm, a2a, overlap, shard_ranks(plan, devices, chip),
-                                    expert_layout(model, plan, chip))
+                            same = (vp, mbs, ep, etp, routing, comm, a2a, overlap, off,
+                                    shard_ranks(plan, devices, chip), expert_layout(model, plan, chip))
                             if same in seen:
                                 continue
                             seen.add(same)
@@ -823,7 +838,45 @@ def _deferred_baseline(base: Plan, costs: StageCosts, sibling: list, modes, base
 def place(model: Model, chip: Chip, devices: int, global_batch: int,
           options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL,
           top: int = 5, progress=None, with_baseline: bool = True) -> PlacementResult:
-    """The best plan (and the ``top`` best, one per layout) of ``model`` on ``devices`` chips.
+    """The best plan (and the ``top`` best, one per layout) of ``model`` on ``devices`` chips
+    (:func:`_place`). With activation offloads among ``options.offloads``, each is searched on
+    its own, its plans recomputing every stage in full (what offload runs beside), and the ranked
+    plans merged; the baseline is the first search's (the one without offload, when listed)."""
+    offloads = options.offloads
+    if offloads == ("",):
+        return _place(model, chip, devices, global_batch, options, eff, top, progress, with_baseline)
+    if not chip.host_bandwidth_bytes_per_s:
+        raise ConfigError("--offload", None, f"{'/'.join(o for o in offloads if o)} sends activations over the host "
+                          f"link, which {chip.name}'s chip file does not give (host_bandwidth_bytes_per_s); "
+                          f"allowed: none on this chip")
+    if "full" not in searched_modes(model, options):
+        raise ConfigError("--offload", None, "an offload runs beside a full recompute of every stage: needs full "
+                          "among the recompute modes searched; allowed: none, or add full")
+    parts, done = [], [0, 0]
+
+    def step(d: int, t: int) -> None:       # one progress count over the searches
+        progress(done[0] + d, done[1] + t)
+
+    for i, off in enumerate(offloads):
+        one = replace(options, offload=off, recompute=("full",) if off else options.recompute)
+        res = _place(model, chip, devices, global_batch, one, eff, top, step if progress else None,
+                     with_baseline and i == 0)
+        done[0] += res.layouts_feasible
+        done[1] += res.layouts_feasible
+        parts.append(res)
+    first = parts[0]
+    ranked = tuple(sorted((p for r in parts for p in r.top), key=lambda p: -p.result.tokens_per_s)[:max(1, top)])
+    why = next(((r.infeasible_reason, r.infeasible_source) for r in parts if r.infeasible_reason), ("", ""))
+    return PlacementResult(ranked[0] if ranked else None, ranked, first.baseline,
+                           sum(r.layouts_considered for r in parts), sum(r.layouts_feasible for r in parts),
+                           sum(r.solve_time_s for r in parts), "" if ranked else why[0],
+                           sum(r.layouts_solved for r in parts), "" if ranked else why[1], first.baseline_kind)
+
+
+def _place(model: Model, chip: Chip, devices: int, global_batch: int, options: PlacementOptions, eff: Efficiency,
+           top: int, progress, with_baseline: bool) -> PlacementResult:
+    """The best plan (and the ``top`` best, one per layout) of ``model`` on ``devices`` chips,
+    with at most one activation offload (``options.offload``).
 
     Bound first, solve what can win: every layout gets a lower bound of its best step time from
     lower bounds of the layer schedules (no solver); layouts are then solved exactly, best

@@ -76,6 +76,18 @@ def one_or_several(values) -> object:
     return values[0] if len(values) == 1 else values
 
 
+OFFLOADS_ALLOWED = "one of none, " + ", ".join(OFFLOADS)
+
+
+def offload_value(raw) -> str:
+    """An activation offload as a flag or a sweep key gives it (``none`` is ""); ValueError with
+    :data:`OFFLOADS_ALLOWED` otherwise."""
+    word = raw.strip().lower() if isinstance(raw, str) else raw
+    if word in OFFLOADS or word == "none":
+        return "" if word == "none" else word
+    raise ValueError(f"must be {OFFLOADS_ALLOWED}, got {raw!r}")
+
+
 def pipe_schedule_value(raw) -> str:
     """A ``pipe_schedule`` as a flag or a sweep key gives it (either case); ValueError with
     :data:`PIPE_SCHEDULES_ALLOWED` otherwise."""

@@ -32,12 +32,14 @@ from .plan import (
     DISPATCHERS,
     DP_SHARD_ALLOWED,
     FSDP_PP,
+    OFFLOADS_ALLOWED,
     OPTIMIZERS,
     PIPE_SCHEDULES_ALLOWED,
     PLAN_RECOMPUTE,
     RECOMPUTE_MODULES,
     cp_comm_value,
     dp_shard_value,
+    offload_value,
     one_or_several,
     ordered_modules,
     pipe_schedule_value,
@@ -660,7 +662,8 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             recompute_modules=_modules(p), dp_shard=_dp_shard(p),
             cp_comm=_cp_comm(p), dispatcher=_dispatchers(p), ep_overlap=_overlaps(p),
             fsdp_pp=p.choice("fsdp_pp", FSDP_PP, d.fsdp_pp), fp8_params=p.bool("fp8_params", d.fp8_params),
-            shared_overlap=p.bool("shared_overlap", d.shared_overlap), pipe_schedule=_pipe_schedule(p))
+            shared_overlap=p.bool("shared_overlap", d.shared_overlap), pipe_schedule=_pipe_schedule(p),
+            offload=_offload(p))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
@@ -692,6 +695,20 @@ def _cp_comm(p: Fields) -> str | tuple[str, ...]:
         raise p.error("cp_comm", str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
     if not values:
         raise p.error("cp_comm", f"must be {CP_COMMS_ALLOWED} or a non-empty list of them, got []")
+    return one_or_several(values)
+
+
+def _offload(p: Fields) -> str | tuple[str, ...]:
+    """A workload's ``placement.offload`` (``none``, the default, or one of
+    :data:`phaze.plan.OFFLOADS`): one, or a list of them to search."""
+    raw = p._get("offload", "none")
+    items = raw if isinstance(raw, list) else [raw]
+    try:
+        values = [offload_value(x) for x in items]
+    except ValueError as exc:
+        raise p.error("offload", str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
+    if not values:
+        raise p.error("offload", f"must be {OFFLOADS_ALLOWED} or a non-empty list of them, got []")
     return one_or_several(values)
 
 
@@ -738,6 +755,11 @@ def load_sweep(path: str | Path) -> SweepConfig:
     system = _system(f, None)
     workloads = tuple(_workload(w, source, i, system) for i, w in enumerate(f.list("workloads")))
     names = [w.model.name for w in workloads]
+    for i, w in enumerate(workloads):
+        if any(w.options.offloads) and not base.host_bandwidth_bytes_per_s:
+            raise ConfigError(source, f"workloads[{i}].placement.offload",
+                              f"sends activations over the host link, which the base chip {base.name} does not give "
+                              f"(host_bandwidth_bytes_per_s); allowed: none with this base")
     for i, n in enumerate(names):
         if n in names[:i]:
             raise ConfigError(source, f"workloads[{i}]", f"{n} is listed twice; allowed: each model once "

@@ -633,10 +633,18 @@ def host_offload_bytes(model: Model, devices: int, global_batch: int, plan: Plan
     activations kept on the device), on the stage that holds the most."""
     if not plan.offload:
         return 0.0
-    per = offloaded_bytes(_shard(model, plan), plan.mbs, plan.tp, graph_recompute("full", plan.recompute_modules,
-                                                                                 plan.offload))
+    per = host_offload_bytes_per_layer(model, plan)
     m = global_batch // (plan.dp(devices) * plan.mbs)
     return max(per * n * inflight_micro_batches(plan.pp, plan.vp, m, i) for i, n in enumerate(stage_split(model, plan)))
+
+
+def host_offload_bytes_per_layer(model: Model, plan: Plan) -> float:
+    """Bytes one layer of ``plan`` sends to the host's memory for one micro-batch (0 when it
+    offloads nothing): its offloaded tensors (:func:`phaze.graph.offloaded_bytes`)."""
+    if not plan.offload:
+        return 0.0
+    return offloaded_bytes(_shard(model, plan), plan.mbs, plan.tp, graph_recompute("full", plan.recompute_modules,
+                                                                                  plan.offload))
 
 
 def _check_gdn(model: Model, plan: Plan) -> None:
@@ -673,6 +681,9 @@ def _check_dualpipe(plan: Plan, micro_batches: int) -> None:
               "paired chunks are not modelled)"
     if why is None and plan.pipe_p2p != "batched":
         why = "posts its sends and receives together (batch_isend_irecv): needs pipe_p2p=batched"
+    if why is None and plan.offload:
+        why = ("is not modelled with activation offload (the host copies each in-flight micro-batch keeps are "
+               "counted as 1F1B holds them): needs no offload")
     if why:
         raise ConfigError("--plan", "pipe_schedule", f"dualpipe {why}; allowed: 1f1b here")
 

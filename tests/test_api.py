@@ -131,6 +131,15 @@ def test_place_keywords_without_options():
     assert all(p.plan.tp == 8 and p.plan.mbs in (1, 2) and p.plan.vp in (1, 2) for p in res.top)
     with pytest.raises(phaze.ConfigError, match="unknown keyword"):
         phaze.place("gpt3-175b", "a100-80gb", 1024, 1536, colour="blue")
+    # the words of a flag are read as the flag reads them: "none" is no offload, a bad one is named
+    both = phaze.place("llama2-7b", "a100-80gb", 64, 256, tp=2, mbs=1, pp=[1, 2], recompute=["none", "full"],
+                       pipe_schedule=["1f1b", "DualPipe"], offload=["none", "qkv_proj"], top=40)
+    assert {p.plan.pipe_schedule for p in both.top} == {"1f1b", "dualpipe"}
+    assert {p.plan.offload for p in both.top} == {"", "qkv_proj"}
+    for key, value in (("pipe_schedule", "gpipe"), ("offload", []), ("cp_comm", ["p2p", "ring"])):
+        with pytest.raises(phaze.ConfigError) as e:
+            phaze.place("gpt3-175b", "a100-80gb", 1024, 1536, **{key: value})
+        assert e.value.source == key
 
 
 @pytest.mark.parametrize("call, source", [

@@ -393,12 +393,22 @@ def timed_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
       "tp=8,pp=16,cp=8,cp_comm=a2a"], ["--plan", "field 'cp_comm'", "cp (8) must divide the query heads (12)"]),
     ([*PLACE, "--memory-reserve", "-1"], ["--memory-reserve", "GiB >= 0"]),
     ([*PLACE, "--memory-reserve", "90"], ["--arch", "nothing fits", "reserve", "--memory-reserve"]),
+    ([*PLACE, "--pipe-schedule", "1f1b,gpipe"], ["--pipe-schedule", "must be one of 1f1b, dualpipe", "got 'gpipe'"]),
+    ([*PLACE, "--pipe-schedule", "dualpipe", "--pp", "1"], ["--pipe-schedule", "no DualPipe plan fits",
+                                                            "an even pp", "allowed: 1f1b"]),
+    ([*PLACE, "--offload", "none,kv"], ["--offload", "must be one of none, qkv_proj", "got 'kv'"]),
+    ([*PLACE, "--offload", "qkv_proj", "--arch", "tpuv4"], ["--offload", "host_bandwidth_bytes_per_s",
+                                                            "allowed: none"]),
+    (["evaluate", *GPT3, "--devices", "1024", "--global-batch", "1536", "--plan",
+      "tp=8,pp=16,recompute=full,offload=qkv_proj,pipe_schedule=dualpipe"],
+     ["--plan", "field 'pipe_schedule'", "not modelled with activation offload"]),
 ], ids=["place-1e12-devices", "evaluate-1e12-devices", "evaluate-1e30-batch", "place-1e30-batch",
         "huge-seq-len", "batch-1537", "pp-128", "tp-3", "2^20-devices", "bad-baseline-plan",
         "bad-baseline-key", "zero-4", "bad-dp-shard", "dp-shard-3", "bad-cp-comm", "place-ring-in-list",
         "a2a+p2p-at-cp-2",
         "a2a-heads", "negative-reserve",
-        "reserve-larger-than-hbm"])
+        "reserve-larger-than-hbm", "bad-pipe-schedule", "dualpipe-at-pp-1", "bad-offload", "offload-on-tpuv4",
+        "dualpipe-with-offload"])
 def test_bad_sizes_and_layouts_name_the_flag(tmp_path, args, needles):
     line = one_line_error(timed_cli(tmp_path, *args), *needles)
     assert "no valid layout: no tp in the options" not in line

@@ -458,3 +458,11 @@ def test_the_exact_search_refuses_to_rank_dualpipe_in_one_line(tmp_path):
         make_sampler(cfg)
     assert e.value.field == "workloads[1].placement.pipe_schedule"
     assert "allowed: 1f1b with sampler exact" in e.value.message
+
+
+def test_the_exact_search_refuses_an_offload_in_one_line(tmp_path):
+    wl = [dict(WORKLOADS[0], placement=dict(WORKLOADS[0]["placement"], recompute=["full"], offload="qkv_proj"))]
+    cfg = config(tmp_path, {"tensor_units": [27, 54]}, {"area_mm2": 2000}, workloads=wl, base="a100-80gb")
+    with pytest.raises(ConfigError) as e:
+        make_sampler(cfg)
+    assert e.value.field == "workloads[0].placement.offload" and "allowed: none with sampler exact" in e.value.message

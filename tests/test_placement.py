@@ -22,7 +22,7 @@ from phaze.placement import (
     searched_modes,
 )
 from phaze.plan import Plan
-from phaze.step import evaluate
+from phaze.step import evaluate, host_offload_bytes
 from phaze.workload import Model, load_model, with_seq_len
 
 
@@ -531,3 +531,60 @@ def test_dualpipe_bounds_are_below_the_evaluated_steps(arch):
     for bound, _, plan in cands:
         step = evaluate(model, chip, 8, 32, plan).step_time_s
         assert 0.8 * step < bound <= step
+
+
+def offload_brute_force(model, chip, devices, batch, options):
+    """Every layout with the q, k, v projections' outputs offloaded, every contiguous partition,
+    full recompute in every stage (what an offload runs beside): the best that fits, host memory
+    included."""
+    best = None
+    for base in layouts(model, devices, batch, replace(options, offload="qkv_proj")):
+        for counts in compositions(model.layers, base.pp):
+            try:
+                r = evaluate(model, chip, devices, batch, replace(base, recompute="full", stages=counts))
+            except ConfigError:
+                continue
+            if r.fits and (best is None or r.step_time_s < best.step_time_s):
+                best = r
+    return best
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_offload_plans_rank_with_the_others_and_equal_brute_force(seed):
+    """``offload`` none and qkv_proj: the best plan is the faster of the best without offload and
+    the best offloading plan (every split, full recompute), host memory binding in half the cases
+    (the DP keeps each stage's offloaded copies within the host's memory, as evaluate checks)."""
+    rng = random.Random(seed)
+    layers = rng.randint(2, 6)
+    model = tiny_model(layers, seed)
+    devices = rng.choice([2, 4, 8])
+    options = PlacementOptions(tp=rng.choice([(1,), (1, 2)]), mbs=(1, 2), pp=tuple(p for p in (1, 2, 4) if p <= layers),
+                               attention=rng.choice(["standard", "flash"]), recompute=("none", "full"), vp=(1,))
+    batch = devices * 4
+    chip = replace(binding_chip(model, devices, batch, options, rng), host_bandwidth_bytes_per_s=8e9)
+    if seed % 2:        # the host holds between the leanest offloading plan's copies and the median's
+        held = sorted(host_offload_bytes(model, devices, batch, replace(b, recompute="full"))
+                      for b in layouts(model, devices, batch, replace(options, offload="qkv_proj")))
+        chip = replace(chip, host_memory_bytes=held[0] + rng.random() * (held[len(held) // 2] - held[0]))
+    plain = brute_force(model, chip, devices, batch, options)
+    off = offload_brute_force(model, chip, devices, batch, options)
+    got = place(model, chip, devices, batch, replace(options, offload=("", "qkv_proj")), top=3)
+    expect = min([r for r in (plain, off) if r is not None], key=lambda r: r.step_time_s)
+    assert got.best.result.step_time_s == pytest.approx(expect.step_time_s, rel=1e-12)
+    assert got.best.result.fits
+    alone = place(model, chip, devices, batch, replace(options, offload="qkv_proj"))
+    assert (alone.best is None) == (off is None)
+    if off is not None:
+        assert alone.best.plan.offload == "qkv_proj" and alone.best.plan.recompute == "full"
+        assert alone.best.result.step_time_s == pytest.approx(off.step_time_s, rel=1e-12)
+
+
+def test_offload_is_refused_in_one_line_where_it_cannot_run():
+    model = tiny_model(4, 0)
+    with pytest.raises(ConfigError) as e:               # the toy chip has no host link
+        place(model, toy_chip(), 4, 16, PlacementOptions(offload=("", "qkv_proj")))
+    assert e.value.source == "--offload" and "host_bandwidth_bytes_per_s" in e.value.message
+    with pytest.raises(ConfigError) as e:
+        place(model, toy_chip(host_bandwidth_bytes_per_s=8e9), 4, 16,
+              PlacementOptions(offload="qkv_proj", recompute=("none", "selective")))
+    assert e.value.source == "--offload" and "full" in e.value.message

@@ -221,3 +221,25 @@ def test_bad_pipe_schedule_names_the_field(tmp_path, value):
         placement_options(tmp_path, {"pipe_schedule": value})
     assert e.value.field == "workloads[0].placement.pipe_schedule"
     assert "one of 1f1b, dualpipe" in e.value.message
+
+
+@pytest.mark.parametrize("value, expect", [(None, ("",)), ("qkv_proj", ("qkv_proj",)),
+                                           (["none", "QKV_proj"], ("", "qkv_proj"))])
+def test_placement_takes_offload(tmp_path, value, expect):
+    placement = {} if value is None else {"offload": value}
+    assert placement_options(tmp_path, placement).offloads == expect
+
+
+@pytest.mark.parametrize("value", ["everything", [], [True]])
+def test_bad_offload_names_the_field(tmp_path, value):
+    with pytest.raises(ConfigError) as e:
+        placement_options(tmp_path, {"offload": value})
+    assert e.value.field == "workloads[0].placement.offload"
+    assert "one of none, qkv_proj" in e.value.message
+
+
+def test_offload_on_a_base_chip_without_a_host_link_is_refused_at_load(tmp_path):
+    wl = dict(SMALL_SWEEP["workloads"][0], placement={"offload": ["none", "qkv_proj"]})
+    with pytest.raises(ConfigError) as e:
+        load_sweep(write(tmp_path, dict(SMALL_SWEEP, base="tpuv4", workloads=[wl])))
+    assert e.value.field == "workloads[0].placement.offload" and "tpuv4" in e.value.message.lower()
