@@ -30,6 +30,8 @@ from .configio import ConfigError
 from .cost import IDEAL, Efficiency
 from .memory import memory_reserve_bytes
 from .plan import (
+    OFFLOADS,
+    PIPE_SCHEDULES,
     PLAN_RECOMPUTE,
     SEARCHED_RECOMPUTE,
     Plan,
@@ -843,6 +845,11 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     its own, its plans recomputing every stage in full (what offload runs beside), and the ranked
     plans merged; the baseline is the first search's (the one without offload, when listed)."""
     offloads = options.offloads
+    for key, got, allowed in (("pipe_schedule", options.pipe_schedules, PIPE_SCHEDULES),
+                              ("offload", offloads, ("",) + OFFLOADS)):
+        if not got or any(x not in allowed for x in got):
+            raise ConfigError("PlacementOptions", key, f"must be one or more of "
+                              f"{', '.join(x or 'none' for x in allowed)}, got {got!r}")
     if offloads == ("",):
         return _place(model, chip, devices, global_batch, options, eff, top, progress, with_baseline)
     if not chip.host_bandwidth_bytes_per_s:
@@ -978,6 +985,7 @@ def _place(model: Model, chip: Chip, devices: int, global_batch: int, options: P
 
     if "1f1b" not in options.pipe_schedules:
         queue = []          # 1F1B's layouts were built for the baseline and the reason nothing fits
+        considered = feasible = 0
     while queue:
         bound, idx, stage = heapq.heappop(queue)
         if beaten(bound):
@@ -1037,7 +1045,10 @@ def _place(model: Model, chip: Chip, devices: int, global_batch: int, options: P
         feasible += len({layout_of(p) for _, _, p in dual[0]})
         best_of: dict = {}      # a layout -> its fastest DualPipe plan
         for bound, _, plan in sorted(dual[0], key=lambda c: c[:2]):
-            if beaten(bound):   # the top holds 1F1B plans only here, so this never cuts a winner
+            # the keep-th best of the plans in hand, one a layout, only rises: a plan whose bound
+            # cannot reach it never enters the top
+            held = sorted([h[0] for h in heap] + [p.result.tokens_per_s for p in best_of.values()], reverse=True)
+            if not exhaustive and len(held) >= keep and tokens / (bound * _SLACK) < held[keep - 1]:
                 break
             res = evaluate(model, chip, devices, global_batch, plan, eff)
             key = layout_of(plan)
@@ -1109,9 +1120,9 @@ def _place(model: Model, chip: Chip, devices: int, global_batch: int, options: P
 def _dualpipe_candidates(model: Model, chip: Chip, devices: int, global_batch: int,
                          options: PlacementOptions, eff: Efficiency, modes: tuple[str, ...]) -> tuple[list, int]:
     """The DualPipe plans :func:`place` ranks, as ``(lower bound, index, plan)``, and the count of
-    layouts DualPipe can run. Each layout of the space (without
-    interleaving) that DualPipe can run (:func:`phaze.step.check_plan`: an even pp, enough
-    micro-batches, ZeRO below 3, batched sends), at its even split (:func:`phaze.step.stage_split`),
+    layouts DualPipe can run. Each layout of the space (without interleaving) that DualPipe can
+    run (:func:`phaze.step.check_plan`: an even pp, enough micro-batches, ZeRO below 3, batched
+    sends), at its even split (:func:`phaze.step.stage_split`),
     with each searched recompute mode but ``block`` for every stage (as the Megatron-style
     baseline), that fits under the layer bounds' memory. The bound: every rank runs half the
     micro-batches through each of its two stages, so it is busy at least m / 2 times their two
@@ -1136,7 +1147,7 @@ def _dualpipe_candidates(model: Model, chip: Chip, devices: int, global_batch: i
             recs, ks = (r,) * pp, (0,) * pp
             if any(lb.pair_memory(i, even, recs, ks).total_bytes + reserve > chip.hbm_bytes for i in range(pp)):
                 continue
-            ts = [lb.time(i, n, r, 0, groups=False).total for i, n in enumerate(even)]
+            ts = [lb.time(i, c, r, 0, groups=False).total for i, c in enumerate(even)]
             out.append((half * max(ts[i] + ts[pp - 1 - i] for i in range(pp)), len(out), replace(plan, recompute=r)))
     return out, n
 
@@ -1146,7 +1157,7 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
     """A lower bound of the best 1F1B step time :func:`place` can return (``inf`` when no layout
     fits), without a solver: the smallest over every layout of the dynamic program run on the layer
     schedules' lower bounds (what :func:`place` bounds layouts with before it solves any). Not of
-    its DualPipe plans: the exact search, its caller, refuses ``pipe_schedule`` dualpipe.
+    its DualPipe or offloading plans: the exact search, its caller, refuses both.
     Layouts are visited in order of their closed-form bound and skipped once that bound reaches
     the best found."""
     chip = chip.with_execution(options.execution)

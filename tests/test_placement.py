@@ -588,3 +588,13 @@ def test_offload_is_refused_in_one_line_where_it_cannot_run():
         place(model, toy_chip(host_bandwidth_bytes_per_s=8e9), 4, 16,
               PlacementOptions(offload="qkv_proj", recompute=("none", "selective")))
     assert e.value.source == "--offload" and "full" in e.value.message
+
+
+@pytest.mark.parametrize("change", [dict(pipe_schedule=()), dict(pipe_schedule=("1f1b", "gpipe")),
+                                    dict(offload="none"), dict(offload=())])
+def test_placement_options_out_of_their_words_are_one_error(change):
+    """``PlacementOptions`` built by hand (the flags and sweep keys read words first): an empty or
+    unknown schedule or offload is a ConfigError naming the field, not an empty search."""
+    with pytest.raises(ConfigError) as e:
+        place(tiny_model(4, 0), toy_chip(), 4, 16, PlacementOptions(**change))
+    assert e.value.field == next(iter(change)) and "must be one or more of" in e.value.message
