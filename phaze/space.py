@@ -660,10 +660,11 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
             optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
             recompute_modules=_modules(p), dp_shard=_dp_shard(p),
-            cp_comm=_cp_comm(p), dispatcher=_dispatchers(p), ep_overlap=_overlaps(p),
-            fsdp_pp=p.choice("fsdp_pp", FSDP_PP, d.fsdp_pp), fp8_params=p.bool("fp8_params", d.fp8_params),
-            shared_overlap=p.bool("shared_overlap", d.shared_overlap), pipe_schedule=_pipe_schedule(p),
-            offload=_offload(p))
+            cp_comm=_words(p, "cp_comm", "p2p", cp_comm_value, CP_COMMS_ALLOWED), dispatcher=_dispatchers(p),
+            ep_overlap=_overlaps(p), fsdp_pp=p.choice("fsdp_pp", FSDP_PP, d.fsdp_pp),
+            fp8_params=p.bool("fp8_params", d.fp8_params), shared_overlap=p.bool("shared_overlap", d.shared_overlap),
+            pipe_schedule=_words(p, "pipe_schedule", "1f1b", pipe_schedule_value, PIPE_SCHEDULES_ALLOWED),
+            offload=_words(p, "offload", "none", offload_value, OFFLOADS_ALLOWED))
         if options.zero > 3:
             raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
@@ -684,45 +685,17 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
     return WorkloadSpec(model, devices, batch, weight, options, source, system)
 
 
-def _cp_comm(p: Fields) -> str | tuple[str, ...]:
-    """A workload's ``placement.cp_comm`` (:func:`phaze.plan.cp_comm_value`; default ``p2p``): one
-    exchange, or a list of them to search."""
-    raw = p._get("cp_comm", "p2p")
+def _words(p: Fields, key: str, default: str, parse, allowed: str) -> str | tuple[str, ...]:
+    """A workload's ``placement.<key>`` read word by word as its flag reads it (``parse``, a
+    ValueError for a bad word; ``allowed`` says what is): one setting, or a list of them to search."""
+    raw = p._get(key, default)
     items = raw if isinstance(raw, list) else [raw]
     try:
-        values = [cp_comm_value(x) for x in items]
+        values = [parse(x) for x in items]
     except ValueError as exc:
-        raise p.error("cp_comm", str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
+        raise p.error(key, str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
     if not values:
-        raise p.error("cp_comm", f"must be {CP_COMMS_ALLOWED} or a non-empty list of them, got []")
-    return one_or_several(values)
-
-
-def _offload(p: Fields) -> str | tuple[str, ...]:
-    """A workload's ``placement.offload`` (``none``, the default, or one of
-    :data:`phaze.plan.OFFLOADS`): one, or a list of them to search."""
-    raw = p._get("offload", "none")
-    items = raw if isinstance(raw, list) else [raw]
-    try:
-        values = [offload_value(x) for x in items]
-    except ValueError as exc:
-        raise p.error("offload", str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
-    if not values:
-        raise p.error("offload", f"must be {OFFLOADS_ALLOWED} or a non-empty list of them, got []")
-    return one_or_several(values)
-
-
-def _pipe_schedule(p: Fields) -> str | tuple[str, ...]:
-    """A workload's ``placement.pipe_schedule`` (:data:`phaze.plan.PIPE_SCHEDULES`; default
-    ``1f1b``): one schedule, or a list of them to search."""
-    raw = p._get("pipe_schedule", "1f1b")
-    items = raw if isinstance(raw, list) else [raw]
-    try:
-        values = [pipe_schedule_value(x) for x in items]
-    except ValueError as exc:
-        raise p.error("pipe_schedule", str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
-    if not values:
-        raise p.error("pipe_schedule", f"must be {PIPE_SCHEDULES_ALLOWED} or a non-empty list of them, got []")
+        raise p.error(key, f"must be {allowed} or a non-empty list of them, got []")
     return one_or_several(values)
 
 

@@ -50,24 +50,32 @@ def binding_chip(model, devices, batch, options, rng):
                    + rng.random() * (needs[len(needs) // 4] - needs[0]))
 
 
+def fastest_fitting(model, chip, devices, batch, plans):
+    """The step of the fastest of ``plans`` that fits (None if none does), each evaluated; a plan
+    the schedule cannot hold (a ConfigError) is skipped."""
+    best = None
+    for plan in plans:
+        try:
+            r = evaluate(model, chip, devices, batch, plan)
+        except ConfigError:       # e.g. a split the interleaved schedule cannot hold
+            continue
+        if r.fits and (best is None or r.step_time_s < best.step_time_s):
+            best = r
+    return best
+
+
 def brute_force(model, chip, devices, batch, options):
     """Every layout, every contiguous partition, every recompute per stage (a block stage: every
     count of layers re-run whole but all, which is full): the best that fits."""
-    best = None
-    for base in layouts(model, devices, batch, options):
-        for counts in compositions(model.layers, base.pp):
-            per_stage = [[(r, k) for r in options.recompute
-                          for k in (range(1, n) if r == "block" else (0,))] for n in counts]
-            for choice in itertools.product(*per_stage):
-                recs, ks = zip(*choice, strict=True)
-                try:
-                    r = evaluate(model, chip, devices, batch, replace(base, stages=counts, stage_recompute=recs,
-                                                                      recompute_layers=ks if any(ks) else ()))
-                except ConfigError:       # a split the interleaved schedule cannot hold
-                    continue
-                if r.fits and (best is None or r.step_time_s < best.step_time_s):
-                    best = r
-    return best
+    def plans():
+        for base in layouts(model, devices, batch, options):
+            for counts in compositions(model.layers, base.pp):
+                per_stage = [[(r, k) for r in options.recompute
+                              for k in (range(1, n) if r == "block" else (0,))] for n in counts]
+                for choice in itertools.product(*per_stage):
+                    recs, ks = zip(*choice, strict=True)
+                    yield replace(base, stages=counts, stage_recompute=recs, recompute_layers=ks if any(ks) else ())
+    return fastest_fitting(model, chip, devices, batch, plans())
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -453,18 +461,10 @@ def dualpipe_brute_force(model, chip, devices, batch, options):
     """Every DualPipe plan :func:`place` ranks, evaluated: each layout DualPipe runs (no
     interleaving), its even split, each recompute mode but block for every stage; the best that
     fits."""
-    best = None
-    for base in layouts(model, devices, batch, replace(options, vp=(1,)), None, "dualpipe"):
-        for r in options.recompute:
-            if r == "block":
-                continue
-            try:
-                res = evaluate(model, chip, devices, batch, replace(base, recompute=r))
-            except ConfigError:
-                continue
-            if res.fits and (best is None or res.step_time_s < best.step_time_s):
-                best = res
-    return best
+    return fastest_fitting(model, chip, devices, batch, (
+        replace(base, recompute=r) for base in layouts(model, devices, batch, replace(options, vp=(1,)), None,
+                                                       "dualpipe")
+        for r in options.recompute if r != "block"))
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -537,16 +537,10 @@ def offload_brute_force(model, chip, devices, batch, options):
     """Every layout with the q, k, v projections' outputs offloaded, every contiguous partition,
     full recompute in every stage (what an offload runs beside): the best that fits, host memory
     included."""
-    best = None
-    for base in layouts(model, devices, batch, replace(options, offload="qkv_proj")):
-        for counts in compositions(model.layers, base.pp):
-            try:
-                r = evaluate(model, chip, devices, batch, replace(base, recompute="full", stages=counts))
-            except ConfigError:
-                continue
-            if r.fits and (best is None or r.step_time_s < best.step_time_s):
-                best = r
-    return best
+    return fastest_fitting(model, chip, devices, batch, (
+        replace(base, recompute="full", stages=counts)
+        for base in layouts(model, devices, batch, replace(options, offload="qkv_proj"))
+        for counts in compositions(model.layers, base.pp)))
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -208,34 +208,24 @@ def test_bad_dp_shard_names_the_field(tmp_path, value):
     assert "all, node or a positive integer" in e.value.message
 
 
-@pytest.mark.parametrize("value, expect", [(None, ("1f1b",)), ("DualPipe", ("dualpipe",)),
-                                           (["1f1b", "dualpipe", "1f1b"], ("1f1b", "dualpipe"))])
-def test_placement_takes_pipe_schedule(tmp_path, value, expect):
-    placement = {} if value is None else {"pipe_schedule": value}
-    assert placement_options(tmp_path, placement).pipe_schedules == expect
+@pytest.mark.parametrize("key, value, expect", [
+    ("pipe_schedule", None, ("1f1b",)), ("pipe_schedule", "DualPipe", ("dualpipe",)),
+    ("pipe_schedule", ["1f1b", "dualpipe", "1f1b"], ("1f1b", "dualpipe")),
+    ("offload", None, ("",)), ("offload", "qkv_proj", ("qkv_proj",)),
+    ("offload", ["none", "QKV_proj"], ("", "qkv_proj"))])
+def test_placement_takes_a_schedule_and_an_offload_or_lists_of_them(tmp_path, key, value, expect):
+    options = placement_options(tmp_path, {} if value is None else {key: value})
+    assert (options.pipe_schedules if key == "pipe_schedule" else options.offloads) == expect
 
 
-@pytest.mark.parametrize("value", ["gpipe", [], ["1f1b", 3]])
-def test_bad_pipe_schedule_names_the_field(tmp_path, value):
+@pytest.mark.parametrize("key, value, allowed", [
+    ("pipe_schedule", "gpipe", "one of 1f1b, dualpipe"), ("pipe_schedule", [], "one of 1f1b, dualpipe"),
+    ("pipe_schedule", ["1f1b", 3], "one of 1f1b, dualpipe"), ("offload", "everything", "one of none, qkv_proj"),
+    ("offload", [], "one of none, qkv_proj"), ("offload", [True], "one of none, qkv_proj")])
+def test_a_bad_schedule_or_offload_names_the_field(tmp_path, key, value, allowed):
     with pytest.raises(ConfigError) as e:
-        placement_options(tmp_path, {"pipe_schedule": value})
-    assert e.value.field == "workloads[0].placement.pipe_schedule"
-    assert "one of 1f1b, dualpipe" in e.value.message
-
-
-@pytest.mark.parametrize("value, expect", [(None, ("",)), ("qkv_proj", ("qkv_proj",)),
-                                           (["none", "QKV_proj"], ("", "qkv_proj"))])
-def test_placement_takes_offload(tmp_path, value, expect):
-    placement = {} if value is None else {"offload": value}
-    assert placement_options(tmp_path, placement).offloads == expect
-
-
-@pytest.mark.parametrize("value", ["everything", [], [True]])
-def test_bad_offload_names_the_field(tmp_path, value):
-    with pytest.raises(ConfigError) as e:
-        placement_options(tmp_path, {"offload": value})
-    assert e.value.field == "workloads[0].placement.offload"
-    assert "one of none, qkv_proj" in e.value.message
+        placement_options(tmp_path, {key: value})
+    assert e.value.field == f"workloads[0].placement.{key}" and allowed in e.value.message
 
 
 def test_offload_on_a_base_chip_without_a_host_link_is_refused_at_load(tmp_path):
