@@ -734,13 +734,15 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
                 if b < min(dps) else "")
         return "--global-batch", (f"{b:,} is not a multiple of dp*mbs for any layout (dp = devices/(tp*pp) is "
                                   f"{_listing(dps)}, mbs {_listing(options.mbs)}); nearest that work: {nearest}{more}")
-    for tp, pp, vp in structural:       # the first remaining reason (context, sequence, ...)
+    off = options.offload if isinstance(options.offload, str) else ""     # place searches one at a time
+    for tp, pp, vp in structural:       # the first remaining reason (context, sequence, offload, ...)
         for mbs in sorted(set(options.mbs)):
             try:
                 check_plan(model, devices, global_batch, Plan(tp=tp, pp=pp, vp=vp, mbs=mbs, sp=options.sp and tp > 1,
-                                                              ep=eps[0]))
+                                                              ep=eps[0], offload=off,
+                                                              recompute="full" if off else "none"))
             except ConfigError as exc:
-                if exc.field in ("ep", "etp"):
+                if exc.field in ("ep", "etp", "offload"):     # a flag of place's own
                     return f"--{exc.field}", exc.message
                 return exc.source, (f"field '{exc.field}': " if exc.field else "") + exc.message
     return "--tp", "no valid layout in the options"
@@ -1099,7 +1101,8 @@ def _place(model: Model, chip: Chip, devices: int, global_batch: int, options: P
         reason = ("no DualPipe plan fits: " + (f"none of its {dual[1]} layouts fits at the even split with one "
                                                 "recompute mode" if dual[1] else
                                                 "no layout of the options runs it (an even pp, no interleaving, at "
-                                                "least 2 pp micro-batches, ZeRO below 3, batched sends)")
+                                                "least 2 pp micro-batches, ZeRO below 3, batched sends, no offload, "
+                                                "not a hybrid or Gated DeltaNet model)")
                   + "; allowed: 1f1b, more devices or a chip with more HBM")
     elif not ranked:
         if closest is None:

@@ -619,7 +619,7 @@ def _check_hybrid(model: Model, plan: Plan) -> None:
                                 "asserts it); allowed: 1"),
             (bool(plan.recompute_modules), "recompute", "Megatron-Core's selective recompute modules are not "
                                                         "modelled for a hybrid; allowed: none, selective, block, full"),
-            (bool(plan.offload), "offload", "activation offload is not modelled for a hybrid; allowed: blank"),
+            (bool(plan.offload), "offload", "activation offload is not modelled for a hybrid; allowed: no offload"),
             (plan.pipe_schedule == "dualpipe", "pipe_schedule", "DualPipe is not modelled for a hybrid; "
                                                                 "allowed: 1f1b")):
         if bad:

@@ -402,13 +402,17 @@ def timed_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     (["evaluate", *GPT3, "--devices", "1024", "--global-batch", "1536", "--plan",
       "tp=8,pp=16,recompute=full,offload=qkv_proj,pipe_schedule=dualpipe"],
      ["--plan", "field 'pipe_schedule'", "not modelled with activation offload"]),
+    (["place", "--workload", "nemotron-h-4b", "--arch", "h100-sxm", "--devices", "16", "--global-batch", "64",
+      "--seq-len", "1024", "--offload", "qkv_proj"], ["--offload", "not modelled for a hybrid", "allowed: no offload"]),
+    ([*PLACE, "--arch", "h100-sxm", "--offload", "qkv_proj", "--pipe-schedule", "dualpipe"],
+     ["--pipe-schedule", "no DualPipe plan fits", "no offload", "allowed: 1f1b"]),
 ], ids=["place-1e12-devices", "evaluate-1e12-devices", "evaluate-1e30-batch", "place-1e30-batch",
         "huge-seq-len", "batch-1537", "pp-128", "tp-3", "2^20-devices", "bad-baseline-plan",
         "bad-baseline-key", "zero-4", "bad-dp-shard", "dp-shard-3", "bad-cp-comm", "place-ring-in-list",
         "a2a+p2p-at-cp-2",
         "a2a-heads", "negative-reserve",
         "reserve-larger-than-hbm", "bad-pipe-schedule", "dualpipe-at-pp-1", "bad-offload", "offload-on-tpuv4",
-        "dualpipe-with-offload"])
+        "dualpipe-with-offload", "offload-on-a-hybrid", "dualpipe-only-with-offload"])
 def test_bad_sizes_and_layouts_name_the_flag(tmp_path, args, needles):
     line = one_line_error(timed_cli(tmp_path, *args), *needles)
     assert "no valid layout: no tp in the options" not in line
