@@ -653,15 +653,15 @@ def _check_gdn(model: Model, plan: Plan) -> None:
     which its GatedDeltaNet does not support ("TODO: support CP")."""
     k, v = model.linear_key_heads, model.linear_value_heads
     if k % plan.tp or v % plan.tp:
-        g = math.gcd(k, v)
         raise ConfigError("--plan", "tp", f"must divide the Gated DeltaNet key heads ({k}) and value heads ({v}) "
-                          f"of {model.name}; allowed: " + ", ".join(str(d) for d in range(1, g + 1) if g % d == 0))
+                          f"of {model.name}; allowed: " + divisors(math.gcd(k, v)))
     if plan.cp > 1:
         raise ConfigError("--plan", "cp", f"{model.name} has Gated DeltaNet layers, which Megatron-Core 0.16 runs "
                                           f"without context parallelism; allowed: 1")
     if plan.offload or plan.pipe_schedule == "dualpipe":
         raise ConfigError("--plan", "offload" if plan.offload else "pipe_schedule",
-                          f"{model.name} has Gated DeltaNet layers: offload and DualPipe are not modelled with them")
+                          f"{model.name} has Gated DeltaNet layers: offload and DualPipe are not modelled with them; "
+                          f"allowed: no offload and pipe_schedule 1f1b")
 
 
 def check_offload(chip: Chip, plan: Plan) -> None:

@@ -49,10 +49,14 @@ def test_the_kinds_and_their_shares():
     assert kinds == [(0.75, -1), (0.25, 0)]
 
 
-@pytest.mark.parametrize("plan,key", [("tp=3,ep=8", "tp"), ("tp=2,cp=2,ep=8", "cp")])
-def test_plans_it_may_not_run(plan, key):
-    with pytest.raises(ConfigError, match=f"field '{key}'"):
+@pytest.mark.parametrize("plan,key,allowed", [
+    ("tp=3,ep=8", "tp", "allowed: 1, 2, 4, 8, 16"),          # the divisors of gcd(16 key, 32 value heads)
+    ("tp=2,cp=2,ep=8", "cp", "allowed: 1"),
+    ("tp=2,pp=2,ep=8,recompute=full,offload=qkv_proj", "offload", "allowed: no offload and pipe_schedule 1f1b")])
+def test_plans_it_may_not_run(plan, key, allowed):
+    with pytest.raises(ConfigError, match=f"field '{key}'") as e:
         evaluate(QN, load_chip("h100-sxm"), 96, 96, parse_plan(plan))
+    assert e.value.message.endswith(allowed)
 
 
 def test_gdn_layer_memory_against_the_gated_attention_layers():
