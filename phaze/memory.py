@@ -120,17 +120,7 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
                   + saved["ffn_down"] * f) / t
     if model.moe:
         split += moe_activation_bytes(model, sb, t) - sb * (p * act_inputs * f + saved["ffn_down"] * f) / t
-    a = model.heads
-    if attention in ("flash", "flash2"):
-        core = 4.0 * a * sb / t                                    # fp32 log-sum-exp per row
-    elif recompute == "selective":
-        core = 0.0
-    else:
-        # scores against every key of the sequence (a context-parallel shard's too): the softmax's
-        # output (fp32 when PyTorch runs it, and then without dropout also its 16-bit copy, the
-        # product's input), the dropout's mask and output
-        probs = p if megatron_softmax_fused(model, mbs, t) else 4.0 + (0.0 if model.dropout else p)
-        core = (probs + (mask + p if model.dropout else 0.0)) * a * s * model.context_parallel * sb / t
+    core = _core_bytes(model, sb, t, recompute, attention, mask, mbs)
     if model.mla:
         # MLA's latents: the down projections' outputs (the norms' inputs) and the normed latents
         # (the up projections' inputs: fp8 under Transformer Engine's fp8, whose LayerNormLinear
@@ -140,13 +130,10 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
         split += sb * p * (q + model.o_dim) / t
     if kind in ("*", "-"):   # a hybrid's attention or MLP layer: its half of the transformer layer's
         if kind == "*":
-            return ((p + saved["qkv"] + mask) * sb * h * rep
-                    + sb * (p * (q + kv + v) + saved["attn_out"] * model.o_dim) / t + core)
+            return _attention_bytes(model, sb, t, rep, recompute, attention, saved, mask, mbs)
         return (p + saved["ffn_up"] + mask) * sb * h * rep + sb * (p * act_inputs * f + saved["ffn_down"] * f) / t
     mods = recompute_modules_of(recompute)
     if mods:
-        if "core_attn" in mods:   # the checkpointed core attention keeps only its inputs (Q, K, V)
-            core = 0.0
         return replicated + split + core - _modules_saved_bytes(model, sb, t, rep, mods, saved, act_inputs)
     return replicated + split + core
 
@@ -156,19 +143,29 @@ def _attention_bytes(model: Model, sb: int, t: int, rep: float, recompute: str, 
     """The bytes :func:`activation_bytes_per_layer` counts for a layer's attention (its input
     norm's input, the projection's input and mask; Q, K, V and the out-projection's input; the
     fused kernel's statistics or the unfused scores), under ``recompute``."""
-    p, h, a = model.bytes_per_element, model.hidden, model.heads
+    p, h = model.bytes_per_element, model.hidden
     q, kv = model.q_dim, kv_heads_read(model, t) * t * model.head_dim
     v = kv * model.v_head_dim // model.head_dim
-    if attention in ("flash", "flash2"):
-        core = 4.0 * a * sb / t
-    elif recompute == "selective" or "core_attn" in (recompute_modules_of(recompute) or ()):
-        core = 0.0
-    else:
-        probs = p if megatron_softmax_fused(model, mbs, t) else 4.0 + (0.0 if model.dropout else p)
-        core = (probs + (mask + p if model.dropout else 0.0)) * a * model.seq_len * model.context_parallel * sb / t
     gate = p * (q + model.o_dim) * sb / t if model.attention_output_gate else 0.0
     return ((p + saved["qkv"] + mask) * sb * h * rep + sb * (p * (q + kv + v) + saved["attn_out"] * model.o_dim) / t
-            + core + gate)
+            + _core_bytes(model, sb, t, recompute, attention, mask, mbs) + gate)
+
+
+def _core_bytes(model: Model, sb: int, t: int, recompute: str, attention: str, mask: float, mbs: int) -> float:
+    """What the core attention keeps for its backward: nothing under Megatron-Core's checkpointed
+    ``core_attn`` (which keeps only its inputs, Q, K and V); a fused kernel its fp32 log-sum-exp a
+    row; nothing under selective recompute; otherwise the scores against every key of the sequence (a
+    context-parallel shard's too): the softmax's output (fp32 when PyTorch runs it, and then
+    without dropout also its 16-bit copy, the product's input), the dropout's mask and output."""
+    p, a = model.bytes_per_element, model.heads
+    if "core_attn" in (recompute_modules_of(recompute) or ()):
+        return 0.0
+    if attention in ("flash", "flash2"):
+        return 4.0 * a * sb / t
+    if recompute == "selective":
+        return 0.0
+    probs = p if megatron_softmax_fused(model, mbs, t) else 4.0 + (0.0 if model.dropout else p)
+    return (probs + (mask + p if model.dropout else 0.0)) * a * model.seq_len * model.context_parallel * sb / t
 
 
 def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved: dict, act_inputs: int) -> float:

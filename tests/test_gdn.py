@@ -10,6 +10,7 @@ import pytest
 from phaze.arch import load_chip
 from phaze.configio import ConfigError
 from phaze.graph import layer_graph, tensor_flops
+from phaze.memory import activation_bytes_per_layer
 from phaze.plan import parse_plan
 from phaze.step import evaluate, layer_mix
 from phaze.workload import _check_moe, load_model
@@ -68,13 +69,23 @@ def test_gdn_layer_memory_against_the_gated_attention_layers():
     reciprocal norms (4 x 2 x 16), q and k repeated to 32 value heads and v (2 x (8192 + 4096)), the
     fp32 cumulative g, beta and A (4 x 32 + 2 x 32 + 2 x 64 x 32), the softplus's fp32 input and
     output (8 x 32), z, the gated norm's and the out-projection's inputs (3 x 2 x 4096): 86,592 B."""
-    from phaze.memory import activation_bytes_per_layer
     dense = replace(QN, experts=0, top_k=0, shared_experts=0, shared_expert_ffn_hidden=0, expert_ffn_hidden=0)
     gdn = activation_bytes_per_layer(replace(dense, linear_attention_interval=-1), 1, 1, False, "none", "flash")
     full = activation_bytes_per_layer(replace(dense, linear_attention_interval=0), 1, 1, False, "none", "flash")
     assert gdn - full == (86_592 - 43_072) * 4096
     mixed = activation_bytes_per_layer(dense, 1, 1, False, "none", "flash")
     assert mixed == pytest.approx(0.75 * gdn + 0.25 * full)
+
+
+@pytest.mark.parametrize("attention", ["flash", "standard"])
+def test_a_gdn_layer_keeps_as_much_under_core_attn_recompute(attention):
+    """A Gated DeltaNet layer has no core attention, so Megatron-Core's checkpointed core_attn
+    frees nothing of it: the full-attention layer it is counted from and the attention bytes taken
+    off it both drop the core's (a fused kernel's statistics had been taken off without being in)."""
+    g = replace(QN, experts=0, top_k=0, shared_experts=0, shared_expert_ffn_hidden=0, expert_ffn_hidden=0,
+                linear_attention_interval=-1)
+    assert (activation_bytes_per_layer(g, 1, 1, False, "selective+core_attn", attention)
+            == activation_bytes_per_layer(g, 1, 1, False, "none", attention))
 
 
 def test_qwen3_next_hugging_face_config_reads_as_the_workload():
