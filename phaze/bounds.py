@@ -40,6 +40,7 @@ import numpy as np
 
 from .arch import Chip
 from .area import _sent_bytes, _step_activity, activity_energy_j, energy_coefficients, logic_power_w, silicon
+from .configio import ConfigError
 from .cost import Efficiency, fused_columns
 from .graph import ExpertLayout, edge_graph, layer_graph
 from .placement import cp_values, etp_values, layouts, place_bound, place_step_bounds, routing_values
@@ -179,19 +180,27 @@ def _layout_options(spec: WorkloadSpec):
     m, o = spec.model, spec.options
     if m.context_parallel > 1:
         return
-    modes = layer_modes(o.recompute)   # a block stage runs none and full layers
+    modes = _graph_modes(o)
     for tp in sorted(set(o.tp)) if 1 in cp_values(m, o) else ():
         if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:   # never placed
             continue
         for experts in (_bound_experts(m, o, etp) for etp in etp_values(m, tp, o)) if m.moe else (None,):
             for mbs in sorted(set(o.mbs)):     # padding and fills do not scale with the micro-batch
                 for r in modes:
-                    yield tp, o.sp and tp > 1, mbs, graph_recompute(r, o.recompute_modules), experts, m, tp
+                    yield tp, o.sp and tp > 1, mbs, r, experts, m, tp
     for plan in _cp_layouts(spec):
         experts = _bound_experts(m, o, plan.etp) if m.moe else None
         for r in modes:
-            yield (plan.tp, plan.sp, plan.mbs, graph_recompute(r, o.recompute_modules), experts, _shard(m, plan),
-                   plan.tp * plan.cp)
+            yield plan.tp, plan.sp, plan.mbs, r, experts, _shard(m, plan), plan.tp * plan.cp
+
+
+def _graph_modes(options) -> tuple[str, ...]:
+    """What a layer may re-run under the placement's searches (:func:`phaze.plan.graph_recompute`):
+    each recompute mode (a block stage runs none and full layers), and a full recompute beside each
+    activation offload searched (which re-runs less than a plain full one)."""
+    modes = [graph_recompute(r, options.recompute_modules) for r in layer_modes(options.recompute)]
+    modes += [graph_recompute("full", options.recompute_modules, off) for off in options.offloads if off]
+    return tuple(dict.fromkeys(modes))
 
 
 @lru_cache(maxsize=256)
@@ -201,9 +210,10 @@ def _cp_layouts(spec: WorkloadSpec) -> tuple[Plan, ...]:
     seen = {}
     if max(cp_values(spec.model, spec.options)) == 1:
         return ()
-    for plan in layouts(spec.model, spec.devices, spec.global_batch, spec.options):
-        if plan.cp > 1:
-            seen.setdefault((plan.tp, plan.sp, plan.mbs, plan.cp, plan.cp_comm, plan.cp_a2a, plan.etp), plan)
+    for schedule in spec.options.pipe_schedules:
+        for plan in layouts(spec.model, spec.devices, spec.global_batch, spec.options, pipe_schedule=schedule):
+            if plan.cp > 1:
+                seen.setdefault((plan.tp, plan.sp, plan.mbs, plan.cp, plan.cp_comm, plan.cp_a2a, plan.etp), plan)
     return tuple(seen.values())
 
 
@@ -371,8 +381,11 @@ def _layouts_energy(spec: WorkloadSpec, chip: Chip, layouts, k: dict) -> float:
     best = math.inf
     for base in layouts:
         for r in modes:
-            a = _step_activity(spec.model, chip, spec.devices, spec.global_batch,
-                               replace(base, recompute=r, stage_recompute=(), stages=()))
+            try:        # a mode the layout's schedule does not run (a DualPipe layout's block)
+                a = _step_activity(spec.model, chip, spec.devices, spec.global_batch,
+                                   replace(base, recompute=r, stage_recompute=(), stages=()))
+            except ConfigError:
+                continue
             best = min(best, sum(activity_energy_j(a, k).values()))
     return 0.0 if not math.isfinite(best) else best
 

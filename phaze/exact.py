@@ -33,7 +33,6 @@ import numpy as np
 
 from .area import silicon, v_floor
 from .bounds import chip_bound, chip_power_bounds, dominance_keys, dominated_by, grid, grid_bounds
-from .configio import ConfigError
 from .power import lowest_leakage_w, throttled_power_floor
 from .space import CONSTRAINTS, SweepConfig, build_chip, design_key, power_budget
 from .validate import load_default_params, params_for
@@ -446,15 +445,6 @@ class ExactSampler:
 
 def make_exact_sampler(cfg: SweepConfig):
     """An :class:`ExactSampler` that is also an ``optuna.samplers.BaseSampler``."""
-    for i, w in enumerate(cfg.workloads):
-        if "dualpipe" in w.options.pipe_schedules:
-            raise ConfigError(cfg.source, f"workloads[{i}].placement.pipe_schedule",
-                              "the exact search bounds 1F1B plans (the placement's dynamic program); DualPipe's "
-                              "step has no closed form to bound; allowed: 1f1b with sampler exact, or another sampler")
-        if any(w.options.offloads):
-            raise ConfigError(cfg.source, f"workloads[{i}].placement.offload",
-                              "the exact search's bounds are derived for plans without offload (not its host "
-                              "transfers); allowed: none with sampler exact, or another sampler")
     import optuna  # deferred: optuna imports slowly
     base = optuna.samplers.BaseSampler
     cls = type("ExactSampler", (ExactSampler, base), {})

@@ -866,8 +866,7 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
     def step(d: int, t: int) -> None:       # one progress count over the searches
         progress(done[0] + d, done[1] + t)
 
-    for i, off in enumerate(offloads):
-        one = replace(options, offload=off, recompute=("full",) if off else options.recompute)
+    for i, one in enumerate(offload_searches(options)):
         res = _place(model, chip, devices, global_batch, one, eff, top, step if progress else None,
                      with_baseline and i == 0)
         done[0] += res.layouts_feasible
@@ -880,6 +879,13 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
                            sum(r.layouts_considered for r in parts), sum(r.layouts_feasible for r in parts),
                            sum(r.solve_time_s for r in parts), "" if ranked else why[0],
                            sum(r.layouts_solved for r in parts), "" if ranked else why[1], first.baseline_kind)
+
+
+def offload_searches(options: PlacementOptions) -> tuple[PlacementOptions, ...]:
+    """The searches :func:`place` runs, one for each activation offload of ``options.offloads``
+    (a plan that offloads recomputes every stage in full), each with that offload alone."""
+    return tuple(replace(options, offload=off, recompute=("full",) if off else options.recompute)
+                 for off in options.offloads)
 
 
 def _place(model: Model, chip: Chip, devices: int, global_batch: int, options: PlacementOptions, eff: Efficiency,
@@ -1044,9 +1050,9 @@ def _place(model: Model, chip: Chip, devices: int, global_batch: int, options: P
     if "dualpipe" in options.pipe_schedules:
         dual = _dualpipe_candidates(model, chip, devices, global_batch, options, eff, modes)
         considered += dual[1]
-        feasible += len({layout_of(p) for _, _, p in dual[0]})
+        feasible += len({layout_of(p) for _, _, p, _ in dual[0]})
         best_of: dict = {}      # a layout -> its fastest DualPipe plan
-        for bound, _, plan in sorted(dual[0], key=lambda c: c[:2]):
+        for bound, _, plan, _ in sorted(dual[0], key=lambda c: c[:2]):
             # the keep-th best of the plans in hand, one a layout, only rises: a plan whose bound
             # cannot reach it never enters the top
             held = sorted([h[0] for h in heap] + [p.result.tokens_per_s for p in best_of.values()], reverse=True)
@@ -1122,7 +1128,7 @@ def _place(model: Model, chip: Chip, devices: int, global_batch: int, options: P
 
 def _dualpipe_candidates(model: Model, chip: Chip, devices: int, global_batch: int,
                          options: PlacementOptions, eff: Efficiency, modes: tuple[str, ...]) -> tuple[list, int]:
-    """The DualPipe plans :func:`place` ranks, as ``(lower bound, index, plan)``, and the count of
+    """The DualPipe plans :func:`place` ranks, as ``(lower bound, index, plan, busy)``, and the count of
     layouts DualPipe can run. Each layout of the space (without interleaving) that DualPipe can
     run (:func:`phaze.step.check_plan`: an even pp, enough micro-batches, ZeRO below 3, batched
     sends), at its even split (:func:`phaze.step.stage_split`),
@@ -1130,7 +1136,10 @@ def _dualpipe_candidates(model: Model, chip: Chip, devices: int, global_batch: i
     baseline), that fits under the layer bounds' memory. The bound: every rank runs half the
     micro-batches through each of its two stages, so it is busy at least m / 2 times their two
     stage times under the layer schedules' lower bounds (the paired chunks' overlapped times;
-    the wait for peers and the tail only add)."""
+    the wait for peers and the tail only add). ``busy``: the seconds its critical rank computes
+    (what the energy model's logic power counts), at least m / 2 times the compute and memory
+    parts of the two stage times of the rank where they are least (the lower bounds' parts are
+    the exact layers' or less; the critical rank is one of the ranks)."""
     out, n = [], 0
     reserve = memory_reserve_bytes(chip, options.memory_reserve)
     for plan in layouts(model, devices, global_batch, replace(options, vp=(1,)), chip, "dualpipe"):
@@ -1150,27 +1159,43 @@ def _dualpipe_candidates(model: Model, chip: Chip, devices: int, global_batch: i
             recs, ks = (r,) * pp, (0,) * pp
             if any(lb.pair_memory(i, even, recs, ks).total_bytes + reserve > chip.hbm_bytes for i in range(pp)):
                 continue
-            ts = [lb.time(i, c, r, 0, groups=False).total for i, c in enumerate(even)]
-            out.append((half * max(ts[i] + ts[pp - 1 - i] for i in range(pp)), len(out), replace(plan, recompute=r)))
+            ts = [lb.time(i, c, r, 0, groups=False) for i, c in enumerate(even)]
+            bound = half * max(ts[i].total + ts[pp - 1 - i].total for i in range(pp))
+            busy = half * min(ts[i].compute + ts[i].memory + ts[pp - 1 - i].compute + ts[pp - 1 - i].memory
+                              for i in range(pp))
+            out.append((bound, len(out), replace(plan, recompute=r), busy))
     return out, n
 
 
 def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
                 options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL) -> float:
-    """A lower bound of the best 1F1B step time :func:`place` can return (``inf`` when no layout
-    fits), without a solver: the smallest over every layout of the dynamic program run on the layer
-    schedules' lower bounds (what :func:`place` bounds layouts with before it solves any). Not of
-    its DualPipe or offloading plans: the exact search, its caller, refuses both.
-    Layouts are visited in order of their closed-form bound and skipped once that bound reaches
-    the best found."""
+    """A lower bound of the best step time :func:`place` can return (``inf`` when no plan fits),
+    without a solver: over each of its searches (:func:`offload_searches`), the smallest over every
+    1F1B layout of the dynamic program run on the layer schedules' lower bounds (what :func:`place`
+    bounds layouts with before it solves any) and over every DualPipe plan of its lower bound
+    (:func:`_dualpipe_candidates`, what :func:`place` prunes them with).
+    1F1B layouts are visited in order of their closed-form bound and skipped once that bound
+    reaches the best found."""
     chip = chip.with_execution(options.execution)
-    modes = searched_modes(model, options)
+    best = math.inf
+    for one in offload_searches(options):
+        modes = searched_modes(model, one)
+        if "dualpipe" in one.pipe_schedules:
+            for lb, *_ in _dualpipe_candidates(model, chip, devices, global_batch, one, eff, modes)[0]:
+                best = min(best, lb)
+        if "1f1b" in one.pipe_schedules:
+            best = min(best, _bound_1f1b(model, chip, devices, global_batch, one, eff, modes, best))
+    return best * _SLACK if math.isfinite(best) else best
+
+
+def _bound_1f1b(model: Model, chip: Chip, devices: int, global_batch: int, options: PlacementOptions,
+                eff: Efficiency, modes: tuple[str, ...], best: float) -> float:
+    """:func:`place_bound` over the 1F1B layouts of one search, or ``best`` if none is lower."""
     cands = []
     for base in layouts(model, devices, global_batch, options, chip):
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
         lb_costs = _bound_costs(costs, modes)
         cands.append((_quick_bound(lb_costs, modes), len(cands), base, lb_costs))
-    best = math.inf
     for quick, _, base, lb_costs in sorted(cands, key=lambda c: c[:2]):
         if quick * _SLACK >= best:
             break
@@ -1182,7 +1207,7 @@ def place_bound(model: Model, chip: Chip, devices: int, global_batch: int,
         lb = _solve_layout(lb_costs, opts)
         if lb is not None:
             best = min(best, lb[0])
-    return best * _SLACK if math.isfinite(best) else best
+    return best
 
 
 @dataclass(frozen=True)
@@ -1202,7 +1227,43 @@ class StepBounds:
 def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
                       options: PlacementOptions = PlacementOptions(), eff: Efficiency = IDEAL) -> StepBounds | None:
     """Bounds of the best plan's step time and busy share without a solver (None: nothing fits),
-    among 1F1B plans (as :func:`place_bound`).
+    over :func:`place`'s searches (:func:`offload_searches`) and schedules: each search's 1F1B
+    bounds (:func:`_step_bounds_1f1b`) merged, the smallest step bounds and busy shares and every
+    layout (the best plan is the best of its own search, so it lies in that search's bounds).
+    DualPipe plans (:func:`_dualpipe_candidates`) lower the step's lower bound to theirs; one whose
+    lower bound is at most ``step_ub`` may be chosen, so its layout joins ``layouts`` and its busy
+    time bounds the chosen plan's with the others (over ``step_ub``, its share). When no 1F1B plan
+    fits, ``step_ub`` is the step of the DualPipe plan with the least bound that fits, evaluated."""
+    chip = chip.with_execution(options.execution)
+    parts, duals = [], []
+    for one in offload_searches(options):
+        if "1f1b" in one.pipe_schedules:
+            b = _step_bounds_1f1b(model, chip, devices, global_batch, one, eff)
+            if b is not None:
+                parts.append(b)
+        if "dualpipe" in one.pipe_schedules:
+            duals += _dualpipe_candidates(model, chip, devices, global_batch, one, eff, searched_modes(model, one))[0]
+    step_ub = min((b.step_ub for b in parts), default=math.inf)
+    duals.sort(key=lambda c: c[:2])
+    if not parts:
+        for _, _, plan, _ in duals:     # the least bound first: the first that fits gives a step some plan runs
+            res = evaluate(model, chip, devices, global_batch, plan, eff)
+            if res.fits:
+                step_ub = res.step_time_s / _SLACK
+                break
+        else:
+            return None
+    chosen = [(plan, busy * _SLACK) for lb, _, plan, busy in duals if lb * _SLACK <= step_ub]
+    share = min([b.busy_share_lb for b in parts] + [busy / step_ub for _, busy in chosen])
+    busy = min([b.busy_lb_s for b in parts] + [busy for _, busy in chosen])
+    return StepBounds(min([b.step_lb for b in parts] + [lb * _SLACK for lb, *_ in duals]), step_ub,
+                      max(0.0, min(1.0, share)), busy,
+                      tuple(p for b in parts for p in b.layouts) + tuple(plan for plan, _ in chosen))
+
+
+def _step_bounds_1f1b(model: Model, chip: Chip, devices: int, global_batch: int, options: PlacementOptions,
+                      eff: Efficiency) -> StepBounds | None:
+    """:func:`place_step_bounds` among the 1F1B plans of one search (None: none fits).
 
     ``step_ub``: the smallest over all layouts of the dynamic program on upper bounds of the layer
     schedules (list schedules), a step some plan achieves, so the best plan's is no longer. The
@@ -1213,7 +1274,6 @@ def place_step_bounds(model: Model, chip: Chip, devices: int, global_batch: int,
     give the exact layer's share or less), over ``step_ub``; or, from the step's own form, at
     least m * beta / (w + pp / v + tail / T_c) of the step (w the critical stage's weight in the
     1F1B step, T_c at least the mean stage time, the tail at most the largest upper-bound tail)."""
-    chip = chip.with_execution(options.execution)
     modes = searched_modes(model, options)
     L = model.layers
     rows, late, flat = [], [], {}

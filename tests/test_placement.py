@@ -520,17 +520,20 @@ def test_dualpipe_wins_where_a_pipeline_is_needed_and_has_few_micro_batches():
 @pytest.mark.parametrize("arch", ["toy", "tpuv4"])
 def test_dualpipe_bounds_are_below_the_evaluated_steps(arch):
     """Each DualPipe candidate's bound (a rank busy m/2 times its two stages' lower-bound times)
-    is at most the step evaluate gives it, on a one-kernel-at-a-time chip and on TPU v4, whose
-    layers are scheduled on concurrent units."""
+    is at most the step evaluate gives it, and its busy time (the least rank's compute and memory
+    parts) at most the busy time the energy model counts, on a one-kernel-at-a-time chip and on
+    TPU v4, whose layers are scheduled on concurrent units."""
     model = tiny_model(6, 3)
     chip = toy_chip() if arch == "toy" else load_chip("tpuv4")
     options = PlacementOptions(tp=(1, 2), mbs=(1, 2), pp=(2,), vp=(1,), recompute=("none", "selective", "full"),
                                pipe_schedule="dualpipe")
     cands, n = _dualpipe_candidates(model, chip, 8, 32, options, IDEAL, searched_modes(model, options))
     assert n == 8 and len(cands) == 24      # tp 1, 2 x mbs 1, 2 x zero 0, 1; three modes each
-    for bound, _, plan in cands:
-        step = evaluate(model, chip, 8, 32, plan).step_time_s
-        assert 0.8 * step < bound <= step
+    for bound, _, plan, busy in cands:
+        res = evaluate(model, chip, 8, 32, plan)
+        assert 0.8 * res.step_time_s < bound <= res.step_time_s
+        b = res.breakdown_s
+        assert 0.5 * b["compute_s"] < busy <= (b["compute_s"] + b["memory_bound_s"] + b["optimizer_s"]) * (1 + 1e-12)
 
 
 def offload_brute_force(model, chip, devices, batch, options):

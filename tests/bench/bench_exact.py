@@ -45,7 +45,9 @@ SPACES = [(ROOT / "search" / "quickstart.yaml", None, None), (HERE / "lone_best.
           (HERE / "lone_best_432.yaml", ("throughput", "power"), 600.0),
           (HERE / "lone_best_432.yaml", ("throughput", "power"), 250.0),   # below many designs' power
           (HERE / "moe_space.yaml", None, None),                           # a mixture of experts
-          (HERE / "long_context_space.yaml", None, None)]                  # context parallelism
+          (HERE / "long_context_space.yaml", None, None),                  # context parallelism
+          (HERE / "schedules_space.yaml", None, None),                     # DualPipe and offload
+          (HERE / "schedules_space.yaml", ("throughput", "power"), 700.0)]
 
 
 def hypervolume_2d(points: np.ndarray, ref: tuple[float, float]) -> float:
