@@ -1445,7 +1445,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("config", help="sweep config (search/quickstart.yaml)")
     se.add_argument("--trials", type=_positive_int, default=None,
                     help="complete trials the study should hold (default: the config's)")
-    se.add_argument("--sampler", default=None, help="tpe, nsga2, gp, random or grid (default: the config's)")
+    se.add_argument("--sampler", default=None,
+                    help="tpe, nsga2, gp, random, grid or exact (the proven best; default: the config's)")
     se.add_argument("--seed", type=_nonnegative_int, default=None, help="sampler seed (default: the config's)")
     se.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///results/<study>/study.db)")
     se.add_argument("--study", default=None, type=_study_name, help="study name (default: the config's name)")
