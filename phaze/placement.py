@@ -791,8 +791,11 @@ def _quick_bound(costs: StageCosts, modes: tuple[str, ...], weights: tuple[float
 def searched_modes(model: Model, options: PlacementOptions) -> tuple[str, ...]:
     """The stage recompute modes a placement searches: ``options.recompute`` in
     :data:`PLAN_RECOMPUTE` order, without torchtitan's per-op policy where ``model`` cannot run it
-    (a preset that maps selective recompute to it then searches none, full and block)."""
-    return tuple(r for r in PLAN_RECOMPUTE if r in options.recompute and (r != "op" or runs_op_recompute(model)))
+    (a preset that maps selective recompute to it then searches none, full and block). ``block``
+    brings ``none`` and ``full``, the ends of its range: a block stage re-runs the fewest of its
+    layers whole that fit, none of them where the stage fits without, all of them at the most."""
+    wanted = set(options.recompute) | ({"none", "full"} if "block" in options.recompute else set())
+    return tuple(r for r in PLAN_RECOMPUTE if r in wanted and (r != "op" or runs_op_recompute(model)))
 
 
 def _variant_key(plan: Plan, zero: bool) -> tuple:

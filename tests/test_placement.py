@@ -595,3 +595,18 @@ def test_placement_options_out_of_their_words_are_one_error(change):
     with pytest.raises(ConfigError) as e:
         place(tiny_model(4, 0), toy_chip(), 4, 16, PlacementOptions(**change))
     assert e.value.field == next(iter(change)) and "must be one or more of" in e.value.message
+
+
+@pytest.mark.parametrize("name,chip,devices,batch", [("mpt-125m", "a100-80gb", 16, 64),      # fits without
+                                                     ("llama2-7b", "a100-40gb", 8, 64)])      # needs some
+def test_block_alone_ranges_from_no_layer_to_every_layer_re_run(name, chip, devices, batch):
+    """``--recompute block`` alone: a stage re-runs the fewest of its layers whole that fit, none
+    where it fits without (a plan with recompute none) and all at the most, so it finds the plan
+    that none, full and block together find (it used to find no plan where a stage fits without
+    recompute, and said no layout was valid)."""
+    model, arch = load_model(name), load_chip(chip)
+    alone = place(model, arch, devices, batch, PlacementOptions(tp=(1, 2), pp=(1, 2), recompute=("block",)), top=1)
+    three = place(model, arch, devices, batch, PlacementOptions(tp=(1, 2), pp=(1, 2),
+                                                                recompute=("none", "full", "block")), top=1)
+    assert alone.best is not None and alone.best.plan == three.best.plan
+    assert alone.best.plan.recompute == ("none" if name == "mpt-125m" else "block")
