@@ -481,6 +481,9 @@ class Certificate:
         if self.proven:
             what = "the best design" if len(self.objectives) == 1 else "the Pareto front"
             out.append(f"proven optimal: every other design is bounded by {what} found")
+        elif not self.remaining:
+            out.append("no design of the space is feasible: each was evaluated, or its bounds show that no plan "
+                       "fits it")
         else:
             gap = "" if self.gap is None else f", a proven gap of {100 * self.gap:.2f} %"
             out.append(f"not proven: {self.remaining:,} designs undecided; the largest remaining throughput "

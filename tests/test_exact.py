@@ -568,3 +568,14 @@ def test_dominance_holds_with_dualpipe_or_offload(tmp_path, kind):
         special += any(("dualpipe" if kind == "dualpipe" else "offload=") in e.outcomes[0].plan
                        for e in (a, b) if e.throughput > 0)
     assert special >= (10 if kind == "dualpipe" else 2)
+
+
+def test_a_space_where_nothing_fits_is_certified_infeasible(tmp_path):
+    """Every design too small for any plan: the search ends with no feasible design and its
+    certificate says so (its printout raised on the missing remaining bound before)."""
+    work = [dict(WORKLOADS[1], placement=dict(WORKLOADS[1]["placement"], tp=[1], pp=[1]))]
+    cfg = config(tmp_path, dict(SPACE, hbm_gib=[1]), {"area_mm2": 420}, workloads=work, name="nothing")
+    _, study = _run(cfg, tmp_path)
+    cert, _ = certificate(cfg, study)
+    assert not cert.proven and cert.remaining == 0 and cert.best_value is None
+    assert cert.lines()[-1].startswith("no design of the space is feasible")
