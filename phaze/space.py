@@ -26,7 +26,7 @@ from .arch import Chip, load_chip, process_node
 from .area import held_share, reference_clock_at, top_clock_hz
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
-from .placement import PlacementOptions
+from .placement import PlacementOptions, searched_modes
 from .plan import (
     CP_COMMS_ALLOWED,
     DISPATCHERS,
@@ -733,6 +733,10 @@ def load_sweep(path: str | Path) -> SweepConfig:
             raise ConfigError(source, f"workloads[{i}].placement.offload",
                               f"sends activations over the host link, which the base chip {base.name} does not give "
                               f"(host_bandwidth_bytes_per_s); allowed: none with this base")
+        if any(w.options.offloads) and "full" not in searched_modes(w.model, w.options):
+            raise ConfigError(source, f"workloads[{i}].placement.offload",
+                              "an offload runs beside a full recompute of every stage: needs full (or block) among "
+                              "placement.recompute; allowed: none, or add full to placement.recompute")
     for i, n in enumerate(names):
         if n in names[:i]:
             raise ConfigError(source, f"workloads[{i}]", f"{n} is listed twice; allowed: each model once "

@@ -233,3 +233,20 @@ def test_offload_on_a_base_chip_without_a_host_link_is_refused_at_load(tmp_path)
     with pytest.raises(ConfigError) as e:
         load_sweep(write(tmp_path, dict(SMALL_SWEEP, base="tpuv4", workloads=[wl])))
     assert e.value.field == "workloads[0].placement.offload" and "tpuv4" in e.value.message.lower()
+
+
+@pytest.mark.parametrize("recompute, refused", [(["none"], True), (["none", "selective"], True), (["block"], False),
+                                                (["none", "full"], False)])
+def test_offload_without_full_recompute_is_refused_at_load_with_its_field(tmp_path, recompute, refused):
+    """An offload runs beside a full recompute: a config whose recompute modes have no full (block
+    brings it) is refused when it is read, naming the file's field (the search used to stop at its
+    first trial naming place's flag, --offload)."""
+    wl = dict(SMALL_SWEEP["workloads"][0], placement={"offload": ["none", "qkv_proj"], "recompute": recompute})
+    path = write(tmp_path, dict(SMALL_SWEEP, base="a100-80gb", workloads=[wl]))
+    if not refused:
+        assert load_sweep(path).workloads[0].options.offloads == ("", "qkv_proj")
+        return
+    with pytest.raises(ConfigError) as e:
+        load_sweep(path)
+    assert e.value.source == str(path) and e.value.field == "workloads[0].placement.offload"
+    assert "allowed: none, or add full" in e.value.message
