@@ -582,6 +582,17 @@ def _int_tuple(f: Fields, key: str, default: tuple) -> tuple:
     return tuple(raw)
 
 
+def _zero(p: Fields, default: int) -> int | tuple[int, ...]:
+    """A workload's ``placement.zero``: one ZeRO stage, or a list of them to search (as ``--zero``)."""
+    raw = p._get("zero", None)
+    if raw is None:
+        return default
+    items = raw if isinstance(raw, list) else [raw]
+    if not items or any(isinstance(x, bool) or x not in (0, 1, 2, 3) for x in items):
+        raise p.error("zero", f"must be 0, 1, 2 or 3 or a non-empty list of them, got {quote(raw)}")
+    return items[0] if not isinstance(raw, list) else tuple(sorted(set(items)))
+
+
 def _named(f: Fields, key: str, load, flag: str, name: str):
     """``load(name)`` for a name given at ``key`` of a config: an unknown name or a missing file is
     blamed on this file's field, not on the command-line ``flag`` the loader names (a file that
@@ -656,7 +667,7 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
         options = PlacementOptions(
             tp=_int_tuple(p, "tp", d.tp), mbs=_int_tuple(p, "mbs", d.mbs), pp=_int_tuple(p, "pp", d.pp),
             vp=_int_tuple(p, "vp", d.vp), cp=_int_tuple(p, "cp", d.cp), ep=_int_tuple(p, "ep", d.ep),
-            etp=_int_tuple(p, "etp", d.etp), recompute=rec, zero=p.int("zero", d.zero, minimum=0),
+            etp=_int_tuple(p, "etp", d.etp), recompute=rec, zero=_zero(p, d.zero),
             attention=p.choice("attention", ("flash", "flash2", "standard"), d.attention),
             optimizer=p.choice("optimizer", OPTIMIZERS, d.optimizer),
             recompute_modules=_modules(p), dp_shard=_dp_shard(p),
@@ -665,8 +676,6 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             fp8_params=p.bool("fp8_params", d.fp8_params), shared_overlap=p.bool("shared_overlap", d.shared_overlap),
             pipe_schedule=_words(p, "pipe_schedule", "1f1b", pipe_schedule_value, PIPE_SCHEDULES_ALLOWED),
             offload=_words(p, "offload", "none", offload_value, OFFLOADS_ALLOWED))
-        if options.zero > 3:
-            raise p.error("zero", f"must be 0, 1, 2 or 3, got {options.zero}")
         fw_name = p.str("framework", "")
         if fw_name:
             fw = framework(fw_name, p.source, p.prefix + "framework")

@@ -250,3 +250,20 @@ def test_offload_without_full_recompute_is_refused_at_load_with_its_field(tmp_pa
         load_sweep(path)
     assert e.value.source == str(path) and e.value.field == "workloads[0].placement.offload"
     assert "allowed: none, or add full" in e.value.message
+
+
+@pytest.mark.parametrize("value, expect", [(None, (0, 1)), (3, (3,)), ([3, 0, 3], (0, 3)),
+                                           ([0, 1, 2, 3], (0, 1, 2, 3))])
+def test_placement_zero_is_a_stage_or_a_list_of_them(tmp_path, value, expect):
+    """``placement.zero`` takes what ``--zero`` takes: one stage, or a list of them to search (a
+    list was refused as 'must be an integer')."""
+    options = placement_options(tmp_path, {} if value is None else {"zero": value})
+    assert options.zero_stages == expect
+
+
+@pytest.mark.parametrize("value", [4, -1, True, [], [0, 5], "1", 1.5])
+def test_a_bad_zero_names_the_field_and_what_is_allowed(tmp_path, value):
+    with pytest.raises(ConfigError) as e:
+        placement_options(tmp_path, {"zero": value})
+    assert e.value.field == "workloads[0].placement.zero"
+    assert "must be 0, 1, 2 or 3 or a non-empty list of them" in e.value.message
