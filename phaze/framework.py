@@ -517,7 +517,8 @@ def plan_with(fw: Framework, plan: Plan, given=frozenset(), precision: str = "bf
                                                    changes.get("sp", plan.sp))
     if plan.recompute == "selective" and fw.selective == "op":
         changes["recompute"] = "op"
-    if fw.recompute_modules and "recompute_modules" not in given and "selective" in plan.stage_modes()[0]:
+    if (fw.recompute_modules and "recompute_modules" not in given and "selective" in plan.stage_modes()[0]
+            and not (model is not None and model.hybrid)):
         changes["recompute_modules"] = fw.recompute_modules
     out = replace(plan, **changes)
     if out.shared_overlap and "shared_overlap" not in given and (
@@ -536,7 +537,8 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
     what was set, for a run at ``precision`` (of ``model``: a shared-expert overlap is said only
     for a model with shared experts; the search sets it only in the plans that allow it). A
     framework that shards with FSDP (zero 3) searches only that stage; the others keep the searched
-    stages. ``selective`` recompute becomes the framework's policy."""
+    stages. ``selective`` recompute becomes the framework's policy (but Megatron-Core's modules for a
+    hybrid ``model``, where they are not modelled: its selective recompute is Megatron-LM's)."""
     # the plan keys a preset sets, as in a plan (the searched ZeRO stages below)
     changes: dict = {k: x for k, x in plan_settings(fw, precision).items()
                      if k != "zero" and k not in given and (k != "fp8_params" or precision == "fp8")
@@ -557,7 +559,8 @@ def options_with(fw: Framework, options: PlacementOptions, given=frozenset(),
     recompute = changes.get("recompute", options.recompute)
     if fw.selective == "op" and "selective" in recompute:
         changes["recompute"] = tuple("op" if r == "selective" else r for r in recompute)
-    if fw.recompute_modules and "recompute_modules" not in given and "selective" in recompute:
+    if (fw.recompute_modules and "recompute_modules" not in given and "selective" in recompute
+            and not (model is not None and model.hybrid)):
         changes["recompute_modules"] = fw.recompute_modules
     return replace(options, **changes), changes
 

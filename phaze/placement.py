@@ -601,6 +601,24 @@ def exchange_values(options: PlacementOptions, cp: int) -> list[tuple[str, int]]
     return [(c, a) for c in options.cp_comms for a in (cp_a2a_groups(cp) if c == "a2a+p2p" else (1,))]
 
 
+def _plan_of(options: PlacementOptions, tp: int, pp: int, mbs: int, vp: int = 1, cp: int = 1, zero: int = 0,
+             offload: str = "", ep: int = 1, etp: int = 1, routing: str = "", dp_shard: int = 0, cp_comm: str = "p2p",
+             cp_a2a: int = 1, dispatcher: str = "", ep_overlap: bool = False, pipe_schedule: str = "1f1b") -> Plan:
+    """The base plan of one layout of ``options`` (no recompute, or full beside an offload)."""
+    sp = options.sp and tp > 1
+    return Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=sp, offload=offload,
+                recompute="full" if offload else "none",
+                attention=options.attention, optimizer=options.optimizer,
+                reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
+                ep=ep, etp=etp, routing=routing, tp_async=options.tp_async, tp_overlap=options.tp_overlap,
+                dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
+                loss=options.loss, recompute_modules=options.recompute_modules,
+                grad_accum_fusion=options.grad_accum_fusion, dp_shard=dp_shard,
+                cp_comm=cp_comm, cp_a2a=cp_a2a, dispatcher=dispatcher, ep_overlap=ep_overlap,
+                fsdp_pp=options.fsdp_pp, fp8_params=options.fp8_params,
+                pipe_p2p=options.pipe_p2p, pipe_schedule=pipe_schedule)
+
+
 def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions, chip: Chip | None = None,
             pipe_schedule: str = "1f1b"):
     """Every valid layout of the option space under ``pipe_schedule``, as base plans. With
@@ -629,19 +647,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                             vp_values(model, pp, options), sorted(set(options.mbs)), expert_widths(model, options),
                             etp_values(model, tp, options), routing_values(model, options), comms, shards,
                             dispatchers, overlaps, options.offloads):
-                        sp = options.sp and tp > 1
-                        plan = Plan(tp=tp, pp=pp, mbs=mbs, vp=vp, cp=cp, zero=zero, sp=sp, offload=off,
-                                    recompute="full" if off else "none",
-                                    attention=options.attention, optimizer=options.optimizer,
-                                    reduce_fp32=options.reduce_fp32, memory_reserve=options.memory_reserve,
-                                    ep=ep, etp=etp, routing=routing, tp_async=options.tp_async,
-                                    tp_overlap=options.tp_overlap,
-                                    dp_overlap=hides_dp_reduction(options.dp_overlap, options.dp_overlap_flat, pp, sp),
-                                    loss=options.loss, recompute_modules=options.recompute_modules,
-                                    grad_accum_fusion=options.grad_accum_fusion, dp_shard=shard,
-                                    cp_comm=comm, cp_a2a=a2a, dispatcher=disp, ep_overlap=overlap,
-                                    fsdp_pp=options.fsdp_pp, fp8_params=options.fp8_params,
-                                    pipe_p2p=options.pipe_p2p, pipe_schedule=pipe_schedule)
+                        plan = _plan_of(options, tp, pp, mbs, vp, cp, zero, off, ep, etp, routing, shard, comm,
+                                        a2a, disp, overlap, pipe_schedule)
                         if options.shared_overlap:   # where Megatron-Core allows it (no stage recomputes yet)
                             plan = replace(plan, shared_overlap=not (shared_overlap_conflict(plan, model.shared_experts)
                                                                      or "shared_experts" in options.recompute_modules))
@@ -673,6 +680,11 @@ def _listing(values, limit: int = 12) -> str:
     if len(values) > limit:
         return ", ".join(map(str, values[:limit // 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
     return ", ".join(map(str, values))
+
+
+# plan fields that ``phaze place`` sets with a flag of the same name (--ep, --recompute-modules, ...)
+_PLACE_FLAGS = ("tp", "pp", "vp", "cp", "mbs", "ep", "etp", "offload", "recompute_modules", "zero", "dp_shard",
+                "cp_comm", "pipe_schedule", "fsdp_pp", "fp8_params", "attention", "dispatcher", "ep_overlap")
 
 
 def no_layout_reason(model: Model, devices: int, global_batch: int, options: PlacementOptions) -> tuple[str, str]:
@@ -738,12 +750,11 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
     for tp, pp, vp in structural:       # the first remaining reason (context, sequence, offload, ...)
         for mbs in sorted(set(options.mbs)):
             try:
-                check_plan(model, devices, global_batch, Plan(tp=tp, pp=pp, vp=vp, mbs=mbs, sp=options.sp and tp > 1,
-                                                              ep=eps[0], offload=off,
-                                                              recompute="full" if off else "none"))
+                check_plan(model, devices, global_batch, _plan_of(options, tp, pp, mbs, vp, offload=off, ep=eps[0]))
             except ConfigError as exc:
-                if exc.field in ("ep", "etp", "offload"):     # a flag of place's own
-                    return f"--{exc.field}", exc.message
+                field = "recompute_modules" if exc.field == "recompute" and options.recompute_modules else exc.field
+                if field in _PLACE_FLAGS:       # a flag of place's own
+                    return "--" + field.replace("_", "-"), exc.message
                 return exc.source, (f"field '{exc.field}': " if exc.field else "") + exc.message
     return "--tp", "no valid layout in the options"
 

@@ -681,7 +681,7 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
             fw = framework(fw_name, p.source, p.prefix + "framework")
             given = {k for k in ("attention", "zero", "recompute", "vp", "optimizer", "recompute_modules", "dp_shard",
                                 "cp_comm", "fsdp_pp", "fp8_params", "shared_overlap") if p.has(k)}
-            options = options_with(fw, options, given, model.precision)[0]
+            options = options_with(fw, options, given, model.precision, model)[0]
             model = model_with(fw, model)[0]
         bad = fp8_params_error(model, "false") if options.fp8_params else None
         if bad:

@@ -618,7 +618,8 @@ def _check_hybrid(model: Model, plan: Plan) -> None:
             (plan.vp > 1, "vp", "NeMo 2.5's hybrid models run no interleaved schedule (its SSM config "
                                 "asserts it); allowed: 1"),
             (bool(plan.recompute_modules), "recompute", "Megatron-Core's selective recompute modules are not "
-                                                        "modelled for a hybrid; allowed: none, selective, block, full"),
+                                                        "modelled for a hybrid; allowed: no modules (recompute none, "
+                                                        "selective, block or full)"),
             (bool(plan.offload), "offload", "activation offload is not modelled for a hybrid; allowed: no offload"),
             (plan.pipe_schedule == "dualpipe", "pipe_schedule", "DualPipe is not modelled for a hybrid; "
                                                                 "allowed: 1f1b")):

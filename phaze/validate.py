@@ -670,7 +670,8 @@ def _searched_layout(model: Model, chip: Chip, devices: int, batch: int, fw: Fra
                                   ep=(ep,) if ep else base.ep, etp=(etp,) if model.moe else base.etp)
     if fw:
         given = {"zero"} if zero is not None else set()
-        options = options_with(fw, options, given | ({"recompute"} if recompute else set()), model.precision)[0]
+        options = options_with(fw, options, given | ({"recompute"} if recompute else set()), model.precision,
+                               model)[0]
     spaces = [options]
     if dp:   # tp * pp * cp = devices / dp: one tp at a time, its pp following
         spaces = [dataclasses.replace(options, tp=(t,), pp=(devices // (dp * t * c),), cp=(c,))

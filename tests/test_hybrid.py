@@ -246,3 +246,23 @@ def test_the_printout_says_the_kinds(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["assumptions"]["layers"].startswith("24 Mamba-2, 4 attention, 24 MLP (hybrid_pattern)")
     assert out["params"] == H8.params
+
+
+def test_a_megatron_core_preset_places_a_hybrid_without_its_recompute_modules():
+    """Megatron-Core's preset re-runs the core attention under selective recompute (its
+    --recompute-modules), which is not modelled for a hybrid: for a hybrid it sets no modules
+    (selective recompute is then Megatron-LM's), so ``place`` finds plans (it found none, and
+    blamed the global batch); asking for the modules names --recompute-modules."""
+    from phaze.framework import framework, options_with
+    from phaze.placement import place
+    fw = framework("megatron-core", "test", "framework")
+    plain, _ = options_with(fw, PlacementOptions(), set(), "bf16")
+    assert plain.recompute_modules == ("core_attn",)
+    options, changes = options_with(fw, PlacementOptions(tp=(1, 2), pp=(1, 2)), set(), "bf16", H8)
+    assert options.recompute_modules == () and "recompute_modules" not in changes and options.tp_async
+    chip = load_chip("h100-sxm")
+    res = place(H8, chip, 64, 768, options, top=1)
+    assert res.best is not None and res.best.plan.tp_async
+    asked = place(H8, chip, 64, 768, PlacementOptions(tp=(1, 2), pp=(1, 2), recompute_modules=("core_attn",)), top=1)
+    assert asked.best is None and asked.infeasible_source == "--recompute-modules"
+    assert "not modelled for a hybrid; allowed: no modules" in asked.infeasible_reason
