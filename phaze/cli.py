@@ -76,7 +76,7 @@ from .storage import mask_password
 from .study_files import compare_studies, write_study_files
 from .system import apply_system, as_system, system_note, with_devices_per_node, with_nics
 from .validate import params_for
-from .workload import local_attention_phrase
+from .workload import dense_view, local_attention_phrase
 
 GiB = 2.0 ** 30
 
@@ -266,7 +266,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         out["attention_window"] = local_attention_phrase(model.sliding_window, model.attention_chunk,
                                                          model.window_layer_share) + " (the workload's)"
     if model.hybrid:
-        names = {"M": "Mamba-2", "*": "attention", "-": "MLP"}
+        names = {"M": "Mamba-2", "*": "attention", "-": "MLP", "E": "mixture-of-experts"}
         kinds = ", ".join(f"{n} {names[k]}" for k, n in model.hybrid_counts.items())
         out["layers"] = (f"{kinds} (hybrid_pattern), each kind costed on its own and weighed as the mean layer; "
                          f"the stages share the layers evenly, not the pattern's order")
@@ -939,7 +939,7 @@ def cmd_schedule(args) -> int:
     """``phaze schedule``: the CP-SAT schedule of one layer (forward, backward) on one chip."""
     model = as_model(args.workload, args.seq_len)
     chip = chip_for(args)
-    kinds = {"mamba": "M", "attention": "*", "mlp": "-"}
+    kinds = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
     if model.hybrid:   # one kind of layer: the one asked for, else the pattern's first
         kind = kinds[args.layer_kind] if args.layer_kind else model.hybrid_pattern[0]
         if kind not in model.hybrid_pattern:
@@ -947,7 +947,7 @@ def cmd_schedule(args) -> int:
                               + ", ".join(k for k, c in kinds.items() if c in model.hybrid_pattern))
         named = next(k for k, c in kinds.items() if c == kind)
         layer_note = f" of its {model.hybrid_pattern.count(kind)} {named} layers"
-        model = replace(model, hybrid_pattern=kind * model.layers)
+        model = replace(model if kind == "E" else dense_view(model), hybrid_pattern=kind * model.layers)
     elif args.layer_kind:
         raise ConfigError("--layer-kind", None, f"is for a hybrid of Mamba-2 and attention layers; {model.name} "
                                                 f"has one kind of layer")
@@ -1432,7 +1432,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="attention kernel (default flash)")
     sc.add_argument("--recompute", choices=RECOMPUTE, default="none")
     sc.add_argument("--seq-len", type=_seq_len, default=None, help="override the sequence length")
-    sc.add_argument("--layer-kind", choices=("mamba", "attention", "mlp"), default=None,
+    sc.add_argument("--layer-kind", choices=("mamba", "attention", "mlp", "moe"), default=None,
                     help="a hybrid's kind of layer to schedule (default: its first layer's)")
     sc.add_argument("--time-limit", type=float, default=10.0, help="solver seconds per phase (default 10)")
     sc.add_argument("--format", choices=("text", "json"), default="text")

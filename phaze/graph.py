@@ -485,9 +485,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         v projections' product (their outputs come back from the host, ``offload`` qkv_proj;
         their input, which the weight gradient reads, is still re-made)."""
         n = lambda x: prefix + x  # noqa: E731
-        if kind == "-":   # a hybrid's MLP layer: its norm, FFN and residual
+        if kind in ("-", "E"):   # a hybrid's MLP or mixture-of-experts layer: its norm, FFN and residual
             _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
-            dense_ffn(fb, n, tail)
+            (moe_ffn if kind == "E" else dense_ffn)(fb, n, tail)
             if tail:
                 _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
             return

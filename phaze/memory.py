@@ -128,10 +128,12 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
         replicated += (p + _linear_input_bytes(model)) * sb * (model.q_lora_rank + model.kv_lora_rank) * rep
     if model.attention_output_gate:   # the gate's input and the attention's output before the gate
         split += sb * p * (q + model.o_dim) / t
-    if kind in ("*", "-"):   # a hybrid's attention or MLP layer: its half of the transformer layer's
+    if kind in ("*", "-", "E"):   # a hybrid's attention, MLP or MoE layer: its half of the transformer layer's
         if kind == "*":
             return _attention_bytes(model, sb, t, rep, recompute, attention, saved, mask, mbs)
-        return (p + saved["ffn_up"] + mask) * sb * h * rep + sb * (p * act_inputs * f + saved["ffn_down"] * f) / t
+        ffn = (moe_activation_bytes(model, sb, t) if kind == "E"
+               else sb * (p * act_inputs * f + saved["ffn_down"] * f) / t)
+        return (p + saved["ffn_up"] + mask) * sb * h * rep + ffn
     mods = recompute_modules_of(recompute)
     if mods:
         return replicated + split + core - _modules_saved_bytes(model, sb, t, rep, mods, saved, act_inputs)

@@ -1088,7 +1088,7 @@ def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompu
         raise ConfigError("--mbs", None, f"must be a positive integer, got {mbs}")
     if tp < 1:
         raise ConfigError("--tp", None, f"must be a positive integer, got {tp}")
-    kind = model.layer_kind   # a hybrid's one kind of layer (M, *, -), or '' for a transformer layer
+    kind = model.layer_kind   # a hybrid's one kind of layer (M, *, -, E), or '' for a transformer layer
     if kind is None:
         raise ConfigError("--workload", None, f"{model.name} is a hybrid of several kinds of layer: schedule "
                                               f"one kind (phaze schedule --layer-kind)")
@@ -1097,7 +1097,8 @@ def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompu
         raise ConfigError("--tp", None, f"must divide the Mamba-2 heads ({model.mamba_heads}) and groups "
                           f"({model.mamba_groups}) of {model.name}; allowed: "
                           f"{divisors(g)}")
-    widths = {"": (model.heads, model.ffn_hidden), "*": (model.heads,), "-": (model.ffn_hidden,), "M": ()}[kind]
+    widths = {"": (model.heads, model.ffn_hidden), "*": (model.heads,), "-": (model.ffn_hidden,),
+              "E": (model.ffn_hidden,), "M": ()}[kind]
     if any(w % tp for w in widths):
         g = math.gcd(*widths, 0)
         raise ConfigError("--tp", None, f"must divide the heads ({model.heads}) and FFN width "

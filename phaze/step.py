@@ -56,7 +56,7 @@ from .plan import (
     shared_overlap_conflict,
 )
 from .schedule import layer_bounds, schedule_layer
-from .workload import Model, gdn_views, hybrid_views, with_seq_len
+from .workload import Model, dense_view, gdn_views, hybrid_views, with_seq_len
 
 # the parallel groups whose exposed communication a step reports apart (StepResult.communication_by_group_s)
 # and how a printout names them
@@ -152,13 +152,6 @@ def _sum_ops(ops, chip: Chip, precision: str, eff: Efficiency, groups: dict, p: 
     return PhaseTime(**acc)
 
 
-def dense_view(model: Model) -> Model:
-    """A mixture of experts' dense layers (DeepSeek-V3's first three, every other one of Llama 4
-    Maverick's) as a dense model."""
-    return replace(model, experts=0, top_k=0, shared_experts=0, dense_layers=0, expert_ffn_hidden=0,
-                   shared_expert_ffn_hidden=0, moe_layer_interval=1)
-
-
 def layer_mix(model: Model, moe: ExpertLayout | None = None) -> tuple[tuple[float, Model, ExpertLayout | None], ...]:
     """The kinds of layer the mean layer weighs, as (weight, model of that kind alone, its expert
     layout): the model itself; for a mixture of experts with dense layers its MoE layers (laid out
@@ -166,7 +159,7 @@ def layer_mix(model: Model, moe: ExpertLayout | None = None) -> tuple[tuple[floa
     attention and MLP layers (:func:`phaze.workload.hybrid_views`) by theirs. Every per-layer
     figure (time, schedule, FLOPs, activity, weight-gradient share) is this mean."""
     if model.hybrid and model.layer_kind is None:   # a hybrid: each kind's share of the layers
-        return tuple((w, view, None) for w, view in hybrid_views(model))
+        return tuple((w, view, moe if view.moe else None) for w, view in hybrid_views(model))
     if views := gdn_views(model):   # Gated DeltaNet beside full attention, each kind as layer_mix takes it
         return tuple((share * v, m, lm) for share, view in views for v, m, lm in layer_mix(view, moe))
     if not (model.moe and model.dense_ffn_layers):
@@ -492,7 +485,7 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
         raise ConfigError("--devices", None, f"must be a positive integer, got {devices}")
     if global_batch < 1:
         raise ConfigError("--global-batch", None, f"must be a positive integer, got {global_batch}")
-    attention, ffn = model.attention_layers > 0, not model.hybrid or "-" in model.hybrid_pattern
+    attention, ffn = model.attention_layers > 0, not model.hybrid or bool({"-", "E"} & set(model.hybrid_pattern))
     if (attention and model.heads % plan.tp) or (ffn and model.ffn_hidden % plan.tp):
         raise ConfigError("--plan", "tp", f"must divide the heads ({model.heads}) and FFN width "
                           f"({model.ffn_hidden}) of {model.name}; allowed: "

@@ -301,6 +301,9 @@ def convention_flops_per_step(model: Model, global_batch: int, convention: str,
     causal_self_attn = True in every family; 2.4 and before count them in full)."""
     B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
     if model.hybrid and convention == "model_causal":
+        if model.moe:
+            raise ValueError(f"flop_convention model_causal is NeMo 2.5's nemotronh formula, which counts no "
+                             f"mixture-of-experts layers ({model.name} has {model.moe_layers}); allowed: model")
         return nemo_hybrid_flops_per_sample(model) * B
     if model.hybrid and convention != "model":
         raise ValueError(f"flop_convention {convention} counts a transformer's layers; for a hybrid of Mamba-2 "

@@ -55,7 +55,8 @@ RECOMPUTE_RERUN = ("whole", "needed")
 # outputs"); ``shared_norm``: one norm feeds both (GPT-J, PaLM, Falcon-7B); ``two_norms``: each has
 # its own (GPT-NeoX, Falcon-40B/180B); "" a sequential layer
 PARALLEL_BLOCKS = ("shared_norm", "two_norms")
-HYBRID_KINDS = ("M", "*", "-")   # a Mamba-2 mixer, attention, an MLP (Megatron-Core's Symbols)
+HYBRID_KINDS = ("M", "*", "-", "E")   # a Mamba-2 mixer, attention, an MLP, a mixture of experts
+                                      # (Megatron-Core's Symbols)
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
@@ -287,7 +288,9 @@ class Model:
         """Layers whose FFN is a mixture of experts: after the ``dense_layers``, the last of each
         ``moe_layer_interval`` layers (Hugging Face's Llama 4 and Qwen3-MoE; Megatron-Core's
         integer --moe-layer-freq takes the first, the same count when the interval divides the
-        layers; the cost model needs only the count)."""
+        layers; the cost model needs only the count); a hybrid's 'E' layers."""
+        if self.hybrid:
+            return self.hybrid_pattern.count("E") if self.moe else 0
         return (self.layers - self.dense_layers) // self.moe_layer_interval if self.moe else 0
 
     @property
@@ -409,9 +412,12 @@ class Model:
 
     @property
     def kind_params(self) -> dict[str, int]:
-        """Parameters of one layer of each hybrid kind, its pre-norm included."""
+        """Parameters of one layer of each hybrid kind, its pre-norm included (E: the router, the
+        routed and shared experts)."""
+        experts = (self.router_params + self.experts * self.expert_params + self.shared_expert_params
+                   if self.moe else 0)
         return {"M": self.mamba_params + self.norm_params, "*": self.attention_params + self.norm_params,
-                "-": self.ffn_params + self.norm_params}
+                "-": self.ffn_params + self.norm_params, "E": experts + self.norm_params}
 
     @property
     def dense_layer_params(self) -> int:
@@ -424,7 +430,10 @@ class Model:
 
     @property
     def moe_layer_params(self) -> int:
-        """Parameters of one MoE layer (attention, router, routed and shared experts, two norms)."""
+        """Parameters of one MoE layer (attention, router, routed and shared experts, two norms; a
+        hybrid's 'E' layer, the experts and one norm)."""
+        if self.hybrid:
+            return self.kind_params["E"]
         return (self.attention_params + self.router_params + self.experts * self.expert_params
                 + self.shared_expert_params + 2 * self.norm_params)
 
@@ -432,7 +441,7 @@ class Model:
     def layer_params(self) -> float:
         """Parameters of one transformer layer (attention, FFN, two norms); for a mixture of
         experts, the mean over its dense and MoE layers."""
-        if not self.moe:
+        if not self.moe or self.hybrid:     # a hybrid's: the mean over its kinds, 'E' included
             return self.dense_layer_params
         return (self.dense_ffn_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params) / self.layers
 
@@ -510,7 +519,8 @@ class Model:
         norm = self.norm_tensors
         if self.hybrid:   # M: norm, in_proj, conv weight and bias, A_log, D, dt_bias, gated norm, out_proj
             kinds = {"M": norm + 6 + 2 * linear(False),
-                     "*": norm + 2 * linear(self.bias or self.qkv_bias), "-": norm + 2 * linear(self.bias)}
+                     "*": norm + 2 * linear(self.bias or self.qkv_bias), "-": norm + 2 * linear(self.bias),
+                     "E": norm + self._moe_tensors(experts, linear)}
             return sum(n * kinds[k] for k, n in self.hybrid_counts.items()) / self.layers
         n = self.layer_norms * norm + (2 if self.qk_norm else 0) + (1 if self.attention_sinks else 0)
         if self.mla:   # q down (or full), q norm, q up, kv down, kv norm, kv up, output
@@ -521,12 +531,19 @@ class Model:
         dense = 2 * linear(self.bias)
         if not self.moe:
             return n + dense
+        moe = self._moe_tensors(experts, linear)
+        return n + (self.dense_ffn_layers * dense + self.moe_layers * moe) / self.layers
+
+    def _moe_tensors(self, experts: float | None, linear) -> float:
+        """An MoE FFN's tensors for :meth:`layer_tensors`: the router, ``experts`` routed experts
+        (default all), the shared experts and their gate."""
+        if not self.moe:
+            return 0.0
         b = self.bias or self.expert_bias
         held = self.experts if experts is None else experts
         router = 2 if b else 1
-        moe = (router + held * 2 * linear(b) + (2 * linear(b) if self.shared_experts else 0)
-               + (1 if self.shared_expert_gate else 0))   # the gate's weight: a plain matmul, hooked
-        return n + (self.dense_ffn_layers * dense + self.moe_layers * moe) / self.layers
+        return (router + held * 2 * linear(b) + (2 * linear(b) if self.shared_experts else 0)
+                + (1 if self.shared_expert_gate else 0))   # the gate's weight: a plain matmul, hooked
 
     @property
     def embedding_tensors(self) -> int:
@@ -726,9 +743,16 @@ def parallel_block_error(model: Model) -> str:
 
 def hybrid_views(model: Model) -> tuple[tuple[float, Model], ...]:
     """A hybrid's layers of each kind as a model of that kind alone (its pattern that kind
-    repeated), with the kind's share of the layers."""
-    return tuple((n / model.layers, replace(model, hybrid_pattern=k * model.layers))
+    repeated), with the kind's share of the layers; a kind other than 'E' without the experts."""
+    return tuple((n / model.layers, replace(model if k == "E" else dense_view(model), hybrid_pattern=k * model.layers))
                  for k, n in model.hybrid_counts.items())
+
+
+def dense_view(model: Model) -> Model:
+    """A mixture of experts' dense layers (DeepSeek-V3's first three, every other one of Llama 4
+    Maverick's, a hybrid's layers other than 'E') as a dense model."""
+    return replace(model, experts=0, top_k=0, shared_experts=0, dense_layers=0, expert_ffn_hidden=0,
+                   shared_expert_ffn_hidden=0, moe_layer_interval=1)
 
 
 def gdn_views(model: Model) -> tuple[tuple[float, Model], ...]:
@@ -743,24 +767,29 @@ def gdn_views(model: Model) -> tuple[tuple[float, Model], ...]:
 
 def hybrid_error(model: Model) -> tuple[str, str]:
     """(field, what is allowed) when ``model``'s hybrid layers cannot be costed, else ("", ""): a
-    pattern of M, * and - as long as the layers, Mamba-2 heads that the groups divide, in a
-    pre-norm decoder without experts, MLA, a parallel block or multi-token prediction (Megatron-
-    Core's MambaModel has none of them; its MoE layers, 'E', are not modelled)."""
+    pattern of M, * , - and E as long as the layers (experts exactly when there are E layers),
+    Mamba-2 heads that the groups divide, in a pre-norm decoder without MLA, a parallel block or
+    multi-token prediction (Megatron-Core's MambaModel has none of them)."""
     pattern = model.hybrid_pattern
     if not pattern:
         return "", ""
     odd = sorted(set(pattern) - set(HYBRID_KINDS))
     if odd:
-        return "hybrid_pattern", (f"one character a layer: M (Mamba-2), * (attention) or - (MLP); got "
-                                  f"{''.join(odd)!r}" + (" (MoE layers, E, are not modelled)" if "E" in odd else ""))
+        return "hybrid_pattern", (f"one character a layer: M (Mamba-2), * (attention), - (MLP) or E (mixture of "
+                                  f"experts); got {''.join(odd)!r}")
     if len(pattern) != model.layers:
         return "hybrid_pattern", f"must have one character a layer ({model.layers}), got {len(pattern)}"
-    for bad, what in ((model.moe, "experts"), (model.mla, "multi-head latent attention"),
+    if ("E" in pattern) != model.moe:
+        return ("experts", "must be > 0 with E (mixture-of-experts) layers in hybrid_pattern, and 0 without them "
+                           f"(got {model.experts} experts and {pattern.count('E')} E layers)")
+    for bad, what in ((model.dense_layers or model.moe_layer_interval != 1,
+                       "dense_layers or moe_layer_interval (its E layers are the MoE ones)"),
+                      (model.mla, "multi-head latent attention"),
                       (model.parallel_block, "a parallel block"), (model.mtp_layers, "multi-token prediction"),
                       (model.norm_position == "post", "post-norm layers"), (not model.causal, "an encoder")):
         if bad:
             return "hybrid_pattern", (f"not modelled with {what}: a hybrid is costed as Megatron-Core's "
-                                      f"MambaModel, a pre-norm decoder of Mamba-2, attention and MLP layers")
+                                      f"MambaModel, a pre-norm decoder of Mamba-2, attention, MLP and MoE layers")
     for name in ("mamba_state", "mamba_head_dim", "mamba_groups", "mamba_conv", "mamba_chunk"):
         if getattr(model, name) < 1:
             return name, f"must be >= 1, got {getattr(model, name)}"
@@ -953,8 +982,10 @@ def local_attention_phrase(window: int, chunk: int, share: float) -> str:
 def _hf_hybrid(cfg: dict, mtype: str, source: str, name: str | None) -> Model:
     """A Mamba-2 model from a Hugging Face config: NVIDIA's Nemotron-H remote code (``nemotron_h``:
     hybrid_override_pattern, mamba_num_heads, mamba_head_dim, ssm_state_size, n_groups,
-    conv_kernel, chunk_size; its MLP's relu2, squared ReLU, costed as relu) or transformers'
-    ``mamba2`` (Mamba-2 layers only: num_heads, head_dim, state_size)."""
+    conv_kernel, chunk_size; its MLP's relu2, squared ReLU, costed as relu; Nemotron 3's E layers
+    with n_routed_experts, num_experts_per_tok, moe_intermediate_size, one shared expert of
+    moe_shared_expert_intermediate_size and n_group/topk_group) or transformers' ``mamba2``
+    (Mamba-2 layers only: num_heads, head_dim, state_size)."""
     def whole(key, *keys, default=None):
         value = _first(cfg, key, *keys, default=default)
         if not isinstance(value, int) or value <= 0:
@@ -971,6 +1002,14 @@ def _hf_hybrid(cfg: dict, mtype: str, source: str, name: str | None) -> Model:
         act = str(cfg.get("mlp_hidden_act", "relu2")).lower()
         if act not in ("relu2", "relu"):
             raise ConfigError(source, "mlp_hidden_act", f"must be relu2 or relu (Nemotron-H's MLP), got {act!r}")
+        if "E" in pattern:     # Nemotron 3's mixture-of-experts layers (Megatron-Bridge's names)
+            shared = _first(cfg, "moe_shared_expert_intermediate_size", default=0) or 0
+            groups = _first(cfg, "n_group", default=0) or 0
+            extra.update(experts=whole("n_routed_experts"), top_k=whole("num_experts_per_tok"),
+                         expert_ffn_hidden=whole("moe_intermediate_size"),
+                         shared_experts=1 if shared else 0, shared_expert_ffn_hidden=shared if shared else 0,
+                         router_groups=groups if groups > 1 else 0,
+                         router_group_topk=whole("topk_group") if groups > 1 else 0)
     else:
         pattern, heads = "M" * layers, 1
         extra = dict(ffn_hidden=hidden, mamba_heads=whole("num_heads"), mamba_head_dim=whole("head_dim"))
@@ -985,7 +1024,7 @@ def _hf_hybrid(cfg: dict, mtype: str, source: str, name: str | None) -> Model:
                   mamba_groups=whole("n_groups", default=1), mamba_conv=whole("conv_kernel", default=4),
                   mamba_chunk=whole("chunk_size", default=256),
                   notes=(f"sequence length {seq}: the config's context (at most 8192); --seq-len sets it",
-                         "a hybrid of Mamba-2, attention and MLP layers (hybrid_pattern), its MLP's squared "
+                         "a hybrid of Mamba-2, attention, MLP and MoE layers (hybrid_pattern), its MLPs' squared "
                          "ReLU costed as relu" if mtype == "nemotron_h" else "Mamba-2 layers only (hybrid_pattern)"),
                   **extra)
     bad, message = hybrid_error(model)

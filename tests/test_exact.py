@@ -431,17 +431,22 @@ def test_exact_search_under_a_power_budget_that_throttles_the_fastest_designs(tm
     assert cert.proven and cert.best_value == pytest.approx(max(feas), rel=1e-12)
 
 
-def test_level_0_bounds_a_hybrid(tmp_path):
-    """A hybrid of Mamba-2, attention and MLP layers: level 0 is finite on every design and, with
-    level 1, bounds the exact throughput and power on random designs (each kind of layer weighed
-    in by its share, as the step weighs it)."""
-    model = dict(TINY_MOE, name="tiny-hybrid", layers=6, hybrid_pattern="M-M*M-", ffn_hidden=2048, activation="relu",
-                 mamba_state=64, mamba_head_dim=32, mamba_groups=4, mamba_chunk=64, position_embedding="none")
-    model = {k: v for k, v in model.items() if k not in ("experts", "top_k", "expert_ffn_hidden", "shared_experts",
-                                                         "dense_layers")}
+@pytest.mark.parametrize("pattern", ["M-M*M-", "MEM*ME"])
+def test_level_0_bounds_a_hybrid(tmp_path, pattern):
+    """A hybrid of Mamba-2, attention and MLP layers, or with mixture-of-experts layers (E) in
+    place of the MLPs: level 0 is finite on every design and, with level 1, bounds the exact
+    throughput and power on random designs (each kind of layer weighed in by its share, as the
+    step weighs it; the E layers' experts as a mixture of experts' are)."""
+    model = dict(TINY_MOE, name="tiny-hybrid", layers=6, hybrid_pattern=pattern, ffn_hidden=2048, activation="relu",
+                 mamba_state=64, mamba_head_dim=32, mamba_groups=4, mamba_chunk=64, position_embedding="none",
+                 dense_layers=0)
+    if "E" not in pattern:
+        model = {k: v for k, v in model.items() if k not in ("experts", "top_k", "expert_ffn_hidden",
+                                                             "shared_experts", "dense_layers")}
     (tmp_path / "hybrid.yaml").write_text(yaml.safe_dump(model))
     work = [{"workload": str(tmp_path / "hybrid.yaml"), "devices": 16, "global_batch": 32,
-             "placement": {"tp": [1, 2], "mbs": [1, 2], "recompute": ["none", "selective", "full"]}}]
+             "placement": {"tp": [1, 2], "mbs": [1, 2], "recompute": ["none", "selective", "full"],
+                           **({"ep": [2, 4]} if "E" in pattern else {})}}]
     cfg = config(tmp_path, {"tensor_units": [1, 4, 16], "tensor_rows": [16, 64, 256], "tensor_cols": [16, 256],
                             "vector_units": [1, 8], "vector_lanes": [64, 1024], "shared_buffer_mib": [2, 128],
                             "hbm_gib": [8, 32], "clock_ghz": [0.7, 1.35]}, {}, workloads=work)

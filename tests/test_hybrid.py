@@ -188,8 +188,12 @@ def test_nemotron_h_hugging_face_config_reads_as_the_shipped_workload():
     m = model_from_hf_config(cfg)
     assert m.params == H8.params and m.hybrid_pattern == H8.hybrid_pattern
     assert model_flops_per_sample(m) == model_flops_per_sample(H8)
-    with pytest.raises(ConfigError, match="hybrid_override_pattern"):
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config({**cfg, "hybrid_override_pattern": "MX" * 26})
+    assert e.value.field == "hybrid_override_pattern" and "E (mixture of experts)" in e.value.message
+    with pytest.raises(ConfigError) as e:     # MoE layers without the experts' fields
         model_from_hf_config({**cfg, "hybrid_override_pattern": "ME" * 26})
+    assert e.value.field == "n_routed_experts"
 
 
 def test_mamba2_hugging_face_config_is_mamba_layers_only():
@@ -266,3 +270,115 @@ def test_a_megatron_core_preset_places_a_hybrid_without_its_recompute_modules():
     asked = place(H8, chip, 64, 768, PlacementOptions(tp=(1, 2), pp=(1, 2), recompute_modules=("core_attn",)), top=1)
     assert asked.best is None and asked.infeasible_source == "--recompute-modules"
     assert "not modelled for a hybrid; allowed: no modules" in asked.infeasible_reason
+
+
+# --- hybrids with mixture-of-experts layers (E) ---------------------------------------------------------
+N3 = load_model("nemotron-3-nano-30b-a3b")   # 23 M, 6 *, 23 E; hidden 2688; 128 experts of 1856, top 6
+
+
+def test_nemotron_3_nano_counts_by_hand():
+    """Megatron-Bridge 0.3.1's Nemotron3NanoProvider shapes, counted by hand: a Mamba-2 layer
+    (in_proj to z, x, B, C, dt; the convolution over x, B, C with its bias; A_log, D, dt_bias; the
+    gated norm; out_proj; the pre-norm), an attention layer (q, k, v, o; two query groups), an MoE
+    layer (the router, 128 experts and one shared expert of two matrices each), two untied token
+    tables and the final norm: 31,577,937,344, NVIDIA's 31.6B; active with 6 of the 128 experts,
+    3.58B (its 3.6B with the embeddings)."""
+    h, V = 2688, 131072
+    d, G, N, H = 64 * 64, 8, 128, 64                         # d_inner, groups, state, Mamba-2 heads
+    mamba = h * (2 * d + 2 * G * N + H) + (d + 2 * G * N) * (4 + 1) + 3 * H + d + d * h + h
+    attention = h * (32 * 128 + 2 * 2 * 128) + 32 * 128 * h + h
+    expert, shared = 2 * h * 1856, 2 * h * 3712
+    moe = h * 128 + 128 * expert + shared + h
+    total = 23 * mamba + 6 * attention + 23 * moe + 2 * V * h + h
+    assert N3.params == total == 31_577_937_344
+    assert N3.moe_layers == 23 and N3.hybrid_counts == {"M": 23, "*": 6, "E": 23}
+    assert N3.active_params == total - 23 * (128 - 6) * expert
+    assert abs(N3.active_params - 3.6e9) < 0.05e9 and abs(N3.params - 31.6e9) < 0.05e9
+
+
+def test_an_moe_layer_of_a_hybrid_is_its_norm_router_and_experts():
+    """The E kind's layer graph: the pre-norm, the router (2 T h E), the routed experts over T k
+    tokens and the shared expert (two matrices each, squared ReLU as relu), the residual; no
+    attention and no Mamba-2 mixer. The other kinds hold no experts, and the mean layer weighs
+    the three kinds by their shares, E with the plan's expert layout."""
+    from phaze.graph import ExpertLayout
+    T, h, k, f, fs, E = 8192, 2688, 6, 1856, 3712, 128
+    views = dict((v.layer_kind, v) for _, v in hybrid_views(N3))
+    g = layer_graph(views["E"], 1, 1, False, "flash", "none")
+    fwd = {o.name: o for o in g.fwd}
+    assert fwd["router"].flops == 2 * T * h * E
+    assert fwd["expert_up"].flops + fwd["expert_down"].flops == 2 * (2 * T * k * h * f)
+    assert not any(o.core_attention or o.name.startswith(("qkv", "mamba")) for o in g.fwd)
+    assert tensor_flops(g.fwd) == 2 * T * h * E + 2 * (2 * T * k * h * f) + 2 * (2 * T * h * fs)
+    assert not views["M"].moe and not views["*"].moe and views["E"].moe
+    layout = ExpertLayout(ep=8)
+    mix = layer_mix(N3, layout)
+    assert [(round(w * 52), v.layer_kind, lm) for w, v, lm in mix] == [(23, "M", None), (6, "*", None),
+                                                                       (23, "E", layout)]
+
+
+@pytest.mark.parametrize("changes, field", [({"experts": 0, "top_k": 0, "shared_experts": 0}, "experts"),
+                                            ({"hybrid_pattern": "M*" * 26}, "experts"),
+                                            ({"dense_layers": 2}, "hybrid_pattern")])
+def test_e_layers_and_experts_come_together(changes, field):
+    from phaze.workload import hybrid_error
+    bad, message = hybrid_error(replace(N3, **changes))
+    assert bad == field and message
+
+
+def test_the_recipe_runs_and_place_finds_expert_parallel_plans():
+    """Megatron-Bridge's pretraining recipe (tp 4, sp, ep 8, mbs 2, no recompute, DeepEP) on 64
+    H100s, global batch 3,072: it fits, its experts' all-to-alls show, and a device holds the
+    dense weights over tp and the routed experts over ep x etp: the expert-parallel group halves
+    the experts' bytes from ep 8 to ep 16. ``place`` ranks plans with ep among 8 and 16."""
+    from phaze.placement import place
+    chip = load_chip("h100-sxm")
+    plan = parse_plan("tp=4,pp=1,mbs=2,recompute=none,sp=1,ep=8,etp=1,dispatcher=deepep,zero=1")
+    res = evaluate(N3, chip, 64, 3072, plan)
+    assert res.fits and res.communication_by_group_s["expert_parallel_s"] > 0
+    wide = evaluate(N3, chip, 64, 3072, replace(plan, ep=16))
+    experts = 23 * 128 * 2 * 2688 * 1856       # routed-expert parameters
+    # 2 B of weights and 2 B of gradients an expert parameter held; the distributed optimizer's
+    # states shard over ep x the experts' data-parallel group, 64 ranks at either ep
+    saved = res.stage_memory[0].weights_and_optimizer_bytes - wide.stage_memory[0].weights_and_optimizer_bytes
+    assert saved == pytest.approx(4 * experts * (1 / 8 - 1 / 16), rel=1e-9)
+    # a space that holds the recipe's plan: its best is at least as fast
+    best = place(N3, chip, 64, 3072, PlacementOptions(tp=(2, 4), pp=(1, 2), mbs=(1, 2), ep=(8, 16),
+                                                      dispatcher=("deepep",)), top=3)
+    assert best.best is not None and best.best.plan.ep in (8, 16)
+    assert best.best.result.step_time_s <= res.step_time_s * (1 + 1e-9)
+
+
+def test_a_hybrids_flop_conventions_with_moe_layers():
+    """NeMo 2.5's nemotronh formula (model_causal for a hybrid) counts no MoE layers: refused for
+    one with E layers rather than undercounted; ``model`` counts phaze's own FLOPs, every kind."""
+    with pytest.raises(ValueError, match="counts no mixture-of-experts layers"):
+        v.convention_flops_per_step(N3, 8, "model_causal", "none")
+    f = model_flops_per_sample(N3)
+    assert v.convention_flops_per_step(N3, 8, "model", "none") == 8 * f
+    # 6 FLOPs a token and weight a token uses (top 6 of the routed experts; the input table and the
+    # norms read, not multiplied), the 6 attention layers' two products (non-causal, as model FLOPs
+    # count them), and the Mamba-2 scans' own products, a little
+    s = N3.seq_len
+    mixer_rest = (4096 + 2 * 8 * 128) * (4 + 1) + 3 * 64 + 4096     # conv, A_log/D/dt_bias, gated norm
+    weights = N3.active_params - N3.vocab * N3.hidden - 53 * N3.hidden - 23 * mixer_rest
+    linear, attention = 6 * weights * s, 6 * 3 * 4 * s * s * 32 * 128
+    assert 0 < f - linear - attention < 0.02 * f
+
+
+def test_a_nemotron_3_hugging_face_config_reads_as_the_shipped_workload():
+    """A nemotron_h config with E layers: the experts' fields under the names Megatron-Bridge
+    0.3.1 maps (n_routed_experts, num_experts_per_tok, moe_intermediate_size,
+    moe_shared_expert_intermediate_size, n_group/topk_group); one group is no group limit."""
+    cfg = {"model_type": "nemotron_h", "hidden_size": 2688, "num_hidden_layers": 52, "num_attention_heads": 32,
+           "num_key_value_heads": 2, "head_dim": 128, "intermediate_size": 1856, "vocab_size": 131072,
+           "hybrid_override_pattern": N3.hybrid_pattern, "mamba_num_heads": 64, "mamba_head_dim": 64,
+           "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "chunk_size": 128, "mlp_hidden_act": "relu2",
+           "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
+           "moe_shared_expert_intermediate_size": 3712, "n_group": 1, "topk_group": 1,
+           "tie_word_embeddings": False, "max_position_embeddings": 262144, "torch_dtype": "bfloat16"}
+    m = model_from_hf_config(cfg)
+    assert m.params == N3.params and m.active_params == N3.active_params and m.router_groups == 0
+    assert model_flops_per_sample(m) == model_flops_per_sample(N3)
+    grouped = model_from_hf_config({**cfg, "n_group": 8, "topk_group": 2})
+    assert (grouped.router_groups, grouped.router_group_topk) == (8, 2)
