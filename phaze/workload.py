@@ -1195,6 +1195,7 @@ WORKLOAD_ALIASES = {
     "llama4-e16": "llama4-scout",            # NeMo's recipe name
     "llama-4-maverick-17b-128e": "llama4-maverick",
     "llama4-e128": "llama4-maverick",
+    "nemotron-3-nano": "nemotron-3-nano-30b-a3b",   # the only Nemotron 3 Nano
 }
 
 

@@ -382,3 +382,9 @@ def test_a_nemotron_3_hugging_face_config_reads_as_the_shipped_workload():
     assert model_flops_per_sample(m) == model_flops_per_sample(N3)
     grouped = model_from_hf_config({**cfg, "n_group": 8, "topk_group": 2})
     assert (grouped.router_groups, grouped.router_group_topk) == (8, 2)
+
+
+@pytest.mark.parametrize("name", ["Nemotron 3 Nano 30B-A3B", "NVIDIA-Nemotron-3-Nano-30B-A3B", "Nemotron-3-Nano"])
+def test_a_row_naming_nemotron_3_nano_runs_the_shipped_workload(name):
+    case = v.row_to_case(_row(model=name))
+    assert isinstance(case, v.Case) and case.model.hybrid_pattern == N3.hybrid_pattern and case.model.moe
