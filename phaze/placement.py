@@ -747,10 +747,18 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
         return "--global-batch", (f"{b:,} is not a multiple of dp*mbs for any layout (dp = devices/(tp*pp) is "
                                   f"{_listing(dps)}, mbs {_listing(options.mbs)}); nearest that work: {nearest}{more}")
     off = options.offload if isinstance(options.offload, str) else ""     # place searches one at a time
+    cps = [cp for cp in cp_values(model, options) if cp > 1] or [1]    # a listed cp > 1 first: its reason
+    if not any(devices % (tp * pp * cp) == 0 for tp, pp, _ in structural for cp in cps):
+        good = sorted({c for tp, pp, _ in structural for c in divisors(devices // (tp * pp), devices)})
+        return "--cp", (f"no context-parallel width of {_listing(cps)} divides the devices left by tp*pp "
+                        f"({_listing(devices // (tp * pp) for tp, pp, _ in structural)}); allowed: {_listing(good)}")
     for tp, pp, vp in structural:       # the first remaining reason (context, sequence, offload, ...)
-        for mbs in sorted(set(options.mbs)):
+        for cp, mbs in itertools.product(cps, sorted(set(options.mbs))):
+            if devices % (tp * pp * cp):
+                continue
             try:
-                check_plan(model, devices, global_batch, _plan_of(options, tp, pp, mbs, vp, offload=off, ep=eps[0]))
+                check_plan(model, devices, global_batch, _plan_of(options, tp, pp, mbs, vp, cp, offload=off, ep=eps[0],
+                                                                  cp_comm=options.cp_comms[0]))
             except ConfigError as exc:
                 field = "recompute_modules" if exc.field == "recompute" and options.recompute_modules else exc.field
                 if field in _PLACE_FLAGS:       # a flag of place's own

@@ -610,3 +610,16 @@ def test_block_alone_ranges_from_no_layer_to_every_layer_re_run(name, chip, devi
                                                                 recompute=("none", "full", "block")), top=1)
     assert alone.best is not None and alone.best.plan == three.best.plan
     assert alone.best.plan.recompute == ("none" if name == "mpt-125m" else "block")
+
+
+@pytest.mark.parametrize("name, cp, words", [
+    ("nemotron-h-8b", (2,), "context parallelism of the Mamba-2 layers"),
+    ("qwen3-next-80b-a3b", (4,), "runs without context parallelism"),
+    ("llama3-8b", (3,), "no context-parallel width of 3 divides the devices left by tp*pp")])
+def test_no_layout_with_the_listed_cp_names_cp(name, cp, words):
+    """A listed context-parallel width that no layout can run is named as --cp with why (the
+    reason used to probe plans without it and said only that no layout was valid)."""
+    model = load_model(name)
+    res = place(model, load_chip("h100-sxm"), 64, 512, PlacementOptions(cp=cp), top=1)
+    assert res.best is None and res.infeasible_source == "--cp" and words in res.infeasible_reason
+    assert "allowed: 1" in res.infeasible_reason
