@@ -752,7 +752,8 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
         good = sorted({c for tp, pp, _ in structural for c in divisors(devices // (tp * pp), devices)})
         return "--cp", (f"no context-parallel width of {_listing(cps)} divides the devices left by tp*pp "
                         f"({_listing(devices // (tp * pp) for tp, pp, _ in structural)}); allowed: {_listing(good)}")
-    for tp, pp, vp in structural:       # the first remaining reason (context, sequence, offload, ...)
+    first = None        # the first remaining reason (context, sequence, offload, ...), if every probe has one
+    for tp, pp, vp in structural:
         for cp, mbs in itertools.product(cps, sorted(set(options.mbs))):
             if devices % (tp * pp * cp):
                 continue
@@ -760,11 +761,13 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
                 check_plan(model, devices, global_batch, _plan_of(options, tp, pp, mbs, vp, cp, offload=off, ep=eps[0],
                                                                   cp_comm=options.cp_comms[0]))
             except ConfigError as exc:
-                field = "recompute_modules" if exc.field == "recompute" and options.recompute_modules else exc.field
-                if field in _PLACE_FLAGS:       # a flag of place's own
-                    return "--" + field.replace("_", "-"), exc.message
-                return exc.source, (f"field '{exc.field}': " if exc.field else "") + exc.message
-    return "--tp", "no valid layout in the options"
+                first = first or exc
+                continue
+            return "--tp", "no valid layout in the options"    # a probe runs: the refusal is in what it leaves out
+    field = "recompute_modules" if first.field == "recompute" and options.recompute_modules else first.field
+    if field in _PLACE_FLAGS:       # a flag of place's own
+        return "--" + field.replace("_", "-"), first.message
+    return first.source, (f"field '{first.field}': " if first.field else "") + first.message
 
 
 @lru_cache(maxsize=65536)
