@@ -388,3 +388,16 @@ def test_a_nemotron_3_hugging_face_config_reads_as_the_shipped_workload():
 def test_a_row_naming_nemotron_3_nano_runs_the_shipped_workload(name):
     case = v.row_to_case(_row(model=name))
     assert isinstance(case, v.Case) and case.model.hybrid_pattern == N3.hybrid_pattern and case.model.moe
+
+
+def test_schedule_cli_schedules_an_moe_layer_of_a_hybrid(capsys):
+    """``phaze schedule --layer-kind moe``: one of Nemotron 3 Nano's 23 E layers, its router and
+    experts (no attention, no Mamba-2 mixer); a hybrid without E layers says which kinds it has."""
+    from phaze.cli import main
+    assert main(["schedule", "--workload", "nemotron-3-nano-30b-a3b", "--arch", "h100-sxm", "--tp", "2",
+                 "--seq-len", "1024", "--layer-kind", "moe", "--format", "json"]) == 0
+    text = capsys.readouterr().out
+    assert "router" in text and "expert_up" in text and "qkv" not in text and "mamba" not in text
+    assert main(["schedule", "--workload", "nemotron-h-8b", "--arch", "h100-sxm", "--layer-kind", "moe"]) == 2
+    err = capsys.readouterr().err
+    assert "--layer-kind" in err and "allowed: mamba, attention, mlp" in err
