@@ -14,7 +14,17 @@ from .configio import ConfigError
 from .cost import Efficiency
 from .placement import PlacementOptions
 from .placement import place as _place
-from .plan import Plan, cp_comm_value, offload_value, one_or_several, parse_plan, pipe_schedule_value
+from .plan import (
+    CP_COMMS_ALLOWED,
+    OFFLOADS_ALLOWED,
+    PIPE_SCHEDULES_ALLOWED,
+    Plan,
+    cp_comm_value,
+    offload_value,
+    parse_plan,
+    pipe_schedule_value,
+    several,
+)
 from .power import place_within_limit
 from .step import StepResult
 from .step import evaluate as _evaluate
@@ -97,7 +107,8 @@ def evaluate(workload: str | Path | Model, arch: str | Path | Chip, devices: int
     return _evaluate(as_model(workload, seq_len), chip, devices, global_batch, p, eff)
 
 
-_WORDS = {"cp_comm": cp_comm_value, "pipe_schedule": pipe_schedule_value, "offload": offload_value}
+_WORDS = {"cp_comm": (cp_comm_value, CP_COMMS_ALLOWED), "pipe_schedule": (pipe_schedule_value, PIPE_SCHEDULES_ALLOWED),
+          "offload": (offload_value, OFFLOADS_ALLOWED)}
 
 
 @_library_errors
@@ -132,11 +143,8 @@ def place(workload: str | Path | Model, arch: str | Path | Chip, devices: int, g
         if key in listed and isinstance(value, (int, str)):
             value = (value,)
         if key in _WORDS:       # one setting or several to search, each read as the flag reads it
-            items = list(value) if isinstance(value, (list, tuple)) else [value]
             try:
-                if not items:
-                    raise ValueError("must be one value or a non-empty list, got []")
-                value = one_or_several([_WORDS[key](v) for v in items])
+                value = several(value, *_WORDS[key])
             except ValueError as exc:
                 raise ConfigError(key, None, str(exc)) from None
         changes[key] = tuple(value) if isinstance(value, list) else value

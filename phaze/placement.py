@@ -879,13 +879,9 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
                               f"{', '.join(x or 'none' for x in allowed)}, got {got!r}")
     if offloads == ("",):
         return _place(model, chip, devices, global_batch, options, eff, top, progress, with_baseline)
-    if not chip.host_bandwidth_bytes_per_s:
-        raise ConfigError("--offload", None, f"{'/'.join(o for o in offloads if o)} sends activations over the host "
-                          f"link, which {chip.name}'s chip file does not give (host_bandwidth_bytes_per_s); "
-                          f"allowed: none on this chip")
-    if "full" not in searched_modes(model, options):
-        raise ConfigError("--offload", None, "an offload runs beside a full recompute of every stage: needs full "
-                          "among the recompute modes searched; allowed: none, or add full")
+    bad = offload_error(model, chip, options)
+    if bad:
+        raise ConfigError("--offload", None, bad)
     parts, done = [], [0, 0]
 
     def step(d: int, t: int) -> None:       # one progress count over the searches
@@ -904,6 +900,19 @@ def place(model: Model, chip: Chip, devices: int, global_batch: int,
                            sum(r.layouts_considered for r in parts), sum(r.layouts_feasible for r in parts),
                            sum(r.solve_time_s for r in parts), "" if ranked else why[0],
                            sum(r.layouts_solved for r in parts), "" if ranked else why[1], first.baseline_kind)
+
+
+def offload_error(model: Model, chip: Chip, options: PlacementOptions) -> str:
+    """Why the activation offloads of ``options`` cannot be searched on ``chip`` ('' when they
+    can, or when there are none): they need the chip's host link and a full recompute to run beside."""
+    wanted = [o for o in options.offloads if o]
+    if wanted and not chip.host_bandwidth_bytes_per_s:
+        return (f"{'/'.join(wanted)} sends activations over the host link, which {chip.name}'s chip file does "
+                f"not give (host_bandwidth_bytes_per_s); allowed: none on this chip")
+    if wanted and "full" not in searched_modes(model, options):
+        return ("an offload runs beside a full recompute of every stage: needs full (or block) among the recompute "
+                "modes searched; allowed: none, or add full")
+    return ""
 
 
 def offload_searches(options: PlacementOptions) -> tuple[PlacementOptions, ...]:

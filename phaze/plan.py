@@ -76,6 +76,19 @@ def one_or_several(values) -> object:
     return values[0] if len(values) == 1 else values
 
 
+def several(raw, parse, allowed: str) -> object:
+    """A placement option given as one word or a list (or tuple) of them, each read by ``parse``
+    (ValueError with its reason for a bad one), as :func:`one_or_several` returns it; ValueError
+    naming what is ``allowed`` for an empty list."""
+    items = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    if not items:
+        raise ValueError(f"must be {allowed} or a non-empty list of them, got []")
+    try:
+        return one_or_several([parse(x) for x in items])
+    except ValueError as exc:
+        raise ValueError(str(exc) + (" (or a list of them)" if isinstance(raw, (list, tuple)) else "")) from None
+
+
 OFFLOADS_ALLOWED = "one of none, " + ", ".join(OFFLOADS)
 
 

@@ -26,7 +26,7 @@ from .arch import Chip, load_chip, process_node
 from .area import held_share, reference_clock_at, top_clock_hz
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
-from .placement import PlacementOptions, searched_modes
+from .placement import PlacementOptions, offload_error
 from .plan import (
     CP_COMMS_ALLOWED,
     DISPATCHERS,
@@ -43,6 +43,7 @@ from .plan import (
     one_or_several,
     ordered_modules,
     pipe_schedule_value,
+    several,
 )
 from .step import fp8_params_error, optimizer_error
 from .system import System, load_system
@@ -697,15 +698,10 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
 def _words(p: Fields, key: str, default: str, parse, allowed: str) -> str | tuple[str, ...]:
     """A workload's ``placement.<key>`` read word by word as its flag reads it (``parse``, a
     ValueError for a bad word; ``allowed`` says what is): one setting, or a list of them to search."""
-    raw = p._get(key, default)
-    items = raw if isinstance(raw, list) else [raw]
     try:
-        values = [parse(x) for x in items]
+        return several(p._get(key, default), parse, allowed)
     except ValueError as exc:
-        raise p.error(key, str(exc) + (" (or a list of them)" if isinstance(raw, list) else "")) from None
-    if not values:
-        raise p.error(key, f"must be {allowed} or a non-empty list of them, got []")
-    return one_or_several(values)
+        raise p.error(key, str(exc)) from None
 
 
 def _dp_shard(p: Fields) -> int | tuple[int, ...]:
@@ -738,14 +734,9 @@ def load_sweep(path: str | Path) -> SweepConfig:
     workloads = tuple(_workload(w, source, i, system) for i, w in enumerate(f.list("workloads")))
     names = [w.model.name for w in workloads]
     for i, w in enumerate(workloads):
-        if any(w.options.offloads) and not base.host_bandwidth_bytes_per_s:
-            raise ConfigError(source, f"workloads[{i}].placement.offload",
-                              f"sends activations over the host link, which the base chip {base.name} does not give "
-                              f"(host_bandwidth_bytes_per_s); allowed: none with this base")
-        if any(w.options.offloads) and "full" not in searched_modes(w.model, w.options):
-            raise ConfigError(source, f"workloads[{i}].placement.offload",
-                              "an offload runs beside a full recompute of every stage: needs full (or block) among "
-                              "placement.recompute; allowed: none, or add full to placement.recompute")
+        bad = offload_error(w.model, base, w.options)
+        if bad:
+            raise ConfigError(source, f"workloads[{i}].placement.offload", bad)
     for i, n in enumerate(names):
         if n in names[:i]:
             raise ConfigError(source, f"workloads[{i}]", f"{n} is listed twice; allowed: each model once "
