@@ -414,10 +414,16 @@ class Model:
     def kind_params(self) -> dict[str, int]:
         """Parameters of one layer of each hybrid kind, its pre-norm included (E: the router, the
         routed and shared experts)."""
-        experts = (self.router_params + self.experts * self.expert_params + self.shared_expert_params
-                   if self.moe else 0)
         return {"M": self.mamba_params + self.norm_params, "*": self.attention_params + self.norm_params,
-                "-": self.ffn_params + self.norm_params, "E": experts + self.norm_params}
+                "-": self.ffn_params + self.norm_params, "E": self.moe_ffn_params + self.norm_params}
+
+    @property
+    def moe_ffn_params(self) -> int:
+        """Parameters of one MoE layer's FFN: the router, the routed and the shared experts (0 for a
+        dense model)."""
+        if not self.moe:
+            return 0
+        return self.router_params + self.experts * self.expert_params + self.shared_expert_params
 
     @property
     def dense_layer_params(self) -> int:
@@ -434,8 +440,7 @@ class Model:
         hybrid's 'E' layer, the experts and one norm)."""
         if self.hybrid:
             return self.kind_params["E"]
-        return (self.attention_params + self.router_params + self.experts * self.expert_params
-                + self.shared_expert_params + 2 * self.norm_params)
+        return self.attention_params + self.moe_ffn_params + 2 * self.norm_params
 
     @property
     def layer_params(self) -> float:
