@@ -81,6 +81,9 @@ from .workload import dense_view, local_attention_phrase
 GiB = 2.0 ** 30
 
 
+_WORKLOAD_HELP = "shipped or published name (gpt3-175b, Llama-2-13B), a YAML, or a HF config.json"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit status 2, no usage dump
         self.exit(2, f"phaze: error: {message} (see '{self.prog} --help')\n")
@@ -1268,7 +1271,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phaze", description="Co-design a training accelerator and how LLMs train on it.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     ev = sub.add_parser("evaluate", help="step time, throughput, MFU and memory of one plan")
-    ev.add_argument("--workload", required=True, help="shipped name (gpt3-175b), a YAML, or a HF config.json")
+    ev.add_argument("--workload", required=True, help=_WORKLOAD_HELP)
     ev.add_argument("--arch", required=True, help="shipped chip name (a100-80gb) or a YAML path")
     ev.add_argument("--devices", required=True, type=_devices, help="number of devices")
     ev.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
@@ -1330,7 +1333,7 @@ def build_parser() -> argparse.ArgumentParser:
     va.set_defaults(func=cmd_validate)
 
     pl = sub.add_parser("place", help="the best data/tensor/pipeline layout, micro-batch and recompute")
-    pl.add_argument("--workload", required=True, help="shipped name, a YAML, or a HF config.json")
+    pl.add_argument("--workload", required=True, help=_WORKLOAD_HELP)
     pl.add_argument("--arch", required=True, help="shipped chip name or a YAML path")
     pl.add_argument("--devices", required=True, type=_devices, help="number of devices")
     pl.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
@@ -1422,7 +1425,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fits run at once, in worker processes (default 1; the results do not depend on it)")
     ca.set_defaults(func=cmd_calibrate)
     sc = sub.add_parser("schedule", help="optimal operator schedule of one layer on one chip (CP-SAT)")
-    sc.add_argument("--workload", required=True, help="shipped name (gpt3-175b), a YAML, or a HF config.json")
+    sc.add_argument("--workload", required=True, help=_WORKLOAD_HELP)
     sc.add_argument("--arch", required=True, help="shipped chip name (tpuv4) or a YAML path")
     sc.add_argument("--mbs", type=_positive_int, default=1, help="micro-batch size (default 1)")
     sc.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel width (default 1)")

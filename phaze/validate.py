@@ -90,12 +90,14 @@ from .workload import (
     ROTARY_KERNELS,
     SOFTMAX_KERNELS,
     Model,
+    find_workload,
     load_model,
     mtp_error,
+    name_key,
+    name_keys,
     parallel_block_error,
     router_groups_error,
     with_seq_len,
-    workload_dirs,
 )
 
 REQUIRED_COLUMNS = (
@@ -345,59 +347,38 @@ def measured_step_time(metric: str, value: float, model: Model, devices: int, gl
     raise ValueError(f"unknown measured_metric {metric!r}; allowed: {', '.join(METRICS)}")
 
 
-def _norm_name(name: str) -> str:
-    return re.sub(r"[^a-z0-9.]", "", name.lower())
-
-
-@lru_cache(maxsize=1)
-def _shipped_workloads() -> dict[str, str]:
-    """Normalised workload name (and file stem) -> shipped workload file stem."""
-    out: dict[str, str] = {}
-    for d in reversed(workload_dirs()):
-        if not d.is_dir():
-            continue
-        for path in sorted(d.glob("*.yaml")):
-            try:
-                name = load_model(str(path)).name
-            except ConfigError:
-                continue
-            out[_norm_name(path.stem)] = str(path)
-            out[_norm_name(name)] = str(path)
-    return out
-
-
 def _catalogue(filename: str) -> dict[str, dict]:
-    """The rows of a catalogue of published models in ``phaze/data``, by each of their
-    normalised names (``model`` and the ``aliases`` joined by ';')."""
+    """The rows of a catalogue of published models in ``phaze/data``, by each of their name keys
+    (:func:`phaze.workload.name_key` of ``model`` and of the ``aliases`` joined by ';')."""
     path = Path(__file__).resolve().parent / "data" / filename
     out = {}
     with path.open(newline="") as fh:
         for r in csv.DictReader(fh):
             for name in [r["model"], *r["aliases"].split(";")]:
                 if name.strip():
-                    out[_norm_name(name)] = r
+                    out[name_key(name)] = r
     return out
+
+
+def _catalogued(catalogue: dict[str, dict], name: str) -> dict | None:
+    """The catalogue row a published model name names (by :func:`phaze.workload.name_keys`)."""
+    return next((catalogue[k] for k in name_keys(name) if k in catalogue), None)
 
 
 @lru_cache(maxsize=1)
 def moe_models() -> dict[str, dict]:
-    """Published mixture-of-experts models (``phaze/data/moe_models.csv``), by normalised name."""
+    """Published mixture-of-experts models (``phaze/data/moe_models.csv``), by name key."""
     return _catalogue("moe_models.csv")
 
 
-@lru_cache(maxsize=1)
-def model_aliases() -> dict[str, dict]:
-    """Other published spellings of shipped workloads (``phaze/data/model_aliases.csv``), by
-    normalised name."""
-    return _catalogue("model_aliases.csv")
-
-
 def resolve_workload(model_name: str) -> Model | None:
-    """The shipped workload a row's ``model`` names (or a catalogued MoE model's or another
-    model's alias names), or None."""
-    shipped, key = _shipped_workloads(), _norm_name(model_name)
-    known = moe_models().get(key) or model_aliases().get(key)
-    path = shipped.get(key) or (shipped.get(_norm_name(known["model"])) if known else None)
+    """The shipped workload a row's ``model`` names (:func:`phaze.workload.find_workload`: its
+    name, file or an alias, in any spelling :func:`phaze.workload.name_keys` reads; or a catalogued
+    MoE model's name), or None."""
+    path = find_workload(model_name)
+    if path is None:
+        known = _catalogued(moe_models(), model_name)
+        path = find_workload(known["model"]) if known else None
     return load_model(path) if path else None
 
 
@@ -426,7 +407,7 @@ def _moe_reason(row: dict) -> str | None:
     does not ship (its architecture is not modelled), or gives experts without a top-k."""
     name = _text(row, "model")
     shipped = resolve_workload(name) if name else None
-    known = moe_models().get(_norm_name(name))
+    known = _catalogued(moe_models(), name)
     if known and not (shipped and shipped.moe):
         why = known.get("not_modelled") or "no shipped workload describes it"
         return (f"mixture of experts {known['model']} ({known['experts']} experts, top-{known['top_k']}, "
@@ -438,7 +419,7 @@ def _moe_reason(row: dict) -> str | None:
 
 
 def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
-    other = unmodelled_models().get(_norm_name(_text(row, "model")))
+    other = _catalogued(unmodelled_models(), _text(row, "model"))
     if other:
         raise ValueError(f"{other['model']} ({other['params_b']}B) is not expressed: {other['not_modelled']}")
     moe = _moe_reason(row)

@@ -6,7 +6,10 @@ frozen :class:`Model`.
 """
 from __future__ import annotations
 
+import csv
+import re
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 from .configio import ConfigError, Fields, config_dirs, read_mapping, resolve_config
@@ -1209,9 +1212,75 @@ def workload_dirs() -> list[Path]:
     return config_dirs("workloads")
 
 
+# words after a published model's name that name a fine-tuned or repackaged variant of the same
+# network (Llama-2-13b-chat-hf, Meta-Llama-3-8B-Instruct, Nemotron-4-340B-Base): same shapes
+VARIANT_WORDS = ("hf", "base", "instruct", "chat", "sft")
+
+
+def name_key(name: str) -> str:
+    """A published model name reduced for matching: lower case, letters, digits and dots only
+    (``LLAMA2-70B``, ``Llama-2-70B`` and ``Llama 2 70B`` are one key)."""
+    return re.sub(r"[^a-z0-9.]", "", name.lower())
+
+
+def name_keys(name: str) -> tuple[str, ...]:
+    """The keys a published name may match, most specific first: the name itself; without a
+    Hugging Face organisation (``meta-llama/``); without a trailing qualifier in parentheses (NeMo's
+    performance tables write ``LLAMA2-70B (SFT)`` for a fine-tuning run of Llama 2 70B); without
+    trailing :data:`VARIANT_WORDS`. Each drops only what names the run or the checkpoint, not the
+    network."""
+    text = name.strip().rpartition("/")[2]
+    forms = [name, text]
+    bare = re.sub(r"(\s*\([^()]*\))+$", "", text).strip()
+    forms.append(bare)
+    words = re.split(r"[-_\s]+", bare)
+    while len(words) > 1 and words[-1].lower() in VARIANT_WORDS:
+        words.pop()
+        forms.append("-".join(words))
+    return tuple(dict.fromkeys(k for k in map(name_key, forms) if k))
+
+
+@lru_cache(maxsize=4)
+def _published_names(dirs: tuple[Path, ...]) -> dict[str, Path]:
+    """Name key -> workload file: each workload's file stem and model name in ``dirs`` (the first
+    wins: ./workloads, then the shipped ones), the names of :data:`WORKLOAD_ALIASES`, and the
+    spellings of ``phaze/data/model_aliases.csv`` (each with its source)."""
+    out: dict[str, Path] = {}
+    for d in reversed(dirs):
+        for path in sorted(d.glob("*.yaml")) if d.is_dir() else ():
+            try:
+                model_name = str(read_mapping(path).get("name") or path.stem)
+            except ConfigError:
+                continue
+            out[name_key(path.stem)] = out[name_key(model_name)] = path
+    for alias, stem in WORKLOAD_ALIASES.items():
+        if name_key(stem) in out:
+            out.setdefault(name_key(alias), out[name_key(stem)])
+    with (Path(__file__).resolve().parent / "data" / "model_aliases.csv").open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            target = out.get(name_key(row["model"]))
+            for alias in row["aliases"].split(";") if target else ():
+                if alias.strip():
+                    out.setdefault(name_key(alias), target)
+    return out
+
+
+def find_workload(name: str) -> Path | None:
+    """The workload file a published model name names (by :func:`name_keys`), or None."""
+    names = _published_names(tuple(workload_dirs()))
+    return next((names[k] for k in name_keys(name) if k in names), None)
+
+
 def workload_path(name_or_path: str | Path) -> Path:
-    """The file of a workload name (shipped, or a published name in :data:`WORKLOAD_ALIASES`) or path."""
-    return resolve_config(str(name_or_path), "workloads", "workload", "--workload", WORKLOAD_ALIASES)
+    """The file of a workload name (shipped, a published name in :data:`WORKLOAD_ALIASES` or
+    ``phaze/data/model_aliases.csv``, in any of the spellings :func:`name_keys` reads) or path."""
+    try:
+        return resolve_config(str(name_or_path), "workloads", "workload", "--workload", WORKLOAD_ALIASES)
+    except ConfigError:
+        found = find_workload(str(name_or_path)) if isinstance(name_or_path, str) else None
+        if found is None:
+            raise
+        return found
 
 
 def load_model(name_or_path: str | Path, seq_len: int | None = None) -> Model:

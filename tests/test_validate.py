@@ -381,6 +381,22 @@ def test_precision_from_compute_precision_or_the_precision_column():
     assert case("R0010").model.precision == "fp16"
 
 
+def test_a_named_model_in_a_published_spelling_brings_its_vocabulary_and_kv_heads():
+    """NeMo's performance tables name runs ``LLAMA2-13B (SFT)`` and ``Nemotron-340B``: with only the
+    standard columns (shape, no vocabulary, no kv heads) the shipped workload of that shape gives
+    them; an explicit column still wins, and another shape keeps the defaults."""
+    shape13 = dict(layers="40", hidden="5120", heads="40", ffn_hidden="13824", seq_len="4096")
+    c = synthetic_case(model="LLAMA2-13B (SFT)", **shape13)
+    assert (c.model.vocab, c.model.kv_heads, c.model.activation) == (32000, 40, "swiglu")
+    assert synthetic_case(model="LLAMA2-13B (SFT)", vocab="32768", **shape13).model.vocab == 32768
+    other = synthetic_case(model="LLAMA2-13B (SFT)", **dict(shape13, layers="4"))
+    assert other.model.vocab == v.DEFAULT_VOCAB
+    big = v.row_to_case(synthetic(model="Nemotron-340B", layers="96", hidden="18432", heads="96",
+                                  ffn_hidden="73728", seq_len="4096", gpu_count="1024", tp="8", pp="8",
+                                  global_batch="512"))
+    assert (big.model.vocab, big.model.kv_heads, big.model.activation) == (256000, 8, "relu")
+
+
 def test_remaining_defaults():
     c = synthetic_case()
     assert c.plan.mbs == 1 and c.plan.recompute == "none" and c.plan.cp == 1
@@ -956,7 +972,7 @@ def test_state_space_models_without_a_workload_are_skipped_with_the_reason():
         s = v.row_to_case(synthetic(model=name, layers="56", hidden="4096", heads="32", ffn_hidden="16384"))
         assert isinstance(s, v.Skipped), name
         assert "is not expressed: phaze ships no workload for it" in s.reason
-    hybrid = v.unmodelled_models()[v._norm_name("Mamba2-Hybrid-8B")]["not_modelled"]
+    hybrid = v.unmodelled_models()[v.name_key("Mamba2-Hybrid-8B")]["not_modelled"]
     pattern = "M-M-M--M-M*-M-M-M-M--M*-M-M-M-M-M*--M-M-M-M-M*-M--M-M-M-"   # NeMo NVIDIAMambaHybridConfig8B
     assert (f"{pattern.count('M')} Mamba-2, {pattern.count('*')} attention and {pattern.count('-')} MLP "
             f"layers") in hybrid

@@ -16,7 +16,15 @@ import pytest
 import yaml
 
 from phaze.configio import ConfigError
-from phaze.workload import WORKLOAD_ALIASES, Model, load_model, model_from_hf_config, published_params
+from phaze.workload import (
+    WORKLOAD_ALIASES,
+    Model,
+    find_workload,
+    load_model,
+    model_from_hf_config,
+    name_keys,
+    published_params,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ROOT / "workloads"
@@ -444,6 +452,62 @@ def test_published_name_resolves(name, tmp_path, monkeypatch):
     """Llama 3.1 405B by its published name (the shipped file is llama3-405b) and its HF id."""
     monkeypatch.chdir(tmp_path)
     assert load_model(name) == load_model("llama3-405b")
+
+
+@pytest.mark.parametrize("name, keys", [
+    ("LLAMA2-70B (SFT)", ("llama270bsft", "llama270b")),                      # NeMo's performance tables
+    ("meta-llama/Llama-2-13b-chat-hf", ("metallamallama213bchathf", "llama213bchathf", "llama213bchat", "llama213b")),
+    ("Nemotron-H 8B", ("nemotronh8b",)),
+    ("GPT (1.3B)", ("gpt1.3b", "gpt")),
+    ("Mixtral-8x7B-Instruct-v0.1", ("mixtral8x7binstructv0.1",)),   # a version is kept: it may change the network
+])
+def test_name_keys_drop_only_what_names_the_run_or_checkpoint(name, keys):
+    assert name_keys(name) == keys
+
+
+@pytest.mark.parametrize("name, stem", [
+    ("LLAMA2-70B (SFT)", "llama2-70b"), ("GPT-3-175B (NeMo)", "gpt3-175b"), ("LLAMA2-13B", "llama2-13b"),
+    ("meta-llama/Llama-2-13b-chat-hf", "llama2-13b"), ("Meta-Llama-3-8B-Instruct", "llama3-8b"),
+    ("nvidia/Nemotron-4-340B-Base", "nemotron4-340b"), ("Nemotron-340B", "nemotron4-340b"),
+    ("MT-NLG-530B", "megatron-gpt-530b"), ("Nemotron-H 8B", "nemotron-h-8b"),
+    ("Qwen/Qwen3-30B-A3B-Base", "qwen3-30b-a3b"),
+])
+def test_published_spellings_load_the_shipped_workload(name, stem, tmp_path, monkeypatch):
+    """By :func:`find_workload`: the same lookup for ``--workload`` and a validation row's ``model``."""
+    monkeypatch.chdir(tmp_path)
+    assert load_model(name) == load_model(stem)
+
+
+def test_a_spelling_that_names_no_workload_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("GPT (1.3B)", "Llama-2-34B (SFT)", "Mixtral-8x7B-Instruct-v0.1"):
+        assert find_workload(name) is None, name
+        with pytest.raises(ConfigError, match="unknown workload"):
+            load_model(name)
+
+
+def test_a_local_workload_is_found_by_its_published_name(tmp_path, monkeypatch):
+    """./workloads is searched first by every spelling too (the lookup is cached per directory list)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "workloads").mkdir()
+    text = (WORKLOADS / "llama2-7b.yaml").read_text().replace("name: Llama-2-7B", "name: My Llama 7B")
+    (tmp_path / "workloads" / "mine.yaml").write_text(text)
+    assert load_model("My-Llama-7B (SFT)").name == "My Llama 7B"
+    assert find_workload("Llama-2-7B (SFT)") == WORKLOADS / "llama2-7b.yaml"
+
+
+def test_every_catalogued_spelling_names_a_shipped_workload():
+    """``phaze/data/model_aliases.csv``: each row's model is a shipped workload's name, and each of
+    its spellings finds that workload."""
+    with (ROOT / "phaze" / "data" / "model_aliases.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows
+    for r in rows:
+        target = find_workload(r["model"])
+        assert target is not None and load_model(target).name == r["model"], r["model"]
+        assert r["source"].strip(), r["model"]
+        for alias in r["aliases"].split(";"):
+            assert find_workload(alias) == target, alias
 
 
 def test_every_alias_names_a_shipped_workload():
