@@ -161,10 +161,10 @@ def test_llama2_7b_by_hand():
     assert load_model("llama2-7b").params == total
 
 
-def _llama_by_hand(V, h, L, heads, kv_heads, f):
+def _llama_by_hand(V, h, L, heads, kv_heads, f, tied=False):
     d = h // heads
     attn = h * heads * d + 2 * h * kv_heads * d + heads * d * h   # q, k, v, o
-    return V * h + L * (attn + 3 * h * f + 2 * h) + h + V * h
+    return V * h + L * (attn + 3 * h * f + 2 * h) + h + (0 if tied else V * h)
 
 
 # Official HF checkpoint counts (exact tensor-size sums) and the config.json shapes.
@@ -174,17 +174,24 @@ LLAMA = {
     "llama3-8b": ((128256, 4096, 32, 32, 8, 14336), 8_030_261_248),
     "llama3-70b": ((128256, 8192, 80, 64, 8, 28672), 70_553_706_496),
     "llama3-405b": ((128256, 16384, 126, 128, 8, 53248), 405_853_388_800),
+    "llama2-13b": ((32000, 5120, 40, 40, 40, 13824), 13_015_864_320),
+}
+# Llama 3.2's text models share the input and output embeddings (tie_word_embeddings true)
+LLAMA_TIED = {
+    "llama3.2-1b": ((128256, 2048, 16, 32, 8, 8192), 1_235_814_400),
+    "llama3.2-3b": ((128256, 3072, 28, 24, 8, 8192), 3_212_749_824),
 }
 
 
-@pytest.mark.parametrize("name", sorted(LLAMA))
+@pytest.mark.parametrize("name", sorted(LLAMA) + sorted(LLAMA_TIED))
 def test_llama_exact_counts(name):
-    (V, h, L, heads, kv, f), checkpoint = LLAMA[name]
-    assert _llama_by_hand(V, h, L, heads, kv, f) == checkpoint
+    tied = name in LLAMA_TIED
+    (V, h, L, heads, kv, f), checkpoint = (LLAMA_TIED if tied else LLAMA)[name]
+    assert _llama_by_hand(V, h, L, heads, kv, f, tied) == checkpoint
     m = load_model(name)
     assert (m.vocab, m.hidden, m.layers, m.heads, m.kv_heads, m.ffn_hidden) == (V, h, L, heads, kv, f)
     assert (m.activation, m.norm, m.position_embedding, m.bias, m.tied_embeddings, m.dropout) == \
-        ("swiglu", "rmsnorm", "rotary", False, False, False)
+        ("swiglu", "rmsnorm", "rotary", False, tied, False)
     assert m.params == checkpoint
 
 
