@@ -153,6 +153,8 @@ GPU_CHIPS = {
     "h200-sxm-141gb": "h200-sxm", "h200-sxm": "h200-sxm", "h200-141gb": "h200-sxm",
     "h200-sxm5-141gb": "h200-sxm",
     "tpuv4": "tpuv4", "tpu-v4": "tpuv4",
+    "tpuv5e": "tpuv5e", "tpu-v5e": "tpuv5e", "tpuv5p": "tpuv5p", "tpu-v5p": "tpuv5p",
+    "v100-sxm2-32gb": "v100-sxm2-32gb", "tesla-v100-sxm2-32gb": "v100-sxm2-32gb", "v100-32gb-sxm2": "v100-sxm2-32gb",
 }
 
 

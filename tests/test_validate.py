@@ -874,7 +874,9 @@ def test_cli_calibrate_writes_a_loadable_file(tmp_path, small_csv):
     ("H100 80GB HBM3", "h100-sxm"), ("H100 PCIe", None), ("H200 SXM", "h200-sxm"), ("H200 NVL", None),
     ("A100 PCIe 40GB", None),
     ("V100", None), ("H100-HBM2e-96GB-500W", "h100-hbm2e-96gb-500w"), ("H100 NVL", None),
-    ("H100-SXM5-94GB", None), ("TPUv4", "tpuv4")])
+    ("H100-SXM5-94GB", None), ("TPUv4", "tpuv4"), ("TPU v4", "tpuv4"), ("TPUv5e", "tpuv5e"), ("TPU v5e", "tpuv5e"),
+    ("TPUv5p", "tpuv5p"), ("TPU v5p", "tpuv5p"), ("TPU v5", None), ("V100-SXM2-32GB", "v100-sxm2-32gb"),
+    ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"), ("V100-SXM2-16GB", None)])
 def test_gpu_names(gpu, chip):
     from phaze.validate import chip_for_gpu
     assert chip_for_gpu(gpu) == chip
