@@ -961,11 +961,16 @@ def _place(model: Model, chip: Chip, devices: int, global_batch: int, options: P
     closest = None
     considered = feasible = 0
     flat: dict = {}         # a layout without interleaving -> its index (if some split fits)
+    plain: set = set()      # the layouts without interleaving the space has (layouts() yields them first)
     late_base: list = []    # interleaved layouts whose Megatron-style candidate is built on demand
     for base in layouts(model, devices, global_batch, options, chip):
         considered += 1
         L, pp = model.layers, base.pp
-        interleaved = base.vp > 1 and not exhaustive and 1 in vp_values(model, pp, options)
+        if base.vp == 1:
+            plain.add(_variant_key(base, True))
+        # bounded through its vp = 1 sibling, where the space has it (an all-to-all overlap needs
+        # interleaving under a pipeline: no sibling, the layout is built on its own)
+        interleaved = base.vp > 1 and not exhaustive and _variant_key(base, True) in plain
         if interleaved and _variant_key(base, True) not in flat:
             continue            # nothing fits even without interleaving: nothing fits with it
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
@@ -1310,7 +1315,7 @@ def _step_bounds_1f1b(model: Model, chip: Chip, devices: int, global_batch: int,
     1F1B step, T_c at least the mean stage time, the tail at most the largest upper-bound tail)."""
     modes = searched_modes(model, options)
     L = model.layers
-    rows, late, flat = [], [], {}
+    rows, late, flat, plain = [], [], {}, set()
     tail_cache: dict = {}
 
     def row(base, costs, lb_costs, opts, allowed):
@@ -1326,7 +1331,9 @@ def _step_bounds_1f1b(model: Model, chip: Chip, devices: int, global_batch: int,
         costs = stage_costs(model, chip, devices, global_batch, layout_of(base), eff)
         allowed = _allowed_n(L, base.pp, base.vp)
         lb_costs = _bound_costs(costs, modes)
-        if base.vp > 1 and 1 in vp_values(model, base.pp, options):
+        if base.vp == 1:
+            plain.add(_variant_key(base, True))
+        elif _variant_key(base, True) in plain:     # as place bounds it: through its vp = 1 sibling
             late.append((base, costs, lb_costs, allowed))      # after the vp = 1 layouts (below)
             continue
         opts = _options(lb_costs, modes, allowed, tail_cache, bound=True)

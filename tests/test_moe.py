@@ -19,7 +19,16 @@ from phaze.configio import ConfigError
 from phaze.cost import Efficiency, collective_time, op_time
 from phaze.graph import DROPLESS_LOAD, Collective, ExpertLayout, Op, collective_groups, layer_graph, tensor_flops
 from phaze.plan import Plan, parse_plan
-from phaze.step import _layer_costs, _layer_sums, evaluate, expert_layout, exposed, model_flops_per_sample, stage_costs
+from phaze.step import (
+    _layer_costs,
+    _layer_sums,
+    evaluate,
+    expert_layout,
+    exposed,
+    layout_of,
+    model_flops_per_sample,
+    stage_costs,
+)
 from phaze.validate import Case, Skipped, default_runs_paths, read_runs, row_to_case
 from phaze.workload import Model, load_model, model_from_hf_config
 
@@ -660,6 +669,34 @@ def test_place_searches_dispatchers_and_overlap_exactly():
     plans = list(layouts(mixtral, 64, 256, PlacementOptions(dispatcher=("alltoall", "deepep"), **kw), chip))
     assert {p.dispatcher for p in plans if p.ep * p.etp == 8} == {""}           # one node: the same plan
     assert {p.dispatcher for p in plans if p.ep * p.etp == 16} == {"", "deepep"}   # two nodes
+
+
+@pytest.mark.parametrize("pp", [(2, 4), (1, 2, 4)])
+def test_overlapped_all_to_alls_under_a_pipeline_are_searched_interleaved(pp):
+    """Megatron-Core overlaps the all-to-alls under a pipeline only when it is interleaved, so such a
+    layout has no vp = 1 sibling to be bounded through: place builds it on its own and returns
+    exactly what solving every layout returns (it had skipped them all, as if nothing fit: found by
+    tests/bench/bench_place_vs_runs.py on two Megatron-Core Qwen3-235B runs)."""
+    from phaze.api import calibrated_efficiency, with_system
+    from phaze.placement import PlacementOptions, place
+    mixtral = load_model("mixtral-8x7b")
+    chip = with_system(load_chip("h100-sxm"), "dgx-h100-superpod")
+    eff = calibrated_efficiency(chip)
+    options = PlacementOptions(tp=(1, 2), mbs=(1,), pp=pp, vp=(1, 2, 4), ep=(8,), recompute=("none", "selective"),
+                               ep_overlap=(True,))
+    got = place(mixtral, chip, 64, 256, options, eff, top=4)
+    want = place(mixtral, chip, 64, 256, replace(options, exhaustive=True), eff, top=4)
+    assert want.best is not None and any(p.plan.pp > 1 and p.plan.vp > 1 for p in want.top)
+    assert [p.plan for p in got.top] == [p.plan for p in want.top]
+    assert [p.result.step_time_s for p in got.top] == [p.result.step_time_s for p in want.top]
+    assert all(p.plan.ep_overlap and (p.plan.pp == 1 or p.plan.vp > 1) for p in got.top)
+    # the exact design search's bounds of the chosen plan hold it (they bounded the same layouts)
+    from phaze.placement import place_bound, place_step_bounds
+    best = got.best.result.step_time_s
+    bounds = place_step_bounds(mixtral, chip, 64, 256, options, eff)
+    assert bounds.step_lb <= best <= bounds.step_ub
+    assert layout_of(got.best.plan) in {layout_of(p) for p in bounds.layouts}
+    assert place_bound(mixtral, chip, 64, 256, options, eff) <= best
 
 
 def test_dispatchers_and_overlap_from_the_flag_and_the_sweep(tmp_path):
