@@ -139,6 +139,28 @@ def test_held_out_tpu_figure_is_the_tracked_scoring():
                          rf"{med} % \| {mx} % \| {within} % \|$", page, flags=re.M), name
 
 
+def test_place_against_the_runs_plans_is_the_tracked_comparison():
+    """bench_place_vs_runs.py's per-run rows give its summary, the README quotes the summary, and no
+    run's own plan beats place's best (a slower one is a hole in the search)."""
+    rows = list(csv.DictReader(open(ROOT / "results" / "placement" / "place_vs_runs.csv")))
+    text = (ROOT / "results" / "placement" / "place_vs_runs.txt").read_text()
+    scored = [r for r in rows if r["status"] != "run plan does not fit"]
+    count = {k: sum(r["status"] == k for r in scored) for k in ("faster", "same", "slower")}
+    assert count["slower"] == 0 and len(set(r["run_id"] for r in rows)) == len(rows)
+    for r in scored:
+        ratio = float(r["run_step_s"]) / float(r["place_step_s"])
+        assert (ratio > 1) if r["status"] == "faster" else (abs(ratio - 1) < 1e-5), r["run_id"]
+    gains = sorted(float(r["throughput_gain_pct"]) for r in scored)
+    median = gains[len(gains) // 2]
+    assert (f"place's best against the run's own plan, {len(scored)} runs: faster {count['faster']}, "
+            f"the same {count['same']}, slower 0") in text
+    assert f"median {median:+.1f} %" in text
+    flat = " ".join(README.split())
+    assert (f"Given each of the {len(scored)} published runs whose own plan fits phaze's memory model") in flat
+    assert (f"no slower in all {len(scored)}: faster in {count['faster']}, the same in {count['same']}, "
+            f"**{median:+.1f} %** throughput at the median") in flat
+
+
 def test_readme_fuzz_count_is_the_benchmarks_page():
     bench, flat = " ".join(_page("benchmarks.md").split()), " ".join(README.split())
     cases, bad = re.search(r"\*\*([\d,]+) cases, (\d+) bad endings\*\*", bench).groups()
