@@ -43,7 +43,15 @@ from .area import _sent_bytes, _step_activity, activity_energy_j, energy_coeffic
 from .configio import ConfigError
 from .cost import Efficiency, fused_columns
 from .graph import ExpertLayout, edge_graph, layer_graph
-from .placement import cp_values, etp_values, layouts, place_bound, place_step_bounds, routing_values
+from .placement import (
+    all_mbs_values,
+    cp_values,
+    etp_values,
+    layouts,
+    place_bound,
+    place_step_bounds,
+    routing_values,
+)
 from .plan import Plan, graph_recompute, layer_modes
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
 from .step import _shard, expert_layout, layer_mix
@@ -185,7 +193,7 @@ def _layout_options(spec: WorkloadSpec):
         if spec.devices % tp or m.heads % tp or m.ffn_hidden % tp:   # never placed
             continue
         for experts in (_bound_experts(m, o, etp) for etp in etp_values(m, tp, o)) if m.moe else (None,):
-            for mbs in sorted(set(o.mbs)):     # padding and fills do not scale with the micro-batch
+            for mbs in all_mbs_values(spec.devices, spec.global_batch, o):   # padding and fills do not scale
                 for r in modes:
                     yield tp, o.sp and tp > 1, mbs, r, experts, m, tp
     for plan in _cp_layouts(spec):

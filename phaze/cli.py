@@ -31,7 +31,9 @@ from .graph import megatron_softmax_off, reruns_needed
 from .lazy import tqdm
 from .memory import GPU_RESERVE_FRACTION, memory_reserve_bytes
 from .placement import (
+    MAX_AUTO_MBS,
     MAX_AUTO_VP,
+    MAX_PIPELINE_MBS,
     Placement,
     PlacementOptions,
     cp_values,
@@ -316,7 +318,9 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         tp = plan.tp
     else:
         o = options
-        out["searched"] = (f"tp {','.join(map(str, o.tp))}; mbs {','.join(map(str, o.mbs))}; pp "
+        mbs = (','.join(map(str, o.mbs)) if o.mbs else
+               f"every divisor of a replica's batch up to {MAX_AUTO_MBS} ({MAX_PIPELINE_MBS} with a pipeline)")
+        out["searched"] = (f"tp {','.join(map(str, o.tp))}; mbs {mbs}; pp "
                            + (','.join(map(str, o.pp)) if o.pp else "every divisor of devices/tp up to the layers")
                            + "; vp " + (','.join(map(str, o.vp)) if o.vp else "1 (a hybrid)" if model.hybrid else
                                         f"every value Megatron accepts for the layers, up to {MAX_AUTO_VP}")
@@ -1339,7 +1343,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--global-batch", required=True, type=_batch, help="sequences per step")
     pl.add_argument("--top", type=_top, default=5, help="runner-up plans to list (default 5)")
     pl.add_argument("--tp", type=_int_list, default=(1, 2, 4, 8), help="tensor-parallel widths (default 1,2,4,8)")
-    pl.add_argument("--mbs", type=_int_list, default=(1, 2, 4, 8), help="micro-batch sizes (default 1,2,4,8)")
+    pl.add_argument("--mbs", type=_int_list, default=(), help="micro-batch sizes (default: every divisor of a "
+                    "replica's batch, up to 128 without a pipeline and 8 with one)")
     pl.add_argument("--pp", type=_int_list, default=None, help="pipeline depths (default: every divisor)")
     pl.add_argument("--vp", type=_int_list, default=None,
                     help="interleaved chunks per stage (default: every vp Megatron accepts for the layers, up to 8)")

@@ -80,7 +80,7 @@ class PlacementOptions:
     chip's modelled reserve, :func:`phaze.memory.memory_reserve_bytes`)."""
 
     tp: tuple[int, ...] = (1, 2, 4, 8)
-    mbs: tuple[int, ...] = (1, 2, 4, 8)
+    mbs: tuple[int, ...] = ()   # empty: every divisor of a replica's batch up to MAX_AUTO_MBS (:func:`mbs_values`)
     recompute: tuple[str, ...] = SEARCHED_RECOMPUTE
     pp: tuple[int, ...] = ()
     vp: tuple[int, ...] = ()    # empty: every vp Megatron accepts up to MAX_AUTO_VP (:func:`vp_values`)
@@ -533,11 +533,35 @@ def _depths(model: Model, devices: int, tp: int, options: PlacementOptions, cp: 
     return options.pp or tuple(d for d in range(1, min(n, model.layers) + 1) if n % d == 0)
 
 
+MAX_AUTO_MBS = 128       # assumption: the largest micro-batch searched by default without a pipeline;
+                         # the published runs go to 104 sequences (llm-foundry's MPT-125M under FSDP)
+MAX_PIPELINE_MBS = 8     # assumption: ... and with one, whose bubble grows as micro-batches grow; the
+                         # published pipelined recipes (Megatron, NeMo, MaxText) use 1 to 8
 MAX_AUTO_VP = 8          # assumption: the most chunks per stage searched by default; Megatron's
                          # and NeMo's published recipes use at most 8 (Llama 3 405B: pp 16, vp 8)
 CP_FROM_SEQ = 16384      # assumption: context parallelism is searched from this sequence length on
                          # (Llama 3 trains 8K tokens at cp 1 and 128K at cp 16, Dubey et al. 2024)
 CP_MIN_TOKENS = 4096     # ... with at least this many tokens per rank
+
+
+def mbs_values(options: PlacementOptions, replica_batch: int, pp: int = 1) -> tuple[int, ...]:
+    """Micro-batches searched where a data-parallel replica runs ``replica_batch`` sequences a step
+    through ``pp`` stages: the listed values, or every divisor of it up to :data:`MAX_AUTO_MBS`
+    without a pipeline (data-parallel and FSDP runs take the largest that fits) and up to
+    :data:`MAX_PIPELINE_MBS` with one (its bubble is a share of (pp - 1) / micro-batches)."""
+    if options.mbs:
+        return tuple(sorted(set(options.mbs)))
+    top = MAX_AUTO_MBS if pp == 1 else MAX_PIPELINE_MBS
+    return tuple(d for d in range(1, min(replica_batch, top) + 1) if replica_batch % d == 0)
+
+
+def all_mbs_values(devices: int, global_batch: int, options: PlacementOptions) -> tuple[int, ...]:
+    """Every micro-batch some layout of ``devices`` may search (:func:`mbs_values` over the
+    data-parallel widths dividing the global batch)."""
+    if options.mbs:
+        return tuple(sorted(set(options.mbs)))
+    return tuple(sorted({m for dp in range(1, devices + 1) if devices % dp == 0 and global_batch % dp == 0
+                         for m in mbs_values(options, global_batch // dp)}))
 
 
 def vp_values(model: Model, pp: int, options: PlacementOptions) -> tuple[int, ...]:
@@ -643,8 +667,11 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                     comms = exchange_values(options, cp)
                     shards = options.dp_shards if zero else options.dp_shards[:1]
                     seen: set = set()
+                    dp = devices // (tp * pp * cp)
                     for vp, mbs, ep, etp, routing, (comm, a2a), shard, disp, overlap, off in itertools.product(
-                            vp_values(model, pp, options), sorted(set(options.mbs)), expert_widths(model, options),
+                            vp_values(model, pp, options),
+                            mbs_values(options, global_batch // dp, pp) if global_batch % dp == 0 else (),
+                            expert_widths(model, options),
                             etp_values(model, tp, options), routing_values(model, options), comms, shards,
                             dispatchers, overlaps, options.offloads):
                         plan = _plan_of(options, tp, pp, mbs, vp, cp, zero, off, ep, etp, routing, shard, comm,
@@ -734,7 +761,8 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
         return "--vp", (f"interleaving needs pp > 1 and pp*vp at most the layers ({model.layers}) + 2; with the "
                         f"depths {_listing(pp for _, pp in depth_ok)} no vp of {_listing(options.vp or (1,))} does; "
                         f"allowed: vp = 1, or a vp with pp*vp <= {model.layers + 2}")
-    grains = sorted({(devices // (tp * pp)) * mbs for tp, pp, _ in structural for mbs in set(options.mbs)})
+    mbss = options.mbs or (1,)      # by default any divisor of a replica's batch: 1 always is
+    grains = sorted({(devices // (tp * pp)) * mbs for tp, pp, _ in structural for mbs in set(mbss)})
     if not any(global_batch % g == 0 for g in grains):
         b = global_batch
         below = max((b // g * g for g in grains if b // g), default=None)
@@ -744,8 +772,9 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
         most = max(tp * pp for tp, pp, _ in structural)
         more = (f"; or use at most {b * most:,} devices (dp <= {b:,} with tp*pp <= {most})"
                 if b < min(dps) else "")
+        mbs_text = _listing(options.mbs) if options.mbs else "any"
         return "--global-batch", (f"{b:,} is not a multiple of dp*mbs for any layout (dp = devices/(tp*pp) is "
-                                  f"{_listing(dps)}, mbs {_listing(options.mbs)}); nearest that work: {nearest}{more}")
+                                  f"{_listing(dps)}, mbs {mbs_text}); nearest that work: {nearest}{more}")
     off = options.offload if isinstance(options.offload, str) else ""     # place searches one at a time
     cps = [cp for cp in cp_values(model, options) if cp > 1] or [1]    # a listed cp > 1 first: its reason
     if not any(devices % (tp * pp * cp) == 0 for tp, pp, _ in structural for cp in cps):
@@ -754,7 +783,7 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
                         f"({_listing(devices // (tp * pp) for tp, pp, _ in structural)}); allowed: {_listing(good)}")
     first = None        # the first remaining reason (context, sequence, offload, ...), if every probe has one
     for tp, pp, vp in structural:
-        for cp, mbs in itertools.product(cps, sorted(set(options.mbs))):
+        for cp, mbs in itertools.product(cps, sorted(set(mbss))):
             if devices % (tp * pp * cp):
                 continue
             try:

@@ -650,7 +650,7 @@ def _searched_layout(model: Model, chip: Chip, devices: int, batch: int, fw: Fra
     the model's routing; the row's own dispatch settings apply to the plan after."""
     base = PlacementOptions()
     options = dataclasses.replace(base, tp=(tp,) if tp else base.tp, pp=(pp,) if pp else (),
-                                  cp=(cp,) if cp else (), mbs=(mbs,) if mbs else base.mbs,
+                                  cp=(cp,) if cp else (), mbs=(mbs,) if mbs else SEARCHED_MICRO_BATCHES,
                                   recompute=(recompute,) if recompute else base.recompute,
                                   zero=int(zero) if zero is not None else base.zero,
                                   ep=(ep,) if ep else base.ep, etp=(etp,) if model.moe else base.etp)

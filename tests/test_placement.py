@@ -623,3 +623,30 @@ def test_no_layout_with_the_listed_cp_names_cp(name, cp, words):
     res = place(model, load_chip("h100-sxm"), 64, 512, PlacementOptions(cp=cp), top=1)
     assert res.best is None and res.infeasible_source == "--cp" and words in res.infeasible_reason
     assert "allowed: 1" in res.infeasible_reason
+
+
+@pytest.mark.parametrize("replica, pp, want", [
+    (12, 1, (1, 2, 3, 4, 6, 12)), (12, 2, (1, 2, 3, 4, 6)), (7, 1, (1, 7)), (7, 4, (1, 7)),
+    (256, 1, (1, 2, 4, 8, 16, 32, 64, 128)), (104, 1, (1, 2, 4, 8, 13, 26, 52, 104)), (104, 8, (1, 2, 4, 8))])
+def test_default_micro_batches_are_the_replicas_batch_divisors(replica, pp, want):
+    """Every divisor of a replica's batch, up to 128 without a pipeline and 8 with one; listed
+    values are searched as given."""
+    from phaze.placement import mbs_values
+    assert mbs_values(PlacementOptions(), replica, pp) == want
+    assert mbs_values(PlacementOptions(mbs=(3, 1)), replica, pp) == (1, 3)
+
+
+def test_default_search_reaches_the_micro_batch_an_fsdp_run_chose():
+    """llm-foundry trained MPT-1B on 8 H100s at 1,792 sequences a step with 56 a micro-batch
+    (R0109, FSDP, no accumulation): place's default space holds it and finds it, where 1, 2, 4, 8
+    (the default before 2026-12-06) left a plan 24 % slower than the run's own."""
+    from phaze import validate as v
+    row = next(r for r in v.read_runs(v.default_runs_paths()[0]) if r["run_id"] == "R0109")
+    case = v.row_to_case(row)
+    eff = v.params_for(case.chip, v.load_default_params())
+    kw = dict(tp=(1,), pp=(1,), zero=(case.plan.zero,), attention=case.plan.attention, recompute=("none",))
+    found = place(case.model, case.chip, case.devices, case.global_batch, PlacementOptions(**kw), eff, top=1)
+    old = place(case.model, case.chip, case.devices, case.global_batch, PlacementOptions(mbs=(1, 2, 4, 8), **kw),
+                eff, top=1)
+    assert case.plan.mbs == 56 and found.best.plan.mbs == 56
+    assert old.best.result.step_time_s > 1.2 * found.best.result.step_time_s

@@ -156,7 +156,7 @@ def test_place_against_the_runs_plans_is_the_tracked_comparison():
             f"the same {count['same']}, slower 0") in text
     assert f"median {median:+.1f} %" in text
     flat = " ".join(README.split())
-    assert (f"Given each of the {len(scored)} published runs whose own plan fits phaze's memory model") in flat
+    assert f"Given each of the {len(scored)} published runs whose own plan fits phaze's memory model" in flat
     assert (f"no slower in all {len(scored)}: faster in {count['faster']}, the same in {count['same']}, "
             f"**{median:+.1f} %** throughput at the median") in flat
 

@@ -4,7 +4,8 @@
 arrays of 32..256, 1..8 vector units, 32/64/128 MiB shared buffer, 32 GiB HBM. For each chip,
 cold: a fresh ``PHAZE_CACHE_DIR`` and every chip-dependent in-memory cache cleared (workload-only
 caches, the operator graphs, stay: a search visits many chips for the same workloads), one core,
-``phaze place`` of GPT-3 175B on 1024 chips at global batch 4096, default PlacementOptions.
+``phaze place`` of GPT-3 175B on 1024 chips at global batch 4096, the placement space a sweep
+config's workload searches by default (PlacementOptions with the sweep's micro-batches 1, 2, 4, 8).
 Then the trials per minute of a five-workload candidate (``phaze.candidate.evaluate_chip``):
 BERT-large (512), GPT-2 XL, OPT-350M, Llama-2 7B, GPT-3 175B, each on 1024 chips at 4096.
 
@@ -28,7 +29,7 @@ from phaze import schedule as S  # noqa: E402
 from phaze.api import calibrated_efficiency  # noqa: E402
 from phaze.arch import load_chip  # noqa: E402
 from phaze.placement import PlacementOptions, place  # noqa: E402
-from phaze.space import build_chip  # noqa: E402
+from phaze.space import SWEEP_MICRO_BATCHES, build_chip  # noqa: E402
 from phaze.workload import load_model, with_seq_len  # noqa: E402
 
 DEVICES, BATCH = 1024, 4096
@@ -82,9 +83,9 @@ def main() -> None:
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    options = PlacementOptions()
+    options = PlacementOptions(mbs=SWEEP_MICRO_BATCHES)
     if args.exhaustive:
-        options = PlacementOptions(exhaustive=True)
+        options = PlacementOptions(mbs=SWEEP_MICRO_BATCHES, exhaustive=True)
     gpt3 = load_model("gpt3-175b")
     chips = random_chips(args.chips)
     # warm the workload-only caches (graphs) and imports once, as a search process would

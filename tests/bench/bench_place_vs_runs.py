@@ -1,16 +1,17 @@
 """Is `phaze place`'s best plan at least as good as what practitioners ran? Every expressed
 published run outside the held-out sources, on its own chip, devices, global batch and model:
-`place` searches a space that contains the run's own plan (its settings that are not layout
-fixed, its layout's values added to the searched ones), and its best plan's predicted step must
-be no longer than the run's plan's, under the same model and shipped calibration. A run whose
-plan `place` beats shows what the search finds beyond it; one it does not reach would be a hole in
-the search (none may be). Rows whose own plan does not fit in phaze's memory model are counted
-apart: `place` is not asked to match a plan it considers infeasible.
+`place` searches its default layout space (tp, pp, vp, micro-batch, cp, ep, recompute, ZeRO) with
+the run's own settings that are not layout (attention kernel, overlaps, optimizer, routing, ...),
+and its best plan's predicted step must be no longer than the run's plan's, under the same model
+and shipped calibration. ``--space around`` widens the space to hold the run's plan (its layout's
+values added to the searched ones): there a slower best is a hole in the search; in the default
+space, a layout the defaults leave out. Runs whose own plan does not fit in phaze's memory model
+are counted apart: `place` is not asked to match a plan it considers infeasible.
 
-    python tests/bench/bench_place_vs_runs.py [--only S21] [--resume]
+    python tests/bench/bench_place_vs_runs.py [--space around] [--only S21] [--resume]
 
 Writes results/placement/place_vs_runs.csv (one row a run, as it is compared) and
-place_vs_runs.txt (the summary the README quotes).
+place_vs_runs.txt (the summary the README quotes); ``--space around`` place_vs_runs_around.*.
 """
 from __future__ import annotations
 
@@ -21,29 +22,33 @@ import time
 from pathlib import Path
 
 from phaze import validate as v
-from phaze.placement import SEARCH_ZERO, PlacementOptions, cp_values, expert_widths, place
+from phaze.placement import SEARCH_ZERO, PlacementOptions, all_mbs_values, cp_values, expert_widths, place
 from phaze.plan import SEARCHED_RECOMPUTE, Plan
 from phaze.step import evaluate
 
 SLACK = 1e-9     # relative: a step equal to the run's within rounding counts as equal
 
 
-def options_around(model, plan: Plan) -> PlacementOptions:
-    """The default search space widened to hold ``plan``: every setting that is not layout as the
-    plan has it, every searched layout value with the plan's own added."""
-    base = PlacementOptions()
+def options_around(case, plan: Plan, widen: bool = True) -> PlacementOptions:
+    """The default search space with every setting that is not layout as ``plan`` has it; with
+    ``widen``, every searched layout value with the plan's own added (a space that holds the plan;
+    the micro-batches: every one some layout searches by default, and the plan's), else the default
+    layout values alone (what ``phaze place`` searches with those settings)."""
+    model, base = case.model, PlacementOptions()
+    mbs = tuple(sorted(set(all_mbs_values(case.devices, case.global_batch, base)) | {plan.mbs})) if widen else ()
 
-    def widen(values, own):
-        return tuple(sorted(set(values) | {own}))
+    def widened(values, own):
+        return tuple(sorted(set(values) | ({own} if widen else set())))
 
     return PlacementOptions(
-        tp=widen(base.tp, plan.tp), mbs=widen(base.mbs, plan.mbs),
-        recompute=tuple(dict.fromkeys((*SEARCHED_RECOMPUTE, plan.recompute, *plan.stage_recompute))),
-        pp=(), vp=(), zero=SEARCH_ZERO if plan.zero in (0, 1) else (plan.zero,),
+        tp=widened(base.tp, plan.tp), mbs=mbs,
+        recompute=tuple(dict.fromkeys((*SEARCHED_RECOMPUTE, *((plan.recompute, *plan.stage_recompute) if widen
+                                                              else ())))),
+        pp=(), vp=(), zero=SEARCH_ZERO if plan.zero in (0, 1) else (plan.zero,),   # FSDP: the framework's
         attention=plan.attention, sp=bool(plan.sp) if plan.tp > 1 else True, optimizer=plan.optimizer,
         memory_reserve=plan.memory_reserve, reduce_fp32=plan.reduce_fp32,
-        ep=widen(expert_widths(model, base), plan.ep) if model.moe else (),
-        cp=widen(cp_values(model, base), plan.cp), etp=(plan.etp,) if model.moe else (),
+        ep=widened(expert_widths(model, base), plan.ep) if model.moe else (),
+        cp=widened(cp_values(model, base), plan.cp), etp=(plan.etp,) if model.moe and widen else (),
         routing=(plan.routing,) if plan.routing else (), dispatcher=(plan.dispatcher,) if plan.dispatcher else (),
         ep_overlap=(plan.ep_overlap,) if model.moe else (), tp_async=plan.tp_async, tp_overlap=plan.tp_overlap,
         dp_overlap=plan.dp_overlap, loss=plan.loss, grad_accum_fusion=plan.grad_accum_fusion,
@@ -56,8 +61,8 @@ FIELDS = ("run_id", "source", "status", "run_step_s", "place_step_s", "throughpu
 OUT = Path(__file__).resolve().parents[2] / "results" / "placement"
 
 
-def compare(case, params) -> dict:
-    """One run: its own plan's step and place's best over the space around it."""
+def compare(case, params, widen: bool = True) -> dict:
+    """One run: its own plan's step and place's best over the space around it (:func:`options_around`)."""
     eff = v.params_for(case.chip, params)
     plan, _ = v.scored_plan(case, eff)
     own = evaluate(case.model, case.chip, case.devices, case.global_batch, plan, eff)
@@ -66,8 +71,8 @@ def compare(case, params) -> dict:
            "throughput_gain_pct": "", "place_plan": ""}
     if not own.fits:
         return row
-    found = place(case.model, case.chip, case.devices, case.global_batch, options_around(case.model, plan), eff,
-                  top=1)
+    found = place(case.model, case.chip, case.devices, case.global_batch,
+                  options_around(case, plan, widen), eff, top=1)
     best = found.best.result.step_time_s if found.best else float("inf")
     status = ("faster" if best < own.step_time_s * (1 - SLACK) else
               "same" if best <= own.step_time_s * (1 + SLACK) else "slower")
@@ -97,13 +102,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="a source id prefix (S21); writes nothing under results/")
     ap.add_argument("--resume", action="store_true", help="keep the rows of an interrupted run and go on")
+    ap.add_argument("--space", choices=("default", "around"), default="default",
+                    help="default: the default layout values with the run's other settings; around: widened to "
+                         "hold the run's plan (written to place_vs_runs_around.*)")
     args = ap.parse_args(argv)
     params = v.load_default_params()
     items = []
     for path in v.default_runs_paths():
         items += [v.row_to_case(r, dataset=path.stem) for r in v.read_runs(path)]
     cases = [c for c in v.split_held_out(items)[0] if isinstance(c, v.Case) and c.source.startswith(args.only)]
-    out = OUT / "place_vs_runs.csv"
+    stem = "place_vs_runs" + ("_around" if args.space == "around" else "")
+    out = OUT / f"{stem}.csv"
     done = {}
     if args.resume and out.exists() and not args.only:
         with out.open(newline="") as fh:
@@ -119,7 +128,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         for k, case in enumerate(cases, 1):
-            row = done.get(case.run_id) or compare(case, params)
+            row = done.get(case.run_id) or compare(case, params, args.space == "around")
             rows.append(row)
             if writer:
                 writer.writerow(row)
@@ -135,7 +144,7 @@ def main(argv=None) -> int:
             fh.close()
     text = summary(rows)
     if write:
-        (OUT / "place_vs_runs.txt").write_text(text)
+        (OUT / f"{stem}.txt").write_text(text)
     print(text + f"({time.perf_counter() - start:.0f} s)")
     return 1 if any(r["status"] == "slower" for r in rows) else 0
 
