@@ -560,7 +560,8 @@ def all_mbs_values(devices: int, global_batch: int, options: PlacementOptions) -
     data-parallel widths dividing the global batch)."""
     if options.mbs:
         return tuple(sorted(set(options.mbs)))
-    return tuple(sorted({m for dp in range(1, devices + 1) if devices % dp == 0 and global_batch % dp == 0
+    widths = {d for i in range(1, math.isqrt(devices) + 1) if devices % i == 0 for d in (i, devices // i)}
+    return tuple(sorted({m for dp in widths if global_batch % dp == 0
                          for m in mbs_values(options, global_batch // dp)}))
 
 

@@ -90,10 +90,10 @@ from .workload import (
     ROTARY_KERNELS,
     SOFTMAX_KERNELS,
     Model,
+    catalogue,
     find_workload,
     load_model,
     mtp_error,
-    name_key,
     name_keys,
     parallel_block_error,
     router_groups_error,
@@ -349,28 +349,16 @@ def measured_step_time(metric: str, value: float, model: Model, devices: int, gl
     raise ValueError(f"unknown measured_metric {metric!r}; allowed: {', '.join(METRICS)}")
 
 
-def _catalogue(filename: str) -> dict[str, dict]:
-    """The rows of a catalogue of published models in ``phaze/data``, by each of their name keys
-    (:func:`phaze.workload.name_key` of ``model`` and of the ``aliases`` joined by ';')."""
-    path = Path(__file__).resolve().parent / "data" / filename
-    out = {}
-    with path.open(newline="") as fh:
-        for r in csv.DictReader(fh):
-            for name in [r["model"], *r["aliases"].split(";")]:
-                if name.strip():
-                    out[name_key(name)] = r
-    return out
-
-
-def _catalogued(catalogue: dict[str, dict], name: str) -> dict | None:
-    """The catalogue row a published model name names (by :func:`phaze.workload.name_keys`)."""
-    return next((catalogue[k] for k in name_keys(name) if k in catalogue), None)
+def _catalogued(rows: dict[str, dict], name: str) -> dict | None:
+    """The row of a catalogue (:func:`phaze.workload.catalogue`) a published model name names (by
+    :func:`phaze.workload.name_keys`)."""
+    return next((rows[k] for k in name_keys(name) if k in rows), None)
 
 
 @lru_cache(maxsize=1)
 def moe_models() -> dict[str, dict]:
     """Published mixture-of-experts models (``phaze/data/moe_models.csv``), by name key."""
-    return _catalogue("moe_models.csv")
+    return catalogue("moe_models.csv")
 
 
 def resolve_workload(model_name: str) -> Model | None:
@@ -401,7 +389,7 @@ def row_to_case(row: dict, chips: dict[str, Chip] | None = None, dataset: str = 
 def unmodelled_models() -> dict[str, dict]:
     """Published models phaze cannot express from a row (``phaze/data/unmodelled_models.csv``:
     state-space and hybrid models it ships no workload for), by normalised name."""
-    return _catalogue("unmodelled_models.csv")
+    return catalogue("unmodelled_models.csv")
 
 
 def _moe_reason(row: dict) -> str | None:

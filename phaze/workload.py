@@ -1256,12 +1256,22 @@ def _published_names(dirs: tuple[Path, ...]) -> dict[str, Path]:
     for alias, stem in WORKLOAD_ALIASES.items():
         if name_key(stem) in out:
             out.setdefault(name_key(alias), out[name_key(stem)])
-    with (Path(__file__).resolve().parent / "data" / "model_aliases.csv").open(newline="") as fh:
+    for key, row in catalogue("model_aliases.csv").items():
+        target = out.get(name_key(row["model"]))
+        if target:
+            out.setdefault(key, target)
+    return out
+
+
+def catalogue(filename: str) -> dict[str, dict]:
+    """The rows of a catalogue of published models in ``phaze/data`` (``model``, ``aliases``
+    joined by ';', ``source``, ...), by the name key of the model and of each alias."""
+    out = {}
+    with (Path(__file__).resolve().parent / "data" / filename).open(newline="") as fh:
         for row in csv.DictReader(fh):
-            target = out.get(name_key(row["model"]))
-            for alias in row["aliases"].split(";") if target else ():
-                if alias.strip():
-                    out.setdefault(name_key(alias), target)
+            for name in [row["model"], *row["aliases"].split(";")]:
+                if name.strip():
+                    out[name_key(name)] = row
     return out
 
 

@@ -26,7 +26,7 @@ from phaze.arch import load_chip
 from phaze.calibrate import BOUNDS, fit, load_params, save_params
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency
-from phaze.workload import Model, load_model
+from phaze.workload import Model, load_model, name_key
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_CSV = ROOT / "phaze" / "data" / "reference" / "training_runs.csv"
@@ -974,7 +974,7 @@ def test_state_space_models_without_a_workload_are_skipped_with_the_reason():
         s = v.row_to_case(synthetic(model=name, layers="56", hidden="4096", heads="32", ffn_hidden="16384"))
         assert isinstance(s, v.Skipped), name
         assert "is not expressed: phaze ships no workload for it" in s.reason
-    hybrid = v.unmodelled_models()[v.name_key("Mamba2-Hybrid-8B")]["not_modelled"]
+    hybrid = v.unmodelled_models()[name_key("Mamba2-Hybrid-8B")]["not_modelled"]
     pattern = "M-M-M--M-M*-M-M-M-M--M*-M-M-M-M-M*--M-M-M-M-M*-M--M-M-M-"   # NeMo NVIDIAMambaHybridConfig8B
     assert (f"{pattern.count('M')} Mamba-2, {pattern.count('*')} attention and {pattern.count('-')} MLP "
             f"layers") in hybrid
