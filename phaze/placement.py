@@ -529,8 +529,12 @@ def _solve_layout(costs: StageCosts, opts: _Options, weights: tuple[float, float
 def _depths(model: Model, devices: int, tp: int, options: PlacementOptions, cp: int = 1) -> tuple[int, ...]:
     """Candidate pipeline depths: the listed ones, or every divisor of devices/(tp cp) that is at
     most the layer count (a deeper pipeline has an empty stage); O(layers), whatever the devices."""
-    n = devices // (tp * cp)
-    return options.pp or tuple(d for d in range(1, min(n, model.layers) + 1) if n % d == 0)
+    return options.pp or _divisors(devices // (tp * cp), model.layers)
+
+
+def _divisors(n: int, cap: int) -> tuple[int, ...]:
+    """The divisors of ``n`` that are at most ``cap``, in order; O(min(n, cap))."""
+    return tuple(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
 MAX_AUTO_MBS = 128       # assumption: the largest micro-batch searched by default without a pipeline;
@@ -551,8 +555,7 @@ def mbs_values(options: PlacementOptions, replica_batch: int, pp: int = 1) -> tu
     :data:`MAX_PIPELINE_MBS` with one (its bubble is a share of (pp - 1) / micro-batches)."""
     if options.mbs:
         return tuple(sorted(set(options.mbs)))
-    top = MAX_AUTO_MBS if pp == 1 else MAX_PIPELINE_MBS
-    return tuple(d for d in range(1, min(replica_batch, top) + 1) if replica_batch % d == 0)
+    return _divisors(replica_batch, MAX_AUTO_MBS if pp == 1 else MAX_PIPELINE_MBS)
 
 
 def all_mbs_values(devices: int, global_batch: int, options: PlacementOptions) -> tuple[int, ...]:
@@ -718,9 +721,6 @@ _PLACE_FLAGS = ("tp", "pp", "vp", "cp", "mbs", "ep", "etp", "offload", "recomput
 def no_layout_reason(model: Model, devices: int, global_batch: int, options: PlacementOptions) -> tuple[str, str]:
     """Why no layout of the options is valid: (the flag at fault, the reason with the nearest
     values that work). Checked in the order a layout is built: tp, pp, vp, the global batch."""
-    def divisors(n: int, cap: int) -> list[int]:
-        return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
-
     def tp_problem(tp: int) -> str:
         if model.heads % tp or model.ffn_hidden % tp:
             return f"{tp} does not divide the heads ({model.heads}) and the FFN width ({model.ffn_hidden})"
@@ -734,7 +734,7 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
 
     tps = [tp for tp in sorted(set(options.tp)) if not tp_problem(tp)]
     if not tps:
-        good = [t for t in divisors(math.gcd(model.heads, model.ffn_hidden, devices), 64) if not tp_problem(t)]
+        good = [t for t in _divisors(math.gcd(model.heads, model.ffn_hidden, devices), 64) if not tp_problem(t)]
         return "--tp", ("no tensor-parallel width works: " + "; ".join(tp_problem(t) for t in sorted(set(options.tp)))
                         + f"; allowed: {_listing(good)}")
     eps = [e for e in expert_widths(model, options) if not model.moe or model.experts % e == 0]
@@ -753,7 +753,7 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
                 if pp * vp <= model.layers + (2 if vp > 1 else 0) and (vp == 1 or pp > 1):
                     structural.append((tp, pp, vp))
     if not depth_ok:
-        good = sorted({d for tp in tps for d in divisors(devices // tp, model.layers)})
+        good = sorted({d for tp in tps for d in _divisors(devices // tp, model.layers)})
         bad = "; ".join(f"{pp} " + (f"exceeds the layers ({model.layers})" if pp > model.layers else
                                     f"does not divide devices/tp ({', '.join(str(devices // t) for t in tps)})")
                         for pp in sorted(set(options.pp)))
@@ -779,7 +779,7 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
     off = options.offload if isinstance(options.offload, str) else ""     # place searches one at a time
     cps = [cp for cp in cp_values(model, options) if cp > 1] or [1]    # a listed cp > 1 first: its reason
     if not any(devices % (tp * pp * cp) == 0 for tp, pp, _ in structural for cp in cps):
-        good = sorted({c for tp, pp, _ in structural for c in divisors(devices // (tp * pp), devices)})
+        good = sorted({c for tp, pp, _ in structural for c in _divisors(devices // (tp * pp), devices)})
         return "--cp", (f"no context-parallel width of {_listing(cps)} divides the devices left by tp*pp "
                         f"({_listing(devices // (tp * pp) for tp, pp, _ in structural)}); allowed: {_listing(good)}")
     first = None        # the first remaining reason (context, sequence, offload, ...), if every probe has one

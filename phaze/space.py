@@ -84,6 +84,7 @@ MAX_TRIALS = 10 ** 7         # complete trials of a study
 # places every workload on every candidate, so it keeps the four of Megatron's recipes (phaze place
 # searches every divisor of a replica's batch, phaze.placement.mbs_values)
 SWEEP_MICRO_BATCHES = (1, 2, 4, 8)
+_SWEEP_OPTIONS = PlacementOptions(mbs=SWEEP_MICRO_BATCHES)   # a sweep workload's placement defaults
 MAX_DEGREE = 1 << 20         # a placement's tp, pp, mbs, ... candidates
 MAX_GRID = 2_000_000         # points of a space that is enumerated (grid, exact, ``phaze sweep``)
 MAX_NAME = 100              # characters of a study's name (it names results/<name>/)
@@ -448,7 +449,7 @@ class WorkloadSpec:
     devices: int
     global_batch: int
     weight: float = 1.0
-    options: PlacementOptions = PlacementOptions(mbs=SWEEP_MICRO_BATCHES)
+    options: PlacementOptions = _SWEEP_OPTIONS
     source: str = field(default="", repr=False, compare=False)   # as the config names it (not in the fingerprint)
     system: System | None = field(default=None, repr=False)      # the cluster (None: the chip's links)
 
@@ -661,7 +662,7 @@ def _workload(item, source: str, i: int, system: System | None = None) -> Worklo
     devices, batch = f.int("devices", maximum=MAX_DEVICES), f.int("global_batch", maximum=MAX_BATCH)
     weight = f.number("weight", 1.0, maximum=1e6)
     system = _system(f, system)
-    d = PlacementOptions(mbs=SWEEP_MICRO_BATCHES)
+    d = _SWEEP_OPTIONS
     p = f.sub("placement", None)
     options = d
     if p is not None:
