@@ -85,6 +85,8 @@ class Framework:
     fp8_params: bool = False    # an fp8 run's linear weights held and gathered in fp8 (phaze.plan.Plan.fp8_params)
     shared_overlap: bool = False  # a mixture of experts' shared experts beside its token all-to-alls
                                   # (Megatron-Core's --moe-shared-expert-overlap), where the plan allows it
+    precision: str = ""         # what its runs train in when a run does not say (fp16 | bf16 | fp8);
+                                # "": phaze's default, bf16
     moe_capacity: float = 0.0   # a mixture of experts' capacity factor where the model gives none
                                 # (its recipes drop tokens beyond it, each expert's input padded to
                                 # it); 0: the model's (dropless without one)
@@ -113,6 +115,7 @@ class Framework:
         assert self.softmax_kernel in SOFTMAX_KERNELS, self.softmax_kernel
         assert self.pipe_p2p in PIPE_P2P, self.pipe_p2p
         assert self.cp_comm in CP_COMMS, self.cp_comm
+        assert self.precision in ("", "fp16", "bf16", "fp8"), self.precision
 
 
 
@@ -171,9 +174,12 @@ FRAMEWORKS = {f.name: f for f in (
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
               vocab_multiple=128, sp=False, dp_overlap=False, loss="megatron", optimizer="adam-megatron",
               bf16_reduce_fp32=True, flop_convention="narayanan96", bias_kernels="separate",
-              grad_accum_fusion=False, rotary_kernels="separate", softmax_kernel="megatron",
+              grad_accum_fusion=False, rotary_kernels="separate", softmax_kernel="megatron", precision="fp16",
               source="Megatron-LM 2021-22 (v2.x-v3.0) arguments.py defaults: hidden and attention dropout "
-                     "0.1, no distributed optimizer, the gradient all-reduce in fp16 for fp16 runs and in "
+                     "0.1, fp16 where a run states no precision (its example scripts, "
+                     "examples/pretrain_gpt*.sh, pass --fp16, as the runs of Narayanan et al. 2021 and "
+                     "Korthikanti et al. 2022 trained), no distributed optimizer, the gradient all-reduce in "
+                     "fp16 for fp16 runs and in "
                      "fp32 for bf16 ones (arguments.py forces --accumulate-allreduce-grads-in-fp32 for "
                      "bf16), run by training.py "
                      "after the whole forward-backward (--DDP-impl local, the default: "

@@ -459,11 +459,12 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if seq is None:
         raise ValueError("seq_len not stated")
     precision = _choice(row, "compute_precision", ("fp16", "bf16", "fp8"), "")
-    if not precision:   # the precision column: fp8 when it names float8 linears, else its leading word
+    if not precision:   # the precision column: fp8 when it names float8 linears, else its leading word,
+        # else what the framework's runs train in (phaze's bf16 without one)
         text = _text(row, "precision").lower()
         first = text.split(" ")[0]
         precision = ("fp8" if re.search(r"\b(fp8|float8)", text) else
-                     first if first in ("fp16", "bf16", "fp8") else "bf16")
+                     first if first in ("fp16", "bf16", "fp8") else (fw.precision if fw else "") or "bf16")
     model = _row_model(row, seq, precision, fw)
     nominal = _num(row, "params_b")
     if nominal and not model.moe and nominal * 1e9 > PARAMS_GUARD * model.params:

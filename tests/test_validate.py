@@ -381,6 +381,18 @@ def test_precision_from_compute_precision_or_the_precision_column():
     assert case("R0010").model.precision == "fp16"
 
 
+def test_a_blank_precision_takes_the_frameworks():
+    """Megatron-LM 2021-22's example scripts pass --fp16 (its papers' runs trained so); the other
+    presets' runs and a row without a framework get phaze's bf16; a stated precision wins."""
+    assert synthetic_case(precision="", framework="Megatron-LM (2021)").model.precision == "fp16"
+    assert synthetic_case(precision="not stated", framework="megatron-lm").model.precision == "fp16"
+    assert synthetic_case(precision="", framework="Megatron-LM (2024)").model.precision == "bf16"   # megatron-core
+    assert synthetic_case(precision="", framework="nemo").model.precision == "bf16"
+    assert synthetic_case(precision="").model.precision == "bf16"
+    assert synthetic_case(precision="bf16", framework="megatron-lm").model.precision == "bf16"
+    assert synthetic_case(compute_precision="bf16", framework="megatron-lm").model.precision == "bf16"
+
+
 def test_a_named_model_in_a_published_spelling_brings_its_vocabulary_and_kv_heads():
     """NeMo's performance tables name runs ``LLAMA2-13B (SFT)`` and ``Nemotron-340B``: with only the
     standard columns (shape, no vocabulary, no kv heads) the shipped workload of that shape gives
