@@ -379,10 +379,27 @@ def row_to_case(row: dict, chips: dict[str, Chip] | None = None, dataset: str = 
     run_id, source, gpu = (row.get("run_id") or "?").strip(), (row.get("source_id") or "?").strip(), \
         (row.get("gpu") or "").strip()
     chip_name = _text(row, "chip") or chip_for_gpu(gpu) or ""
+    chips = {} if chips is None else chips
     try:
-        return _row_to_case(row, run_id, source, gpu, chip_name, {} if chips is None else chips, dataset)
+        return _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset)
     except (ValueError, ConfigError) as exc:
-        return Skipped(run_id, source, gpu, str(exc), chip_name, dataset)
+        reason = str(exc)
+    quoted = [k for k in re.split(r"[\s,;]+", _text(row, "unconfirmed")) if k in SEARCHED_WHEN_BLANK and _text(row, k)]
+    if quoted:
+        # the quoted defaults contradict what the row publishes, so the run did not use them all:
+        # they are searched, as for a row that does not publish them
+        try:
+            case = _row_to_case({**row, **dict.fromkeys(quoted, "")}, run_id, source, gpu, chip_name, chips, dataset)
+            return dataclasses.replace(case, layout_from="searched")
+        except (ValueError, ConfigError) as exc:
+            reason += f"; with its quoted defaults ({', '.join(quoted)}) searched: {exc}"
+    return Skipped(run_id, source, gpu, reason, chip_name, dataset)
+
+
+# the columns phaze chooses itself where a row leaves them blank (a row that publishes tp or pp
+# alone has the other from dp): a quoted default of one of them that the row's published values
+# contradict is dropped and searched (:func:`row_to_case`)
+SEARCHED_WHEN_BLANK = ("tp", "pp", "micro_batch", "vp", "recompute", "recompute_layers", "zero_stage")
 
 
 @lru_cache(maxsize=1)

@@ -434,6 +434,30 @@ def test_remaining_defaults():
     assert isinstance(v.row_to_case(synthetic(recompute="selective", selective_recompute="layer")), v.Skipped)
 
 
+def test_quoted_defaults_that_the_row_contradicts_are_searched():
+    """A column filled from a quoted default (listed in ``unconfirmed``) that the row's published
+    values contradict was not what the run used: it is searched, as a blank one is. A published
+    value is never dropped, and a row the search cannot cure keeps both reasons."""
+    # micro-batch 3 does not divide the 4 sequences a replica takes (16 over dp 4): published, skipped
+    bad = v.row_to_case(synthetic(micro_batch="3"))
+    assert isinstance(bad, v.Skipped) and "--global-batch" in bad.reason, bad
+    # quoted: searched among the micro-batches that divide it, as without one
+    c = synthetic_case(micro_batch="3", unconfirmed="micro_batch")
+    assert c.layout_from == "searched" and {p.mbs for p in (c.plan, *c.alternatives)} <= {1, 2, 4}
+    assert (c.plan, c.alternatives) == (lambda b: (b.plan, b.alternatives))(synthetic_case(micro_batch=""))
+    # a quoted default the row does not contradict stays
+    kept = synthetic_case(micro_batch="2", unconfirmed="micro_batch")
+    assert {p.mbs for p in (kept.plan, *kept.alternatives)} == {2}
+    # the contradiction is in a published column: searching the quoted ones cannot cure it
+    worse = v.row_to_case(synthetic(micro_batch="3", dp="3", unconfirmed="micro_batch"))
+    assert isinstance(worse, v.Skipped) and "with its quoted defaults (micro_batch) searched" in worse.reason
+    # the NeMo launcher's 5B run of 1,440 sequences on 160 GPUs: its quoted tp 1, pp 1, micro-batch 2
+    # leave 4.5 micro-batches a replica
+    r0427 = case("R0427")
+    assert r0427.layout_from == "searched" and r0427.global_batch == 1440
+    assert all(1440 % (p.dp(160) * p.mbs) == 0 for p in (r0427.plan, *r0427.alternatives))
+
+
 # --- 3. coverage of the bundled CSV ------------------------------------------------------------
 def test_most_bundled_rows_are_expressed_and_skips_say_why():
     items = v.load_items(v.default_runs_paths())
