@@ -1178,35 +1178,6 @@ def _hf_parallel_block(cfg: dict, mtype: str) -> str:
 
 # published names (as their makers write them, lower-cased) of shipped workloads whose file is
 # named otherwise; a Hugging Face id (meta-llama/Llama-3.1-405B) is looked up by its last part
-WORKLOAD_ALIASES = {
-    "llama3.1-405b": "llama3-405b",          # Llama 3.1 405B: the only 405B Meta published
-    "llama-3.1-405b": "llama3-405b",
-    "llama-3.1-70b": "llama3.1-70b",
-    "llama-3.1-8b": "llama3.1-8b",
-    "meta-llama-3-70b": "llama3-70b",        # Meta-Llama-3-70B
-    "llama-3-70b": "llama3-70b",
-    "meta-llama-3-8b": "llama3-8b",
-    "llama-3-8b": "llama3-8b",
-    "llama-2-70b": "llama2-70b",             # Llama-2-70b-hf
-    "llama-2-70b-hf": "llama2-70b",
-    "llama-2-7b": "llama2-7b",
-    "llama-2-7b-hf": "llama2-7b",
-    "gpt-3": "gpt3-175b",                    # GPT-3 175B
-    "gpt-3-175b": "gpt3-175b",
-    "mixtral-8x7b-v0.1": "mixtral-8x7b",
-    "mixtral-8x22b-v0.1": "mixtral-8x22b",
-    "bert-large-uncased": "bert-large",
-    "bloom": "bloom-176b",                   # bigscience/bloom
-    "nemotron-4-15b": "nemotron4-15b",
-    "nemotron-4-340b": "nemotron4-340b",
-    "llama-4-scout-17b-16e": "llama4-scout",  # meta-llama/Llama-4-Scout-17B-16E
-    "llama4-e16": "llama4-scout",            # NeMo's recipe name
-    "llama-4-maverick-17b-128e": "llama4-maverick",
-    "llama4-e128": "llama4-maverick",
-    "nemotron-3-nano": "nemotron-3-nano-30b-a3b",   # the only Nemotron 3 Nano
-}
-
-
 def workload_dirs() -> list[Path]:
     """Where workload names are looked up: ./workloads, then the shipped ones."""
     return config_dirs("workloads")
@@ -1243,8 +1214,8 @@ def name_keys(name: str) -> tuple[str, ...]:
 @lru_cache(maxsize=4)
 def _published_names(dirs: tuple[Path, ...]) -> dict[str, Path]:
     """Name key -> workload file: each workload's file stem and model name in ``dirs`` (the first
-    wins: ./workloads, then the shipped ones), the names of :data:`WORKLOAD_ALIASES`, and the
-    spellings of ``phaze/data/model_aliases.csv`` (each with its source)."""
+    wins: ./workloads, then the shipped ones) and the spellings of ``phaze/data/model_aliases.csv``
+    (each with its source)."""
     out: dict[str, Path] = {}
     for d in reversed(dirs):
         for path in sorted(d.glob("*.yaml")) if d.is_dir() else ():
@@ -1253,9 +1224,6 @@ def _published_names(dirs: tuple[Path, ...]) -> dict[str, Path]:
             except ConfigError:
                 continue
             out[name_key(path.stem)] = out[name_key(model_name)] = path
-    for alias, stem in WORKLOAD_ALIASES.items():
-        if name_key(stem) in out:
-            out.setdefault(name_key(alias), out[name_key(stem)])
     for key, row in catalogue("model_aliases.csv").items():
         target = out.get(name_key(row["model"]))
         if target:
@@ -1275,6 +1243,20 @@ def catalogue(filename: str) -> dict[str, dict]:
     return out
 
 
+def workload_aliases() -> dict[str, str]:
+    """Each spelling of ``phaze/data/model_aliases.csv``, in lower case -> the stem of the shipped
+    workload it names: names ``--workload`` takes as they are and offers when one is mistyped."""
+    names = _published_names(tuple(workload_dirs()))
+    out = {}
+    with (Path(__file__).resolve().parent / "data" / "model_aliases.csv").open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            target = names.get(name_key(row["model"]))
+            for alias in row["aliases"].split(";") if target else ():
+                if alias.strip():
+                    out[alias.strip().lower()] = target.stem
+    return out
+
+
 def find_workload(name: str) -> Path | None:
     """The workload file a published model name names (by :func:`name_keys`), or None."""
     names = _published_names(tuple(workload_dirs()))
@@ -1282,10 +1264,10 @@ def find_workload(name: str) -> Path | None:
 
 
 def workload_path(name_or_path: str | Path) -> Path:
-    """The file of a workload name (shipped, a published name in :data:`WORKLOAD_ALIASES` or
-    ``phaze/data/model_aliases.csv``, in any of the spellings :func:`name_keys` reads) or path."""
+    """The file of a workload name (shipped, or a published name in ``phaze/data/model_aliases.csv``,
+    in any of the spellings :func:`name_keys` reads) or path."""
     try:
-        return resolve_config(str(name_or_path), "workloads", "workload", "--workload", WORKLOAD_ALIASES)
+        return resolve_config(str(name_or_path), "workloads", "workload", "--workload", workload_aliases())
     except ConfigError:
         found = find_workload(str(name_or_path)) if isinstance(name_or_path, str) else None
         if found is None:
