@@ -1246,7 +1246,12 @@ def catalogue(filename: str) -> dict[str, dict]:
 def workload_aliases() -> dict[str, str]:
     """Each spelling of ``phaze/data/model_aliases.csv``, in lower case -> the stem of the shipped
     workload it names: names ``--workload`` takes as they are and offers when one is mistyped."""
-    names = _published_names(tuple(workload_dirs()))
+    return dict(_aliases(tuple(workload_dirs())))
+
+
+@lru_cache(maxsize=4)
+def _aliases(dirs: tuple[Path, ...]) -> dict[str, str]:
+    names = _published_names(dirs)
     out = {}
     with (Path(__file__).resolve().parent / "data" / "model_aliases.csv").open(newline="") as fh:
         for row in csv.DictReader(fh):
