@@ -372,6 +372,12 @@ def resolve_workload(model_name: str) -> Model | None:
     return load_model(path) if path else None
 
 
+# the columns phaze chooses itself where a row leaves them blank (a row that publishes tp or pp
+# alone has the other from dp): a quoted default of one of them that the row's published values
+# contradict is dropped and searched (:func:`row_to_case`)
+SEARCHED_WHEN_BLANK = ("tp", "pp", "micro_batch", "vp", "recompute", "recompute_layers", "zero_stage")
+
+
 def row_to_case(row: dict, chips: dict[str, Chip] | None = None, dataset: str = "") -> Case | Skipped:
     """Express one CSV row, or say why it cannot be expressed. ``chips`` caches loaded chip
     configs by file name. Only :data:`MODEL_COLUMNS` are read: never the free-text notes."""
@@ -395,11 +401,6 @@ def row_to_case(row: dict, chips: dict[str, Chip] | None = None, dataset: str = 
             reason += f"; with its quoted defaults ({', '.join(quoted)}) searched: {exc}"
     return Skipped(run_id, source, gpu, reason, chip_name, dataset)
 
-
-# the columns phaze chooses itself where a row leaves them blank (a row that publishes tp or pp
-# alone has the other from dp): a quoted default of one of them that the row's published values
-# contradict is dropped and searched (:func:`row_to_case`)
-SEARCHED_WHEN_BLANK = ("tp", "pp", "micro_batch", "vp", "recompute", "recompute_layers", "zero_stage")
 
 
 @lru_cache(maxsize=1)

@@ -1176,8 +1176,6 @@ def _hf_parallel_block(cfg: dict, mtype: str) -> str:
     return ""
 
 
-# published names (as their makers write them, lower-cased) of shipped workloads whose file is
-# named otherwise; a Hugging Face id (meta-llama/Llama-3.1-405B) is looked up by its last part
 def workload_dirs() -> list[Path]:
     """Where workload names are looked up: ./workloads, then the shipped ones."""
     return config_dirs("workloads")
@@ -1253,12 +1251,11 @@ def workload_aliases() -> dict[str, str]:
 def _aliases(dirs: tuple[Path, ...]) -> dict[str, str]:
     names = _published_names(dirs)
     out = {}
-    with (Path(__file__).resolve().parent / "data" / "model_aliases.csv").open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            target = names.get(name_key(row["model"]))
-            for alias in row["aliases"].split(";") if target else ():
-                if alias.strip():
-                    out[alias.strip().lower()] = target.stem
+    for row in {id(r): r for r in catalogue("model_aliases.csv").values()}.values():   # each row once
+        target = names.get(name_key(row["model"]))
+        for alias in row["aliases"].split(";") if target else ():
+            if alias.strip():
+                out[alias.strip().lower()] = target.stem
     return out
 
 
