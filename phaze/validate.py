@@ -402,7 +402,6 @@ def row_to_case(row: dict, chips: dict[str, Chip] | None = None, dataset: str = 
     return Skipped(run_id, source, gpu, reason, chip_name, dataset)
 
 
-
 @lru_cache(maxsize=1)
 def unmodelled_models() -> dict[str, dict]:
     """Published models phaze cannot express from a row (``phaze/data/unmodelled_models.csv``:

@@ -1229,16 +1229,17 @@ def _published_names(dirs: tuple[Path, ...]) -> dict[str, Path]:
     return out
 
 
-def catalogue(filename: str) -> dict[str, dict]:
+def catalogue_rows(filename: str) -> list[dict]:
     """The rows of a catalogue of published models in ``phaze/data`` (``model``, ``aliases``
-    joined by ';', ``source``, ...), by the name key of the model and of each alias."""
-    out = {}
+    joined by ';', ``source``, ...)."""
     with (Path(__file__).resolve().parent / "data" / filename).open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            for name in [row["model"], *row["aliases"].split(";")]:
-                if name.strip():
-                    out[name_key(name)] = row
-    return out
+        return list(csv.DictReader(fh))
+
+
+def catalogue(filename: str) -> dict[str, dict]:
+    """:func:`catalogue_rows` by the name key of each row's model and of each of its aliases."""
+    return {name_key(name): row for row in catalogue_rows(filename)
+            for name in [row["model"], *row["aliases"].split(";")] if name.strip()}
 
 
 def workload_aliases() -> dict[str, str]:
@@ -1251,7 +1252,7 @@ def workload_aliases() -> dict[str, str]:
 def _aliases(dirs: tuple[Path, ...]) -> dict[str, str]:
     names = _published_names(dirs)
     out = {}
-    for row in {id(r): r for r in catalogue("model_aliases.csv").values()}.values():   # each row once
+    for row in catalogue_rows("model_aliases.csv"):
         target = names.get(name_key(row["model"]))
         for alias in row["aliases"].split(";") if target else ():
             if alias.strip():

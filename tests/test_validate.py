@@ -444,7 +444,8 @@ def test_quoted_defaults_that_the_row_contradicts_are_searched():
     # quoted: searched among the micro-batches that divide it, as without one
     c = synthetic_case(micro_batch="3", unconfirmed="micro_batch")
     assert c.layout_from == "searched" and {p.mbs for p in (c.plan, *c.alternatives)} <= {1, 2, 4}
-    assert (c.plan, c.alternatives) == (lambda b: (b.plan, b.alternatives))(synthetic_case(micro_batch=""))
+    blank = synthetic_case(micro_batch="")
+    assert (c.plan, c.alternatives) == (blank.plan, blank.alternatives)
     # a quoted default the row does not contradict stays
     kept = synthetic_case(micro_batch="2", unconfirmed="micro_batch")
     assert {p.mbs for p in (kept.plan, *kept.alternatives)} == {2}
