@@ -360,7 +360,7 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         "xla": "one compiled program (no per-kernel host or launch overhead)"}[chip.execution]
         + ("; a full recompute re-runs only what the backward reads" if reruns_needed(model, chip.compiled) else "")
         + ("" if getattr(args, "framework", None) else " (the chip's; --framework sets a framework's)"))
-    if tp > model.kv_heads:
+    if tp > model.kv_heads and model.attention_layers:   # a Mamba-2-only model has no KV heads
         out["kv_heads"] = (f"tp={tp} is more than the {model.kv_heads} KV heads: each KV head is replicated on "
                            f"{tp // model.kv_heads} tensor-parallel ranks; each rank computes and stores one "
                            f"whole KV head and holds its K/V weights")

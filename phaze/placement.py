@@ -721,11 +721,17 @@ _PLACE_FLAGS = ("tp", "pp", "vp", "cp", "mbs", "ep", "etp", "offload", "recomput
 def no_layout_reason(model: Model, devices: int, global_batch: int, options: PlacementOptions) -> tuple[str, str]:
     """Why no layout of the options is valid: (the flag at fault, the reason with the nearest
     values that work). Checked in the order a layout is built: tp, pp, vp, the global batch."""
+    attention = model.attention_layers > 0     # the layer kinds the model has (check_plan's test)
+    ffn = not model.hybrid or bool({"-", "E"} & set(model.hybrid_pattern))
+    mamba = "M" in model.hybrid_pattern
+
     def tp_problem(tp: int) -> str:
-        if model.heads % tp or model.ffn_hidden % tp:
+        if (attention and model.heads % tp) or (ffn and model.ffn_hidden % tp):
             return f"{tp} does not divide the heads ({model.heads}) and the FFN width ({model.ffn_hidden})"
-        if model.kv_heads % tp and tp % model.kv_heads:
+        if attention and model.kv_heads % tp and tp % model.kv_heads:
             return f"{tp} neither divides nor is a multiple of the KV heads ({model.kv_heads})"
+        if mamba and (model.mamba_heads % tp or model.mamba_groups % tp):
+            return f"{tp} does not divide the Mamba-2 heads ({model.mamba_heads}) and groups ({model.mamba_groups})"
         if devices % tp:
             return f"{tp} does not divide the devices ({devices})"
         if options.sp and tp > 1 and model.seq_len % tp:
@@ -734,7 +740,7 @@ def no_layout_reason(model: Model, devices: int, global_batch: int, options: Pla
 
     tps = [tp for tp in sorted(set(options.tp)) if not tp_problem(tp)]
     if not tps:
-        good = [t for t in _divisors(math.gcd(model.heads, model.ffn_hidden, devices), 64) if not tp_problem(t)]
+        good = [t for t in _divisors(devices, 64) if not tp_problem(t)]
         return "--tp", ("no tensor-parallel width works: " + "; ".join(tp_problem(t) for t in sorted(set(options.tp)))
                         + f"; allowed: {_listing(good)}")
     eps = [e for e in expert_widths(model, options) if not model.moe or model.experts % e == 0]

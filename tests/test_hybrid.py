@@ -211,6 +211,49 @@ def test_mamba2_hugging_face_config_is_mamba_layers_only():
         evaluate(m, load_chip("h100-sxm"), 8, 16, parse_plan("tp=2,mbs=1,sp=1"))
 
 
+# Dao and Gu's Mamba-2 sizes (NeMo 2.5.0 BaseMambaConfig*): name -> (layers, hidden, published size)
+MAMBA2 = {"130m": (24, 768, 130e6), "370m": (48, 1024, 370e6), "780m": (48, 1536, 780e6),
+          "1.3b": (48, 2048, 1.3e9), "2.7b": (64, 2560, 2.7e9)}
+
+
+@pytest.mark.parametrize("size", sorted(MAMBA2))
+def test_mamba2_parameters_by_hand_from_mamba_ssm(size):
+    """mamba_ssm 2.2.4's Mamba2 and MixerModel with their defaults: in_proj to z, x, B, C (one group of
+    state 128) and dt (d_inner / 64 heads), no bias; a depthwise convolution of width 4 with a bias over
+    x, B, C; A_log, D and dt_bias a head; the gated RMSNorm's weight; out_proj; each block's RMSNorm;
+    a tied 50,288-token table and the final norm. Each total rounds to the size in its name."""
+    layers, h, named = MAMBA2[size]
+    d, heads, xbc = 2 * h, 2 * h // 64, 2 * h + 2 * 128
+    block = h * (d + xbc + heads) + xbc * 4 + xbc + 3 * heads + d + d * h + h
+    m = load_model(f"mamba2-{size}")
+    assert (m.layers, m.hidden, m.hybrid_counts, m.mamba_heads, m.mamba_chunk) == (layers, h, {"M": layers}, heads, 256)
+    assert m.params == layers * block + 50288 * h + h
+    digits = 0.1e9 if named >= 1e9 else 10e6
+    assert abs(m.params - named) < digits / 2, f"{m.params:,} does not round to {named:,.0f}"
+
+
+def test_mamba2_workloads_are_what_phaze_reads_from_their_configs():
+    """The shipped 2.7B equals transformers' mamba2 config of it; a row or --workload naming it by
+    NeMo's recipe name finds it; tp beyond its one group is refused naming the Mamba-2 groups, not
+    the attention heads it does not have."""
+    cfg = {"model_type": "mamba2", "hidden_size": 2560, "num_hidden_layers": 64, "num_heads": 80, "head_dim": 64,
+           "state_size": 128, "n_groups": 1, "conv_kernel": 4, "chunk_size": 256, "vocab_size": 50288,
+           "tie_word_embeddings": True, "max_position_embeddings": 2048}
+    shipped = load_model("mamba2-2.7b")
+    read = model_from_hf_config(cfg, name=shipped.name)
+    assert read.params == shipped.params and model_flops_per_sample(read) == model_flops_per_sample(shipped)
+    case = v.row_to_case(_row(model="mamba2_2_7b", tp="1", seq_len="2048"))
+    assert isinstance(case, v.Case) and case.model.params == shipped.params
+    bad = subprocess.run([sys.executable, "-m", "phaze.cli", "place", "--workload", "state-spaces/mamba2-1.3b",
+                          "--arch", "a100-80gb", "--devices", "8", "--global-batch", "64", "--tp", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Mamba-2 heads (64) and groups (1); allowed: 1" in bad.stderr
+    ok = subprocess.run([sys.executable, "-m", "phaze.cli", "place", "--workload", "mamba2-130m", "--arch",
+                         "h100-sxm", "--devices", "8", "--global-batch", "64", "--top", "1"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "tp=1," in ok.stdout and "KV heads" not in ok.stdout
+
+
 def test_schedule_cli_picks_a_kind(tmp_path):
     def run(*extra):
         return subprocess.run([sys.executable, "-m", "phaze.cli", "schedule", "--workload", "nemotron-h-8b",

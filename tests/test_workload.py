@@ -43,7 +43,8 @@ REQUIRED = [
 
 # Sources that print counts rounded (to 0.1B, or the billion): allow half of the last printed digit.
 ROUNDED_TO = {"megatron-gpt-": 0.1e9, "gpt3-175b": 0.1e9,
-              "nemotron-h-": 1e9, "nemotron-nano-": 1e9}   # NVIDIA's hybrids: named by the billion
+              "nemotron-h-": 1e9, "nemotron-nano-": 1e9,   # NVIDIA's hybrids: named by the billion
+              "mamba2-1.3b": 0.1e9, "mamba2-2.7b": 0.1e9}   # Dao and Gu's Mamba-2: named to 0.1B
 
 
 def _llama4_vision_params() -> int:
