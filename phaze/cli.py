@@ -43,6 +43,7 @@ from .placement import (
     place,
     routing_values,
     searched_modes,
+    tp_problem,
 )
 from .plan import (
     BOOL_WORDS,
@@ -320,7 +321,13 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         o = options
         mbs = (','.join(map(str, o.mbs)) if o.mbs else
                f"every divisor of a replica's batch up to {MAX_AUTO_MBS} ({MAX_PIPELINE_MBS} with a pipeline)")
-        out["searched"] = (f"tp {','.join(map(str, o.tp))}; mbs {mbs}; pp "
+        ok, bad = [], {}      # the widths that split the model; the others by the reason they cannot
+        for t in o.tp:
+            why = tp_problem(model, args.devices, t, o).partition(" ")[2]
+            (bad.setdefault(why, []) if why else ok).append(str(t))
+        tps = ",".join(ok) + (f" (not {'; '.join(','.join(ts) + ': ' + why for why, ts in bad.items())})"
+                              if bad else "")
+        out["searched"] = (f"tp {tps}; mbs {mbs}; pp "
                            + (','.join(map(str, o.pp)) if o.pp else "every divisor of devices/tp up to the layers")
                            + "; vp " + (','.join(map(str, o.vp)) if o.vp else "1 (a hybrid)" if model.hybrid else
                                         f"every value Megatron accepts for the layers, up to {MAX_AUTO_VP}")

@@ -718,30 +718,35 @@ _PLACE_FLAGS = ("tp", "pp", "vp", "cp", "mbs", "ep", "etp", "offload", "recomput
                 "cp_comm", "pipe_schedule", "fsdp_pp", "fp8_params", "attention", "dispatcher", "ep_overlap")
 
 
+def tp_problem(model: Model, devices: int, tp: int, options: PlacementOptions) -> str:
+    """Why tensor parallelism of width ``tp`` cannot split ``model`` on ``devices`` ('' when it can):
+    the heads, KV heads, FFN width and Mamba-2 heads and groups of the layer kinds the model has
+    (what :func:`phaze.step.check_plan` asks), the devices, and with sequence parallelism the sequence."""
+    attention = model.attention_layers > 0
+    ffn = not model.hybrid or bool({"-", "E"} & set(model.hybrid_pattern))
+    if (attention and model.heads % tp) or (ffn and model.ffn_hidden % tp):
+        return f"{tp} does not divide the heads ({model.heads}) and the FFN width ({model.ffn_hidden})"
+    if attention and model.kv_heads % tp and tp % model.kv_heads:
+        return f"{tp} neither divides nor is a multiple of the KV heads ({model.kv_heads})"
+    if "M" in model.hybrid_pattern and (model.mamba_heads % tp or model.mamba_groups % tp):
+        return f"{tp} does not divide the Mamba-2 heads ({model.mamba_heads}) and groups ({model.mamba_groups})"
+    if devices % tp:
+        return f"{tp} does not divide the devices ({devices})"
+    if options.sp and tp > 1 and model.seq_len % tp:
+        return f"{tp} does not divide the sequence length ({model.seq_len}) (sequence parallelism)"
+    return ""
+
+
 def no_layout_reason(model: Model, devices: int, global_batch: int, options: PlacementOptions) -> tuple[str, str]:
     """Why no layout of the options is valid: (the flag at fault, the reason with the nearest
     values that work). Checked in the order a layout is built: tp, pp, vp, the global batch."""
-    attention = model.attention_layers > 0     # the layer kinds the model has (check_plan's test)
-    ffn = not model.hybrid or bool({"-", "E"} & set(model.hybrid_pattern))
-    mamba = "M" in model.hybrid_pattern
+    def problem(tp: int) -> str:
+        return tp_problem(model, devices, tp, options)
 
-    def tp_problem(tp: int) -> str:
-        if (attention and model.heads % tp) or (ffn and model.ffn_hidden % tp):
-            return f"{tp} does not divide the heads ({model.heads}) and the FFN width ({model.ffn_hidden})"
-        if attention and model.kv_heads % tp and tp % model.kv_heads:
-            return f"{tp} neither divides nor is a multiple of the KV heads ({model.kv_heads})"
-        if mamba and (model.mamba_heads % tp or model.mamba_groups % tp):
-            return f"{tp} does not divide the Mamba-2 heads ({model.mamba_heads}) and groups ({model.mamba_groups})"
-        if devices % tp:
-            return f"{tp} does not divide the devices ({devices})"
-        if options.sp and tp > 1 and model.seq_len % tp:
-            return f"{tp} does not divide the sequence length ({model.seq_len}) (sequence parallelism)"
-        return ""
-
-    tps = [tp for tp in sorted(set(options.tp)) if not tp_problem(tp)]
+    tps = [tp for tp in sorted(set(options.tp)) if not problem(tp)]
     if not tps:
-        good = [t for t in _divisors(devices, 64) if not tp_problem(t)]
-        return "--tp", ("no tensor-parallel width works: " + "; ".join(tp_problem(t) for t in sorted(set(options.tp)))
+        good = [t for t in _divisors(devices, 64) if not problem(t)]
+        return "--tp", ("no tensor-parallel width works: " + "; ".join(problem(t) for t in sorted(set(options.tp)))
                         + f"; allowed: {_listing(good)}")
     eps = [e for e in expert_widths(model, options) if not model.moe or model.experts % e == 0]
     if not eps:

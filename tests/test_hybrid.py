@@ -252,6 +252,7 @@ def test_mamba2_workloads_are_what_phaze_reads_from_their_configs():
                          "h100-sxm", "--devices", "8", "--global-batch", "64", "--top", "1"],
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "tp=1," in ok.stdout and "KV heads" not in ok.stdout
+    assert "tp 1 (not 2,4,8: does not divide the Mamba-2 heads (24) and groups (1));" in ok.stdout
 
 
 def test_schedule_cli_picks_a_kind(tmp_path):
