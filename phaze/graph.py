@@ -123,6 +123,10 @@ class Op:
         return self.bytes_read + self.bytes_written
 
 
+# the Mamba-2 mixer's forward ops its fused scan's backward re-runs before its gradients
+SSD_BACKWARD_RERUNS = ("mamba_conv", "ssd_dt", "ssd_cb", "ssd_states", "ssd_state_passing")
+
+
 def offloaded_bytes(model: Model, mbs: int, tp: int, recompute: str) -> float:
     """Bytes one layer sends to the host's memory in the forward pass, and brings back for the
     backward, per micro-batch on one of ``tp`` devices, under a graph ``recompute`` that offloads
@@ -883,6 +887,15 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
     column = ""   # the column-parallel linear whose backward was built last (its input was gathered)
     for op in reversed(fb.ops):
+        if op.name == "ssd_gate":
+            # mamba_ssm's split-conv1d-scan backward first re-runs, from the saved z, x, B, C and dt,
+            # the convolution, dt's cumulative decay, C·Bᵀ, the chunk states and their passing
+            # (mamba_ssm 2.2.4 ssd_combined.py: MambaSplitConv1dScanCombinedFn.backward and
+            # _mamba_chunk_scan_combined_bwd), whatever the layer's recompute
+            for fo in fb.ops:
+                if fo.name in SSD_BACKWARD_RERUNS:
+                    bb.ops.append(replace(fo, name=f"{fo.name}.rerun", phase="bwd", deps=grad))
+                    grad = bb.last = (f"{fo.name}.rerun",)
         # a bias add passes its gradient through (its reduction comes with the linear's backward);
         # a permute's gradient is a strided view the batched GEMMs read as it is; ALiBi's bias is
         # a constant

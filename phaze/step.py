@@ -327,6 +327,13 @@ def model_flops_per_sample(model: Model) -> float:
     return _layers_flops(model, "none") + _edge_flops(model)
 
 
+def _counted_flops(ops) -> float:
+    """Tensor FLOPs as MFU and HFU count them: without what a fused kernel's backward re-runs inside
+    itself (the Mamba-2 scan's ``.rerun`` ops, as a fused attention's re-made scores are not
+    counted: FLOPs are counted on the unfused graph)."""
+    return tensor_flops(o for o in ops if not o.name.endswith(".rerun"))
+
+
 @lru_cache(maxsize=4096)
 def _layers_flops(model: Model, recompute: str, compiled: bool = False, mtp: bool = True) -> float:
     """Tensor FLOPs of all the layers for one sequence (balanced routing over one rank), recompute
@@ -335,10 +342,10 @@ def _layers_flops(model: Model, recompute: str, compiled: bool = False, mtp: boo
     if (model.hybrid and model.layer_kind is None) or gdn_views(model):
         return model.layers * sum(w * _layers_flops(m, recompute, compiled, mtp) / m.layers
                                   for w, m, _ in layer_mix(model))
-    layer = tensor_flops(layer_graph(model, 1, 1, False, "standard", recompute, None, compiled).ops)
+    layer = _counted_flops(layer_graph(model, 1, 1, False, "standard", recompute, None, compiled).ops)
     flops = model.layers * layer
     if model.moe and model.dense_ffn_layers:
-        dense = tensor_flops(layer_graph(dense_view(model), 1, 1, False, "standard", recompute, None, compiled).ops)
+        dense = _counted_flops(layer_graph(dense_view(model), 1, 1, False, "standard", recompute, None, compiled).ops)
         flops = model.moe_layers * flops / model.layers + model.dense_ffn_layers * dense
     if mtp and model.mtp_layers:   # each multi-token prediction module's layer, of the repeated (MoE) kind
         flops = flops + model.mtp_layers * layer

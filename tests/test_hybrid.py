@@ -71,7 +71,17 @@ def test_mamba_mixer_operators_and_flops_by_hand():
                 + 2 * chunks * heads * Q * Q * P               # (L∘C·Bᵀ)·X
                 + 2 * T * d * h)                               # out
     assert tensor_flops(g.fwd) == expected
-    assert tensor_flops(g.bwd) == 2 * expected   # each product's two input gradients (data and weight)
+    # each product's two input gradients (data and weight), and the products the fused scan's
+    # backward re-runs from its saved inputs first: C·Bᵀ and the chunk states (mamba_ssm 2.2.4
+    # _mamba_chunk_scan_combined_bwd), with the convolution and dt's decay before them
+    rerun = 2 * chunks * groups * Q * N * Q + 2 * chunks * heads * N * Q * P
+    assert tensor_flops(g.bwd) == 2 * expected + rerun
+    bwd = [o.name for o in g.bwd]
+    first = bwd.index("mamba_conv.rerun")
+    assert bwd[first:first + 6] == ["mamba_conv.rerun", "ssd_dt.rerun", "ssd_cb.rerun", "ssd_states.rerun",
+                                    "ssd_state_passing.rerun", "ssd_gate.bwd"]
+    for full in (layer_graph(kind(H8, "M"), 1, t, True, "flash", "full"),):   # a full recompute re-runs them too
+        assert [o.name for o in full.bwd].count("ssd_cb.rerun") == 1
 
 
 def test_model_flops_sum_the_kinds():
