@@ -35,6 +35,10 @@ def test_the_figures_validation_md_quotes():
     (c, f), (pc, pf) = bench.mtnlg_split(params)
     assert (f"measured c = {1e3 * c:.0f} ms and F = {f:.1f} s, phaze c = {1e3 * pc:.0f} ms and "
             f"F = {pf:.1f} s") in doc
+    (step, plain, said), (_, core, said2) = bench.llama1(params), bench.llama1(params, "megatron-core")
+    assert said.startswith("tp=8,pp=1,mbs=8,recompute=none,") and said2.startswith("tp=8,pp=4,mbs=4,recompute=none,")
+    assert (f"{step:.2f} s a step of 2,048 sequences" in doc and f"{_signed(plain)} % with the standard columns "
+            f"only" in doc and f"{_signed(core)} % with `framework` megatron-core" in doc)
     (_, block, clock), (_, seq, clock2) = bench.palm(params)
     assert (f"{_signed(block)} % with its parallel block, {_signed(seq)} % run as sequential layers (both at "
             f"{100 * clock:.0f} % of the nominal clock") in doc and round(100 * clock) == round(100 * clock2)

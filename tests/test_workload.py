@@ -44,7 +44,8 @@ REQUIRED = [
 # Sources that print counts rounded (to 0.1B, or the billion): allow half of the last printed digit.
 ROUNDED_TO = {"megatron-gpt-": 0.1e9, "gpt3-175b": 0.1e9,
               "nemotron-h-": 1e9, "nemotron-nano-": 1e9,   # NVIDIA's hybrids: named by the billion
-              "mamba2-1.3b": 0.1e9, "mamba2-2.7b": 0.1e9}   # Dao and Gu's Mamba-2: named to 0.1B
+              "mamba2-1.3b": 0.1e9, "mamba2-2.7b": 0.1e9,   # Dao and Gu's Mamba-2: named to 0.1B
+              "llama-": 0.1e9}                               # LLaMA's Table 2: to 0.1B
 
 
 def _llama4_vision_params() -> int:
@@ -187,6 +188,24 @@ LLAMA_TIED = {
     "llama3.2-1b": ((128256, 2048, 16, 32, 8, 8192), 1_235_814_400),
     "llama3.2-3b": ((128256, 3072, 28, 24, 8, 8192), 3_212_749_824),
 }
+
+
+# LLaMA (Touvron et al. 2023, Table 2): dimension, heads, layers; the FFN is the released code's
+# 2/3 x 4d rounded up to a multiple of 256
+LLAMA1 = {"llama-7b": (4096, 32, 32), "llama-13b": (5120, 40, 40), "llama-33b": (6656, 52, 60),
+          "llama-65b": (8192, 64, 80)}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA1))
+def test_llama1_shapes_from_the_paper_and_code(name):
+    h, heads, L = LLAMA1[name]
+    f = -(-int(2 * 4 * h / 3) // 256) * 256
+    m = load_model(name)
+    assert (m.vocab, m.hidden, m.layers, m.heads, m.kv_heads, m.ffn_hidden, m.seq_len) == (32000, h, L, heads, heads, f,
+                                                                                          2048)
+    assert m.params == _llama_by_hand(32000, h, L, heads, heads, f)
+    if name == "llama-13b":   # Llama 2 13B is the same network at a longer context
+        assert m.params == LLAMA["llama2-13b"][1]
 
 
 @pytest.mark.parametrize("name", sorted(LLAMA) + sorted(LLAMA_TIED))
