@@ -45,7 +45,8 @@ REQUIRED = [
 ROUNDED_TO = {"megatron-gpt-": 0.1e9, "gpt3-175b": 0.1e9,
               "nemotron-h-": 1e9, "nemotron-nano-": 1e9,   # NVIDIA's hybrids: named by the billion
               "mamba2-1.3b": 0.1e9, "mamba2-2.7b": 0.1e9,   # Dao and Gu's Mamba-2: named to 0.1B
-              "llama-": 0.1e9}                               # LLaMA's Table 2: to 0.1B
+              "llama-": 0.1e9,                               # LLaMA's Table 2: to 0.1B
+              "qwen3-1.7b": 0.1e9}                           # Qwen3's model cards: to 0.1B
 
 
 def _llama4_vision_params() -> int:
@@ -538,6 +539,41 @@ def test_nemotron3_parameters_by_hand(name, layers, h, f, heads):
     m = load_model(name)
     assert (m.kv_heads, m.head_dim, m.rotary_dim, m.tied_embeddings) == (heads, 128, 64, False)
     assert m.params == layers * (4 * h * h + 2 * h * f + 2 * h) + 2 * 256000 * h + h
+
+
+# Qwen3's dense models (NeMo 2.5.0 Qwen3Config*): layers, hidden, query heads, FFN, tied; and the
+# non-embedding count each model card gives ("Number of Parameters (Non-Embedding)"), to 0.01B or 0.1B
+QWEN3 = {"qwen3-0.6b": (28, 1024, 16, 3072, True, 0.44e9, 0.01e9),
+         "qwen3-1.7b": (28, 2048, 16, 6144, True, 1.4e9, 0.1e9),
+         "qwen3-4b": (36, 2560, 32, 9728, True, 3.6e9, 0.1e9),
+         "qwen3-8b": (36, 4096, 32, 12288, False, 6.95e9, 0.01e9),
+         "qwen3-14b": (40, 5120, 40, 17408, False, 13.2e9, 0.1e9),
+         "qwen3-32b": (64, 5120, 64, 25600, False, 31.2e9, 0.1e9)}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3))
+def test_qwen3_dense_parameters_by_hand(name):
+    """8 KV heads of width 128 (queries heads x 128 wide, not the hidden width), a 128-wide RMSNorm on
+    the queries and one on the keys, SwiGLU, no biases, a 151,936-token table (shared with the head
+    up to 4B)."""
+    L, h, heads, f, tied, non_embedding, digits = QWEN3[name]
+    q = heads * 128
+    layer = h * q + 2 * h * 8 * 128 + q * h + 2 * 128 + 3 * h * f + 2 * h
+    m = load_model(name)
+    assert (m.kv_heads, m.head_dim, m.qk_norm, m.tied_embeddings) == (8, 128, True, tied)
+    assert m.params == L * layer + h + (1 if tied else 2) * 151936 * h
+    assert abs(L * layer + h - non_embedding) < digits / 2
+
+
+def test_nemo_recipe_names_find_the_shipped_workloads():
+    """NeMo 2.5.0's recipe names (nemo/collections/llm/recipes) of the models phaze ships, as NeMo's
+    command line takes them (``--factory llama31_405b``)."""
+    for recipe, stem in (("llama31_405b", "llama3-405b"), ("llama31_8b", "llama3.1-8b"), ("llama32_1b", "llama3.2-1b"),
+                         ("qwen3_600m", "qwen3-0.6b"), ("qwen3_1p7b", "qwen3-1.7b"), ("qwen3_32b", "qwen3-32b"),
+                         ("mamba2_1_3b", "mamba2-1.3b"), ("nemotron3_22b", "nemotron3-22b"),
+                         ("nemotronh_56b", "nemotron-h-56b"), ("gpt3_175b", "gpt3-175b")):
+        assert find_workload(recipe) == WORKLOADS / f"{stem}.yaml", recipe
+    assert find_workload("llama3_8b_16k") is None   # a long-context recipe: the same network at another length
 
 
 def test_every_catalogued_spelling_names_a_shipped_workload():
