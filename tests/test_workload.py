@@ -184,6 +184,8 @@ LLAMA = {
     "llama3-405b": ((128256, 16384, 126, 128, 8, 53248), 405_853_388_800),
     "llama2-13b": ((32000, 5120, 40, 40, 40, 13824), 13_015_864_320),
 }
+# Mistral 7B v0.1 (Jiang et al. 2023, Table 1), the same layer as Llama's with 8 KV heads
+MISTRAL = {"mistral-7b": ((32000, 4096, 32, 32, 8, 14336), 7_241_732_096)}
 # Llama 3.2's text models share the input and output embeddings (tie_word_embeddings true)
 LLAMA_TIED = {
     "llama3.2-1b": ((128256, 2048, 16, 32, 8, 8192), 1_235_814_400),
@@ -209,10 +211,10 @@ def test_llama1_shapes_from_the_paper_and_code(name):
         assert m.params == LLAMA["llama2-13b"][1]
 
 
-@pytest.mark.parametrize("name", sorted(LLAMA) + sorted(LLAMA_TIED))
+@pytest.mark.parametrize("name", sorted(LLAMA) + sorted(LLAMA_TIED) + sorted(MISTRAL))
 def test_llama_exact_counts(name):
     tied = name in LLAMA_TIED
-    (V, h, L, heads, kv, f), checkpoint = (LLAMA_TIED if tied else LLAMA)[name]
+    (V, h, L, heads, kv, f), checkpoint = (LLAMA_TIED if tied else LLAMA | MISTRAL)[name]
     assert _llama_by_hand(V, h, L, heads, kv, f, tied) == checkpoint
     m = load_model(name)
     assert (m.vocab, m.hidden, m.layers, m.heads, m.kv_heads, m.ffn_hidden) == (V, h, L, heads, kv, f)
