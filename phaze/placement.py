@@ -722,8 +722,7 @@ def tp_problem(model: Model, devices: int, tp: int, options: PlacementOptions) -
     """Why tensor parallelism of width ``tp`` cannot split ``model`` on ``devices`` ('' when it can):
     the heads, KV heads, FFN width and Mamba-2 heads and groups of the layer kinds the model has
     (what :func:`phaze.step.check_plan` asks), the devices, and with sequence parallelism the sequence."""
-    attention = model.attention_layers > 0
-    ffn = not model.hybrid or bool({"-", "E"} & set(model.hybrid_pattern))
+    attention, ffn = model.attention_layers > 0, model.has_ffn
     if (attention and model.heads % tp) or (ffn and model.ffn_hidden % tp):
         return f"{tp} does not divide the heads ({model.heads}) and the FFN width ({model.ffn_hidden})"
     if attention and model.kv_heads % tp and tp % model.kv_heads:

@@ -492,7 +492,7 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
         raise ConfigError("--devices", None, f"must be a positive integer, got {devices}")
     if global_batch < 1:
         raise ConfigError("--global-batch", None, f"must be a positive integer, got {global_batch}")
-    attention, ffn = model.attention_layers > 0, not model.hybrid or bool({"-", "E"} & set(model.hybrid_pattern))
+    attention, ffn = model.attention_layers > 0, model.has_ffn
     if (attention and model.heads % plan.tp) or (ffn and model.ffn_hidden % plan.tp):
         raise ConfigError("--plan", "tp", f"must divide the heads ({model.heads}) and FFN width "
                           f"({model.ffn_hidden}) of {model.name}; allowed: "

@@ -242,6 +242,12 @@ class Model:
         return self.hybrid_pattern.count("*") if self.hybrid else self.layers
 
     @property
+    def has_ffn(self) -> bool:
+        """Whether any layer has an FFN (dense or experts): every transformer, a hybrid with '-' or
+        'E' layers (tensor parallelism must then split the FFN width)."""
+        return not self.hybrid or bool({"-", "E"} & set(self.hybrid_pattern))
+
+    @property
     def gdn_layers(self) -> int:
         """Layers running a Gated DeltaNet mixer (:attr:`linear_attention_interval`)."""
         n = self.linear_attention_interval
