@@ -419,7 +419,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     # width (MLA's are narrower than its keys)
     copied = copies_kv(model, t)
     qkv_read = model.q_dim // t + kv_heads_read(model, t) * (d + dv)
-    ffn_out = model.ffn_hidden * (2 if model.activation == "swiglu" else 1) // t
+    ffn_out = model.ffn_hidden * (2 if model.gated else 1) // t
     f_t = model.ffn_hidden // t
     fused = attention in ("flash", "flash2")
     cp = model.context_parallel
@@ -641,10 +641,11 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 _vector(fb, n(f"{x}.repeat"), T * a_t * width, p, reads=kv_local / a_t, flops_per_element=0)
 
     def activation(fb: _Builder, name: str, elements: float) -> None:
-        """The FFN's element-wise activation: SwiGLU reads its two inputs; GELU and SwiGLU take
-        one transcendental per element, ReLU none."""
-        gated = model.activation == "swiglu"
-        _vector(fb, name, elements, p, reads=2 if gated else 1, flops_per_element=6 if gated else 8,
+        """The FFN's element-wise activation: a gated one (SwiGLU, GeGLU) reads its two inputs;
+        GELU (tanh form, 8 FLOPs), GeGLU (GELU and the product, 9) and SwiGLU (SiLU and the
+        product, 6) take one transcendental per element, ReLU none."""
+        flops = {"swiglu": 6, "geglu": 9}.get(model.activation, 8)
+        _vector(fb, name, elements, p, reads=2 if model.gated else 1, flops_per_element=flops,
                 special_per_element=0 if model.activation == "relu" else 1)
 
     def dense_ffn(fb: _Builder, n, tail: bool = True) -> None:
@@ -703,7 +704,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         recv = lay.load * lay.etp * sent               # tokens the busiest rank's experts see
         per_expert = max(1, math.ceil(recv / local))
         ef = model.expert_ffn // lay.etp
-        gated = model.activation == "swiglu"
+        gated = model.gated
         linear(fb, n("router"), Tm, h, E)
         _vector(fb, n("router_topk"), Tm * E, p, flops_per_element=6, special_per_element=1)
         _vector(fb, n("permute"), sent * h, p, flops_per_element=0)
@@ -825,7 +826,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
         if t > 1 and sp:
             _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * ln2_write * T * h)
-        if model.activation == "swiglu":
+        if model.gated:
             linear(fb, n("ffn_up"), T, h, f_t)
             activation(fb, n(model.activation), T * f_t)
         else:

@@ -114,7 +114,7 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     # to one per query head (kv_repeat copied), the attention keeps the copies
     q, kv, f = model.q_dim, kv_heads_read(model, t) * t * model.head_dim, model.ffn_hidden
     v = kv * model.v_head_dim // model.head_dim          # the values' width (MLA's is narrower)
-    act_inputs = 2 if model.activation == "swiglu" else 1
+    act_inputs = 2 if model.gated else 1
     # Q, K, V, out-proj in (heads x value width), act in, down in
     split = sb * (p * (q + kv + v) + saved["attn_out"] * model.o_dim + p * act_inputs * f
                   + saved["ffn_down"] * f) / t
@@ -221,7 +221,7 @@ def _op_checkpoint_bytes(model: Model, sb: int, t: int, rep: float, attention: s
     p, h, a = model.bytes_per_element, model.hidden, model.heads
     q, kv, f = model.q_dim, kv_width(model, t) * t, model.ffn_hidden
     saved = p * sb * h * rep + p * sb * (q + kv + q + f) / t
-    if model.activation == "swiglu":
+    if model.gated:
         saved += p * sb * h                     # the down projection's output before its reduction
     if attention in ("flash", "flash2"):
         saved += 4.0 * a * sb / t
@@ -240,7 +240,7 @@ def moe_activation_bytes(model: Model, tokens: int, tp: int) -> float:
     Transformer Engine's fp8 (``fp8_casts`` fused or te-linear) the linears keep one fp8 layout of
     their inputs (:func:`_linear_input_bytes`), the shared experts' first linear a copy of the
     router's 16-bit input."""
-    gate = 2 if model.activation == "swiglu" else 1
+    gate = 2 if model.gated else 1
     moe = sum(_expert_tensors(model, tokens, tp))
     dense = tokens * (model.bytes_per_element * gate + _linear_input_bytes(model)) * model.ffn_hidden / tp
     return (model.moe_layers * moe + model.dense_ffn_layers * dense) / model.layers
@@ -253,7 +253,7 @@ def _expert_tensors(model: Model, tokens: float, tp: int) -> tuple[float, float,
     their gate its sigmoid and the output it scales (Megatron-Core's SharedExpertMLP.forward); under
     Transformer Engine's fp8 the shared experts' first linear's fp8 copy of the router's input)."""
     p, h, k = model.bytes_per_element, model.hidden, model.top_k
-    gate = 2 if model.activation == "swiglu" else 1
+    gate = 2 if model.gated else 1
     local = tokens / tp
     lin = _linear_input_bytes(model)
     ef, sf = model.expert_ffn, model.shared_experts * model.shared_ffn

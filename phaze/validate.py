@@ -85,6 +85,8 @@ from .plan import (
 from .step import check_offload, check_plan, evaluate, model_flops_per_sample, stage_split
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import (
+    ACTIVATIONS,
+    GATED_ACTIVATIONS,
     KV_REPEATS,
     PARALLEL_BLOCKS,
     ROTARY_KERNELS,
@@ -917,8 +919,8 @@ def _row_shape_model(row: dict, seq: int, precision: str) -> Model:
                          ("ffn_hidden", "ffn_hidden")):
             if _int(row, col):
                 changes[key] = _int(row, col)
-        if _choice(row, "activation", ("gelu", "relu", "swiglu"), ""):
-            changes["activation"] = _choice(row, "activation", ("gelu", "relu", "swiglu"), "")
+        if _choice(row, "activation", ACTIVATIONS, ""):
+            changes["activation"] = _choice(row, "activation", ACTIVATIONS, "")
         changes["dropout"] = _flag(row, "dropout", named.dropout)
         return dataclasses.replace(with_seq_len(named, seq), **changes)
     ffn = _int(row, "ffn_hidden", 4 * hidden)
@@ -928,8 +930,8 @@ def _row_shape_model(row: dict, seq: int, precision: str) -> Model:
         raise ValueError(f"kv heads {kv} do not divide heads {heads}")
     if not head_dim and hidden % heads:
         raise ValueError(f"heads {heads} do not divide hidden {hidden} and no head_dim is given")
-    activation = _choice(row, "activation", ("gelu", "relu", "swiglu"), "")
-    gated = activation == "swiglu" if activation else ffn % hidden != 0
+    activation = _choice(row, "activation", ACTIVATIONS, "")
+    gated = activation in GATED_ACTIVATIONS if activation else ffn % hidden != 0
     return Model(
         name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv, head_dim=head_dim,
         ffn_hidden=ffn, vocab=_int(row, "vocab") or DEFAULT_VOCAB, seq_len=seq,

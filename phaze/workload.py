@@ -15,6 +15,12 @@ from pathlib import Path
 from .configio import ConfigError, Fields, config_dirs, read_mapping, resolve_config
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+# the FFN's activation: ``gelu`` and ``relu`` (squared ReLU costed as ReLU) between two linears;
+# ``swiglu`` (SiLU) and ``geglu`` (GeLU, Gemma's) gate it: the first linear makes a gate and a
+# value, the activation of the gate times the value (Shazeer 2020, "GLU Variants Improve
+# Transformer")
+ACTIVATIONS = ("gelu", "relu", "swiglu", "geglu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
 # fp8 training's casts: ``fused``, Transformer Engine's modules as Megatron-Core lays out a layer
 # (delayed scaling lets the norm before qkv and the up-projection write fp8, gathered in fp8 under
 # sequence parallelism; transposes for the weight gradients in the backward); ``separate``, a cast
@@ -77,7 +83,7 @@ class Model:
     architecture: str = "decoder"        # decoder (causal LM) | encoder (BERT-style MLM)
     kv_heads: int = 0                    # 0 means = heads (multi-head attention)
     head_dim: int = 0                    # 0 means = hidden / heads
-    activation: str = "gelu"             # gelu | relu | swiglu
+    activation: str = "gelu"             # gelu | relu | swiglu | geglu (ACTIVATIONS)
     position_embedding: str = "learned"  # learned | rotary | alibi
     max_positions: int = 0               # learned table size; 0 means = seq_len
     tied_embeddings: bool = True
@@ -340,8 +346,13 @@ class Model:
         return 2 if self.precision == "fp8" else BYTES_PER_ELEMENT[self.precision]
 
     @property
+    def gated(self) -> bool:
+        """A gated FFN (SwiGLU, GeGLU): the first linear makes a gate and a value, multiplied."""
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
     def ffn_matrices(self) -> int:
-        return 3 if self.activation == "swiglu" else 2
+        return 3 if self.gated else 2
 
     # --- parameter counts -----------------------------------------------------------------
     @property
@@ -621,8 +632,11 @@ def narayanan_flops_per_step(model: Model, global_batch: int, full_recompute: bo
 
 
 # --- loading --------------------------------------------------------------------------------
-_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu",
-                "relu": "relu", "swiglu": "swiglu", "silu": "swiglu"}
+# a Hugging Face config's activation (hidden_act, hidden_activation or activation_function), by
+# whether its type's FFN is gated (_HF_GATED) or not
+_GELUS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python", "gelu_accurate")
+_ACTIVATIONS = {**dict.fromkeys(_GELUS, "gelu"), "relu": "relu"}
+_GATED = {**dict.fromkeys(_GELUS, "geglu"), "silu": "swiglu", "swish": "swiglu", "swiglu": "swiglu"}
 
 
 def _model_from_yaml(data: dict, source: str) -> Model:
@@ -641,7 +655,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         name=name, architecture=architecture, layers=layers, hidden=hidden, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim,
         ffn_hidden=f.int("ffn_hidden"),
-        activation=f.choice("activation", ("gelu", "relu", "swiglu"), "gelu"),
+        activation=f.choice("activation", ACTIVATIONS, "gelu"),
         vocab=f.int("vocab"), seq_len=f.int("seq_len"),
         position_embedding=position,
         max_positions=f.int("max_positions", 0, minimum=0),
@@ -877,6 +891,24 @@ _HF_NOT_MODELLED = {
 }
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next")
+# the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
+# modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
+# gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
+_HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "phi3",
+             "deepseek_v3", "gpt_oss", "llama4_text")
+# ... and two linears around the activation
+_HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
+             "gpt_bigcode", "starcoder2")
+# where a sliding window applies (transformers 5.25.0): Mistral, Mixtral, Phi-3 and StarCoder2 in
+# every layer whenever ``sliding_window`` is set; Qwen2, Qwen3 and Qwen3-MoE only under
+# ``use_sliding_window`` (Qwen2 and Qwen3 from layer ``max_window_layers`` on, or as
+# ``layer_types`` marks them); GPT-OSS in the layers ``layer_types`` marks (every other one by
+# default); the other types have no window
+_HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2")
+# types whose configuration ties the output head to the token table by default (transformers
+# 5.25.0's ``tie_word_embeddings`` default; the others keep them apart)
+_HF_TIED = ("gemma", "gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_bigcode", "starcoder2")
+_HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe")
 
 
 def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, source: str) -> dict:
@@ -921,11 +953,34 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         notes.append("Llama 4: the rotary embedding is costed in every layer (its global layers have none)")
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
-        kinds = cfg.get("layer_types") or []
-        share = sum(k == "sliding_attention" for k in kinds) / len(kinds) if kinds else 0.5
-        out["window_layer_share"] = share
         notes.append("GPT-OSS: the SwiGLU clamp and the attention sinks add no GEMM work")
     return out
+
+
+def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
+    """(sliding window, share of the layers it applies to) of a Hugging Face config, as
+    transformers 5.25.0 applies ``sliding_window`` (:data:`_HF_WINDOW_ALL`,
+    :data:`_HF_WINDOW_OPT_IN`, GPT-OSS's ``layer_types``); (0, 1.0) without one."""
+    window = cfg.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return 0, 1.0
+    if mtype in _HF_WINDOW_ALL:
+        return window, 1.0
+    if mtype in _HF_WINDOW_OPT_IN and not cfg.get("use_sliding_window"):
+        return 0, 1.0
+    if mtype not in _HF_WINDOW_OPT_IN + ("gpt_oss",):
+        return 0, 1.0
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list) and kinds:
+        sliding = sum(k == "sliding_attention" for k in kinds)
+    elif mtype == "gpt_oss":
+        sliding = sum(1 for i in range(layers) if (i + 1) % 2)
+    elif mtype == "qwen3_moe":
+        sliding = layers
+    else:
+        start = cfg.get("max_window_layers")
+        sliding = layers - min(layers, start if isinstance(start, int) and start >= 0 else 28)
+    return (window, sliding / layers) if sliding and layers else (0, 1.0)
 
 
 def _hf_moe_pattern(cfg: dict, layers: int, dense: int, notes: list) -> dict:
@@ -1060,6 +1115,11 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         raise ConfigError(source, "model_type", f"{mtype!r} has {_HF_NOT_MODELLED[mtype]}, which phaze does not "
                                                 f"model; allowed: transformers (attention and FFN layers), "
                                                 f"nemotron_h and mamba2 (Mamba-2 layers)")
+    if mtype not in _HF_GATED + _HF_PLAIN:
+        known = ", ".join(sorted(_HF_GATED + _HF_PLAIN + ("mamba2", "nemotron_h")))
+        raise ConfigError(source, "model_type", f"{'got ' + repr(mtype) if mtype else 'missing'}: phaze reads only "
+                                                f"the types whose norms, biases, gating and experts it knows: "
+                                                f"{known}; a workload YAML describes any other model")
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     heads = _first(cfg, "num_attention_heads", "n_head", "n_heads")
@@ -1074,31 +1134,37 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
             kv_heads = cfg.get("num_kv_heads") or heads
         elif cfg.get("multi_query", True):
             kv_heads = 1
+    if mtype == "gpt_bigcode" and cfg.get("multi_query", True):   # StarCoder's and SantaCoder's one KV head
+        kv_heads = 1
     ffn = _first(cfg, "intermediate_size", "n_inner", "ffn_dim", "d_ff")
     if ffn is None and cfg.get("expansion_ratio"):
         ffn = int(cfg["expansion_ratio"] * hidden)
     ffn = ffn or 4 * hidden
-    act = str(_first(cfg, "hidden_act", "activation_function", default="gelu")).lower()
-    if mtype in ("llama", "mistral", "qwen2", "gemma") + _HF_MOE_TYPES:
-        act = "swiglu"
-    activation = _ACTIVATIONS.get(act)
+    key = next((k for k in ("hidden_activation", "hidden_act", "activation_function") if cfg.get(k) is not None),
+               "hidden_act")
+    gated = mtype in _HF_GATED
+    act = str(cfg.get(key, "silu" if gated else "gelu")).lower()   # GPT-OSS names none: its experts' SwiGLU
+    activation = (_GATED if gated else _ACTIVATIONS).get(act)
     if activation is None:
-        raise ConfigError(source, "hidden_act", f"must be one of {', '.join(_ACTIVATIONS)}, got {act!r}")
+        raise ConfigError(source, key, f"must be one of {', '.join(_GATED if gated else _ACTIVATIONS)} for "
+                                       f"{mtype!r} ({'a gated' if gated else 'an ungated'} FFN), got {act!r}")
     max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
     alibi = bool(attn_cfg.get("alibi")) or mtype in ("bloom",) or (mtype == "falcon" and bool(cfg.get("alibi")))
     rotary = not alibi and (mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma", "gptj", "falcon", "phi",
-                                      "codegen") + _HF_MOE_TYPES
-                            or "rope_theta" in cfg or bool(attn_cfg.get("rope")))  # MPT: RoPE in attn_config
+                                      "codegen", "phi3", "starcoder2") + _HF_MOE_TYPES
+                            or "rope_theta" in cfg or isinstance(cfg.get("rope_parameters"), dict)
+                            or bool(attn_cfg.get("rope")))  # MPT: RoPE in attn_config
     if mtype == "mpt" and not alibi and not rotary:
         position = "learned"
     else:
         position = "rotary" if rotary else ("alibi" if alibi else "learned")
     encoder = mtype in ("bert", "roberta")
-    norm = "rmsnorm" if ("rms_norm_eps" in cfg or mtype in ("llama", "mistral") + _HF_MOE_TYPES) else "layernorm"
-    bias = (not cfg.get("no_bias", False) and norm == "layernorm"
-            and mtype not in ("llama", "mistral") + _HF_MOE_TYPES)
+    norm = "rmsnorm" if gated else "layernorm"   # every gated type's norms are RMSNorms, no other type's
+    bias = not gated and not cfg.get("no_bias", False)
     if mtype == "falcon":   # Falcon's ``bias`` switches its linears' biases (its LayerNorms keep theirs)
         bias = bool(cfg.get("bias", False))
+    if mtype == "starcoder2":   # StarCoder2's ``use_bias`` switches its linears' (its LayerNorms keep theirs)
+        bias = bool(cfg.get("use_bias", True))
     proj = cfg.get("word_embed_proj_dim") or 0
     post = (mtype == "opt" and cfg.get("do_layer_norm_before") is False) or encoder
     dtype = str(cfg.get("torch_dtype", "bfloat16"))
@@ -1114,10 +1180,19 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     else:
         seq = 2048
         notes.append("sequence length 2048: the config gives no context length; --seq-len sets it")
-    qkv_bias = (mtype == "qwen2" or (mtype == "gpt_oss" and bool(cfg.get("attention_bias")))) and not bias
+    # a gated type's attention_bias puts biases on q, k, v and the output projection (transformers'
+    # LlamaAttention and its kin, GPT-OSS's); Qwen2 always has q, k and v biases, never others
+    attn_bias = gated and bool(cfg.get("attention_bias"))
+    if attn_bias and mtype == "deepseek_v3":
+        raise ConfigError(source, "attention_bias", "must be false for deepseek_v3: biases on MLA's projections "
+                                                    "are not modelled")
+    if gated and cfg.get("mlp_bias"):
+        raise ConfigError(source, "mlp_bias", "must be false: biases on a gated FFN's projections are not modelled")
+    qkv_bias = mtype == "qwen2" or attn_bias
     if qkv_bias:
-        which = (f"GPT-OSS; its output projection's bias, {hidden} per layer, is not counted"
-                 if mtype == "gpt_oss" else "Qwen2")
+        which = "Qwen2" if mtype == "qwen2" else (
+            f"{'GPT-OSS' if mtype == 'gpt_oss' else 'attention_bias'}; its output projection's bias, {hidden} "
+            f"per layer, is not counted")
         notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
     extra = _hf_moe_fields(cfg, mtype, ffn, layers, notes, source)
     block = _hf_parallel_block(cfg, mtype)
@@ -1129,10 +1204,12 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append("Falcon: linears without biases; its LayerNorms' biases, 2 x hidden per norm, are not counted")
     if mtype == "gptj":
         notes.append("GPT-J: its attention projections' missing biases are counted as its FFN's are")
-    window = cfg.get("sliding_window")
-    if (cfg.get("use_sliding_window", mtype in ("mistral", "gpt_oss")) is False or not isinstance(window, int)
-            or window <= 0):
-        window = 0
+    if mtype == "gemma":
+        notes.append("Gemma: the embedding's scaling by the square root of the width (one element-wise pass) "
+                     "is not costed")
+    window, share = _hf_window(cfg, mtype, layers)
+    if window and share < 1:
+        extra["window_layer_share"] = share
     if window or extra.get("attention_chunk"):
         notes.append(local_attention_phrase(window, extra.get("attention_chunk", 0),
                                             extra.get("window_layer_share", 1.0))
@@ -1142,7 +1219,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     rot_dim = 0
     if position == "rotary":
         width = extra.get("head_dim", 0) or cfg.get("head_dim") or hidden // heads
-        share = _first(cfg, "rotary_pct", "partial_rotary_factor", default=1.0)
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        share = _first(cfg, "rotary_pct", "partial_rotary_factor", default=rope.get("partial_rotary_factor", 1.0))
         rot_dim = cfg.get("rotary_dim") if isinstance(cfg.get("rotary_dim"), int) else int(width * share) // 2 * 2
         rot_dim = rot_dim if 0 < rot_dim < width else 0
         if rot_dim:
@@ -1155,7 +1233,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         activation=activation,
         vocab=cfg["vocab_size"], seq_len=seq, position_embedding=position,
         max_positions=(max_pos + (2 if mtype == "opt" else 0)) if position == "learned" else 0,
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", mtype not in ("llama", "mistral") + _HF_MOE_TYPES)),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", mtype in _HF_TIED)),
         norm=norm, norm_position="post" if post else "pre", bias=bias,
         dropout=bool(_first(cfg, "attention_probs_dropout_prob", "attn_pdrop", "dropout",
                             "attention_dropout", default=0.0)),

@@ -102,6 +102,25 @@ def test_gqa_and_swiglu_shapes():
     assert up.gemm[3] == 2 * 28672 // 8
 
 
+def test_geglu_is_swiglus_shapes_with_gelus_arithmetic():
+    """GeGLU (Gemma's FFN) has SwiGLU's shapes: a gate and a value from the first linear, both read
+    by the activation; its element-wise op is a tanh-form GELU (8 FLOPs) and the product (1), where
+    SwiGLU's SiLU and product take 6. Every GEMM is the same, in both directions."""
+    swiglu = load_model("llama2-7b")
+    geglu = dataclasses_replace(swiglu, activation="geglu")
+    a, b = layer_graph(swiglu, 1, 2, True, "flash", "full"), layer_graph(geglu, 1, 2, True, "flash", "full")
+    for ops_a, ops_b in ((a.fwd, b.fwd), (a.bwd, b.bwd)):
+        assert [o.gemm for o in ops_a if o.gemm] == [o.gemm for o in ops_b if o.gemm]
+    act_a = next(o for o in a.fwd if o.name == "swiglu")
+    act_b = next(o for o in b.fwd if o.name == "geglu")
+    assert act_a.elements == act_b.elements == 4096 * 11008 // 2       # 4,096 tokens, tp 2
+    assert (act_a.flops, act_b.flops) == (6 * act_a.elements, 9 * act_b.elements)
+    assert (act_b.bytes_read, act_b.bytes_written) == (act_a.bytes_read, act_a.bytes_written) \
+        == (2 * 2 * act_a.elements, 2 * act_a.elements)     # two 16-bit inputs read, one output written
+    assert [o.name for o in b.bwd if "geglu" in o.name] == ["recompute.geglu", "geglu.bwd"]
+    assert geglu.params == swiglu.params
+
+
 def test_logits_flops(gpt3):
     e = edge_graph(gpt3, 1, 1, False)
     T, h, V = 2048, 12288, 50257

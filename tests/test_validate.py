@@ -309,6 +309,15 @@ def test_ffn_not_a_multiple_of_hidden_is_swiglu():
     assert c.model.activation == "swiglu" and c.model.ffn_hidden == 28672
 
 
+def test_a_geglu_column_is_gated_with_a_gated_models_defaults():
+    """``activation`` geglu (Gemma's FFN) is gated as swiglu is: three FFN matrices, rotary
+    positions, RMSNorms and no biases, whatever multiple of the width the FFN is."""
+    c = synthetic_case(ffn_hidden="4096", activation="geglu")
+    assert (c.model.activation, c.model.ffn_matrices, c.model.norm, c.model.bias, c.model.position_embedding) == \
+        ("geglu", 3, "rmsnorm", False, "rotary")
+    assert c.model.params == synthetic_case(ffn_hidden="4096", activation="swiglu").model.params
+
+
 def test_kv_heads_from_column():
     assert synthetic_case(kv_heads="4").model.kv_heads == 4
     assert synthetic_case().model.kv_heads == 16

@@ -567,13 +567,29 @@ def test_qwen3_dense_parameters_by_hand(name):
     assert abs(L * layer + h - non_embedding) < digits / 2
 
 
+@pytest.mark.parametrize("name,layers,h,heads,kv,f,non_embedding", [
+    ("gemma-2b", 18, 2048, 8, 1, 16384, 1_981_884_416),
+    ("gemma-7b", 28, 3072, 16, 16, 24576, 7_751_248_896)])
+def test_gemma_parameters_by_hand(name, layers, h, heads, kv, f, non_embedding):
+    """Gemma (the report's Table 1): heads of 256 (queries heads x 256 wide), a GeGLU FFN (gate, value
+    and down: three matrices), two RMSNorms a layer and a final one, no biases, a tied 256,000-row
+    table; the non-embedding count is exactly the report's Table 2."""
+    m = load_model(name)
+    q, k = heads * 256, kv * 256
+    layer = h * q + 2 * h * k + q * h + 3 * h * f + 2 * h
+    assert (m.activation, m.head_dim, m.kv_heads, m.tied_embeddings, m.bias) == ("geglu", 256, kv, True, False)
+    assert m.layers == layers and layers * layer + h == non_embedding
+    assert m.params == non_embedding + 256000 * h
+
+
 def test_nemo_recipe_names_find_the_shipped_workloads():
     """NeMo 2.5.0's recipe names (nemo/collections/llm/recipes) of the models phaze ships, as NeMo's
     command line takes them (``--factory llama31_405b``)."""
     for recipe, stem in (("llama31_405b", "llama3-405b"), ("llama31_8b", "llama3.1-8b"), ("llama32_1b", "llama3.2-1b"),
                          ("qwen3_600m", "qwen3-0.6b"), ("qwen3_1p7b", "qwen3-1.7b"), ("qwen3_32b", "qwen3-32b"),
                          ("mamba2_1_3b", "mamba2-1.3b"), ("nemotron3_22b", "nemotron3-22b"),
-                         ("nemotronh_56b", "nemotron-h-56b"), ("gpt3_175b", "gpt3-175b")):
+                         ("nemotronh_56b", "nemotron-h-56b"), ("gpt3_175b", "gpt3-175b"),
+                         ("gemma_2b", "gemma-2b"), ("gemma_7b", "gemma-7b"), ("codegemma_7b", "gemma-7b")):
         assert find_workload(recipe) == WORKLOADS / f"{stem}.yaml", recipe
     assert find_workload("llama3_8b_16k") is None   # a long-context recipe: the same network at another length
 
@@ -644,3 +660,129 @@ def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
            "vocab_size": 50000}
     with pytest.raises(ConfigError, match="model_type.*which phaze does not model"):
         model_from_hf_config(cfg)
+
+
+@pytest.mark.parametrize("mtype", ["gemma2", "qwen2_moe", "olmoe", "deepseek_v2", "gpt_neo", ""])
+def test_hugging_face_types_phaze_does_not_read_are_refused(mtype):
+    """A transformer type outside phaze's table (its sandwich norms, experts or local layers would
+    be read as the nearest type's: Gemma 2's GeGLU as a plain GELU, Qwen2-MoE's experts as a dense
+    FFN) is refused naming model_type and the types phaze reads."""
+    cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+           "vocab_size": 50000, "num_experts": 60, "intermediate_size": 5632}
+    with pytest.raises(ConfigError, match=r"model_type.*(got|missing).*phaze reads only.*llama, llama4_text"):
+        model_from_hf_config(cfg)
+
+
+def test_hf_gemma_is_geglu_by_hand():
+    """transformers 5.25.0 GemmaConfig's defaults (google/gemma-7b): 28 layers of width 3,072, 16
+    heads of 256 (queries 4,096 wide), a gated FFN of 24,576 under gelu_pytorch_tanh (GeGLU), a
+    256,000-token table tied to the head, RMSNorms: 8,537,680,896 parameters (Gemma Team 2024:
+    "7B", 8.54B with the embeddings)."""
+    cfg = dict(model_type="gemma", vocab_size=256000, hidden_size=3072, intermediate_size=24576,
+               num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=16, head_dim=256,
+               hidden_act="gelu_pytorch_tanh", max_position_embeddings=8192, rms_norm_eps=1e-6)
+    m = model_from_hf_config(cfg)
+    V, h, L, f, q = 256000, 3072, 28, 24576, 4096
+    assert m.params == V * h + L * (4 * h * q + 3 * h * f + 2 * h) + h == 8_537_680_896
+    assert (m.activation, m.gated, m.ffn_matrices, m.head_dim, m.tied_embeddings, m.norm, m.bias) == \
+        ("geglu", True, 3, 256, True, "rmsnorm", False)
+    assert any("square root of the width" in n for n in m.notes)
+    # the same FFN under silu is SwiGLU: same shapes, same parameters
+    silu = model_from_hf_config({**cfg, "hidden_act": "silu"})
+    assert silu.activation == "swiglu" and silu.params == m.params
+
+
+@pytest.mark.parametrize("mtype,act,key", [("llama", "relu", "hidden_act"), ("gemma", "tanh", "hidden_act"),
+                                           ("gpt2", "silu", "activation_function"), ("phi", "swish", "hidden_act")])
+def test_hf_activation_outside_the_types_ffn_is_refused(mtype, act, key):
+    """A gated type takes SiLU (SwiGLU) or a GELU (GeGLU); an ungated one a GELU or ReLU. Anything
+    else (a ReGLU Llama, an ungated SiLU) is refused naming the key, not costed as the nearest."""
+    cfg = {"model_type": mtype, "hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+           "vocab_size": 1000, key: act}
+    with pytest.raises(ConfigError, match=rf"{key}.*for '{mtype}'.*got '{act}'"):
+        model_from_hf_config(cfg)
+
+
+def test_hf_phi3_starcoder2_and_gpt_bigcode_by_hand():
+    """Three types read as transformers 5.25.0 builds them, each counted by hand: Phi-3-mini (a
+    fused gate_up_proj, SiLU, RMSNorms, no biases, untied by default; its 2,047-token window in
+    every layer): 3,821,079,552; StarCoder2 (Starcoder2Config's defaults: a plain GELU FFN and
+    linears with biases, LayerNorms, 2 KV heads, tied; the window in every layer); GPTBigCode
+    (GPTBigCodeConfig's defaults: multi-query, one KV head of 64 in c_attn, learned positions)."""
+    phi3 = model_from_hf_config(dict(
+        model_type="phi3", vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, hidden_act="silu", max_position_embeddings=4096,
+        sliding_window=2047))
+    V, h, L, f = 32064, 3072, 32, 8192
+    assert phi3.params == 2 * V * h + L * (4 * h * h + 3 * h * f + 2 * h) + h == 3_821_079_552
+    assert (phi3.activation, phi3.norm, phi3.bias, phi3.tied_embeddings) == ("swiglu", "rmsnorm", False, False)
+    assert (phi3.sliding_window, phi3.window_layer_share, phi3.position_embedding) == (2047, 1.0, "rotary")
+    sc2 = model_from_hf_config(dict(
+        model_type="starcoder2", vocab_size=49152, hidden_size=3072, intermediate_size=12288,
+        num_hidden_layers=30, num_attention_heads=24, num_key_value_heads=2, hidden_act="gelu_pytorch_tanh",
+        max_position_embeddings=4096, sliding_window=4096))
+    V, h, L, f, kv = 49152, 3072, 30, 12288, 2 * 128
+    per_layer = 2 * 2 * h + h * (h + 2 * kv) + (h + 2 * kv) + h * h + h + h * f + f + f * h + h
+    assert sc2.params == V * h + L * per_layer + 2 * h
+    assert (sc2.activation, sc2.norm, sc2.bias, sc2.tied_embeddings, sc2.kv_heads) == \
+        ("gelu", "layernorm", True, True, 2)
+    assert (sc2.sliding_window, sc2.window_layer_share) == (4096, 1.0)
+    assert not model_from_hf_config(dict(
+        model_type="starcoder2", vocab_size=49152, hidden_size=3072, num_hidden_layers=30,
+        num_attention_heads=24, use_bias=False)).bias
+    big = model_from_hf_config(dict(model_type="gpt_bigcode", vocab_size=50257, n_positions=1024, n_embd=768,
+                                    n_layer=12, n_head=12))
+    V, P, h, L, kv = 50257, 1024, 768, 12, 64
+    per_layer = 2 * h + h * (h + 2 * kv) + (h + 2 * kv) + h * h + h + 2 * h + h * 4 * h + 4 * h + 4 * h * h + h
+    assert big.params == V * h + P * h + L * per_layer + 2 * h == 111_446_784
+    assert (big.kv_heads, big.activation, big.position_embedding, big.tied_embeddings) == (1, "gelu", "learned", True)
+
+
+@pytest.mark.parametrize("cfg,expected", [
+    # Mistral, Mixtral, Phi-3, StarCoder2: every layer whenever sliding_window is set
+    (dict(model_type="mistral", sliding_window=4096), (4096, 1.0)),
+    (dict(model_type="mistral", sliding_window=None), (0, 1.0)),
+    (dict(model_type="mixtral", sliding_window=4096, num_local_experts=8, num_experts_per_tok=2), (4096, 1.0)),
+    # Qwen2 and Qwen3 only under use_sliding_window, from layer max_window_layers on
+    (dict(model_type="qwen2", sliding_window=4096), (0, 1.0)),
+    (dict(model_type="qwen2", sliding_window=4096, use_sliding_window=True, max_window_layers=24), (4096, 0.25)),
+    (dict(model_type="qwen3", sliding_window=4096, use_sliding_window=True,
+          layer_types=["full_attention"] * 24 + ["sliding_attention"] * 8), (4096, 0.25)),
+    # GPT-OSS: every other layer by default, else as layer_types marks them
+    (dict(model_type="gpt_oss", sliding_window=128, num_local_experts=32, num_experts_per_tok=4), (128, 0.5)),
+    # Llama has no window whatever the config says
+    (dict(model_type="llama", sliding_window=4096), (0, 1.0)),
+])
+def test_hf_sliding_window_as_transformers_applies_it(cfg, expected):
+    """transformers 5.25.0 applies ``sliding_window`` by type (its modeling files): phaze reads the
+    window and the share of layers that use it the same way."""
+    base = {"hidden_size": 512, "num_hidden_layers": 32, "num_attention_heads": 8, "vocab_size": 1000,
+            "intermediate_size": 1024}
+    m = model_from_hf_config({**base, **cfg})
+    assert (m.sliding_window, m.window_layer_share) == expected
+
+
+@pytest.mark.parametrize("mtype,tied", [("qwen2", False), ("gpt_neox", False), ("phi", False), ("gemma", True),
+                                        ("gpt2", True), ("starcoder2", True), ("llama", False)])
+def test_hf_tied_head_defaults_to_the_types(mtype, tied):
+    """A config that does not say ``tie_word_embeddings`` takes its type's default (transformers
+    5.25.0's configuration classes), which sets whether the head's parameters count twice."""
+    m = model_from_hf_config({"model_type": mtype, "hidden_size": 512, "num_hidden_layers": 2,
+                              "num_attention_heads": 8, "vocab_size": 1000})
+    assert m.tied_embeddings is tied
+
+
+def test_hf_attention_and_mlp_biases_of_a_gated_type():
+    """A Llama-type config with ``attention_bias`` has q, k, v and output biases (transformers 5.25.0
+    LlamaAttention): the q, k, v biases are counted and a note says the output's is not; ``mlp_bias``
+    (biases on a gated FFN) and MLA's ``attention_bias`` are refused naming the key."""
+    base = {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "vocab_size": 1000, "intermediate_size": 1024}
+    plain, biased = model_from_hf_config(base), model_from_hf_config({**base, "attention_bias": True})
+    assert biased.qkv_bias and not plain.qkv_bias
+    assert biased.params - plain.params == 2 * (512 + 2 * 128)
+    assert any("output projection's bias, 512 per layer, is not counted" in n for n in biased.notes)
+    with pytest.raises(ConfigError, match="mlp_bias.*must be false"):
+        model_from_hf_config({**base, "mlp_bias": True})
+    with pytest.raises(ConfigError, match="attention_bias.*MLA"):
+        model_from_hf_config({**base, "model_type": "deepseek_v3", "attention_bias": True})
