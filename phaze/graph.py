@@ -546,13 +546,13 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
     def mamba_mixer(fb: _Builder, n, tail: bool = True) -> None:
         """A Mamba-2 mixer (Megatron-Core 0.16 MambaMixer, its training path: the norm fused
-        into the input projection, mamba_ssm's split-conv1d-scan kernel, the gated RMSNorm, the
+        into the input projection, mamba_ssm's split-conv1d-scan kernel, the group RMSNorm, the
         output projection), on a tp rank's heads and groups: the input projection (z, x, B, C,
         dt), the depthwise causal convolution and SiLU over x, B and C, dt's softplus and
         cumulative decay, then the SSD scan by chunks of Q tokens (Dao and Gu 2024, Sec. 7, its
         four products: C·Bᵀ within a chunk for each group, each chunk's state Bᵀ·X, the output
         from the states before it C·h, and within it (L∘C·Bᵀ)·X, for each head), the states
-        passed from chunk to chunk, the skip D·x and the gate by SiLU(z), the group norm, the
+        passed from chunk to chunk, the skip D·x and the gate by SiLU(z) in the scan's kernel, the group norm, the
         output projection and its reduction, the residual. The chunk's causal decay mask L
         (an exp a head and pair of positions) is computed inside the scan's kernel and not
         costed."""
@@ -572,7 +572,11 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 flops_per_element=2)
         _gemm(fb, n("ssd_y_off"), chunks * H, Q, N, P, p, weights=False)
         _gemm(fb, n("ssd_y_diag"), chunks * H, Q, Q, P, p, weights=False)
-        _vector(fb, n("ssd_gate"), T * d_t, p, reads=3, flops_per_element=6, special_per_element=1)
+        # the gate by SiLU(z) inside the chunk scan's kernel, with the skip D·x (Megatron-Core 0.16
+        # _ssm_training calls mamba_split_conv1d_scan_combined without rmsnorm_weight, so mamba_ssm
+        # 2.2.4 passes z to _mamba_chunk_scan_combined_fwd): beyond an ungated scan, z read and the
+        # gated output written beside the ungated one the backward keeps
+        _vector(fb, n("ssd_gate"), T * d_t, p, reads=1, writes=1, flops_per_element=6, special_per_element=1)
         _vector(fb, n("mamba_norm"), T * d_t, p, flops_per_element=8)
         linear(fb, n("mamba_out"), T, d_t, h, gemm=tail)
         if t > 1 and tail:
@@ -937,6 +941,13 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             # the copies' gradients summed back over each group of query heads
             grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.elements, elements=op.elements,
                            bytes_read=op.bytes_written, bytes_written=op.bytes_read),)
+            continue
+        if op.name == "ssd_gate":
+            # mamba_ssm's _chunk_scan_bwd_dz: reads the output's gradient, the saved ungated output
+            # and z, writes z's gradient and the ungated output's, which the scan's backward reads
+            grad = (_vector(bb, "ssd_gate.bwd", op.elements, p, reads=3, writes=2,
+                            flops_per_element=op.flops / op.elements, deps=grad,
+                            special_per_element=op.special / op.elements),)
             continue
         if op.unit == "vector":
             grad = (_vector(bb, f"{op.name}.bwd", op.elements, p, reads=2 * op.bytes_read / (p * op.elements),

@@ -455,3 +455,22 @@ def test_schedule_cli_schedules_an_moe_layer_of_a_hybrid(capsys):
     assert main(["schedule", "--workload", "nemotron-h-8b", "--arch", "h100-sxm", "--layer-kind", "moe"]) == 2
     err = capsys.readouterr().err
     assert "--layer-kind" in err and "allowed: mamba, attention, mlp" in err
+
+
+def test_the_mamba_gate_runs_inside_the_chunk_scan():
+    """Megatron-Core 0.16's training path calls mamba_split_conv1d_scan_combined without
+    rmsnorm_weight, so mamba_ssm 2.2.4 passes z to the chunk scan: the SiLU gate (and the D skip) run
+    in the scan's kernel, which then reads z and writes the gated output beside the ungated one
+    (one element each, 16-bit, per token and channel); its backward (_chunk_scan_bwd_dz) reads the
+    output's gradient, the ungated output and z and writes both gradients. The group norm after it
+    is a pass of its own (Megatron's self.norm(y), RMSNormGated without z)."""
+    t = 2
+    d = 128 // t * 64
+    g = layer_graph(kind(H8, "M"), 1, t, True, "flash", "none")
+    gate = next(o for o in g.fwd if o.name == "ssd_gate")
+    back = next(o for o in g.bwd if o.name == "ssd_gate.bwd")
+    assert gate.elements == back.elements == S * d
+    assert (gate.bytes_read, gate.bytes_written) == (2 * S * d, 2 * S * d)
+    assert (back.bytes_read, back.bytes_written) == (3 * 2 * S * d, 2 * 2 * S * d)
+    norm = next(o for o in g.fwd if o.name == "mamba_norm")
+    assert (norm.bytes_read, norm.bytes_written) == (2 * S * d, 2 * S * d)
