@@ -417,14 +417,18 @@ FRAMEWORKS = {f.name: f for f in (
 )}
 
 # Spellings of each framework in a free ``framework`` column, tried in this order (a NeMo run
-# names Megatron-Core too, so NeMo is matched first).
+# names Megatron-Core too, so NeMo is matched first). EleutherAI's GPT-NeoX library is
+# Megatron-LM's model code under DeepSpeed's engine (Black et al. 2022, "GPT-NeoX-20B", Sec. 3:
+# built on Megatron and DeepSpeed; assumption: the preset's DeepSpeed 0.9.5 settings for its own
+# fork of DeepSpeed), so it takes ``megatron-deepspeed``.
 _ALIASES = (
     ("torchtitan", ("torchtitan",)),
     ("maxtext", ("maxtext",)),
     ("llm-foundry", ("llm-foundry", "llmfoundry", "foundry", "composer", "mosaicml")),
     ("nemo-megatron", ("nemo-megatron", "nemo megatron", "nemo_megatron")),
     ("nemo", ("nemo",)),
-    ("megatron-deepspeed", ("megatron-deepspeed", "megatron deepspeed", "deepspeed")),
+    ("megatron-deepspeed", ("megatron-deepspeed", "megatron deepspeed", "deepspeed", "gpt-neox", "gpt neox",
+                            "gptneox")),
     ("megatron-core", ("megatron-core", "megatron core", "mcore")),
     ("megatron-lm", ("megatron-lm", "megatron lm", "megatron")),
 )
