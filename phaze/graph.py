@@ -422,6 +422,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     ffn_out = model.ffn_hidden * (2 if model.gated else 1) // t
     f_t = model.ffn_hidden // t
     fused = attention in ("flash", "flash2")
+    cap = 1 if model.attention_softcap else 0   # a soft-capped score: one tanh and 2 FLOPs more (Gemma 2)
     cp = model.context_parallel
     sk = s * cp                         # keys each query sees: the cp ring brings every K/V block
     work = attention_work_fraction(model) if fused else 1.0
@@ -530,6 +531,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if t > 1 and (tail or not last):
             _tp_reduce(fb, n(out), p * T * h, sp)
         if tail or not last:
+            if model.sandwich_norm:   # Gemma 2: the reduced output normed before the residual add
+                _vector(fb, n("attn_post_norm"), Tn * h, p, flops_per_element=8)
             _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
         if last:
             return
@@ -539,6 +542,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         else:
             dense_ffn(fb, n, tail)
         if tail:
+            if model.sandwich_norm:
+                _vector(fb, n("ffn_post_norm"), Tn * h, p, flops_per_element=8)
             _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
 
     rot, rw = rotary_kernels(model), model.rotated_width
@@ -749,7 +754,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             # keys and values (d + dv wide) against the resident query tile, so the tile model's
             # N is d + dv: one product that moves the keys and values, not the queries or the
             # probabilities (FlashAttention-2, Dao 2023, Algorithm 1; phaze.cost._gemm_geometry's
-            # ``fused``). The online softmax takes one exp and ~5 FLOPs per score. Under context parallelism
+            # ``fused``). The online softmax takes one exp and ~5 FLOPs per score (a soft-cap, Gemma
+            # 2's, one tanh and 2 more: FlashAttention 2.6's softcap). Under context parallelism
             # one kernel per ring step of local queries against one s x s block of keys (ring_steps)
             scores = b * a_t * s * s
             if cp > 1 and model.context_parallel_comm in ("all_gather", "a2a"):
@@ -759,8 +765,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 heads, rows = (a_t // cp, s * cp) if model.context_parallel_comm == "a2a" else (a_t, s)
                 kv_read = (qkv_read - model.q_dim // t) * (cp if model.context_parallel_comm == "all_gather" else 1)
                 fb.add(n(_ring_name(0)), "tensor+vector", flops=cp * flops, work_fraction=work,
-                       gemm=(b * heads, rows, sk, d + dv), elements=cp * scores, special=cp * scores,
-                       vector_flops=5 * cp * scores, bytes_read=p * T * (a_t * d + kv_read),
+                       gemm=(b * heads, rows, sk, d + dv), elements=cp * scores, special=(1 + cap) * cp * scores,
+                       vector_flops=(5 + 2 * cap) * cp * scores, bytes_read=p * T * (a_t * d + kv_read),
                        bytes_written=p * T * a_t * dv, core_attention=True, operand_reuse=reuse,
                        value_width=dv)
                 return
@@ -777,7 +783,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 m = max(1, len(ring))
                 fb.add(n(_ring_name(k)), "tensor+vector", flops=m * g * flops,
                        work_fraction=step_work, gemm=(m * b * a_t // g, s * g, s * g, d + dv), elements=m * g * scores,
-                       special=m * g * scores, vector_flops=5 * m * g * scores, bytes_read=m * p * T * qkv_read,
+                       special=(1 + cap) * m * g * scores, vector_flops=(5 + 2 * cap) * m * g * scores,
+                       bytes_read=m * p * T * qkv_read,
                        bytes_written=m * p * T * a_t * dv, core_attention=True, operand_reuse=reuse, value_width=dv,
                        ring=ring)
             return
@@ -790,6 +797,12 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             # assumption: the BigScience Megatron-DeepSpeed fork that trained BLOOM, not on PyPI,
             # passes it to torch.baddbmm so too). The bias is a constant: no backward.
             _vector(fb, n("scores.alibi"), scores, p, core_attention=True)
+        if model.attention_softcap:
+            # Gemma 2's soft-cap as NeMo 2.5.0 runs it in its unfused core attention (gemma2.py
+            # logit_softcapping: scale * torch.tanh(scores / scale)): three kernels, each reading and
+            # writing every score; tanh keeps its output for the backward
+            _vector(fb, n("scores.softcap"), scores, p, reads=3, writes=3, flops_per_element=3,
+                    special_per_element=1, core_attention=True)
         if megatron_softmax_fused(model, b, t):
             _vector(fb, n("softmax"), scores, p, flops_per_element=5, core_attention=True,
                     special_per_element=1)
@@ -880,7 +893,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     bwd_passes = (3 * d + 2 * dv) / (d + dv)
     if is_full(recompute):
         # a post-norm layer's last norm reads the residual sum, so nothing of its forward is dead
-        forward(bb, "recompute.", tail=not reruns_needed(model, compiled) or model.norm_position != "pre",
+        # (nor a sandwich's: its norm after the FFN reads the down projection's output)
+        forward(bb, "recompute.", tail=not reruns_needed(model, compiled) or model.norm_position != "pre"
+                or model.sandwich_norm,
                 qkv=offloaded_of(recompute) != "qkv_proj")
     elif recompute == "op":
         op_recompute(bb)
@@ -942,6 +957,12 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.elements, elements=op.elements,
                            bytes_read=op.bytes_written, bytes_written=op.bytes_read),)
             continue
+        if op.name == "scores.softcap":
+            # autograd's three kernels: the product's and the division's scale the gradient, tanh's
+            # reads its saved output too (1 - tanh²)
+            grad = (_vector(bb, "scores.softcap.bwd", op.elements, p, reads=4, writes=3, flops_per_element=4,
+                            deps=grad, core_attention=True),)
+            continue
         if op.name == "ssd_gate":
             # mamba_ssm's _chunk_scan_bwd_dz: reads the output's gradient, the saved ungated output
             # and z, writes z's gradient and the ungated output's, which the scan's backward reads
@@ -964,8 +985,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 name = op.name if j is None else _ring_name(j)
                 grad = (bb.add(f"{name}.bwd", "tensor+vector", grad, flops=bwd_passes * op.flops / m,
                                work_fraction=op.work_fraction, gemm=(bt // m, M, K, N),
-                               elements=op.elements / m, special=op.elements / m,
-                               vector_flops=8 * op.elements / m, operand_reuse=op.operand_reuse,
+                               elements=op.elements / m, special=(1 + cap) * op.elements / m,
+                               vector_flops=(8 + 3 * cap) * op.elements / m, operand_reuse=op.operand_reuse,
                                value_width=op.value_width,
                                bytes_read=(op.bytes_read + 2 * op.bytes_written) / m,
                                bytes_written=op.bytes_read / m, core_attention=True,
@@ -1059,7 +1080,7 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(head, "mlm_norm", T * h, p, flops_per_element=10)
     if e != h:
         _gemm(head, "head.project_out", 1, T, h, e, p, weights=True)
-    _logits_and_loss(head, head_b, "", T, e, Vt, p, t, loss)
+    _logits_and_loss(head, head_b, "", T, e, Vt, p, t, loss, model.logit_softcap)
     if e != h:
         _gemm(head_b, "head.project_out.dgrad", 1, T, e, h, p, weights=True)
         _gemm(head_b, "head.project_out.wgrad", 1, h, T, e, p, weights=False, deps=("logits.dgrad",),
@@ -1080,10 +1101,16 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     return {"embedding": tuple(fwd_emb) + tuple(emb_b.ops), "head": tuple(head.ops) + tuple(head_b.ops)}
 
 
-def _logits_and_loss(fwd: _Builder, bwd: _Builder, prefix: str, T, e, Vt, p, t, loss: str) -> None:
+def _logits_and_loss(fwd: _Builder, bwd: _Builder, prefix: str, T, e, Vt, p, t, loss: str,
+                     softcap: float = 0.0) -> None:
     """The output head's logits GEMM and cross entropy on one of ``t`` ranks (its vocabulary
-    slice ``Vt``), forward into ``fwd`` and backward into ``bwd``; ops named ``prefix`` + ...."""
+    slice ``Vt``), forward into ``fwd`` and backward into ``bwd``; ops named ``prefix`` + ....
+    ``softcap``: the logits soft-capped first (Gemma 2: NeMo 2.5.0's Gemma2OutputLayer runs
+    ``scale * torch.tanh(logits / scale)``, three kernels each way, tanh's output kept)."""
     _gemm(fwd, prefix + "logits", 1, T, e, Vt, p, weights=True)
+    if softcap:
+        _vector(fwd, prefix + "logits.softcap", T * Vt, p, reads=3, writes=3, flops_per_element=3,
+                special_per_element=1)
     # loss in fp32 as frameworks compute it: upcast the logits, log-softmax, gather (fwd);
     # softmax minus one-hot, downcast (bwd); bytes per logit, forward (read, written) and backward.
     # - torch: upcast (p + 4), log-softmax (4 + 4); backward softmax minus one-hot, multiply in
@@ -1114,8 +1141,11 @@ def _logits_and_loss(fwd: _Builder, bwd: _Builder, prefix: str, T, e, Vt, p, t, 
         _coll(fwd, prefix + "cross_entropy.all_reduce", "all_reduce", "tp", 3 * 4 * T)
     _vector(bwd, prefix + "cross_entropy.bwd", T * Vt, p, reads=bwd_reads / p, writes=bwd_writes / p,
             flops_per_element=2)
+    grad = prefix + "cross_entropy.bwd"
+    if softcap:
+        grad = _vector(bwd, prefix + "logits.softcap.bwd", T * Vt, p, reads=4, writes=3, flops_per_element=4)
     _gemm(bwd, prefix + "logits.dgrad", 1, T, Vt, e, p, weights=True)
-    _gemm(bwd, prefix + "logits.wgrad", 1, e, T, Vt, p, weights=False, deps=(prefix + "cross_entropy.bwd",),
+    _gemm(bwd, prefix + "logits.wgrad", 1, e, T, Vt, p, weights=False, deps=(grad,),
           linear=True)
     bwd.last = (prefix + "logits.dgrad",)
 

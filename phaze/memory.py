@@ -110,6 +110,8 @@ def activation_bytes_per_layer(model: Model, mbs: int, tp: int = 1, sp: bool = F
     own_copies = model.fp8_saved_inputs and not model.fp8_fused
     ffn_in = 0.0 if model.parallel_block == "shared_norm" and not own_copies else saved["ffn_up"]
     replicated = (p + saved["qkv"] + mask + ln2_in + ffn_in + mask) * sb * h * rep
+    if model.sandwich_norm:   # the norms after the attention and the FFN keep their inputs (Gemma 2)
+        replicated += 2 * p * sb * h * rep
     # K and V as the tp ranks hold them together (a KV head replicated when tp > kv heads); copied
     # to one per query head (kv_repeat copied), the attention keeps the copies
     q, kv, f = model.q_dim, kv_heads_read(model, t) * t * model.head_dim, model.ffn_hidden
@@ -158,7 +160,8 @@ def _core_bytes(model: Model, sb: int, t: int, recompute: str, attention: str, m
     ``core_attn`` (which keeps only its inputs, Q, K and V); a fused kernel its fp32 log-sum-exp a
     row; nothing under selective recompute; otherwise the scores against every key of the sequence (a
     context-parallel shard's too): the softmax's output (fp32 when PyTorch runs it, and then
-    without dropout also its 16-bit copy, the product's input), the dropout's mask and output."""
+    without dropout also its 16-bit copy, the product's input), the dropout's mask and output, and
+    a soft-capped model's tanh output."""
     p, a = model.bytes_per_element, model.heads
     if "core_attn" in (recompute_modules_of(recompute) or ()):
         return 0.0
@@ -167,7 +170,9 @@ def _core_bytes(model: Model, sb: int, t: int, recompute: str, attention: str, m
     if recompute == "selective":
         return 0.0
     probs = p if megatron_softmax_fused(model, mbs, t) else 4.0 + (0.0 if model.dropout else p)
-    return (probs + (mask + p if model.dropout else 0.0)) * a * model.seq_len * model.context_parallel * sb / t
+    capped = p if model.attention_softcap else 0.0   # the soft-cap's tanh keeps its output (Gemma 2, NeMo's)
+    return ((probs + capped + (mask + p if model.dropout else 0.0)) * a * model.seq_len * model.context_parallel
+            * sb / t)
 
 
 def _modules_saved_bytes(model: Model, sb: int, t: int, rep: float, mods, saved: dict, act_inputs: int) -> float:

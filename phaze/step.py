@@ -482,8 +482,9 @@ def expert_shard(plan: Plan, devices: int, chip: Chip) -> tuple[int, int]:
 
 def runs_op_recompute(model: Model) -> bool:
     """Whether torchtitan's per-op recompute (``op``) is modelled for ``model``: sequential dense
-    layers with ordinary attention projections (no experts, no MLA, no parallel block)."""
-    return not (model.moe or model.mla or model.parallel_block or model.hybrid)
+    layers with ordinary attention projections (no experts, no MLA, no parallel block, no norms
+    after the attention and the FFN)."""
+    return not (model.moe or model.mla or model.parallel_block or model.hybrid or model.sandwich_norm)
 
 
 def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> None:
@@ -1311,9 +1312,12 @@ class StageCosts:
         """The last stage's fp32 logits for the loss, one micro-batch: the main head's and each
         multi-token prediction module's, whose losses are all taken in the forward pass and
         kept for the backward. Transformer Engine's loss (``loss=te``) upcasts nothing: it keeps
-        the 16-bit logits, its gradient written over them."""
+        the 16-bit logits, its gradient written over them. Soft-capped logits (Gemma 2) keep the
+        tanh's 16-bit output beside them."""
         plan, m = self.plan, self.model
         width = m.bytes_per_element if plan.loss == "te" else 4.0
+        if m.logit_softcap:   # the soft-cap's tanh keeps its 16-bit output (Gemma 2)
+            width += m.bytes_per_element
         return (1 + m.mtp_layers) * width * plan.mbs * (m.seq_len // plan.cp) * m.vocab / plan.tp
 
     def memory(self, i: int, n: int, r: str, k: int = 0) -> StageMemory:

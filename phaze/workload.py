@@ -7,6 +7,7 @@ frozen :class:`Model`.
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -183,6 +184,12 @@ class Model:
     linear_chunk: int = 64               # fla's chunk_gated_delta_rule chunk length
     attention_output_gate: bool = False  # a sigmoid gate on the attention's output (Qwen3-Next), its
                                          # width from a query projection twice as wide
+    # Gemma 2's additions (Gemma Team 2024, arXiv:2408.00118, Sec. 2): a norm after the attention's
+    # and after the FFN's output as well as before them (four a layer), and tanh soft-capping,
+    # c·tanh(x/c), of the attention scores and of the final logits; 0 = none
+    sandwich_norm: bool = False
+    attention_softcap: float = 0.0
+    logit_softcap: float = 0.0
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -367,7 +374,9 @@ class Model:
     @property
     def layer_norms(self) -> int:
         """Norms in one layer: one before the attention, one before the FFN, unless a parallel
-        block's single norm feeds both."""
+        block's single norm feeds both; a sandwich (Gemma 2) one after each as well."""
+        if self.sandwich_norm:
+            return 4
         return 1 if self.parallel_block == "shared_norm" else 2
 
     @property
@@ -460,7 +469,7 @@ class Model:
         hybrid's 'E' layer, the experts and one norm)."""
         if self.hybrid:
             return self.kind_params["E"]
-        return self.attention_params + self.moe_ffn_params + 2 * self.norm_params
+        return self.attention_params + self.moe_ffn_params + self.layer_norms * self.norm_params
 
     @property
     def layer_params(self) -> float:
@@ -713,6 +722,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         linear_conv=f.int("linear_conv", 4),
         linear_chunk=f.int("linear_chunk", 64),
         attention_output_gate=f.bool("attention_output_gate", False),
+        sandwich_norm=f.bool("sandwich_norm", False),
+        attention_softcap=f.number("attention_softcap", 0.0, minimum=0.0, inclusive=True),
+        logit_softcap=f.number("logit_softcap", 0.0, minimum=0.0, inclusive=True),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
@@ -728,6 +740,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     bad = parallel_block_error(model)
     if bad:
         raise ConfigError(source, "parallel_block", bad)
+    bad = sandwich_error(model)
+    if bad:
+        raise ConfigError(source, "sandwich_norm", bad)
     bad, message = hybrid_error(model)
     if bad:
         raise ConfigError(source, bad, message)
@@ -752,6 +767,8 @@ def mtp_error(model: Model) -> str:
     if model.embedding_projection_dim and model.embedding_projection_dim != model.hidden:
         return ("not modelled with a factorised embedding (embedding_projection_dim): Megatron-Core's "
                 "modules share an embedding of the hidden width")
+    if model.logit_softcap:
+        return "not modelled with soft-capped logits (logit_softcap): no model trains both; allowed: 0"
     return ""
 
 
@@ -766,6 +783,21 @@ def parallel_block_error(model: Model) -> str:
         if bad:
             return (f"not modelled with {what}: a parallel block is costed for a pre-norm decoder's dense "
                     f"layers (GPT-J, GPT-NeoX, PaLM, Falcon); allowed: blank (a sequential layer)")
+    return ""
+
+
+def sandwich_error(model: Model) -> str:
+    """Why ``model``'s norms after the attention and the FFN cannot be costed ('' when they can):
+    they are modelled for a pre-norm decoder's dense layers (Gemma 2 and 3)."""
+    if not model.sandwich_norm:
+        return ""
+    for bad, what in ((model.moe, "a mixture of experts"), (model.mla, "multi-head latent attention"),
+                      (model.parallel_block, "a parallel block"), (model.hybrid, "hybrid layers"),
+                      (model.gdn_layers, "Gated DeltaNet layers"), (model.norm_position == "post", "post-norm layers"),
+                      (model.mtp_layers, "multi-token prediction")):
+        if bad:
+            return (f"not modelled with {what}: norms after the attention and the FFN are costed for a "
+                    f"pre-norm decoder's dense layers (Gemma 2 and 3); allowed: false")
     return ""
 
 
@@ -890,25 +922,28 @@ _HF_NOT_MODELLED = {
     "xlstm": "xLSTM recurrent layers and no attention",
 }
 
-_HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next")
+_HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
+                 "qwen2_moe")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
 # modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
-_HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "phi3",
-             "deepseek_v3", "gpt_oss", "llama4_text")
+_HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
+             "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
 # where a sliding window applies (transformers 5.25.0): Mistral, Mixtral, Phi-3 and StarCoder2 in
-# every layer whenever ``sliding_window`` is set; Qwen2, Qwen3 and Qwen3-MoE only under
-# ``use_sliding_window`` (Qwen2 and Qwen3 from layer ``max_window_layers`` on, or as
-# ``layer_types`` marks them); GPT-OSS in the layers ``layer_types`` marks (every other one by
-# default); the other types have no window
+# every layer whenever ``sliding_window`` is set; Qwen2, Qwen3, Qwen3-MoE and Qwen2-MoE only under
+# ``use_sliding_window`` (Qwen2 and Qwen3 from layer ``max_window_layers`` on, Qwen2-MoE every
+# other layer before it, or as ``layer_types`` marks them); GPT-OSS, Gemma 2 and Gemma 3 in the
+# layers ``layer_types`` marks (by default every other one, Gemma 3 five of every six: its
+# sliding_window_pattern, 6); the other types have no window
 _HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2")
 # types whose configuration ties the output head to the token table by default (transformers
 # 5.25.0's ``tie_word_embeddings`` default; the others keep them apart)
-_HF_TIED = ("gemma", "gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_bigcode", "starcoder2")
-_HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe")
+_HF_TIED = ("gemma", "gemma2", "gemma3_text", "gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon",
+            "gpt_bigcode", "starcoder2")
+_HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
 
 
 def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, source: str) -> dict:
@@ -916,8 +951,11 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4) of ``layers`` layers; what is
     simplified goes to ``notes``."""
     out: dict = {}
-    if mtype in ("qwen3", "qwen3_moe", "qwen3_next"):
+    if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text"):
         out["qk_norm"] = True
+    if mtype in ("gemma2", "gemma3_text"):   # a norm after the attention and the FFN, soft-caps
+        out.update(sandwich_norm=True, attention_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+                   logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
     experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
     if mtype in _HF_MOE_TYPES and experts:
         out.update(experts=int(experts),
@@ -935,10 +973,10 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
                    linear_key_head_dim=int(cfg.get("linear_key_head_dim") or 128),
                    linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 128),
                    linear_conv=int(cfg.get("linear_conv_kernel_dim") or 4), attention_output_gate=True)
-        if cfg.get("shared_expert_intermediate_size"):
-            out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_expert_intermediate_size"]),
-                       shared_expert_gate=True)   # transformers' Qwen3NextSparseMoeBlock.shared_expert_gate
-    if mtype == "deepseek_v3":
+    if mtype in ("qwen3_next", "qwen2_moe") and experts and cfg.get("shared_expert_intermediate_size"):
+        out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_expert_intermediate_size"]),
+                   shared_expert_gate=True)   # transformers' Qwen3Next- and Qwen2MoeSparseMoeBlock.shared_expert_gate
+    if mtype in ("deepseek_v2", "deepseek_v3"):   # MLA; DeepSeek-V2's softmax gate costs as V3's sigmoid
         out.update(q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
                    head_dim=int(cfg.get("qk_nope_head_dim", 0)) + int(cfg.get("qk_rope_head_dim", 0)),
@@ -957,6 +995,40 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     return out
 
 
+# the keys a Hugging Face config gives as counts (whole numbers, at least 0), as other numbers, and
+# as lists of layer indices or flags: each, when not null, must be one, or the reader refuses it
+_HF_WHOLE_KEYS = (
+    "intermediate_size", "n_inner", "ffn_dim", "d_ff", "num_key_value_heads", "num_kv_heads", "head_dim",
+    "max_position_embeddings", "n_positions", "max_seq_len", "word_embed_proj_dim", "type_vocab_size", "rotary_dim",
+    "max_window_layers", "num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
+    "experts_per_token", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+    "intermediate_size_mlp", "shared_expert_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "q_lora_rank", "kv_lora_rank",
+    "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "n_group", "topk_group", "num_nextn_predict_layers",
+    "sliding_window_pattern", "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq",
+    "full_attention_interval", "attention_chunk_size", "no_rope_layer_interval")
+_HF_NUMBER_KEYS = ("attn_logit_softcapping", "final_logit_softcapping", "expansion_ratio", "rotary_pct",
+                   "partial_rotary_factor")
+_HF_LIST_KEYS = ("moe_layers", "mlp_only_layers", "no_rope_layers")
+
+
+def _check_hf_numbers(cfg: dict, source: str) -> None:
+    """Refuse, naming the key, a count or number of a Hugging Face config that is not one
+    (:data:`_HF_WHOLE_KEYS`, :data:`_HF_NUMBER_KEYS`, :data:`_HF_LIST_KEYS`)."""
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    for key in _HF_WHOLE_KEYS + _HF_NUMBER_KEYS:
+        value = cfg.get(key)
+        if value is not None and not (number(value) and (key in _HF_NUMBER_KEYS or float(value).is_integer())):
+            kind = "a number" if key in _HF_NUMBER_KEYS else "a whole number"
+            raise ConfigError(source, key, f"must be {kind} of at least 0 (or null), got {value!r}")
+    for key in _HF_LIST_KEYS:
+        value = cfg.get(key)
+        if value is not None and not (isinstance(value, list) and all(number(i) and float(i).is_integer()
+                                                                      for i in value)):
+            raise ConfigError(source, key, f"must be a list of layer indices or flags (whole numbers), got {value!r}")
+
+
 def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
     """(sliding window, share of the layers it applies to) of a Hugging Face config, as
     transformers 5.25.0 applies ``sliding_window`` (:data:`_HF_WINDOW_ALL`,
@@ -968,15 +1040,20 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
         return window, 1.0
     if mtype in _HF_WINDOW_OPT_IN and not cfg.get("use_sliding_window"):
         return 0, 1.0
-    if mtype not in _HF_WINDOW_OPT_IN + ("gpt_oss",):
+    if mtype not in _HF_WINDOW_OPT_IN + ("gpt_oss", "gemma2", "gemma3_text"):
         return 0, 1.0
     kinds = cfg.get("layer_types")
     if isinstance(kinds, list) and kinds:
         sliding = sum(k == "sliding_attention" for k in kinds)
-    elif mtype == "gpt_oss":
-        sliding = sum(1 for i in range(layers) if (i + 1) % 2)
+    elif mtype in ("gpt_oss", "gemma2", "gemma3_text"):
+        every = int(cfg.get("sliding_window_pattern") or 6) if mtype == "gemma3_text" else 2
+        sliding = sum(1 for i in range(layers) if (i + 1) % every)
     elif mtype == "qwen3_moe":
         sliding = layers
+    elif mtype == "qwen2_moe":
+        start = cfg.get("max_window_layers")
+        below = start if isinstance(start, int) and start >= 0 else 28
+        sliding = sum(1 for i in range(layers) if (i + 1) % 2 and i < below)
     else:
         start = cfg.get("max_window_layers")
         sliding = layers - min(layers, start if isinstance(start, int) and start >= 0 else 28)
@@ -1106,9 +1183,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     """Build a :class:`Model` from a Hugging Face ``config.json`` dictionary (GPT-2, OPT, BERT,
     Llama/Mistral, MPT, GPT-NeoX and similar)."""
     mtype = str(cfg.get("model_type", "")).lower()
-    if isinstance(cfg.get("text_config"), dict) and mtype == "llama4":   # a multimodal checkpoint: its
-        cfg = {"torch_dtype": cfg.get("torch_dtype"), **cfg["text_config"]}  # language model (the vision
-        mtype = "llama4_text"                                                  # encoder is not trained here)
+    if isinstance(cfg.get("text_config"), dict) and mtype in ("llama4", "gemma3"):   # a multimodal checkpoint:
+        cfg = {"torch_dtype": cfg.get("torch_dtype"), **cfg["text_config"]}  # its language model (the vision
+        mtype += "_text"                                                       # encoder is not trained here)
     if mtype in ("nemotron_h", "mamba2"):
         return _hf_hybrid(cfg, mtype, source, name)
     if mtype in _HF_NOT_MODELLED:
@@ -1120,6 +1197,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         raise ConfigError(source, "model_type", f"{'got ' + repr(mtype) if mtype else 'missing'}: phaze reads only "
                                                 f"the types whose norms, biases, gating and experts it knows: "
                                                 f"{known}; a workload YAML describes any other model")
+    _check_hf_numbers(cfg, source)
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     heads = _first(cfg, "num_attention_heads", "n_head", "n_heads")
@@ -1150,8 +1228,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                                        f"{mtype!r} ({'a gated' if gated else 'an ungated'} FFN), got {act!r}")
     max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
     alibi = bool(attn_cfg.get("alibi")) or mtype in ("bloom",) or (mtype == "falcon" and bool(cfg.get("alibi")))
-    rotary = not alibi and (mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma", "gptj", "falcon", "phi",
-                                      "codegen", "phi3", "starcoder2") + _HF_MOE_TYPES
+    rotary = not alibi and (mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma", "gemma2", "gemma3_text",
+                                      "gptj", "falcon", "phi", "codegen", "phi3", "starcoder2") + _HF_MOE_TYPES
                             or "rope_theta" in cfg or isinstance(cfg.get("rope_parameters"), dict)
                             or bool(attn_cfg.get("rope")))  # MPT: RoPE in attn_config
     if mtype == "mpt" and not alibi and not rotary:
@@ -1183,14 +1261,14 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     # a gated type's attention_bias puts biases on q, k, v and the output projection (transformers'
     # LlamaAttention and its kin, GPT-OSS's); Qwen2 always has q, k and v biases, never others
     attn_bias = gated and bool(cfg.get("attention_bias"))
-    if attn_bias and mtype == "deepseek_v3":
-        raise ConfigError(source, "attention_bias", "must be false for deepseek_v3: biases on MLA's projections "
+    if attn_bias and mtype in ("deepseek_v2", "deepseek_v3"):
+        raise ConfigError(source, "attention_bias", f"must be false for {mtype}: biases on MLA's projections "
                                                     "are not modelled")
     if gated and cfg.get("mlp_bias"):
         raise ConfigError(source, "mlp_bias", "must be false: biases on a gated FFN's projections are not modelled")
-    qkv_bias = mtype == "qwen2" or attn_bias
+    qkv_bias = mtype == "qwen2" or (mtype == "qwen2_moe" and bool(cfg.get("qkv_bias", True))) or attn_bias
     if qkv_bias:
-        which = "Qwen2" if mtype == "qwen2" else (
+        which = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE"}.get(mtype) or (
             f"{'GPT-OSS' if mtype == 'gpt_oss' else 'attention_bias'}; its output projection's bias, {hidden} "
             f"per layer, is not counted")
         notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
@@ -1204,7 +1282,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append("Falcon: linears without biases; its LayerNorms' biases, 2 x hidden per norm, are not counted")
     if mtype == "gptj":
         notes.append("GPT-J: its attention projections' missing biases are counted as its FFN's are")
-    if mtype == "gemma":
+    if mtype in ("gemma", "gemma2", "gemma3_text"):
         notes.append("Gemma: the embedding's scaling by the square root of the width (one element-wise pass) "
                      "is not costed")
     window, share = _hf_window(cfg, mtype, layers)
@@ -1266,8 +1344,9 @@ def workload_dirs() -> list[Path]:
 
 
 # words after a published model's name that name a fine-tuned or repackaged variant of the same
-# network (Llama-2-13b-chat-hf, Meta-Llama-3-8B-Instruct, Nemotron-4-340B-Base): same shapes
-VARIANT_WORDS = ("hf", "base", "instruct", "chat", "sft")
+# network (Llama-2-13b-chat-hf, Meta-Llama-3-8B-Instruct, Nemotron-4-340B-Base, Google's
+# instruction-tuned gemma-2-9b-it): same shapes
+VARIANT_WORDS = ("hf", "base", "instruct", "chat", "sft", "it")
 
 
 def name_key(name: str) -> str:

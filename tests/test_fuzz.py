@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import random
 import signal
 import time
@@ -85,6 +86,24 @@ def mutated_runs(root: Path, rng: random.Random) -> Path:
     return path
 
 
+def mutated_hf_config(root: Path, rng: random.Random) -> Path:
+    """A small Hugging Face config.json of a random type (read or not), some of its counts, numbers
+    and lists set to junk or to plausible values."""
+    from phaze.workload import _HF_GATED, _HF_LIST_KEYS, _HF_NUMBER_KEYS, _HF_PLAIN, _HF_WHOLE_KEYS
+    cfg = {"model_type": rng.choice(list(_HF_GATED + _HF_PLAIN) + ["gemma3", "llama4", "olmo2", "", 7]),
+           "hidden_size": 64, "num_hidden_layers": rng.choice([1, 2, 4]), "num_attention_heads": 4,
+           "vocab_size": 100, "intermediate_size": 128}
+    junk = [-1, 0, 1, 2, 3, 4, 1.5, 1e400, "abc", "", None, True, [1], {"a": 1}]
+    for key in rng.sample(_HF_WHOLE_KEYS + _HF_NUMBER_KEYS + _HF_LIST_KEYS + ("sliding_window", "layer_types",
+                                                                             "use_sliding_window", "hidden_act"),
+                          rng.randint(1, 6)):
+        cfg[key] = rng.choice(junk + [["sliding_attention", "full_attention"], [0, 1], "gelu", "relu2"])
+    path = root / f"hf-{rng.randrange(10 ** 9)}" / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cfg).replace("Infinity", "1e400"))
+    return path
+
+
 def junk_plan(rng: random.Random) -> str:
     items = []
     for _ in range(rng.randint(1, 4)):
@@ -98,7 +117,10 @@ def make_case(rng: random.Random, root: Path, bad: dict[str, Path]) -> list[str]
     argv = list(GOOD[command])
     flags = [i for i, a in enumerate(argv) if a.startswith("--") and i + 1 < len(argv)
              and not argv[i + 1].startswith("--")]
-    kind = rng.choice(["number", "name", "file", "plan", "drop", "twice", "unknown", "runs", "extra"])
+    kind = rng.choice(["number", "name", "file", "plan", "drop", "twice", "unknown", "runs", "extra", "hf"])
+    if kind == "hf":
+        return ["evaluate", "--workload", str(mutated_hf_config(root, rng)), "--arch", "h100-sxm", "--devices", "8",
+                "--global-batch", "8", "--seq-len", "64", "--allow-oom"]
     if kind == "runs" or command == "validate":
         argv = ["validate", "--no-loso", "--unseen", "", "--runs",
                 str(mutated_runs(root, rng)) if rng.random() < 0.8 else str(rng.choice(list(bad.values())))]

@@ -505,7 +505,8 @@ def test_name_keys_drop_only_what_names_the_run_or_checkpoint(name, keys):
     ("meta-llama/Llama-2-13b-chat-hf", "llama2-13b"), ("Meta-Llama-3-8B-Instruct", "llama3-8b"),
     ("nvidia/Nemotron-4-340B-Base", "nemotron4-340b"), ("Nemotron-340B", "nemotron4-340b"),
     ("MT-NLG-530B", "megatron-gpt-530b"), ("Nemotron-H 8B", "nemotron-h-8b"),
-    ("Qwen/Qwen3-30B-A3B-Base", "qwen3-30b-a3b"),
+    ("Qwen/Qwen3-30B-A3B-Base", "qwen3-30b-a3b"), ("google/gemma-2-9b-it", "gemma2-9b"), ("gemma-7b-it", "gemma-7b"),
+    ("gemma2_27b", "gemma2-27b"),
 ])
 def test_published_spellings_load_the_shipped_workload(name, stem, tmp_path, monkeypatch):
     """By :func:`find_workload`: the same lookup for ``--workload`` and a validation row's ``model``."""
@@ -662,11 +663,11 @@ def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
         model_from_hf_config(cfg)
 
 
-@pytest.mark.parametrize("mtype", ["gemma2", "qwen2_moe", "olmoe", "deepseek_v2", "gpt_neo", ""])
+@pytest.mark.parametrize("mtype", ["olmo2", "olmoe", "granitemoe", "gpt_neo", "cohere", ""])
 def test_hugging_face_types_phaze_does_not_read_are_refused(mtype):
-    """A transformer type outside phaze's table (its sandwich norms, experts or local layers would
-    be read as the nearest type's: Gemma 2's GeGLU as a plain GELU, Qwen2-MoE's experts as a dense
-    FFN) is refused naming model_type and the types phaze reads."""
+    """A transformer type outside phaze's table (its norms, experts or local layers would be read
+    as the nearest type's: OLMo 2's norms after each sub-layer as norms before it, OLMoE's and
+    Granite-MoE's experts as a dense FFN) is refused naming model_type and the types phaze reads."""
     cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
            "vocab_size": 50000, "num_experts": 60, "intermediate_size": 5632}
     with pytest.raises(ConfigError, match=r"model_type.*(got|missing).*phaze reads only.*llama, llama4_text"):
@@ -748,6 +749,9 @@ def test_hf_phi3_starcoder2_and_gpt_bigcode_by_hand():
     (dict(model_type="qwen2", sliding_window=4096, use_sliding_window=True, max_window_layers=24), (4096, 0.25)),
     (dict(model_type="qwen3", sliding_window=4096, use_sliding_window=True,
           layer_types=["full_attention"] * 24 + ["sliding_attention"] * 8), (4096, 0.25)),
+    # Qwen2-MoE: every other layer below max_window_layers, under use_sliding_window
+    (dict(model_type="qwen2_moe", sliding_window=4096, use_sliding_window=True, max_window_layers=16,
+          num_experts=8, num_experts_per_tok=2), (4096, 0.25)),
     # GPT-OSS: every other layer by default, else as layer_types marks them
     (dict(model_type="gpt_oss", sliding_window=128, num_local_experts=32, num_experts_per_tok=4), (128, 0.5)),
     # Llama has no window whatever the config says
@@ -786,3 +790,49 @@ def test_hf_attention_and_mlp_biases_of_a_gated_type():
         model_from_hf_config({**base, "mlp_bias": True})
     with pytest.raises(ConfigError, match="attention_bias.*MLA"):
         model_from_hf_config({**base, "model_type": "deepseek_v3", "attention_bias": True})
+
+
+def test_hf_qwen2_moe_and_deepseek_v2_by_hand():
+    """transformers 5.25.0's Qwen2MoeConfig defaults (Qwen1.5-MoE-A2.7B): 60 experts of 1,408, top 4,
+    one shared expert of 5,632 behind a sigmoid gate (one weight vector), q/k/v biases, an untied
+    151,936-row table: 14,315,784,192 parameters (Qwen: 14.3B), 2.7B active. DeepSeek-V2-Lite
+    (deepseek_v2): MLA with a full-rank query projection (q_lora_rank null), one dense layer first,
+    64 routed experts and 2 shared, 6 a token: 15.7B as DeepSeek-AI publish it; DeepSeek-V2's
+    group-limited routing (8 groups, 3 a token) is read as V3's."""
+    qm = model_from_hf_config(dict(
+        model_type="qwen2_moe", vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+        num_attention_heads=16, num_key_value_heads=16, num_experts=60, num_experts_per_tok=4,
+        moe_intermediate_size=1408, shared_expert_intermediate_size=5632, max_position_embeddings=8192))
+    h, L, V = 2048, 24, 151936
+    layer = 4 * h * h + 3 * h + 60 * 3 * h * 1408 + 3 * h * 5632 + h + h * 60 + 2 * h
+    assert qm.params == L * layer + 2 * V * h + h == 14_315_784_192
+    assert (qm.shared_experts, qm.shared_expert_gate, qm.qkv_bias, qm.tied_embeddings) == (1, True, True, False)
+    assert round(qm.active_params / 1e9, 1) == 2.7
+    lite = dict(model_type="deepseek_v2", vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+                moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16, n_routed_experts=64,
+                n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1, q_lora_rank=None,
+                kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                max_position_embeddings=163840)
+    m = model_from_hf_config(lite)
+    h, a, L, r = 2048, 16, 27, 512
+    mla = h * a * 192 + h * (r + 64) + r + r * a * (128 + 128) + a * 128 * h
+    dense, moe = 3 * h * 10944, 64 * 3 * h * 1408 + 2 * 3 * h * 1408 + h * 64
+    assert m.params == L * (mla + 2 * h) + dense + (L - 1) * moe + 2 * 102400 * h + h
+    assert round(m.params / 1e9, 1) == 15.7 and (m.mla, m.q_lora_rank, m.dense_layers, m.mtp_layers) == (True, 0, 1, 0)
+    v2 = model_from_hf_config({**lite, "n_group": 8, "topk_group": 3})
+    assert (v2.router_groups, v2.router_group_topk) == (8, 3)
+
+
+@pytest.mark.parametrize("mtype,key,value", [
+    ("gemma2", "attn_logit_softcapping", "x"), ("gemma2", "final_logit_softcapping", -5),
+    ("qwen2_moe", "num_experts", "abc"), ("mixtral", "num_experts_per_tok", 2.5),
+    ("gemma3_text", "sliding_window_pattern", "z"), ("deepseek_v3", "kv_lora_rank", True),
+    ("mixtral", "mlp_only_layers", ["a"]), ("llama", "intermediate_size", float("inf")),
+    ("qwen3_next", "full_attention_interval", -1)])
+def test_hf_counts_that_are_not_numbers_are_refused(mtype, key, value):
+    """A config's count or number that is not one is one clear error naming the key, never a
+    traceback or a silent default."""
+    cfg = {"model_type": mtype, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "vocab_size": 100, key: value}
+    with pytest.raises(ConfigError, match=rf"field '{key}': must be"):
+        model_from_hf_config(cfg)
