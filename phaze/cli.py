@@ -271,6 +271,12 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     if model.local_attention and "attention_window" not in out:
         out["attention_window"] = local_attention_phrase(model.sliding_window, model.attention_chunk,
                                                          model.window_layer_share) + " (the workload's)"
+    extras = [what for on, what in (
+        (model.sandwich_norm, "a norm after the attention and after the FFN as well as before them"),
+        (model.attention_softcap, f"the attention scores soft-capped at {model.attention_softcap:g}"),
+        (model.logit_softcap, f"the final logits soft-capped at {model.logit_softcap:g}")) if on]
+    if extras:   # Gemma 2's
+        out["norms_and_caps"] = "; ".join(extras) + " (the workload's)"
     if model.hybrid:
         names = {"M": "Mamba-2", "*": "attention", "-": "MLP", "E": "mixture-of-experts"}
         kinds = ", ".join(f"{n} {names[k]}" for k, n in model.hybrid_counts.items())

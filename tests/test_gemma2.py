@@ -151,3 +151,13 @@ def test_hf_gemma2_and_gemma3_configs():
         hidden_activation="gelu_pytorch_tanh", sliding_window=1024, max_position_embeddings=131072)})
     assert (g3.qk_norm, g3.sandwich_norm, g3.attention_softcap, g3.logit_softcap) == (True, True, 0.0, 0.0)
     assert (g3.sliding_window, g3.window_layer_share) == (1024, 29 / 34)
+
+
+def test_the_printout_says_what_the_workload_adds(capsys):
+    """``phaze evaluate`` lists the norms and soft-caps among what it assumed from the workload."""
+    from phaze.cli import main
+    assert main(["evaluate", "--workload", "gemma2-2b", "--arch", "h100-sxm", "--devices", "8",
+                 "--global-batch", "8", "--seq-len", "1024", "--plan", "tp=2"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "norms and caps" in x)
+    assert "after the attention and after the FFN" in line and "scores soft-capped at 50" in line
+    assert "logits soft-capped at 30" in line
