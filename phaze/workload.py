@@ -944,6 +944,7 @@ _HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2")
 _HF_TIED = ("gemma", "gemma2", "gemma3_text", "gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon",
             "gpt_bigcode", "starcoder2")
 _HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
+_HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text")   # by layer_types, else their default pattern
 
 
 def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, source: str) -> dict:
@@ -1040,23 +1041,22 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
         return window, 1.0
     if mtype in _HF_WINDOW_OPT_IN and not cfg.get("use_sliding_window"):
         return 0, 1.0
-    if mtype not in _HF_WINDOW_OPT_IN + ("gpt_oss", "gemma2", "gemma3_text"):
+    if mtype not in _HF_WINDOW_OPT_IN + _HF_WINDOW_TYPED:
         return 0, 1.0
     kinds = cfg.get("layer_types")
+    start = cfg.get("max_window_layers")
+    start = start if isinstance(start, int) and start >= 0 else 28   # Qwen's configuration default
     if isinstance(kinds, list) and kinds:
         sliding = sum(k == "sliding_attention" for k in kinds)
-    elif mtype in ("gpt_oss", "gemma2", "gemma3_text"):
+    elif mtype in _HF_WINDOW_TYPED:
         every = int(cfg.get("sliding_window_pattern") or 6) if mtype == "gemma3_text" else 2
         sliding = sum(1 for i in range(layers) if (i + 1) % every)
     elif mtype == "qwen3_moe":
         sliding = layers
     elif mtype == "qwen2_moe":
-        start = cfg.get("max_window_layers")
-        below = start if isinstance(start, int) and start >= 0 else 28
-        sliding = sum(1 for i in range(layers) if (i + 1) % 2 and i < below)
+        sliding = sum(1 for i in range(layers) if (i + 1) % 2 and i < start)
     else:
-        start = cfg.get("max_window_layers")
-        sliding = layers - min(layers, start if isinstance(start, int) and start >= 0 else 28)
+        sliding = layers - min(layers, start)
     return (window, sliding / layers) if sliding and layers else (0, 1.0)
 
 
@@ -1228,8 +1228,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                                        f"{mtype!r} ({'a gated' if gated else 'an ungated'} FFN), got {act!r}")
     max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
     alibi = bool(attn_cfg.get("alibi")) or mtype in ("bloom",) or (mtype == "falcon" and bool(cfg.get("alibi")))
-    rotary = not alibi and (mtype in ("llama", "mistral", "gpt_neox", "qwen2", "gemma", "gemma2", "gemma3_text",
-                                      "gptj", "falcon", "phi", "codegen", "phi3", "starcoder2") + _HF_MOE_TYPES
+    # every gated type is rotary (transformers 5.25.0), and so are these plain ones
+    rotary = not alibi and (gated or mtype in ("gpt_neox", "gptj", "falcon", "phi", "codegen", "starcoder2")
                             or "rope_theta" in cfg or isinstance(cfg.get("rope_parameters"), dict)
                             or bool(attn_cfg.get("rope")))  # MPT: RoPE in attn_config
     if mtype == "mpt" and not alibi and not rotary:
