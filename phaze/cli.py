@@ -273,9 +273,11 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
                                                          model.window_layer_share) + " (the workload's)"
     extras = [what for on, what in (
         (model.sandwich_norm, "a norm after the attention and after the FFN as well as before them"),
+        (model.qk_norm and model.qk_norm_width == "projection",
+         "the queries and keys normed over the whole projection, their sums all-reduced over tensor parallelism"),
         (model.attention_softcap, f"the attention scores soft-capped at {model.attention_softcap:g}"),
         (model.logit_softcap, f"the final logits soft-capped at {model.logit_softcap:g}")) if on]
-    if extras:   # Gemma 2's
+    if extras:   # Gemma 2's, OLMo's
         out["norms_and_caps"] = "; ".join(extras) + " (the workload's)"
     if model.hybrid:
         names = {"M": "Mamba-2", "*": "attention", "-": "MLP", "E": "mixture-of-experts"}

@@ -22,6 +22,9 @@ class Collective:
     kind: str    # all_reduce | reduce_scatter | all_gather | send | all_to_all
     group: str   # tp | dp | pp | ep | etp
     bytes: float
+    # the backward's collective of the same bytes; "": the mirror of ``kind`` (none for an
+    # all-reduce of partial sums, whose gradient is the same on every rank)
+    backward: str = ""
 
 
 # Dropless (real, auxiliary-loss) routing: the busiest expert-parallel rank receives this many
@@ -189,8 +192,8 @@ def _vector(b: _Builder, name, elements, p, reads=1.0, writes=1.0, flops_per_ele
                  special=special_per_element * elements, **kw)
 
 
-def _coll(b: _Builder, name, kind, group, nbytes, deps=None, hidden_by: str = "") -> str:
-    return b.add(name, "link", deps, collective=Collective(kind, group, nbytes), hidden_by=hidden_by)
+def _coll(b: _Builder, name, kind, group, nbytes, deps=None, hidden_by: str = "", backward: str = "") -> str:
+    return b.add(name, "link", deps, collective=Collective(kind, group, nbytes, backward), hidden_by=hidden_by)
 
 
 def _tp_reduce(b: _Builder, name: str, nbytes: float, sp: bool) -> str:
@@ -629,6 +632,11 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         rope part and its one shared rope key) and, with ``kv_repeat`` copied, the key and value
         heads copied to one per query head (torchtitan's repeat_kv: expand, then reshape)."""
         if model.qk_norm:
+            if model.qk_norm_width == "projection" and t > 1:
+                # a norm over the whole projection, whose heads tp splits: each token's sums of
+                # squares of q and of k (fp32) all-reduced, and in the backward each token's two
+                # sums of the gradient times the normed input
+                _coll(fb, n("qk.norm.all_reduce"), "all_reduce", "tp", 2 * 4 * T, backward="all_reduce")
             _vector(fb, n("q.norm"), T * a_t * d, p, flops_per_element=8)
             _vector(fb, n("k.norm"), T * kv_t, p, flops_per_element=8)
         if rot:
@@ -926,7 +934,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             c = op.collective
             mirror = {"all_reduce": None, "reduce_scatter": "all_gather", "all_gather": "reduce_scatter",
                       "all_to_all": "all_to_all"}
-            if mirror[c.kind]:
+            if c.backward or mirror[c.kind]:
                 # the input gradient's reduce-scatter runs under that linear's weight-gradient GEMM
                 under = f"{gathered_for}.wgrad" if c.kind == "all_gather" and c.group == "tp" and gathered_for else ""
                 nbytes = p * c.bytes if op.name in gathered8 else c.bytes   # its gradient is 16-bit
@@ -935,7 +943,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                     grad = (_vector(bb, f"{row}.grad_fp8_cast", Tn * h, p, reads=1, writes=1 / p,
                                     flops_per_element=2, deps=grad),)
                     nbytes = c.bytes / p
-                grad = (_coll(bb, f"{op.name}.bwd", mirror[c.kind], c.group, nbytes, deps=grad,
+                grad = (_coll(bb, f"{op.name}.bwd", c.backward or mirror[c.kind], c.group, nbytes, deps=grad,
                               hidden_by=under),)
             continue
         if op.unit == "vector" and op.name in _TORCH_SOFTMAX:

@@ -65,6 +65,8 @@ RECOMPUTE_RERUN = ("whole", "needed")
 # outputs"); ``shared_norm``: one norm feeds both (GPT-J, PaLM, Falcon-7B); ``two_norms``: each has
 # its own (GPT-NeoX, Falcon-40B/180B); "" a sequential layer
 PARALLEL_BLOCKS = ("shared_norm", "two_norms")
+# the width of the q and k norms (Model.qk_norm_width)
+QK_NORM_WIDTHS = ("head", "projection")
 HYBRID_KINDS = ("M", "*", "-", "E")   # a Mamba-2 mixer, attention, an MLP, a mixture of experts
                                       # (Megatron-Core's Symbols)
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -128,6 +130,10 @@ class Model:
                                          # a2a+p2p: a ring of groups of context_parallel_a2a ranks
     context_parallel_a2a: int = 1        # a2a+p2p: ranks of one all-to-all group (the plan's cp_a2a; else 1)
     qk_norm: bool = False                # RMSNorm on each query and key head (Qwen3): 2 x head_dim weights
+    # the q and k norms' width (QK_NORM_WIDTHS): each head's (Qwen3, Gemma 3: head_dim weights shared
+    # by the heads) | the whole projection's (OLMo 2, OLMoE: q_dim and kv_dim weights; under tensor
+    # parallelism its sums of squares are all-reduced over the ranks that split the heads)
+    qk_norm_width: str = "head"
     rotary_dim: int = 0                  # rotated width of each query and key head (GPT-NeoX: a quarter);
                                          # 0 = all of it (MLA: its qk_rope_head_dim)
     attention_sinks: bool = False        # one learned sink logit per head (GPT-OSS)
@@ -380,6 +386,14 @@ class Model:
         return 1 if self.parallel_block == "shared_norm" else 2
 
     @property
+    def qk_norm_params(self) -> int:
+        """Weights of one layer's q and k norms (:attr:`qk_norm_width`): two head widths, or the
+        query and key projections' widths."""
+        if not self.qk_norm:
+            return 0
+        return self.q_dim + self.kv_dim if self.qk_norm_width == "projection" else 2 * self.head_dim
+
+    @property
     def attention_params(self) -> int:
         """Parameters of one layer's attention; with Gated DeltaNet layers, the mean over the
         layers of the Gated DeltaNet mixers' and the full attention's."""
@@ -387,7 +401,7 @@ class Model:
             full = replace(self, linear_attention_interval=0).attention_params
             return (self.gdn_layers * self.gdn_params + (self.layers - self.gdn_layers) * full) / self.layers
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
-        extra = ((2 * self.head_dim if self.qk_norm else 0) + (self.heads if self.attention_sinks else 0)
+        extra = (self.qk_norm_params + (self.heads if self.attention_sinks else 0)
                  + (q * h if self.attention_output_gate else 0))
         if self.mla:
             return self.mla_params + extra
@@ -684,6 +698,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         softmax_kernel=f.choice("softmax_kernel", SOFTMAX_KERNELS, ""),
         recompute_rerun=f.choice("recompute_rerun", RECOMPUTE_RERUN, ""),
         qk_norm=f.bool("qk_norm", False),
+        qk_norm_width=f.choice("qk_norm_width", QK_NORM_WIDTHS, "head"),
         rotary_dim=f.int("rotary_dim", 0, minimum=0),
         attention_sinks=f.bool("attention_sinks", False),
         sliding_window=f.int("sliding_window", 0, minimum=0),
@@ -731,6 +746,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     f.int("published_active_params", None)  # published parameters active per token (MoE)
     f.finish()
     _check_moe(model, source)
+    if model.qk_norm_width != "head" and (not model.qk_norm or model.mla):
+        raise ConfigError(source, "qk_norm_width", f"{model.qk_norm_width!r} needs qk_norm, without MLA; "
+                                                   f"allowed otherwise: head")
     if model.sliding_window and model.attention_chunk:
         raise ConfigError(source, "attention_chunk", f"a layer's attention is windowed or chunked, not both; "
                                                      f"got sliding_window {model.sliding_window} as well")
@@ -923,12 +941,13 @@ _HF_NOT_MODELLED = {
 }
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
-                 "qwen2_moe")
+                 "qwen2_moe", "olmoe", "glm4_moe")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
 # modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
-             "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text")
+             "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
+             "glm4_moe")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
@@ -939,12 +958,74 @@ _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_ne
 # layers ``layer_types`` marks (by default every other one, Gemma 3 five of every six: its
 # sliding_window_pattern, 6); the other types have no window
 _HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2")
-# types whose configuration ties the output head to the token table by default (transformers
-# 5.25.0's ``tie_word_embeddings`` default; the others keep them apart)
-_HF_TIED = ("gemma", "gemma2", "gemma3_text", "gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon",
-            "gpt_bigcode", "starcoder2")
 _HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
-_HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text")   # by layer_types, else their default pattern
+_HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3")   # by layer_types, else their default pattern
+# each type's configuration-class defaults of the keys this reader takes (transformers 5.25.0
+# models/<type>/configuration_<type>.py, its annotated class attributes; GLM-4.5's num_mtp_layers
+# under the name its attribute_map reads): a key the config leaves out is read as transformers builds
+# it, not as the nearest model's. Null and false defaults are left out (the reader's own)
+_HF_TYPE_DEFAULTS: dict[str, dict] = {
+    "llama": {"intermediate_size": 11008, "hidden_act": "silu"},
+    "mistral": {"intermediate_size": 14336, "num_key_value_heads": 8, "hidden_act": "silu", "sliding_window": 4096},
+    "mixtral": {"intermediate_size": 14336, "num_key_value_heads": 8, "hidden_act": "silu", "num_experts_per_tok": 2,
+                "num_local_experts": 8},
+    "qwen2": {"intermediate_size": 22016, "num_key_value_heads": 32, "hidden_act": "silu", "sliding_window": 4096},
+    "qwen2_moe": {"intermediate_size": 5632, "num_key_value_heads": 16, "hidden_act": "silu", "sliding_window": 4096,
+                  "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                  "num_experts_per_tok": 4, "num_experts": 60, "qkv_bias": True},
+    "qwen3": {"intermediate_size": 22016, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
+              "sliding_window": 4096},
+    "qwen3_moe": {"intermediate_size": 6144, "num_key_value_heads": 4, "hidden_act": "silu", "sliding_window": 4096,
+                  "decoder_sparse_step": 1, "moe_intermediate_size": 768, "num_experts_per_tok": 8,
+                  "num_experts": 128},
+    "qwen3_next": {"intermediate_size": 5632, "num_key_value_heads": 2, "hidden_act": "silu", "head_dim": 256,
+                   "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                   "linear_num_key_heads": 16, "linear_num_value_heads": 32, "decoder_sparse_step": 1,
+                   "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10,
+                   "num_experts": 512},
+    "gemma": {"intermediate_size": 24576, "num_key_value_heads": 16, "head_dim": 256,
+              "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True},
+    "gemma2": {"intermediate_size": 9216, "num_key_value_heads": 4, "head_dim": 256,
+               "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "sliding_window": 4096,
+               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+    "gemma3_text": {"intermediate_size": 9216, "num_key_value_heads": 4, "head_dim": 256,
+                    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "sliding_window": 4096},
+    "phi3": {"intermediate_size": 8192, "hidden_act": "silu"},
+    "deepseek_v2": {"intermediate_size": 11008, "hidden_act": "silu", "first_k_dense_replace": 0, "kv_lora_rank": 512,
+                    "q_lora_rank": 1536, "n_routed_experts": 64, "n_shared_experts": 2, "qk_nope_head_dim": 128,
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_intermediate_size": 1407},
+    "deepseek_v3": {"intermediate_size": 18432, "moe_intermediate_size": 2048, "num_key_value_heads": 128,
+                    "n_shared_experts": 1, "n_routed_experts": 256, "kv_lora_rank": 512, "q_lora_rank": 1536,
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4,
+                    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "hidden_act": "silu"},
+    "gpt_oss": {"num_local_experts": 128, "intermediate_size": 2880, "head_dim": 64, "num_key_value_heads": 8,
+                "sliding_window": 128, "hidden_act": "silu", "num_experts_per_tok": 4, "attention_bias": True},
+    "llama4_text": {"intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_key_value_heads": 8,
+                    "head_dim": 128, "hidden_act": "silu", "num_experts_per_tok": 1, "num_local_experts": 16,
+                    "interleave_moe_layer_step": 1, "use_qk_norm": True, "attention_chunk_size": 8192},
+    "gpt2": {"activation_function": "gelu_new", "tie_word_embeddings": True},
+    "opt": {"activation_function": "relu", "tie_word_embeddings": True},
+    "bert": {"intermediate_size": 3072, "hidden_act": "gelu", "tie_word_embeddings": True},
+    "roberta": {"intermediate_size": 3072, "hidden_act": "gelu", "tie_word_embeddings": True},
+    "mpt": {"tie_word_embeddings": True},
+    "bloom": {"tie_word_embeddings": True},
+    "falcon": {"multi_query": True, "parallel_attn": True, "tie_word_embeddings": True},
+    "gpt_neox": {"intermediate_size": 24576, "hidden_act": "gelu", "use_parallel_residual": True,
+                 "attention_bias": True},
+    "gptj": {"rotary_dim": 64, "activation_function": "gelu_new"},
+    "phi": {"intermediate_size": 8192, "hidden_act": "gelu_new"},
+    "codegen": {"rotary_dim": 64, "activation_function": "gelu_new"},
+    "gpt_bigcode": {"activation_function": "gelu_pytorch_tanh", "multi_query": True, "tie_word_embeddings": True},
+    "starcoder2": {"intermediate_size": 12288, "num_key_value_heads": 2, "hidden_act": "gelu_pytorch_tanh",
+                   "use_bias": True, "tie_word_embeddings": True},
+    "olmo2": {"intermediate_size": 11008, "hidden_act": "silu"},
+    "olmo3": {"intermediate_size": 11008, "hidden_act": "silu", "sliding_window": 4096},
+    "olmoe": {"intermediate_size": 2048, "hidden_act": "silu", "num_experts_per_tok": 8, "num_experts": 64},
+    "glm4_moe": {"intermediate_size": 10944, "num_key_value_heads": 8, "hidden_act": "silu",
+                 "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                 "n_routed_experts": 128, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+                 "num_nextn_predict_layers": 1},
+}
 
 
 def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, source: str) -> dict:
@@ -952,8 +1033,11 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4) of ``layers`` layers; what is
     simplified goes to ``notes``."""
     out: dict = {}
-    if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text"):
+    if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text") or (mtype == "glm4_moe"
+                                                                         and cfg.get("use_qk_norm")):
         out["qk_norm"] = True
+    if mtype in ("olmo2", "olmo3", "olmoe"):   # one RMSNorm over the whole q and the whole k projection
+        out.update(qk_norm=True, qk_norm_width="projection")
     if mtype in ("gemma2", "gemma3_text"):   # a norm after the attention and the FFN, soft-caps
         out.update(sandwich_norm=True, attention_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
                    logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
@@ -982,7 +1066,8 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
                    head_dim=int(cfg.get("qk_nope_head_dim", 0)) + int(cfg.get("qk_rope_head_dim", 0)),
                    v_head_dim=int(cfg.get("v_head_dim") or 0))
-        if int(cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):   # node-limited routing
+    if mtype in ("deepseek_v2", "deepseek_v3", "glm4_moe"):   # node-limited routing, multi-token prediction
+        if experts and int(cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):
             out.update(router_groups=int(cfg["n_group"]), router_group_topk=int(cfg["topk_group"]))
         out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or 0)
     if mtype == "llama4_text":
@@ -1049,7 +1134,7 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
     if isinstance(kinds, list) and kinds:
         sliding = sum(k == "sliding_attention" for k in kinds)
     elif mtype in _HF_WINDOW_TYPED:
-        every = int(cfg.get("sliding_window_pattern") or 6) if mtype == "gemma3_text" else 2
+        every = {"gemma3_text": int(cfg.get("sliding_window_pattern") or 6), "olmo3": 4}.get(mtype, 2)
         sliding = sum(1 for i in range(layers) if (i + 1) % every)
     elif mtype == "qwen3_moe":
         sliding = layers
@@ -1197,6 +1282,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         raise ConfigError(source, "model_type", f"{'got ' + repr(mtype) if mtype else 'missing'}: phaze reads only "
                                                 f"the types whose norms, biases, gating and experts it knows: "
                                                 f"{known}; a workload YAML describes any other model")
+    cfg = {**_HF_TYPE_DEFAULTS.get(mtype, {}), **cfg}
     _check_hf_numbers(cfg, source)
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -1268,7 +1354,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         raise ConfigError(source, "mlp_bias", "must be false: biases on a gated FFN's projections are not modelled")
     qkv_bias = mtype == "qwen2" or (mtype == "qwen2_moe" and bool(cfg.get("qkv_bias", True))) or attn_bias
     if qkv_bias:
-        which = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE"}.get(mtype) or (
+        which = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE", "glm4_moe": "GLM-4.5's attention_bias"}.get(mtype) or (
             f"{'GPT-OSS' if mtype == 'gpt_oss' else 'attention_bias'}; its output projection's bias, {hidden} "
             f"per layer, is not counted")
         notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
@@ -1282,6 +1368,11 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append("Falcon: linears without biases; its LayerNorms' biases, 2 x hidden per norm, are not counted")
     if mtype == "gptj":
         notes.append("GPT-J: its attention projections' missing biases are counted as its FFN's are")
+    if mtype in ("olmo2", "olmo3"):
+        notes.append("OLMo 2: its norms on the attention's and the FFN's outputs, before the residual adds, costed "
+                     "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
+    if mtype == "olmoe" and cfg.get("clip_qkv"):
+        notes.append(f"OLMoE: clip_qkv's clamp of q, k and v to ±{cfg['clip_qkv']} is not costed")
     if mtype in ("gemma", "gemma2", "gemma3_text"):
         notes.append("Gemma: the embedding's scaling by the square root of the width (one element-wise pass) "
                      "is not costed")
@@ -1298,7 +1389,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if position == "rotary":
         width = extra.get("head_dim", 0) or cfg.get("head_dim") or hidden // heads
         rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-        share = _first(cfg, "rotary_pct", "partial_rotary_factor", default=rope.get("partial_rotary_factor", 1.0))
+        # GLM-4.5's configuration sets a half by default (Glm4MoeConfig.__post_init__)
+        share = _first(cfg, "rotary_pct", "partial_rotary_factor",
+                       default=rope.get("partial_rotary_factor", 0.5 if mtype == "glm4_moe" else 1.0))
         rot_dim = cfg.get("rotary_dim") if isinstance(cfg.get("rotary_dim"), int) else int(width * share) // 2 * 2
         rot_dim = rot_dim if 0 < rot_dim < width else 0
         if rot_dim:
@@ -1311,7 +1404,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         activation=activation,
         vocab=cfg["vocab_size"], seq_len=seq, position_embedding=position,
         max_positions=(max_pos + (2 if mtype == "opt" else 0)) if position == "learned" else 0,
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", mtype in _HF_TIED)),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         norm=norm, norm_position="post" if post else "pre", bias=bias,
         dropout=bool(_first(cfg, "attention_probs_dropout_prob", "attn_pdrop", "dropout",
                             "attention_dropout", default=0.0)),

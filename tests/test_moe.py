@@ -111,8 +111,10 @@ def test_hf_configs_give_the_shipped_workloads():
     ds, ds_shipped = model_from_hf_config(configs["deepseek-v3"]), load_model("deepseek-v3")
     assert (ds.router_groups, ds.router_group_topk) == (ds_shipped.router_groups, ds_shipped.router_group_topk)
     assert (ds.router_groups, ds.router_group_topk) == (8, 4)
+    # left out, DeepseekV3Config's defaults (8 and 4) hold; one group is no grouping
     plain = {k: v for k, v in configs["deepseek-v3"].items() if k not in ("n_group", "topk_group")}
-    assert model_from_hf_config(plain).router_groups == 0
+    assert (model_from_hf_config(plain).router_groups, model_from_hf_config(plain).router_group_topk) == (8, 4)
+    assert model_from_hf_config({**plain, "n_group": 1, "topk_group": 1}).router_groups == 0
     oss = model_from_hf_config(configs["gpt-oss-120b"])
     assert (oss.sliding_window, oss.window_layer_share) == (128, 0.5)        # every other layer (no layer_types)
     assert (shipped.sliding_window, shipped.window_layer_share) == (128, 0.5)
