@@ -790,33 +790,32 @@ def mtp_error(model: Model) -> str:
     return ""
 
 
+def _first_feature(model: Model, *names: str) -> str:
+    """The first of the features ``names`` that ``model`` has, in words ('' for none): what a
+    layer addition modelled only for a pre-norm decoder's dense layers is refused with."""
+    features = {"moe": (model.moe, "a mixture of experts"), "mla": (model.mla, "multi-head latent attention"),
+                "parallel_block": (model.parallel_block, "a parallel block"),
+                "hybrid": (model.hybrid, "hybrid layers"), "gdn": (model.gdn_layers, "Gated DeltaNet layers"),
+                "post": (model.norm_position == "post", "post-norm layers"),
+                "encoder": (not model.causal, "an encoder"), "mtp": (model.mtp_layers, "multi-token prediction")}
+    return next((what for on, what in map(features.__getitem__, names) if on), "")
+
+
 def parallel_block_error(model: Model) -> str:
     """Why ``model``'s parallel block cannot be costed ('' when it can): it is modelled for a
     pre-norm decoder's dense layers with ordinary attention projections."""
-    if not model.parallel_block:
-        return ""
-    for bad, what in ((model.moe, "a mixture of experts"), (model.mla, "multi-head latent attention"),
-                      (model.norm_position == "post", "post-norm layers"), (not model.causal, "an encoder"),
-                      (model.mtp_layers, "multi-token prediction")):
-        if bad:
-            return (f"not modelled with {what}: a parallel block is costed for a pre-norm decoder's dense "
-                    f"layers (GPT-J, GPT-NeoX, PaLM, Falcon); allowed: blank (a sequential layer)")
-    return ""
+    what = model.parallel_block and _first_feature(model, "moe", "mla", "post", "encoder", "mtp")
+    return (f"not modelled with {what}: a parallel block is costed for a pre-norm decoder's dense layers (GPT-J, "
+            f"GPT-NeoX, PaLM, Falcon); allowed: blank (a sequential layer)") if what else ""
 
 
 def sandwich_error(model: Model) -> str:
     """Why ``model``'s norms after the attention and the FFN cannot be costed ('' when they can):
     they are modelled for a pre-norm decoder's dense layers (Gemma 2 and 3)."""
-    if not model.sandwich_norm:
-        return ""
-    for bad, what in ((model.moe, "a mixture of experts"), (model.mla, "multi-head latent attention"),
-                      (model.parallel_block, "a parallel block"), (model.hybrid, "hybrid layers"),
-                      (model.gdn_layers, "Gated DeltaNet layers"), (model.norm_position == "post", "post-norm layers"),
-                      (model.mtp_layers, "multi-token prediction")):
-        if bad:
-            return (f"not modelled with {what}: norms after the attention and the FFN are costed for a "
-                    f"pre-norm decoder's dense layers (Gemma 2 and 3); allowed: false")
-    return ""
+    what = model.sandwich_norm and _first_feature(model, "moe", "mla", "parallel_block", "hybrid", "gdn", "post",
+                                                  "mtp")
+    return (f"not modelled with {what}: norms after the attention and the FFN are costed for a pre-norm decoder's "
+            f"dense layers (Gemma 2 and 3); allowed: false") if what else ""
 
 
 def hybrid_views(model: Model) -> tuple[tuple[float, Model], ...]:
@@ -860,14 +859,12 @@ def hybrid_error(model: Model) -> tuple[str, str]:
     if ("E" in pattern) != model.moe:
         return ("experts", "must be > 0 with E (mixture-of-experts) layers in hybrid_pattern, and 0 without them "
                            f"(got {model.experts} experts and {pattern.count('E')} E layers)")
-    for bad, what in ((model.dense_layers or model.moe_layer_interval != 1,
-                       "dense_layers or moe_layer_interval (its E layers are the MoE ones)"),
-                      (model.mla, "multi-head latent attention"),
-                      (model.parallel_block, "a parallel block"), (model.mtp_layers, "multi-token prediction"),
-                      (model.norm_position == "post", "post-norm layers"), (not model.causal, "an encoder")):
-        if bad:
-            return "hybrid_pattern", (f"not modelled with {what}: a hybrid is costed as Megatron-Core's "
-                                      f"MambaModel, a pre-norm decoder of Mamba-2, attention, MLP and MoE layers")
+    what = ("dense_layers or moe_layer_interval (its E layers are the MoE ones)"
+            if model.dense_layers or model.moe_layer_interval != 1
+            else _first_feature(model, "mla", "parallel_block", "mtp", "post", "encoder"))
+    if what:
+        return "hybrid_pattern", (f"not modelled with {what}: a hybrid is costed as Megatron-Core's "
+                                  f"MambaModel, a pre-norm decoder of Mamba-2, attention, MLP and MoE layers")
     for name in ("mamba_state", "mamba_head_dim", "mamba_groups", "mamba_conv", "mamba_chunk"):
         if getattr(model, name) < 1:
             return name, f"must be >= 1, got {getattr(model, name)}"
