@@ -1536,7 +1536,9 @@ def load_model(name_or_path: str | Path, seq_len: int | None = None) -> Model:
     path = workload_path(name_or_path)
     data = read_mapping(path)
     if path.suffix == ".json":
-        model = model_from_hf_config(data, str(path), name=path.parent.name or path.stem)
+        # a repository's config.json is named by its folder, another JSON file by its own name
+        stem = path.stem if path.stem != "config" else ""
+        model = model_from_hf_config(data, str(path), name=stem or path.parent.name or "config")
     else:
         model = _model_from_yaml(data, str(path))
     if seq_len is not None:

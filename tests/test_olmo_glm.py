@@ -144,3 +144,15 @@ def test_the_printout_says_the_norms_are_over_the_projection(tmp_path, capsys):
                  "--global-batch", "8", "--seq-len", "1024", "--plan", "tp=2"]) == 0
     out = capsys.readouterr().out
     assert "normed over the whole projection" in out and "pre-norms they replace" in out
+
+
+def test_a_json_file_is_named_by_its_own_name_a_config_json_by_its_folder(tmp_path):
+    """A repository's ``config.json`` takes its folder's name (``OLMo-2-1124-7B``); another JSON
+    file its own (``olmo2-7b.json``), not the folder it happens to sit in."""
+    import json
+    repo = tmp_path / "OLMo-2-1124-7B"
+    repo.mkdir()
+    (repo / "config.json").write_text(json.dumps(OLMO2_7B))
+    (tmp_path / "olmo2-7b.json").write_text(json.dumps(OLMO2_7B))
+    assert load_model(repo / "config.json").name == "OLMo-2-1124-7B"
+    assert load_model(tmp_path / "olmo2-7b.json").name == "olmo2-7b"
