@@ -156,3 +156,16 @@ def test_a_json_file_is_named_by_its_own_name_a_config_json_by_its_folder(tmp_pa
     (tmp_path / "olmo2-7b.json").write_text(json.dumps(OLMO2_7B))
     assert load_model(repo / "config.json").name == "OLMo-2-1124-7B"
     assert load_model(tmp_path / "olmo2-7b.json").name == "olmo2-7b"
+
+
+def test_the_hf_configs_give_the_shipped_workloads():
+    """OLMo 2 7B's and OLMoE-1B-7B's Hugging Face shapes read as the shipped files describe them:
+    the same parameters and the same fields that cost them."""
+    olmoe = dict(model_type="olmoe", vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
+                 num_attention_heads=16, max_position_embeddings=4096)
+    for cfg, name in ((OLMO2_7B, "olmo2-7b"), (olmoe, "olmoe-1b-7b")):
+        hf, shipped = model_from_hf_config(cfg), load_model(name)
+        assert (hf.params, hf.active_params) == (shipped.params, shipped.active_params)
+        for key in ("qk_norm", "qk_norm_width", "activation", "norm", "tied_embeddings", "kv_heads", "experts",
+                    "top_k", "expert_ffn_hidden", "seq_len", "position_embedding", "bias"):
+            assert getattr(hf, key) == getattr(shipped, key), (name, key)
