@@ -77,3 +77,16 @@ def _every_schedule_checked():
     schedule.solve = checked
     yield
     schedule.solve = original
+
+
+# the files whose tests take longest (worker fleets, exact searches, Ctrl-C runs, reports; see
+# `pytest --durations`), run first: pytest-xdist hands tests out in collection order, and a long test
+# handed out last keeps one core busy after the other has finished
+_LONG_FIRST = ("test_workers.py", "test_exact.py", "test_search.py", "test_report.py", "test_placement.py",
+               "test_readme.py", "test_schedule.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order the long files first (:data:`_LONG_FIRST`), each file's tests in their own order."""
+    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
