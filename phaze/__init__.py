@@ -5,7 +5,7 @@
 ...                    plan="tp=8,pp=16,mbs=1,recompute=full")
 >>> r.step_time_s, r.mfu, r.fits
 """
-from .api import evaluate, place
+from .api import evaluate, place, shipped
 from .arch import Chip, load_chip
 from .configio import ConfigError
 from .cost import Efficiency
@@ -15,7 +15,7 @@ from .step import StepResult
 from .system import System, apply_system, load_system
 from .workload import Model, load_model
 
-__all__ = ["evaluate", "place", "PlacementOptions", "PlacementResult", "Chip", "load_chip", "ConfigError",
+__all__ = ["evaluate", "place", "shipped", "PlacementOptions", "PlacementResult", "Chip", "load_chip", "ConfigError",
            "Efficiency", "Plan", "parse_plan", "StepResult", "Model", "load_model", "System",
            "load_system", "apply_system"]
 __version__ = "0.1.0"

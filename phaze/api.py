@@ -10,7 +10,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from .arch import Chip, load_chip
-from .configio import ConfigError
+from .configio import ConfigError, config_dirs
 from .cost import Efficiency
 from .placement import PlacementOptions
 from .placement import place as _place
@@ -39,6 +39,23 @@ _PARAMETER = {"--plan": "plan", "--baseline": "plan", "--devices": "devices", "-
               "--zero": "zero", "--recompute": "recompute",
               "--attention": "attention", "--memory-reserve": "memory_reserve", "--params": "efficiency",
               "--system": "system"}
+
+
+# what ``--workload``, ``--arch`` and ``--system`` name, by the folder their files sit in
+SHIPPED_KINDS = {"workloads": "workloads", "chips": "arch_configs", "systems": "system_configs"}
+
+
+def shipped(kind: str) -> dict[str, Path]:
+    """The names ``--workload``, ``--arch`` or ``--system`` take (``kind``: workloads, chips or
+    systems), sorted, each with its file: ``./workloads`` (``./arch_configs``, ``./system_configs``)
+    first, then the shipped ones, a name found first hiding the same name later."""
+    if kind not in SHIPPED_KINDS:
+        raise ConfigError("kind", None, f"must be one of {', '.join(SHIPPED_KINDS)}, got {kind!r}")
+    out: dict[str, Path] = {}
+    for folder in config_dirs(SHIPPED_KINDS[kind]):
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
+            out.setdefault(path.stem, path)
+    return dict(sorted(out.items()))
 
 
 def _library_errors(fn):

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import fitstore
 from . import validate as val
-from .api import as_chip, as_model, as_plan, calibrated_efficiency
+from .api import SHIPPED_KINDS, as_chip, as_model, as_plan, calibrated_efficiency, shipped
 from .area import DEFAULT, silicon
 from .calibrate import BOUNDS, PRIOR_WEIGHT, load_params, save_params
 from .configio import ConfigError
@@ -1268,6 +1268,66 @@ def cmd_area(args) -> int:
     return 0
 
 
+def _listed(kind: str, name: str, path: Path) -> dict:
+    """One row of ``phaze list``: the file's name and what it describes, in SI-named fields."""
+    if kind == "workloads":
+        m = as_model(path)
+        return {"name": name, "model": m.name, "params": m.params, "active_params": m.active_params,
+                "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
+                "experts": m.experts, "top_k": m.top_k, "vocab": m.vocab, "seq_len": m.seq_len,
+                "precision": m.precision,
+                # a hybrid's layers by kind (M Mamba-2, * attention, - MLP, E experts: hybrid_pattern)
+                "layer_kinds": " ".join(f"{k}{n}" for k, n in m.hybrid_counts.items()) if m.hybrid else ""}
+    if kind == "chips":
+        c = as_chip(path)
+        return {"name": name, "chip": c.name, "kind": c.kind, "execution": c.execution,
+                "peak_bf16_flops": c.peak_flops("bf16"), "hbm_bytes": c.hbm_bytes,
+                "hbm_bandwidth_bytes_per_s": c.hbm_bandwidth_bytes_per_s, "clock_hz": c.clock_hz,
+                "tdp_w": c.tdp_w or ""}
+    s = as_system(path)
+    return {"name": name, "system": s.name, "devices_per_node": s.devices_per_node,
+            "intra_node": s.intra_node_name,
+            "intra_node_bandwidth_bytes_per_s": s.intra_node_bandwidth_bytes_per_s or "",
+            "inter_node": s.inter_node_name, "nics_per_node": s.nics_per_node,
+            "nic_bandwidth_bytes_per_s": s.nic_bandwidth_bytes_per_s, "topology": s.topology}
+
+
+def _list_text(kind: str, row: dict) -> str:
+    """A row of ``phaze list``'s text table, in the units a reader expects."""
+    if kind == "workloads":
+        moe = f"{row['experts']} experts, top-{row['top_k']}" if row["experts"] else ""
+        active = f" ({row['active_params'] / 1e9:.2f} B active)" if row["experts"] else ""
+        heads = (f"{row['layer_kinds']:<16}" if row["layer_kinds"]
+                 else f"{row['heads']:>4}/{row['kv_heads']:<4} heads   ")
+        return (f"{row['name']:<26} {row['model']:<28} {row['params'] / 1e9:9.2f} B{active:<17} "
+                f"{row['layers']:>4} x {row['hidden']:<6} {heads} seq {row['seq_len']:<6} {moe}").rstrip()
+    if kind == "chips":
+        tdp = f"{row['tdp_w']:g} W" if row["tdp_w"] else "no TDP"
+        return (f"{row['name']:<22} {row['chip']:<24} {row['peak_bf16_flops'] / 1e12:7.1f} TFLOP/s bf16  "
+                f"{row['hbm_bytes'] / 2 ** 30:6.1f} GiB at {row['hbm_bandwidth_bytes_per_s'] / 1e12:5.2f} TB/s  "
+                f"{row['clock_hz'] / 1e9:5.2f} GHz  {tdp:<7} {row['execution']}")
+    intra = (f"{row['intra_node'] or 'intra-node'} {row['intra_node_bandwidth_bytes_per_s'] / 1e9:g} GB/s, "
+             if row["intra_node_bandwidth_bytes_per_s"] else "")
+    return (f"{row['name']:<22} {row['devices_per_node']:>4} devices a node, {intra}{row['nics_per_node']} x "
+            f"{row['nic_bandwidth_bytes_per_s'] / 1e9:g} GB/s {row['inter_node']} a node ({row['topology']})")
+
+
+def cmd_list(args) -> int:
+    """``phaze list``: the shipped workloads, chips or systems (and those of ./workloads,
+    ./arch_configs, ./system_configs), each with what it describes; csv for a script."""
+    rows = [_listed(args.kind, name, path) for name, path in shipped(args.kind).items()]
+    if args.format == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]) if rows else ["name"], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return 0
+    for row in rows:
+        print(_list_text(args.kind, row))
+    flag = {"workloads": "--workload", "chips": "--arch", "systems": "--system"}[args.kind]
+    print(f"{len(rows)} {args.kind}; the name goes to {flag}")
+    return 0
+
+
 def _power_args(p) -> None:
     p.add_argument("--power-limit", type=_watts, default=None, metavar="W",
                    help="the chip's power limit; above it the clock drops until the step fits "
@@ -1506,6 +1566,12 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--ideal", action="store_true", help="ideal datasheet machine")
     _power_args(ar)
     ar.set_defaults(func=cmd_area)
+    ls = sub.add_parser("list", help="the shipped workloads, chips or systems, with what each describes")
+    ls.add_argument("kind", choices=tuple(SHIPPED_KINDS),
+                    help="workloads (--workload), chips (--arch) or systems (--system)")
+    ls.add_argument("--format", choices=("text", "csv"), default="text",
+                    help="text: a table in B, TFLOP/s, GiB, GB/s; csv: the SI fields (default text)")
+    ls.set_defaults(func=cmd_list)
     return parser
 
 
