@@ -944,7 +944,7 @@ _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", 
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
-             "glm4_moe")
+             "glm4_moe", "smollm3")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
@@ -1018,6 +1018,8 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
     "olmo2": {"intermediate_size": 11008, "hidden_act": "silu"},
     "olmo3": {"intermediate_size": 11008, "hidden_act": "silu", "sliding_window": 4096},
     "olmoe": {"intermediate_size": 2048, "hidden_act": "silu", "num_experts_per_tok": 8, "num_experts": 64},
+    "smollm3": {"intermediate_size": 11008, "num_key_value_heads": 4, "hidden_act": "silu", "no_rope_layer_interval": 4,
+                "tie_word_embeddings": True},
     "glm4_moe": {"intermediate_size": 10944, "num_key_value_heads": 8, "hidden_act": "silu",
                  "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1,
                  "n_routed_experts": 128, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
@@ -1072,6 +1074,9 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         if cfg.get("use_qk_norm", True):
             notes.append("Llama 4: the weightless L2 norm of the chunked layers' queries and keys is not costed")
         notes.append("Llama 4: the rotary embedding is costed in every layer (its global layers have none)")
+    if mtype == "smollm3" and _hf_rope_layers(cfg, layers) < layers:
+        notes.append(f"SmolLM3: the rotary embedding is costed in every layer ({layers - _hf_rope_layers(cfg, layers)} "
+                     f"of the {layers} have none: no_rope_layers)")
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
         notes.append("GPT-OSS: the SwiGLU clamp and the attention sinks add no GEMM work")
@@ -1093,6 +1098,16 @@ _HF_WHOLE_KEYS = (
 _HF_NUMBER_KEYS = ("attn_logit_softcapping", "final_logit_softcapping", "expansion_ratio", "rotary_pct",
                    "partial_rotary_factor")
 _HF_LIST_KEYS = ("moe_layers", "mlp_only_layers", "no_rope_layers")
+
+
+def _hf_rope_layers(cfg: dict, layers: int) -> int:
+    """Layers with a rotary embedding in a SmolLM3 config: those ``no_rope_layers`` marks 1, else
+    all but every ``no_rope_layer_interval``-th (SmolLM3Config.__post_init__)."""
+    marks = cfg.get("no_rope_layers")
+    if isinstance(marks, list) and marks:
+        return sum(1 for k in marks[:layers] if k)
+    every = int(cfg.get("no_rope_layer_interval") or 4)
+    return sum(1 for i in range(layers) if (i + 1) % every)
 
 
 def _check_hf_numbers(cfg: dict, source: str) -> None:
@@ -1121,6 +1136,13 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
         return 0, 1.0
     if mtype in _HF_WINDOW_ALL:
         return window, 1.0
+    if mtype == "smollm3":   # under use_sliding_window: the layers layer_types marks, else the NoPE ones
+        if not cfg.get("use_sliding_window"):
+            return 0, 1.0
+        kinds = cfg.get("layer_types")
+        sliding = (sum(k == "sliding_attention" for k in kinds) if isinstance(kinds, list) and kinds
+                   else layers - _hf_rope_layers(cfg, layers))
+        return (window, sliding / layers) if sliding and layers else (0, 1.0)
     if mtype in _HF_WINDOW_OPT_IN and not cfg.get("use_sliding_window"):
         return 0, 1.0
     if mtype not in _HF_WINDOW_OPT_IN + _HF_WINDOW_TYPED:

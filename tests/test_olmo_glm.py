@@ -1,6 +1,6 @@
-"""OLMo 2, OLMo 3, OLMoE and GLM-4.5 read from their Hugging Face configs as transformers 5.25.0
-builds them (models/olmo2, olmo3, olmoe, glm4_moe), a type's class defaults filling what a config
-leaves out, and q/k norms over the whole projection; parameter counts by hand."""
+"""OLMo 2, OLMo 3, OLMoE, GLM-4.5 and SmolLM3 read from their Hugging Face configs as transformers
+5.25.0 builds them (models/olmo2, olmo3, olmoe, glm4_moe, smollm3), a type's class defaults filling
+what a config leaves out, and q/k norms over the whole projection; parameter counts by hand."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -169,3 +169,23 @@ def test_the_hf_configs_give_the_shipped_workloads():
         for key in ("qk_norm", "qk_norm_width", "activation", "norm", "tied_embeddings", "kv_heads", "experts",
                     "top_k", "expert_ffn_hidden", "seq_len", "position_embedding", "bias"):
             assert getattr(hf, key) == getattr(shipped, key), (name, key)
+
+
+def test_smollm3_by_hand_and_its_windows():
+    """SmolLM3-3B's shapes (36 layers of 2,048, 16 query and 4 key/value heads, SwiGLU of 11,008, a
+    tied 128,256-row table): 3,075,098,624, the published 3.08B (as remembered); every fourth layer
+    without a rotary embedding, which the note says phaze costs anyway; a window only under
+    use_sliding_window, in those NoPE layers (SmolLM3Config) or where layer_types says."""
+    cfg = dict(model_type="smollm3", vocab_size=128256, hidden_size=2048, intermediate_size=11008,
+               num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=65536)
+    m = model_from_hf_config(cfg)
+    h, kv, f = 2048, 512, 11008
+    assert m.params == 36 * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + h + 128256 * h == 3_075_098_624
+    assert (m.tied_embeddings, m.sliding_window, m.activation) == (True, 0, "swiglu")
+    assert "9 of the 36 have none" in m.notes[-1]
+    assert model_from_hf_config({**cfg, "sliding_window": 4096}).sliding_window == 0
+    w = model_from_hf_config({**cfg, "use_sliding_window": True, "sliding_window": 4096})
+    assert (w.sliding_window, w.window_layer_share) == (4096, 9 / 36)
+    kinds = ["sliding_attention", "full_attention"] * 18
+    w = model_from_hf_config({**cfg, "use_sliding_window": True, "sliding_window": 4096, "layer_types": kinds})
+    assert w.window_layer_share == 0.5
