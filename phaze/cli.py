@@ -1131,7 +1131,8 @@ def _search_summary(res, cfg, figures: bool = True) -> None:
                 f"{name} " + ("(no plan)" if g["overall"] is None else f"{100 * g['overall']:+.1f} %")
                 for name, g in per.items()))
     print(f"wrote {res.out_dir}/trials.csv, pareto.csv, baselines.csv, report.md"
-          + (", report.html and figures" if figures else " (report.html and figures with the next run)"))
+          + (", report.html and figures" if figures
+             else f" (report.html and figures: phaze report {res.out_dir}, or the next run)"))
 
 
 def cmd_search(args) -> int:
@@ -1139,13 +1140,13 @@ def cmd_search(args) -> int:
     cfg = override(load_sweep(args.config), trials=args.trials, sampler=args.sampler, seed=args.seed)
     try:
         res = search(cfg, storage=args.storage, study_name=args.study, jobs=args.jobs, progress=not args.quiet,
-                     grace_period_s=args.grace_period)
+                     grace_period_s=args.grace_period, figures=not args.no_figures)
     except SearchInterrupted as stop:     # Ctrl-C: the best designs so far, and how to go on
         _search_summary(stop.result, cfg, figures=False)
         print(f"phaze: search interrupted with {stop.result.complete} of {cfg.trials} trials complete "
               f"(the trial in hand is marked failed); the same command resumes the study", file=sys.stderr)
         return 130
-    _search_summary(res, cfg)
+    _search_summary(res, cfg, figures=not args.no_figures)
     return 0
 
 
@@ -1153,13 +1154,14 @@ def cmd_sweep(args) -> int:
     """``phaze sweep CONFIG``: every design of the space, largest area first."""
     cfg = load_sweep(args.config)
     try:
-        res = sweep(cfg, storage=args.storage, study_name=args.study, limit=args.limit, progress=not args.quiet)
+        res = sweep(cfg, storage=args.storage, study_name=args.study, limit=args.limit, progress=not args.quiet,
+                    figures=not args.no_figures)
     except SearchInterrupted as stop:     # Ctrl-C: the best designs so far, and how to go on
         _search_summary(stop.result, cfg, figures=False)
         print(f"phaze: sweep interrupted with {stop.result.complete} designs evaluated (the design in hand is "
               f"marked failed); the same command resumes the sweep", file=sys.stderr)
         return 130
-    _search_summary(res, cfg)
+    _search_summary(res, cfg, figures=not args.no_figures)
     return 0
 
 
@@ -1537,6 +1539,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--quiet", action="store_true", help="no progress bar")
     se.add_argument("--grace-period", type=_positive_int, default=30, metavar="S",
                     help="seconds without a heartbeat after which a worker's trial is failed and retried (default 30)")
+    se.add_argument("--no-figures", action="store_true",
+                    help="write the tables and report.md but not report.html and the figures (a fleet's workers; "
+                         "'phaze report' draws them once)")
     se.set_defaults(func=cmd_search)
     sw = sub.add_parser("sweep", help="evaluate every design of a sweep config, largest area first")
     sw.add_argument("config", help="sweep config")
@@ -1544,6 +1549,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///results/<study>/study.db)")
     sw.add_argument("--study", default=None, type=_study_name, help="study name (default: <config name>-sweep)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument("--no-figures", action="store_true",
+                    help="write the tables and report.md but not report.html and the figures (a fleet's workers; "
+                         "'phaze report' draws them once)")
     sw.set_defaults(func=cmd_sweep)
     rp = sub.add_parser("report", help="the plotted report of a study (report.md, report.html, figures)")
     rp.add_argument("study_dirs", nargs="*", metavar="STUDY",

@@ -662,20 +662,23 @@ class SearchResult:
 
 
 def search(cfg: SweepConfig, storage: str | None = None, study_name: str | None = None, jobs: int = 1,
-           progress: bool = True, write: bool = True, grace_period_s: int = GRACE_PERIOD_S) -> SearchResult:
+           progress: bool = True, write: bool = True, grace_period_s: int = GRACE_PERIOD_S,
+           figures: bool = True) -> SearchResult:
     """Run (or resume, or join) the study of ``cfg`` until it holds ``cfg.trials`` complete trials.
 
     The same call from another process or machine on the same storage joins the study. The
     process that creates the study enqueues the template chip as its first trial, so it is
-    enqueued once however many workers start together."""
+    enqueued once however many workers start together. ``figures`` False writes the tables and
+    report.md without report.html and the figures (a fleet's workers; ``phaze report`` draws
+    them once)."""
     name = study_name or cfg.name
     url = storage or cfg.storage or default_storage(cfg, name)
     with storage_errors(url):
-        return _search(cfg, url, name, jobs, progress, write, grace_period_s)
+        return _search(cfg, url, name, jobs, progress, write, grace_period_s, figures)
 
 
 def _search(cfg: SweepConfig, url: str, name: str, jobs: int, progress: bool, write: bool,
-            grace_period_s: int) -> SearchResult:
+            grace_period_s: int, figures: bool = True) -> SearchResult:
     check_budgets(cfg)
     study, created = _create_or_load(cfg, url, name, make_sampler(cfg), grace_period_s=grace_period_s)
     if created:
@@ -706,8 +709,9 @@ def _search(cfg: SweepConfig, url: str, name: str, jobs: int, progress: bool, wr
             if cfg.sampler == "exact":
                 write_certificate(cfg, study, study_dir(url, name) if write else None)
             if write:       # after Ctrl-C, the tables and report.md at once; figures with the next run
-                _writing(study_dir(url, name), progress, figures=not (interrupted or late))
-                write_study_files(study, cfg, study_dir(url, name), figures=not (interrupted or late))
+                drawn = figures and not (interrupted or late)
+                _writing(study_dir(url, name), progress, figures=drawn)
+                write_study_files(study, cfg, study_dir(url, name), figures=drawn)
     res = SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)), elapsed_s, note)
     if interrupted or late:
         raise SearchInterrupted(res)
@@ -717,7 +721,8 @@ def _search(cfg: SweepConfig, url: str, name: str, jobs: int, progress: bool, wr
 def _writing(out_dir: Path, progress: bool, figures: bool = True) -> None:
     """One status line while the report and its figures are written (seconds for a large study)."""
     if progress:
-        what = "report.md, report.html and figures" if figures else "report.md (figures with the next run)"
+        what = ("report.md, report.html and figures" if figures
+                else "report.md (report.html and figures: phaze report, or the next run)")
         print(f"writing {out_dir}/trials.csv, {what} ...", file=sys.stderr, flush=True)
 
 
@@ -792,16 +797,18 @@ def _run_workers(cfg, url, name, jobs, bar, study, grace_period_s) -> None:
 
 
 def sweep(cfg: SweepConfig, storage: str | None = None, study_name: str | None = None,
-          limit: int | None = None, progress: bool = True, write: bool = True) -> SearchResult:
+          limit: int | None = None, progress: bool = True, write: bool = True, figures: bool = True) -> SearchResult:
     """Every point of the grid, largest area first; points over the area or cost budget are
-    counted on the study (``sweep_skipped``) rather than evaluated. Resumes like :func:`search`."""
+    counted on the study (``sweep_skipped``) rather than evaluated. Resumes like :func:`search`;
+    ``figures`` as there."""
     name = study_name or f"{cfg.name}-sweep"
     url = storage or cfg.storage or default_storage(cfg, name)
     with storage_errors(url):
-        return _sweep(cfg, url, name, limit, progress, write)
+        return _sweep(cfg, url, name, limit, progress, write, figures)
 
 
-def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: bool, write: bool) -> SearchResult:
+def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: bool, write: bool,
+           figures: bool = True) -> SearchResult:
     optuna = _optuna()
     check_budgets(cfg)
     study = open_study(cfg, url, name, sampler=optuna.samplers.RandomSampler(seed=cfg.seed), heartbeat=False,
@@ -858,8 +865,9 @@ def _sweep(cfg: SweepConfig, url: str, name: str, limit: int | None, progress: b
             elapsed_s = time.perf_counter() - start
             bar.close()
             if write:
-                _writing(study_dir(url, name), progress, figures=not (interrupted or late))
-                write_study_files(study, cfg, study_dir(url, name), figures=not (interrupted or late))
+                drawn = figures and not (interrupted or late)
+                _writing(study_dir(url, name), progress, figures=drawn)
+                write_study_files(study, cfg, study_dir(url, name), figures=drawn)
     res = SearchResult(name, url, study_dir(url, name), count(study, ("COMPLETE",)), elapsed_s)
     if interrupted or late:
         raise SearchInterrupted(res)

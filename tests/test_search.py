@@ -366,6 +366,23 @@ def test_report_names_the_real_storage_and_how_designs_were_chosen(tmp_path):
     assert "phaze sweep" in phrase and "random" not in phrase.lower()
 
 
+def test_no_figures_writes_the_tables_and_report_md_and_phaze_report_draws_the_rest(tmp_path, monkeypatch, capsys):
+    """``--no-figures`` (a fleet's workers): the tables and report.md, no report.html and no
+    figure, and the summary says how to get them; ``phaze report`` then draws them, and its
+    tables are the search's."""
+    from phaze.cli import main
+    monkeypatch.chdir(tmp_path)
+    config = write(tmp_path, dict(SMALL, trials=2))
+    assert main(["search", str(config), "--quiet", "--no-figures"]) == 0
+    out = tmp_path / "results" / "tiny"
+    assert {"trials.csv", "pareto.csv", "baselines.csv", "report.md"} <= {p.name for p in out.iterdir()}
+    assert not list(out.glob("*.png")) and not (out / "report.html").exists()
+    assert "(report.html and figures: phaze report results/tiny, or the next run)" in capsys.readouterr().out
+    trials = (out / "trials.csv").read_text()
+    assert main(["report", "results/tiny"]) == 0
+    assert (out / "report.html").exists() and list(out.glob("*.png")) and (out / "trials.csv").read_text() == trials
+
+
 # --- interruptions ---------------------------------------------------------------------------------
 # a TPU-like template: every design needs CP-SAT solves, after which OR-Tools used to leave Ctrl-C
 # to the default handler (death by the signal: the trial left RUNNING, a partial report)
