@@ -1165,7 +1165,9 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-DAMAGE = (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, sqlite3.Error)
+# what damaged stored values raise on reading (LookupError: SQLAlchemy's for an enum column holding
+# a name outside it, such as a study direction; KeyError and IndexError are LookupErrors)
+DAMAGE = (ValueError, TypeError, AttributeError, LookupError, OverflowError, sqlite3.Error)
 
 
 @contextlib.contextmanager

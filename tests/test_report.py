@@ -603,7 +603,8 @@ def test_a_drawer_that_dies_leaves_the_figures_to_this_process(tmp_path, monkeyp
                                                ("trial_user_attributes", "value_json", "1e999"),
                                                ("trial_user_attributes", "value_json", "1.5"),
                                                ("trial_values", "value", "NaN"),
-                                               ("trial_params", "param_value", "-1")])
+                                               ("trial_params", "param_value", "-1"),
+                                               ("study_directions", "direction", "MAXIM8ZE")])
 def test_a_damaged_trial_is_one_line_and_exit_2(tmp_path, tiny, table, column, junk):
     """Values of trials damaged or edited by hand (the fuzz benchmark's report surface found
     tracebacks): one line naming the study, exit status 2, or a report when the value is harmless."""
