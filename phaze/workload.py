@@ -951,9 +951,10 @@ _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_ne
 # where a sliding window applies (transformers 5.25.0): Mistral, Mixtral, Phi-3 and StarCoder2 in
 # every layer whenever ``sliding_window`` is set; Qwen2, Qwen3, Qwen3-MoE and Qwen2-MoE only under
 # ``use_sliding_window`` (Qwen2 and Qwen3 from layer ``max_window_layers`` on, Qwen2-MoE every
-# other layer before it, or as ``layer_types`` marks them); GPT-OSS, Gemma 2 and Gemma 3 in the
-# layers ``layer_types`` marks (by default every other one, Gemma 3 five of every six: its
-# sliding_window_pattern, 6); the other types have no window
+# other layer before it, or as ``layer_types`` marks them); GPT-OSS, Gemma 2, Gemma 3 and OLMo 3
+# in the layers ``layer_types`` marks (by default every other one, Gemma 3 five of every six: its
+# sliding_window_pattern, 6; OLMo 3 three of every four); SmolLM3 only under ``use_sliding_window``,
+# in its layers without rotary embedding or as ``layer_types`` marks; the other types have no window
 _HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2")
 _HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
 _HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3")   # by layer_types, else their default pattern
@@ -1029,8 +1030,8 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
 
 def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, source: str) -> dict:
     """Mixture-of-experts, MLA, q/k-norm and chunked-attention fields of a Hugging Face config
-    (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4) of ``layers`` layers; what is
-    simplified goes to ``notes``."""
+    (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4, OLMo 2 and OLMoE, GLM-4.5) of
+    ``layers`` layers; what is simplified goes to ``notes``."""
     out: dict = {}
     if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text") or (mtype == "glm4_moe"
                                                                          and cfg.get("use_qk_norm")):
