@@ -956,7 +956,7 @@ _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_ne
 # sliding_window_pattern, 6; OLMo 3 three of every four); SmolLM3 only under ``use_sliding_window``,
 # in its layers without rotary embedding or as ``layer_types`` marks; the other types have no window
 _HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2")
-_HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
+_HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "smollm3")
 _HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3")   # by layer_types, else their default pattern
 # each type's configuration-class defaults of the keys this reader takes (transformers 5.25.0
 # models/<type>/configuration_<type>.py, its annotated class attributes; GLM-4.5's num_mtp_layers
@@ -1075,9 +1075,10 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         if cfg.get("use_qk_norm", True):
             notes.append("Llama 4: the weightless L2 norm of the chunked layers' queries and keys is not costed")
         notes.append("Llama 4: the rotary embedding is costed in every layer (its global layers have none)")
-    if mtype == "smollm3" and _hf_rope_layers(cfg, layers) < layers:
-        notes.append(f"SmolLM3: the rotary embedding is costed in every layer ({layers - _hf_rope_layers(cfg, layers)} "
-                     f"of the {layers} have none: no_rope_layers)")
+    nope = layers - _hf_rope_layers(cfg, layers) if mtype == "smollm3" else 0
+    if nope:
+        notes.append(f"SmolLM3: the rotary embedding is costed in every layer ({nope} of the {layers} have none: "
+                     f"no_rope_layers)")
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
         notes.append("GPT-OSS: the SwiGLU clamp and the attention sinks add no GEMM work")
@@ -1137,13 +1138,6 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
         return 0, 1.0
     if mtype in _HF_WINDOW_ALL:
         return window, 1.0
-    if mtype == "smollm3":   # under use_sliding_window: the layers layer_types marks, else the NoPE ones
-        if not cfg.get("use_sliding_window"):
-            return 0, 1.0
-        kinds = cfg.get("layer_types")
-        sliding = (sum(k == "sliding_attention" for k in kinds) if isinstance(kinds, list) and kinds
-                   else layers - _hf_rope_layers(cfg, layers))
-        return (window, sliding / layers) if sliding and layers else (0, 1.0)
     if mtype in _HF_WINDOW_OPT_IN and not cfg.get("use_sliding_window"):
         return 0, 1.0
     if mtype not in _HF_WINDOW_OPT_IN + _HF_WINDOW_TYPED:
@@ -1156,6 +1150,8 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
     elif mtype in _HF_WINDOW_TYPED:
         every = {"gemma3_text": int(cfg.get("sliding_window_pattern") or 6), "olmo3": 4}.get(mtype, 2)
         sliding = sum(1 for i in range(layers) if (i + 1) % every)
+    elif mtype == "smollm3":   # its layers without a rotary embedding
+        sliding = layers - _hf_rope_layers(cfg, layers)
     elif mtype == "qwen3_moe":
         sliding = layers
     elif mtype == "qwen2_moe":
