@@ -71,7 +71,7 @@ from .plan import (
 )
 from .power import PoweredStep, place_within_limit, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
-from .schedule import schedule_layer, sharing, write_gantt
+from .schedule import TIME_LIMIT_S, WORK_LIMIT, schedule_layer, sharing, write_gantt
 from .search import SearchInterrupted, interruptible, open_study, search, sweep
 from .space import MAX_BATCH, MAX_DEVICES, MAX_NAME, MAX_SEQ_LEN, load_sweep, override, study_name_ok
 from .step import COMMUNICATION_GROUPS, StepResult, evaluate, host_offload_bytes
@@ -979,11 +979,14 @@ def cmd_schedule(args) -> int:
         _check_output("--gantt", args.gantt, image=True)
     if not args.time_limit > 0:
         raise ConfigError("--time-limit", None, f"must be a positive number of seconds, got {args.time_limit}")
+    if not args.work_limit > 0:
+        raise ConfigError("--work-limit", None, f"must be a positive amount of CP-SAT deterministic time, "
+                                                f"got {args.work_limit}")
     sp = args.tp > 1 if args.sp is None else args.sp
     eff = efficiency_for(chip, args)
     with _Ticker("phaze schedule (CP-SAT)"):
         fwd, bwd = schedule_layer(model, chip, args.mbs, args.tp, sp, args.attention, args.recompute, eff,
-                                  time_limit_s=args.time_limit)
+                                  work_limit=args.work_limit, time_limit_s=args.time_limit)
     head = (f"{model.name} on {chip.name}: one layer{layer_note}, mbs={args.mbs}, tp={args.tp}, "
             f"sp={'on' if sp else 'off'}, "
             f"attention={args.attention}, recompute={args.recompute}; {sharing(chip)} units "
@@ -1010,6 +1013,7 @@ def cmd_schedule(args) -> int:
             ("lower bound", lambda s: t(s.lower_bound_s)), ("gap", lambda s: f"{100 * s.gap:.4f} %"),
             ("ops", lambda s: str(len(s.ops))), ("solve time", lambda s: f"{s.solve_time_s:.3f} s"
                                                   + (" (cached)" if s.cached else "")),
+            ("solver work", lambda s: f"{s.work_s:.2f} of {s.work_limit:g}"),
             ("sequential sum", lambda s: t(s.sequential_sum_s)), ("critical path", lambda s: t(s.critical_path_s))]
     for res in ("tensor", "vector", "link", "chip"):
         if res in fwd.utilisation:
@@ -1521,7 +1525,12 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--seq-len", type=_seq_len, default=None, help="override the sequence length")
     sc.add_argument("--layer-kind", choices=("mamba", "attention", "mlp", "moe"), default=None,
                     help="a hybrid's kind of layer to schedule (default: its first layer's)")
-    sc.add_argument("--time-limit", type=float, default=10.0, help="solver seconds per phase (default 10)")
+    sc.add_argument("--work-limit", type=float, default=WORK_LIMIT,
+                    help="solver work per phase, in CP-SAT's deterministic time: the same answer on every "
+                         f"machine (default {WORK_LIMIT:g}, about 10 s of one slow core)")
+    sc.add_argument("--time-limit", type=float, default=TIME_LIMIT_S,
+                    help=f"wall seconds per phase, a safety net that the output names when it stops the "
+                         f"solver first (default {TIME_LIMIT_S:g})")
     sc.add_argument("--format", choices=("text", "json"), default="text")
     sc.add_argument("--gantt", help="write a Gantt chart of both phases (PNG, SVG, PDF)")
     sc.add_argument("--params", help="efficiency parameters from 'phaze calibrate' (default: shipped)")

@@ -33,7 +33,7 @@ core (all exact: each keeps at least one optimal schedule):
   cumulative constraints; ``num_workers=1`` (deterministic) by default; no CP-SAT presolve and no
   solution hint: with them ortools 9.15 proved wrong optima on three small instances (its
   symmetry detection, its probing, a hint), which ``tests/test_schedule.py`` keeps. A segment not
-  proven in its time limit is solved again with the presolve for a quarter of that time more
+  proven within its work limit is solved again with the presolve for a quarter of that work more
   (``PRESOLVE_SHARE``): a shorter schedule it finds is checked (deps, capacities) and kept, its
   bound never is (the first solve's stands, and proves the schedule optimal only when they meet).
 
@@ -95,17 +95,27 @@ DEFAULT_SHARES = (1.0, 0.5, 0.25, 0.125)   # shares of a unit pool an op may run
 TICK_RESOLUTION_EXP = 20                    # fastest-mode sum of a phase spans [2**20, 2**21) ticks
 FORMULATION = 2                             # bump when results change meaning (invalidates caches)
 STATUSES = ("OPTIMAL", "FEASIBLE", "HEURISTIC")
-SOLVER_PARAMETERS = {                       # CP-SAT parameters besides time limit, workers, seed
+SOLVER_PARAMETERS = {                       # CP-SAT parameters besides limits, workers, seed
     "use_timetable_edge_finding_in_cumulative": True,
     "use_overload_checker_in_cumulative": True,
     "linearization_level": 0,               # propagation only: the LP costs more than it prunes here
     # no presolve for a proof: ortools 9.15's proved wrong optima on three small instances
     # (tests/test_schedule.py, test_cpsat_does_not_mis_prove_small_instances), through its symmetry
     # detection, its probing or a solution hint, and called a feasible one infeasible; a segment
-    # not proven in its time is solved again with it, for a schedule only (_solve_segment)
+    # not proven within its work is solved again with it, for a schedule only (_solve_segment)
     "cp_model_presolve": False,
 }
-PRESOLVE_SHARE = 0.25   # the time that second solve may take beyond the limit, as a share of the segment's
+PRESOLVE_SHARE = 0.25   # the work that second solve may do beyond the limit, as a share of the segment's
+# A phase's solve stops at a budget of CP-SAT's deterministic time (its own count of work done, the
+# same on every machine and under any load), so one instance gets the same schedule, status and bound
+# everywhere; a limit of wall time once made a proof depend on the machine's load. On one core of the
+# 2-core development machine a unit took 4.2 to 5.6 s on the hardest shipped layers (the backward of
+# Llama 4 Scout, proven at 1.63 units, and of Qwen3-Next and DeepSeek-V3 on TPUv4, which stop at the
+# limit 7.8 % and 3.1 % from their bounds): 2 units cost about what the former 10 s limit did there.
+WORK_LIMIT = 2.0
+# A wall-time limit stays as a safety net (a solve it stops reports so: a machine-dependent answer);
+# at 60 s it binds only on a machine six times slower than that one.
+TIME_LIMIT_S = 60.0
 _MEMORY_CACHE_SIZE = 4096
 DISK_CACHE_MAX_FILES = 20000    # the disk cache keeps the most recently written schedules (PHAZE_CACHE_MAX_FILES)
 _DISK_PRUNE_EVERY = 256         # writes between two checks of the disk cache's size
@@ -154,9 +164,10 @@ class ScheduledOp:
 @dataclass(frozen=True)
 class Schedule:
     """The schedule of one phase. ``status``: OPTIMAL (proven, in the tick model), FEASIBLE (the
-    solver's best at the time limit) or HEURISTIC (the list schedule: the solver found nothing
-    in time). ``gap`` = (makespan - lower bound) / makespan. ``utilisation``: busy unit-seconds /
-    (capacity x makespan) per resource."""
+    solver's best at its work limit) or HEURISTIC (the list schedule: the solver found nothing
+    within it). ``gap`` = (makespan - lower bound) / makespan. ``utilisation``: busy unit-seconds /
+    (capacity x makespan) per resource. ``work_s``: CP-SAT's deterministic time spent
+    (``work_limit`` its budget); ``note`` says when the wall-time limit stopped a solve first."""
 
     makespan_s: float
     status: str
@@ -171,6 +182,8 @@ class Schedule:
     capacities: dict
     tick_s: float
     time_limit_s: float
+    work_limit: float = WORK_LIMIT
+    work_s: float = 0.0
     note: str = ""
     cached: bool = False
 
@@ -329,8 +342,8 @@ def _key(tasks: Sequence[Task], capacities: dict, unit_counts: dict | None, tick
     return hashlib.sha256(json.dumps(spec, separators=(",", ":")).encode()).hexdigest()[:40]
 
 
-def _reusable(s: Schedule, time_limit_s: float) -> bool:
-    return s.status == "OPTIMAL" or s.time_limit_s >= time_limit_s
+def _reusable(s: Schedule, work_limit: float, time_limit_s: float) -> bool:
+    return s.status == "OPTIMAL" or (s.work_limit >= work_limit and s.time_limit_s >= time_limit_s)
 
 
 def _checksum(schedule: dict) -> str:
@@ -343,7 +356,7 @@ def _number(x, low: float = 0.0) -> bool:
 
 
 _NUMBERS = ("makespan_s", "lower_bound_s", "gap", "solve_time_s", "sequential_sum_s", "critical_path_s",
-            "work_bound_s", "tick_s", "time_limit_s")
+            "work_bound_s", "tick_s", "time_limit_s", "work_limit", "work_s")
 
 
 def _schema_ok(d) -> bool:
@@ -371,9 +384,9 @@ def _schema_ok(d) -> bool:
     return True
 
 
-def _cache_get(key: str, time_limit_s: float) -> Schedule | None:
+def _cache_get(key: str, work_limit: float, time_limit_s: float) -> Schedule | None:
     s = _memory.get(key)
-    if s is not None and _reusable(s, time_limit_s):
+    if s is not None and _reusable(s, work_limit, time_limit_s):
         _memory.move_to_end(key)
         return replace(s, cached=True)
     d = cache_dir()
@@ -389,7 +402,7 @@ def _cache_get(key: str, time_limit_s: float) -> Schedule | None:
         s = Schedule.from_dict(rec["schedule"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None      # missing or corrupt: recompute (and overwrite)
-    if not _reusable(s, time_limit_s):
+    if not _reusable(s, work_limit, time_limit_s):
         return None
     _memory_put(key, replace(s, cached=False))
     return replace(s, cached=True)
@@ -437,20 +450,23 @@ def write_record(d: Path, key: str, rec: dict) -> None:
 
 
 # --- the solver ---------------------------------------------------------------------------------
-def solve(tasks: Sequence[Task], capacities: dict, *, time_limit_s: float = 10.0, num_workers: int = 1,
-          tick_s: float | None = None, cache: bool = False, unit_counts: dict | None = None) -> Schedule:
+def solve(tasks: Sequence[Task], capacities: dict, *, work_limit: float = WORK_LIMIT,
+          time_limit_s: float = TIME_LIMIT_S, num_workers: int = 1, tick_s: float | None = None,
+          cache: bool = False, unit_counts: dict | None = None) -> Schedule:
     """Minimum-makespan schedule of abstract ``tasks`` on cumulative ``capacities``
     (resource -> units). ``unit_counts`` (e.g. ``{"tensor": 8, "vector": 2}``) adds the
     utilisation of physical unit pools measured by the modes' ``tensor_units`` / ``vector_units``
     (``link``: time of link tasks). Never raises on a time-out: the best schedule found is
     returned, flagged; raises ValueError on malformed tasks (cycle, duplicate name, no mode that
-    fits the capacities)."""
+    fits the capacities). ``work_limit``: CP-SAT deterministic time for the phase (:data:`WORK_LIMIT`);
+    ``time_limit_s``: wall time, a safety net. With one worker (the default) the answer is the same
+    on every machine unless the wall time stops it first (its note says so)."""
     if cache:
         key = _key(tasks, capacities, unit_counts, tick_s)
-        hit = _cache_get(key, time_limit_s)
+        hit = _cache_get(key, work_limit, time_limit_s)
         if hit is not None:
             return hit
-    s = _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts)
+    s = _solve(tasks, capacities, work_limit, time_limit_s, num_workers, tick_s, unit_counts)
     if cache:
         _cache_put(key, s)
     return s
@@ -605,14 +621,14 @@ def _segment_key(P: _Prepared, seg, tk: float, capacities) -> str:
     return hashlib.sha256(json.dumps(spec, separators=(",", ":")).encode()).hexdigest()
 
 
-def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) -> Schedule:
+def _solve(tasks, capacities, work_limit, time_limit_s, num_workers, tick_s, unit_counts) -> Schedule:
     t0 = time.perf_counter()
     capacities = {str(r): int(k) for r, k in capacities.items()}
     P = _prepare(tasks, capacities, tick_s)
     n, order, deps, succ, modes, dem, dur, fast, fd = (P.n, P.order, P.deps, P.succ, P.modes, P.dem, P.dur,
                                                        P.fast, P.fd)
     seq_sum, tick_s = P.seq_sum, P.tick_s
-    deadline = t0 + max(0.0, time_limit_s)
+    budget = _Budget(deadline=t0 + max(0.0, time_limit_s), work_left=max(0.0, work_limit))
     chosen, start_at = fast[:], [0.0] * n     # the solver's modes and starts (seconds)
     lower_s, statuses, notes, offset = 0.0, [], [], 0.0
     exact = True
@@ -636,7 +652,7 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
             starts = dict(zip(piece, starts_l, strict=False))
         else:
             st, md, starts, b, lo_s, note = _solve_segment(piece, deps, succ, D, dur, dem, fast, capacities,
-                                                           deadline, num_workers)
+                                                           budget, num_workers)
             if key and st == "OPTIMAL":
                 _segments[key] = (st, [md[i] for i in piece], [starts[i] for i in piece], b, lo_s, note)
                 while len(_segments) > _MEMORY_CACHE_SIZE:
@@ -700,7 +716,7 @@ def _solve(tasks, capacities, time_limit_s, num_workers, tick_s, unit_counts) ->
                     solve_time_s=time.perf_counter() - t0, ops=tuple(entries), utilisation=util,
                     sequential_sum_s=seq_sum, critical_path_s=cp_s, work_bound_s=work_bound_s,
                     capacities=dict(capacities), tick_s=tick_s, time_limit_s=float(time_limit_s),
-                    note=note)
+                    work_limit=float(work_limit), work_s=budget.used, note=note)
 
 
 def _pieces(order, cuts, segments):
@@ -738,7 +754,19 @@ def _segment_prep(seg, deps, succ, D, dur, dem, fast, capacities) -> dict:
     return dict(sdeps=sdeps, ssucc=ssucc, head=head, tail=tail, lb=lb, lb_s=lb_s, mode=mode, start=start, ub=ub)
 
 
-def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num_workers):
+class _Budget:
+    """What a phase's segments have left to solve with: CP-SAT deterministic time (the limit that
+    decides) and a wall-clock deadline (the safety net); ``used``: the deterministic time spent."""
+
+    def __init__(self, deadline: float, work_left: float):
+        self.deadline, self.work_left, self.used = deadline, work_left, 0.0
+
+    def spend(self, work: float) -> None:
+        self.used += work
+        self.work_left = max(0.0, self.work_left - work)
+
+
+def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, budget, num_workers):
     """Schedule the ops ``seg`` (closed under the precedence between two cuts) in ticks.
     Returns (status, mode per op, start per op, proven tick bound, lower bound in seconds,
     note); starts are relative to the segment's start."""
@@ -746,24 +774,31 @@ def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, deadline, num
     lb, lb_s, ub, mode, start = pre["lb"], pre["lb_s"], pre["ub"], pre["mode"], pre["start"]
     if ub <= lb and _SHORTCUTS:
         return "OPTIMAL", mode, start, lb, lb_s, ""
-    left = deadline - time.perf_counter()
+    left = budget.deadline - time.perf_counter()
+    work = budget.work_left
+    if work <= 0:
+        return "HEURISTIC", mode, start, lb, lb_s, "no work left to solve; list schedule"
     if left <= 0:
-        return "HEURISTIC", mode, start, lb, lb_s, "no time left to solve; list schedule"
+        return "HEURISTIC", mode, start, lb, lb_s, "wall-time limit reached; list schedule"
     args = (seg, pre["sdeps"], pre["ssucc"], D, dem, capacities, pre["head"], pre["tail"], lb, ub)
-    res = _cpsat(*args, left, num_workers)
+    res, walled = _cpsat(*args, work, left, num_workers, budget)
     if res[0] != "OPTIMAL":
-        # not proven in the time: CP-SAT with its presolve, which proves more but has proved wrong
-        # optima (SOLVER_PARAMETERS), may find a shorter schedule in a quarter of that time more;
+        # not proven within the work: CP-SAT with its presolve, which proves more but has proved wrong
+        # optima (SOLVER_PARAMETERS), may find a shorter schedule in a quarter of that work more;
         # it is checked and taken, its bound never is
-        alt = _cpsat(*args, PRESOLVE_SHARE * left, num_workers, presolve=True)
+        alt, walled2 = _cpsat(*args, PRESOLVE_SHARE * work, PRESOLVE_SHARE * left, num_workers, None,
+                              presolve=True)
+        walled = walled or walled2
         if alt[1] is not None and _valid_ticks(seg, pre["sdeps"], D, dem, capacities, alt[1], alt[2]):
             span = _span(seg, D, alt[1], alt[2])
             if res[1] is None or span < _span(seg, D, res[1], res[2]):
                 bound = lb if res[3] is None else res[3]
                 res = ("OPTIMAL" if span <= bound else "FEASIBLE", alt[1], alt[2], bound)
+    wall = "the wall-time limit stopped CP-SAT before its work limit (another machine may stop elsewhere)"
     if res[0] in ("OPTIMAL", "FEASIBLE"):
-        return res + (lb_s, "")
-    return "HEURISTIC", mode, start, lb, lb_s, f"CP-SAT returned {res[0]}; list schedule"
+        return res + (lb_s, wall if walled and res[0] != "OPTIMAL" else "")
+    return ("HEURISTIC", mode, start, lb, lb_s,
+            f"CP-SAT returned {res[0]}; list schedule" + (f"; {wall}" if walled else ""))
 
 
 def _span(seg, D, modes, starts) -> int:
@@ -893,10 +928,13 @@ def stop_solves() -> None:
         solver.stop_search()
 
 
-def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, time_left, num_workers, presolve=False):
-    """CP-SAT on the ops ``seg`` in ticks. Returns (status, {op: mode}, {op: start}, proven
-    lower bound); status is CP-SAT's name (UNKNOWN, ...) and the rest None when no solution
-    was found. ``presolve``: with CP-SAT's presolve (its answer is then not proven)."""
+def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, work, time_left, num_workers, budget,
+           presolve=False):
+    """CP-SAT on the ops ``seg`` in ticks, within ``work`` deterministic time (charged to
+    ``budget`` when given) and ``time_left`` wall seconds. Returns ((status, {op: mode}, {op: start},
+    proven lower bound), whether the wall time stopped it); status is CP-SAT's name (UNKNOWN, ...)
+    and the rest None when no solution was found. ``presolve``: with CP-SAT's presolve (its answer
+    is then not proven)."""
     from ortools.sat.python import cp_model  # deferred: 0.24 s to import, and only a solve needs it
     m = cp_model.CpModel()
     starts, ends, bools = {}, {}, {}
@@ -950,6 +988,7 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, time_left, n
     # literals) ortools 9.15 proved wrong optima (SOLVER_PARAMETERS); ub bounds every domain instead
 
     solver = cp_model.CpSolver()
+    solver.parameters.max_deterministic_time = max(1e-3, work)
     solver.parameters.max_time_in_seconds = max(1e-3, time_left)
     solver.parameters.num_workers = max(1, int(num_workers))
     solver.parameters.random_seed = 0
@@ -967,13 +1006,18 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, time_left, n
     if _STOPPED.is_set():       # Ctrl-C ended the solve: its result is not the solver's answer
         _STOPPED.clear()
         raise KeyboardInterrupt
+    used = solver.response_proto.deterministic_time
+    if budget is not None:
+        budget.spend(used)
+    # stopped by the wall clock: not proven, short of its work, at its time
+    walled = st != cp_model.OPTIMAL and used < work and solver.wall_time >= max(1e-3, time_left)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return (solver.status_name(st), None, None, None)
+        return (solver.status_name(st), None, None, None), walled
     modes = {i: 0 if bools[i] is None else next(a for a, b in enumerate(bools[i]) if solver.boolean_value(b))
              for i in seg}
     st_ticks = {i: solver.value(starts[i]) for i in seg}
     bound = max(int(math.ceil(solver.best_objective_bound - 1e-9)), lb)
-    return ("OPTIMAL" if st == cp_model.OPTIMAL else "FEASIBLE", modes, st_ticks, bound)
+    return ("OPTIMAL" if st == cp_model.OPTIMAL else "FEASIBLE", modes, st_ticks, bound), walled
 
 
 # --- ops on a chip --------------------------------------------------------------------------------
@@ -1068,8 +1112,8 @@ def _modes_of(op: Op, chip: Chip, precision: str, eff: Efficiency, groups: tuple
 
 
 def schedule_ops(ops: Sequence[Op], chip: Chip, precision: str, eff: Efficiency = IDEAL, *, groups: dict,
-                 bytes_per_element: int, time_limit_s: float = 10.0, modes: Iterable[float] | None = None,
-                 num_workers: int = 1, cache: bool = True) -> Schedule:
+                 bytes_per_element: int, work_limit: float = WORK_LIMIT, time_limit_s: float = TIME_LIMIT_S,
+                 modes: Iterable[float] | None = None, num_workers: int = 1, cache: bool = True) -> Schedule:
     """Minimum-makespan schedule of one phase's ops on one chip.
 
     ``modes``: the shares of a unit pool an op may run on (default ``DEFAULT_SHARES``: all,
@@ -1078,8 +1122,8 @@ def schedule_ops(ops: Sequence[Op], chip: Chip, precision: str, eff: Efficiency 
     tasks = op_tasks(ops, chip, precision, eff, groups=groups, bytes_per_element=bytes_per_element,
                      shares=modes)
     units = {"tensor": chip.tensor.count, "vector": chip.vector.count, "link": 1}
-    return solve(tasks, chip_capacities(chip), time_limit_s=time_limit_s, num_workers=num_workers,
-                 cache=cache, unit_counts=units)
+    return solve(tasks, chip_capacities(chip), work_limit=work_limit, time_limit_s=time_limit_s,
+                 num_workers=num_workers, cache=cache, unit_counts=units)
 
 
 def check_layer_args(model, mbs: int, tp: int, sp: bool, attention: str, recompute: str) -> None:
@@ -1133,13 +1177,15 @@ _UNITS_OF = lambda chip: {"tensor": chip.tensor.count, "vector": chip.vector.cou
 
 
 def schedule_layer(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: str, recompute: str,
-                   eff: Efficiency = IDEAL, *, time_limit_s: float = 10.0, modes: Iterable[float] | None = None,
-                   num_workers: int = 1, cache: bool = True, moe=None) -> tuple[Schedule, Schedule]:
+                   eff: Efficiency = IDEAL, *, work_limit: float = WORK_LIMIT, time_limit_s: float = TIME_LIMIT_S,
+                   modes: Iterable[float] | None = None, num_workers: int = 1, cache: bool = True,
+                   moe=None) -> tuple[Schedule, Schedule]:
     """(forward, backward incl. recompute) schedules of one layer for one micro-batch, with the
     ops, groups and precision of :func:`phaze.step.layer_time`."""
     fwd, bwd = layer_tasks(model, chip, mbs, tp, sp, attention, recompute, eff,
                            None if modes is None else tuple(modes), moe)
-    kw = dict(time_limit_s=time_limit_s, num_workers=num_workers, cache=cache, unit_counts=_UNITS_OF(chip))
+    kw = dict(work_limit=work_limit, time_limit_s=time_limit_s, num_workers=num_workers, cache=cache,
+              unit_counts=_UNITS_OF(chip))
     caps = chip_capacities(chip)
     return solve(fwd, caps, **kw), solve(bwd, caps, **kw)
 

@@ -51,7 +51,7 @@ GOOD = {
     "validate": ["validate", "--no-loso", "--unseen", ""],
 }
 NUMERIC = {"--devices", "--global-batch", "--seq-len", "--top", "--tp", "--mbs", "--pp", "--vp", "--zero",
-           "--memory-reserve", "--time-limit", "--ep", "--nics-per-node", "--devices-per-node"}
+           "--memory-reserve", "--time-limit", "--work-limit", "--ep", "--nics-per-node", "--devices-per-node"}
 
 
 def files(root: Path) -> dict[str, Path]:
