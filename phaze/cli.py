@@ -1342,6 +1342,13 @@ def _power_args(p) -> None:
                         "(default: the chip's TDP)")
 
 
+def _framework_arg(p) -> None:
+    p.add_argument("--framework", metavar="NAME",
+                   help="a training framework's defaults (" + ", ".join(FRAMEWORKS) + "): "
+                   "attention kernel, collective overlap, ZeRO, fp32 reduction, execution model; what you "
+                   "set yourself wins")
+
+
 def _system_args(p) -> None:
     p.add_argument("--system", default=None, metavar="NAME|PATH",
                    help="cluster: shipped system (dgx-a100-superpod, dgx-h100-superpod, cluster-100g, "
@@ -1390,10 +1397,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--ideal", action="store_true", help="ideal datasheet machine: no efficiency losses")
     ev.add_argument("--schedule", choices=("optimal", "sequential"), default=None,
                     help="layer time from the CP-SAT schedule (default) or the sum of the operators")
-    ev.add_argument("--framework", metavar="NAME",
-                    help="a training framework's defaults (" + ", ".join(FRAMEWORKS) + "): "
-                    "attention kernel, collective overlap, ZeRO, fp32 reduction, execution model; what you "
-                    "set yourself wins")
+    _framework_arg(ev)
     _system_args(ev)
     _power_args(ev)
     ev.set_defaults(func=cmd_evaluate)
@@ -1496,10 +1500,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--format", choices=("text", "json"), default="text")
     pl.add_argument("--params", help="efficiency parameters (default: shipped calibration)")
     pl.add_argument("--ideal", action="store_true", help="ideal datasheet machine")
-    pl.add_argument("--framework", metavar="NAME",
-                    help="a training framework's defaults (" + ", ".join(FRAMEWORKS) + "): "
-                    "attention kernel, collective overlap, ZeRO, fp32 reduction, execution model; what you "
-                    "set yourself wins")
+    _framework_arg(pl)
     _system_args(pl)
     _power_args(pl)
     pl.set_defaults(func=cmd_place)

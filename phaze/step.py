@@ -1560,12 +1560,7 @@ def mode_cost_bounds(model: Model, chip: Chip, devices: int, plan: Plan, eff: Ef
     longer window hides more). A stage's time (monotone in the layer's phases) and its tail
     (non-increasing in the windows) are then at most their values with the optimal schedules,
     and so is the step time of every stage assignment."""
-    r = graph_recompute(r, plan.recompute_modules, plan.offload)
-    lo, hi = layer_time_bounds(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
-                               plan.schedule, expert_layout(model, plan, chip))
-    _, _, total = _layer_costs(model, chip, devices, plan, eff, *lo, r)
-    f, b, _ = _layer_costs(model, chip, devices, plan, eff, *hi, r)
-    return ModeCosts(total, f, b, _act_bytes(model, plan, r))
+    return _bound_costs(model, chip, devices, plan, eff, r, upper=False)
 
 
 @lru_cache(maxsize=65536)
@@ -1575,11 +1570,19 @@ def mode_cost_upper(model: Model, chip: Chip, devices: int, plan: Plan, eff: Eff
     (feasible schedules, so at least the optimum) and the windows that hide data-parallel traffic
     from the lower bounds (a shorter window hides less). Every stage assignment's step time under
     it is at least its step time with the optimal layer schedules."""
+    return _bound_costs(model, chip, devices, plan, eff, r, upper=True)
+
+
+def _bound_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Efficiency, r: str,
+                 upper: bool) -> ModeCosts:
+    """:func:`mode_cost_bounds` (``upper`` False) or :func:`mode_cost_upper`: the layer time from
+    one side of the phases' bounds, the windows that hide data-parallel traffic from the other."""
     r = graph_recompute(r, plan.recompute_modules, plan.offload)
     lo, hi = layer_time_bounds(_shard(model, plan), chip, plan.mbs, plan.tp, plan.sp, plan.attention, r, eff,
                                plan.schedule, expert_layout(model, plan, chip))
-    _, _, total = _layer_costs(model, chip, devices, plan, eff, *hi, r)
-    f, b, _ = _layer_costs(model, chip, devices, plan, eff, *lo, r)
+    time_side, window_side = (hi, lo) if upper else (lo, hi)
+    _, _, total = _layer_costs(model, chip, devices, plan, eff, *time_side, r)
+    f, b, _ = _layer_costs(model, chip, devices, plan, eff, *window_side, r)
     return ModeCosts(total, f, b, _act_bytes(model, plan, r))
 
 
