@@ -279,6 +279,9 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         (model.logit_softcap, f"the final logits soft-capped at {model.logit_softcap:g}")) if on]
     if extras:   # Gemma 2's, OLMo's
         out["norms_and_caps"] = "; ".join(extras) + " (the workload's)"
+    if model.rotated_width and model.rope_layer_share < 1:   # Llama 4's and SmolLM3's NoPE layers
+        out["position_embedding"] = (f"a rotary embedding in {model.rope_layer_share:.0%} of the layers, none in "
+                                     f"the others (the workload's)")
     if model.hybrid:
         names = {"M": "Mamba-2", "*": "attention", "-": "MLP", "E": "mixture-of-experts"}
         kinds = ", ".join(f"{n} {names[k]}" for k, n in model.hybrid_counts.items())

@@ -639,14 +639,15 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 _coll(fb, n("qk.norm.all_reduce"), "all_reduce", "tp", 2 * 4 * T, backward="all_reduce")
             _vector(fb, n("q.norm"), T * a_t * d, p, flops_per_element=8)
             _vector(fb, n("k.norm"), T * kv_t, p, flops_per_element=8)
-        if rot:
+        if rot and model.rope_layer_share > 0:
             heads = {"q": a_t, "k": 1 if model.mla else kv_local}
+            share = model.rope_layer_share      # the mean layer's: NoPE layers rotate nothing
             for x, count in heads.items():
-                rotated = T * count * rw
-                whole = rotated if model.mla else T * count * d
+                rotated = T * count * rw * share
+                whole = rotated if model.mla else T * count * d * share
                 if rot == "separate":
                     for tab, (rp, r4), (wp, w4) in _ROTARY_TABLES:
-                        _vector(fb, n(f"{x}.rotary.{tab}"), s * rw, p, reads=rp + r4 * 4 / p,
+                        _vector(fb, n(f"{x}.rotary.{tab}"), s * rw * share, p, reads=rp + r4 * 4 / p,
                                 writes=wp + w4 * 4 / p, flops_per_element=0 if tab.endswith("cast") else 1,
                                 special_per_element=1 if tab in ("cos", "sin") else 0)
                 for name, (rp, r4), (wp, w4), f in _ROTARY[rot]:

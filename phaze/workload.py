@@ -136,6 +136,9 @@ class Model:
     qk_norm_width: str = "head"
     rotary_dim: int = 0                  # rotated width of each query and key head (GPT-NeoX: a quarter);
                                          # 0 = all of it (MLA: its qk_rope_head_dim)
+    rope_layer_share: float = 1.0        # share of the attention layers that rotate their queries and
+                                         # keys; the others have no position embedding (NoPE: Llama 4's
+                                         # and SmolLM3's every fourth layer)
     attention_sinks: bool = False        # one learned sink logit per head (GPT-OSS)
     # multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = ordinary attention. With MLA,
     # ``head_dim`` is the query/key head width (qk_nope_head_dim + qk_rope_head_dim)
@@ -700,6 +703,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         qk_norm=f.bool("qk_norm", False),
         qk_norm_width=f.choice("qk_norm_width", QK_NORM_WIDTHS, "head"),
         rotary_dim=f.int("rotary_dim", 0, minimum=0),
+        rope_layer_share=f.number("rope_layer_share", 1.0, minimum=0.0, maximum=1.0, inclusive=True),
         attention_sinks=f.bool("attention_sinks", False),
         sliding_window=f.int("sliding_window", 0, minimum=0),
         attention_chunk=f.int("attention_chunk", 0, minimum=0),
@@ -770,6 +774,10 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     if model.rotary_dim and (model.rotary_dim > model.head_dim or model.rotary_dim % 2):
         raise ConfigError(source, "rotary_dim", f"must be an even width up to head_dim ({model.head_dim}), "
                                                 f"got {model.rotary_dim}")
+    if model.rope_layer_share < 1 and model.position_embedding != "rotary":
+        raise ConfigError(source, "rope_layer_share", f"is the share of the layers with a rotary embedding; "
+                                                      f"allowed below 1 only with position_embedding rotary, "
+                                                      f"got {model.position_embedding}")
     return model
 
 
@@ -1074,11 +1082,10 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         out.update(_hf_chunks(cfg, layers))
         if cfg.get("use_qk_norm", True):
             notes.append("Llama 4: the weightless L2 norm of the chunked layers' queries and keys is not costed")
-        notes.append("Llama 4: the rotary embedding is costed in every layer (its global layers have none)")
-    nope = layers - _hf_rope_layers(cfg, layers) if mtype == "smollm3" else 0
-    if nope:
-        notes.append(f"SmolLM3: the rotary embedding is costed in every layer ({nope} of the {layers} have none: "
-                     f"no_rope_layers)")
+    if mtype in ("llama4_text", "smollm3") and layers > 0:     # NoPE layers: no rotary embedding
+        rope = _hf_rope_layers(cfg, layers)
+        if rope < layers:
+            out["rope_layer_share"] = rope / layers
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
         notes.append("GPT-OSS: the SwiGLU clamp and the attention sinks add no GEMM work")
@@ -1103,8 +1110,9 @@ _HF_LIST_KEYS = ("moe_layers", "mlp_only_layers", "no_rope_layers")
 
 
 def _hf_rope_layers(cfg: dict, layers: int) -> int:
-    """Layers with a rotary embedding in a SmolLM3 config: those ``no_rope_layers`` marks 1, else
-    all but every ``no_rope_layer_interval``-th (SmolLM3Config.__post_init__)."""
+    """Layers with a rotary embedding in a SmolLM3 or Llama 4 config: those ``no_rope_layers`` marks
+    1, else all but every ``no_rope_layer_interval``-th (SmolLM3Config.__post_init__,
+    Llama4TextConfig.__post_init__; each layer's ``use_rope`` is its mark)."""
     marks = cfg.get("no_rope_layers")
     if isinstance(marks, list) and marks:
         return sum(1 for k in marks[:layers] if k)

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from phaze import validate as v
+from phaze.cli import main
 from phaze.configio import ConfigError
-from phaze.graph import attention_work_fraction, ring_steps
+from phaze.graph import attention_work_fraction, layer_graph, ring_steps
 from phaze.step import model_flops_per_sample
 from phaze.workload import Model, load_model, model_from_hf_config
 
@@ -143,7 +144,7 @@ def test_hugging_face_configs_give_the_shipped_workloads():
         want = shipped[key]
         assert replace(m, notes=()) == replace(want, notes=()), key
         assert any("chunked attention in chunks of 8192 tokens in 75% of the layers" in n for n in m.notes)
-        assert any("rotary" in n for n in m.notes)
+        assert m.rope_layer_share == 0.75 and not any("rotary" in n for n in m.notes)
     assert any("L2 norm" in n for n in model_from_hf_config(scout_config()).notes)
     assert not any("L2 norm" in n for n in model_from_hf_config(maverick_config()).notes)
 
@@ -168,7 +169,9 @@ def test_workload_errors_name_the_field(tmp_path):
     cases = [({"moe_layer_interval": 0}, "moe_layer_interval"),
              ({"moe_layer_interval": 49}, "moe_layer_interval"),
              ({"experts": 0, "top_k": 0, "shared_experts": 0}, "experts"),
-             ({"sliding_window": 4096}, "attention_chunk")]
+             ({"sliding_window": 4096}, "attention_chunk"),
+             ({"rope_layer_share": 1.5}, "rope_layer_share"),
+             ({"rope_layer_share": 0.5, "position_embedding": "learned", "max_positions": 8192}, "rope_layer_share")]
     for i, (change, field) in enumerate(cases):
         path = tmp_path / f"w{i}.yaml"
         path.write_text(yaml.safe_dump({**base, **change}))
@@ -193,3 +196,40 @@ def test_validation_rows_naming_llama4_take_its_layers():
                                     tp="4", ep="16"))
     assert isinstance(scout, v.Case), getattr(scout, "reason", scout)
     assert (scout.model.experts, scout.model.moe_layers) == (16, 48)
+
+
+@pytest.mark.parametrize("kernels", ["fused", "complex", "separate"])
+def test_nope_layers_rotate_nothing(kernels):
+    """Every fourth layer has no rotary embedding (rope_layer_share 0.75): the mean layer's rotary
+    kernels, forward and backward, move and compute three quarters of what they do when every layer
+    rotates (each a hand count: T·heads·128 rotated elements for q, T·kv·128 for k); nothing else
+    changes."""
+    m = replace(load_model("llama4-scout"), rotary_kernels=kernels)
+    full = replace(m, rope_layer_share=1.0)
+    T = m.seq_len
+
+    def ops(model):
+        g = layer_graph(model, 1, 1, False, "flash", "none", None)
+        return {o.name: o for o in (*g.fwd, *g.bwd)}
+    nope, every = ops(m), ops(full)
+    assert nope.keys() == every.keys()
+    rotary = [k for k in every if ".rotary" in f".{k}"]
+    assert rotary
+    for k in rotary:
+        a, b = nope[k], every[k]
+        assert (a.elements, a.flops, a.bytes_read, a.bytes_written) == pytest.approx(
+            (0.75 * b.elements, 0.75 * b.flops, 0.75 * b.bytes_read, 0.75 * b.bytes_written), rel=1e-12), k
+    for k in set(every) - set(rotary):
+        assert nope[k] == every[k], k
+    q = "q.rotary" if kernels == "fused" else ("q.rotary.rotate" if kernels == "complex" else "q.rotary.cos_mul")
+    assert nope[q].elements == 0.75 * T * A * D
+    k_op = q.replace("q.", "k.", 1)
+    assert nope[k_op].elements == 0.75 * T * KV * D
+
+
+
+def test_the_printout_says_which_layers_rotate(capsys):
+    assert main(["evaluate", "--workload", "llama4-scout", "--arch", "h100-sxm", "--devices", "64",
+                 "--global-batch", "64", "--plan", "tp=4,ep=8,mbs=1,recompute=full", "--allow-oom"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "position embedding" in x)
+    assert "a rotary embedding in 75% of the layers, none in the others" in line

@@ -174,15 +174,19 @@ def test_the_hf_configs_give_the_shipped_workloads():
 def test_smollm3_by_hand_and_its_windows():
     """SmolLM3-3B's shapes (36 layers of 2,048, 16 query and 4 key/value heads, SwiGLU of 11,008, a
     tied 128,256-row table): 3,075,098,624, the published 3.08B (as remembered); every fourth layer
-    without a rotary embedding, which the note says phaze costs anyway; a window only under
-    use_sliding_window, in those NoPE layers (SmolLM3Config) or where layer_types says."""
+    without a rotary embedding (``rope_layer_share`` 27/36, or as no_rope_layers marks); a window only
+    under use_sliding_window, in those NoPE layers (SmolLM3Config) or where layer_types says."""
     cfg = dict(model_type="smollm3", vocab_size=128256, hidden_size=2048, intermediate_size=11008,
                num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=65536)
     m = model_from_hf_config(cfg)
     h, kv, f = 2048, 512, 11008
     assert m.params == 36 * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + h + 128256 * h == 3_075_098_624
     assert (m.tied_embeddings, m.sliding_window, m.activation) == (True, 0, "swiglu")
-    assert "9 of the 36 have none" in m.notes[-1]
+    assert m.rope_layer_share == 27 / 36 and not any("rotary" in x for x in m.notes)
+    marks = [1] * 30 + [0] * 6
+    assert model_from_hf_config({**cfg, "no_rope_layers": marks}).rope_layer_share == 30 / 36
+    assert model_from_hf_config({**cfg, "no_rope_layer_interval": 6}).rope_layer_share == 30 / 36
+    assert model_from_hf_config({**cfg, "no_rope_layers": [1] * 36}).rope_layer_share == 1.0
     assert model_from_hf_config({**cfg, "sliding_window": 4096}).sliding_window == 0
     w = model_from_hf_config({**cfg, "use_sliding_window": True, "sliding_window": 4096})
     assert (w.sliding_window, w.window_layer_share) == (4096, 9 / 36)
