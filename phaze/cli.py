@@ -276,7 +276,12 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         (model.qk_norm and model.qk_norm_width == "projection",
          "the queries and keys normed over the whole projection, their sums all-reduced over tensor parallelism"),
         (model.attention_softcap, f"the attention scores soft-capped at {model.attention_softcap:g}"),
-        (model.logit_softcap, f"the final logits soft-capped at {model.logit_softcap:g}")) if on]
+        (model.logit_softcap, f"the final logits soft-capped at {model.logit_softcap:g}"),
+        (model.embedding_scale or model.residual_scale or model.logit_scale,
+         " and ".join(what for on, what in ((model.embedding_scale, "the embedding's output"),
+                                            (model.residual_scale, "each branch's output before its residual add"),
+                                            (model.logit_scale, "the logits")) if on)
+         + " times a constant, a kernel of its own each way")) if on]
     if extras:   # Gemma 2's, OLMo's
         out["norms_and_caps"] = "; ".join(extras) + " (the workload's)"
     if model.rotated_width and model.rope_layer_share < 1:   # Llama 4's and SmolLM3's NoPE layers

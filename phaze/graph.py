@@ -536,7 +536,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if tail or not last:
             if model.sandwich_norm:   # Gemma 2: the reduced output normed before the residual add
                 _vector(fb, n("attn_post_norm"), Tn * h, p, flops_per_element=8)
-            _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+            residual_add(fb, n, "attn")
         if last:
             return
         _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
@@ -547,7 +547,15 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         if tail:
             if model.sandwich_norm:
                 _vector(fb, n("ffn_post_norm"), Tn * h, p, flops_per_element=8)
-            _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+            residual_add(fb, n, "ffn")
+
+    def residual_add(fb: _Builder, n, branch: str) -> None:
+        """A branch's output added to the residual stream; with ``residual_scale`` (Granite:
+        ``residual + out * residual_multiplier``) scaled first, a kernel of its own (read and write
+        the output once, one FLOP an element), whose backward scales the gradient the same way."""
+        if model.residual_scale:
+            _vector(fb, n(f"{branch}_out.scale"), Tn * h, p)
+        _vector(fb, n(f"{branch}_residual"), Tn * h, p, reads=2, flops_per_element=2)
 
     rot, rw = rotary_kernels(model), model.rotated_width
     kv_local = kv_t // d                # key/value heads on this rank
@@ -848,7 +856,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         linear(fb, n("qkv"), T, h, kv_t)
         heads_prepared(fb, n)
         linear(fb, n("attn_out"), T, model.o_dim // t, h)
-        _vector(fb, n("attn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+        residual_add(fb, n, "attn")
         _vector(fb, n("ln2"), Tn * h, p, writes=ln2_write, flops_per_element=8)
         if t > 1 and sp:
             _coll(fb, n("ln2.all_gather"), "all_gather", "tp", p * ln2_write * T * h)
@@ -858,7 +866,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         else:
             activation(fb, n(model.activation), T * f_t)
             linear(fb, n("ffn_down"), T, f_t, h)
-        _vector(fb, n("ffn_residual"), Tn * h, p, reads=2, flops_per_element=2)
+        residual_add(fb, n, "ffn")
 
     def module_rerun(bb: _Builder, mods) -> None:
         """Megatron-Core's selective recompute (``--recompute-modules``): the forward ops of each
@@ -960,6 +968,11 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             if op.name.rpartition(".")[2] not in _ROTARY_TABLE_NAMES:
                 grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
                                bytes_read=op.bytes_read, bytes_written=op.bytes_written),)
+            continue
+        if op.unit == "vector" and op.name.endswith(".scale"):
+            # a product with a constant: the gradient times the same constant
+            grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
+                           bytes_read=op.bytes_written, bytes_written=op.bytes_read),)
             continue
         if op.unit == "vector" and op.name.endswith(".repeat"):
             # the copies' gradients summed back over each group of query heads
@@ -1066,12 +1079,16 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _gemm(emb, "embedding.project_in", 1, T, e, h, p, weights=True)
     if t > 1:
         _tp_reduce(emb, "embedding", p * T * h, sp)
+    if model.embedding_scale:   # Gemma's times sqrt(h), Granite's embedding_multiplier: a kernel of its own
+        _vector(emb, "embedding.scale", Tn * h, p)
     if model.embedding_norm:
         _vector(emb, "embedding.norm", Tn * h, p, flops_per_element=8)
     fwd_emb = list(emb.ops)
     emb_b = _Builder("bwd")
     if model.embedding_norm:
         _vector(emb_b, "embedding.norm.bwd", Tn * h, p, reads=2, flops_per_element=8)
+    if model.embedding_scale:
+        _vector(emb_b, "embedding.scale.bwd", Tn * h, p)
     if t > 1 and sp:
         _coll(emb_b, "embedding.all_gather.bwd", "all_gather", "tp", p * T * h)
     if e != h:
@@ -1089,7 +1106,7 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         _vector(head, "mlm_norm", T * h, p, flops_per_element=10)
     if e != h:
         _gemm(head, "head.project_out", 1, T, h, e, p, weights=True)
-    _logits_and_loss(head, head_b, "", T, e, Vt, p, t, loss, model.logit_softcap)
+    _logits_and_loss(head, head_b, "", T, e, Vt, p, t, loss, model.logit_softcap, model.logit_scale)
     if e != h:
         _gemm(head_b, "head.project_out.dgrad", 1, T, e, h, p, weights=True)
         _gemm(head_b, "head.project_out.wgrad", 1, h, T, e, p, weights=False, deps=("logits.dgrad",),
@@ -1111,12 +1128,16 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
 
 
 def _logits_and_loss(fwd: _Builder, bwd: _Builder, prefix: str, T, e, Vt, p, t, loss: str,
-                     softcap: float = 0.0) -> None:
+                     softcap: float = 0.0, scale: bool = False) -> None:
     """The output head's logits GEMM and cross entropy on one of ``t`` ranks (its vocabulary
     slice ``Vt``), forward into ``fwd`` and backward into ``bwd``; ops named ``prefix`` + ....
     ``softcap``: the logits soft-capped first (Gemma 2: NeMo 2.5.0's Gemma2OutputLayer runs
-    ``scale * torch.tanh(logits / scale)``, three kernels each way, tanh's output kept)."""
+    ``scale * torch.tanh(logits / scale)``, three kernels each way, tanh's output kept).
+    ``scale``: the logits times a constant first, a kernel of its own each way (Cohere's
+    ``logits * logit_scale``, Granite's ``logits / logits_scaling``)."""
     _gemm(fwd, prefix + "logits", 1, T, e, Vt, p, weights=True)
+    if scale:
+        _vector(fwd, prefix + "logits.scale", T * Vt, p)
     if softcap:
         _vector(fwd, prefix + "logits.softcap", T * Vt, p, reads=3, writes=3, flops_per_element=3,
                 special_per_element=1)
@@ -1153,6 +1174,8 @@ def _logits_and_loss(fwd: _Builder, bwd: _Builder, prefix: str, T, e, Vt, p, t, 
     grad = prefix + "cross_entropy.bwd"
     if softcap:
         grad = _vector(bwd, prefix + "logits.softcap.bwd", T * Vt, p, reads=4, writes=3, flops_per_element=4)
+    if scale:
+        grad = _vector(bwd, prefix + "logits.scale.bwd", T * Vt, p)
     _gemm(bwd, prefix + "logits.dgrad", 1, T, Vt, e, p, weights=True)
     _gemm(bwd, prefix + "logits.wgrad", 1, e, T, Vt, p, weights=False, deps=(grad,),
           linear=True)

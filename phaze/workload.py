@@ -199,6 +199,15 @@ class Model:
     sandwich_norm: bool = False
     attention_softcap: float = 0.0
     logit_softcap: float = 0.0
+    # products with a constant that run as kernels of their own (Hugging Face's eager modules), each
+    # reading and writing its tensor once, forward and backward: the embedding's output (Gemma's
+    # times sqrt(hidden), Granite's embedding_multiplier), each branch's output before its residual
+    # add (Granite's residual_multiplier), the logits before the loss (Cohere's logit_scale,
+    # Granite's logits_scaling)
+    embedding_scale: bool = False
+    residual_scale: bool = False
+    logit_scale: bool = False
+    qk_norm_per_head: bool = False       # the q and k norms hold a weight vector per head (Cohere), not one
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -394,7 +403,9 @@ class Model:
         query and key projections' widths."""
         if not self.qk_norm:
             return 0
-        return self.q_dim + self.kv_dim if self.qk_norm_width == "projection" else 2 * self.head_dim
+        if self.qk_norm_width == "projection" or self.qk_norm_per_head:
+            return self.q_dim + self.kv_dim
+        return 2 * self.head_dim
 
     @property
     def attention_params(self) -> int:
@@ -744,6 +755,10 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         sandwich_norm=f.bool("sandwich_norm", False),
         attention_softcap=f.number("attention_softcap", 0.0, minimum=0.0, inclusive=True),
         logit_softcap=f.number("logit_softcap", 0.0, minimum=0.0, inclusive=True),
+        embedding_scale=f.bool("embedding_scale", False),
+        residual_scale=f.bool("residual_scale", False),
+        logit_scale=f.bool("logit_scale", False),
+        qk_norm_per_head=f.bool("qk_norm_per_head", False),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
@@ -765,6 +780,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     bad = sandwich_error(model)
     if bad:
         raise ConfigError(source, "sandwich_norm", bad)
+    bad = residual_scale_error(model)
+    if bad:
+        raise ConfigError(source, "residual_scale", bad)
     bad, message = hybrid_error(model)
     if bad:
         raise ConfigError(source, bad, message)
@@ -795,7 +813,17 @@ def mtp_error(model: Model) -> str:
                 "modules share an embedding of the hidden width")
     if model.logit_softcap:
         return "not modelled with soft-capped logits (logit_softcap): no model trains both; allowed: 0"
+    if model.logit_scale:
+        return "not modelled with scaled logits (logit_scale): no model trains both; allowed: 0"
     return ""
+
+
+def residual_scale_error(model: Model) -> str:
+    """Why ``model``'s scaled residual branches cannot be costed ('' when they can): they are
+    modelled for a pre-norm decoder's sequential layers (Granite)."""
+    what = model.residual_scale and _first_feature(model, "parallel_block", "hybrid", "post", "encoder")
+    return (f"not modelled with {what}: a branch scaled before its residual add is costed for a pre-norm "
+            f"decoder's sequential layers (Granite); allowed: false") if what else ""
 
 
 def _first_feature(model: Model, *names: str) -> str:
@@ -952,7 +980,7 @@ _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", 
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
-             "glm4_moe", "smollm3")
+             "glm4_moe", "smollm3", "cohere", "cohere2", "granite")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
@@ -965,7 +993,7 @@ _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_ne
 # in its layers without rotary embedding or as ``layer_types`` marks; the other types have no window
 _HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2")
 _HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "smollm3")
-_HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3")   # by layer_types, else their default pattern
+_HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3", "cohere2")   # by layer_types, else their default
 # each type's configuration-class defaults of the keys this reader takes (transformers 5.25.0
 # models/<type>/configuration_<type>.py, its annotated class attributes; GLM-4.5's num_mtp_layers
 # under the name its attribute_map reads): a key the config leaves out is read as transformers builds
@@ -997,6 +1025,10 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
     "gemma3_text": {"intermediate_size": 9216, "num_key_value_heads": 4, "head_dim": 256,
                     "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "sliding_window": 4096},
     "phi3": {"intermediate_size": 8192, "hidden_act": "silu"},
+    "cohere": {"intermediate_size": 22528, "hidden_act": "silu", "tie_word_embeddings": True},
+    "cohere2": {"intermediate_size": 22528, "hidden_act": "silu", "tie_word_embeddings": True,
+                "sliding_window": 4096},
+    "granite": {"intermediate_size": 11008, "hidden_act": "silu"},
     "deepseek_v2": {"intermediate_size": 11008, "hidden_act": "silu", "first_k_dense_replace": 0, "kv_lora_rank": 512,
                     "q_lora_rank": 1536, "n_routed_experts": 64, "n_shared_experts": 2, "qk_nope_head_dim": 128,
                     "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_intermediate_size": 1407},
@@ -1046,6 +1078,8 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         out["qk_norm"] = True
     if mtype in ("olmo2", "olmo3", "olmoe"):   # one RMSNorm over the whole q and the whole k projection
         out.update(qk_norm=True, qk_norm_width="projection")
+    if mtype == "cohere" and cfg.get("use_qk_norm"):   # CohereLayerNorm over each head, a weight per head
+        out.update(qk_norm=True, qk_norm_per_head=True)
     if mtype in ("gemma2", "gemma3_text"):   # a norm after the attention and the FFN, soft-caps
         out.update(sandwich_norm=True, attention_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
                    logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
@@ -1086,6 +1120,10 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         rope = _hf_rope_layers(cfg, layers)
         if rope < layers:
             out["rope_layer_share"] = rope / layers
+    if mtype == "cohere2" and layers > 0:   # only its windowed layers rotate (Cohere2Attention)
+        window, share = _hf_window(cfg, mtype, layers)
+        if not window or share < 1:
+            out["rope_layer_share"] = share if window else 0.0
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
         notes.append("GPT-OSS: the SwiGLU clamp and the attention sinks add no GEMM work")
@@ -1156,7 +1194,8 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
     if isinstance(kinds, list) and kinds:
         sliding = sum(k == "sliding_attention" for k in kinds)
     elif mtype in _HF_WINDOW_TYPED:
-        every = {"gemma3_text": int(cfg.get("sliding_window_pattern") or 6), "olmo3": 4}.get(mtype, 2)
+        every = {"gemma3_text": int(cfg.get("sliding_window_pattern") or 6), "olmo3": 4,
+                 "cohere2": int(cfg.get("sliding_window_pattern") or 4)}.get(mtype, 2)
         sliding = sum(1 for i in range(layers) if (i + 1) % every)
     elif mtype == "smollm3":   # its layers without a rotary embedding
         sliding = layers - _hf_rope_layers(cfg, layers)
@@ -1347,7 +1386,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     else:
         position = "rotary" if rotary else ("alibi" if alibi else "learned")
     encoder = mtype in ("bert", "roberta")
-    norm = "rmsnorm" if gated else "layernorm"   # every gated type's norms are RMSNorms, no other type's
+    # every gated type's norms are RMSNorms but Cohere's (CohereLayerNorm: a weight, no bias), no other type's
+    norm = "rmsnorm" if gated and mtype not in ("cohere", "cohere2") else "layernorm"
     bias = not gated and not cfg.get("no_bias", False)
     if mtype == "falcon":   # Falcon's ``bias`` switches its linears' biases (its LayerNorms keep theirs)
         bias = bool(cfg.get("bias", False))
@@ -1397,9 +1437,12 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                      "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
     if mtype == "olmoe" and cfg.get("clip_qkv"):
         notes.append(f"OLMoE: clip_qkv's clamp of q, k and v to ±{cfg['clip_qkv']} is not costed")
-    if mtype in ("gemma", "gemma2", "gemma3_text"):
-        notes.append("Gemma: the embedding's scaling by the square root of the width (one element-wise pass) "
-                     "is not costed")
+    if mtype in ("gemma", "gemma2", "gemma3_text", "granite"):   # hidden * sqrt(h), embedding_multiplier
+        extra["embedding_scale"] = True
+    if mtype in ("cohere", "cohere2", "granite"):    # logits * logit_scale, logits / logits_scaling
+        extra["logit_scale"] = True
+    if mtype == "granite":                           # residual + out * residual_multiplier
+        extra["residual_scale"] = True
     window, share = _hf_window(cfg, mtype, layers)
     if window and share < 1:
         extra["window_layer_share"] = share
@@ -1446,7 +1489,7 @@ def _hf_parallel_block(cfg: dict, mtype: str) -> str:
     norms, two by default)."""
     if mtype == "gpt_neox":
         return "two_norms" if cfg.get("use_parallel_residual", True) else ""
-    if mtype in ("gptj", "phi", "codegen"):
+    if mtype in ("gptj", "phi", "codegen", "cohere", "cohere2"):
         return "shared_norm"
     if mtype == "falcon":
         if cfg.get("new_decoder_architecture"):

@@ -663,12 +663,12 @@ def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
         model_from_hf_config(cfg)
 
 
-@pytest.mark.parametrize("mtype", ["granitemoe", "gpt_neo", "cohere", "olmo_hybrid", "exaone4", ""])
+@pytest.mark.parametrize("mtype", ["granitemoe", "gpt_neo", "stablelm", "olmo_hybrid", "exaone4", ""])
 def test_hugging_face_types_phaze_does_not_read_are_refused(mtype):
     """A transformer type outside phaze's table (its norms, experts or local layers would be read
-    as the nearest type's: Granite-MoE's experts as a dense FFN, Cohere's parallel block as a
-    sequential layer, GPT-Neo's local layers as global ones) is refused naming model_type and the
-    types phaze reads."""
+    as the nearest type's: Granite-MoE's experts as a dense FFN, StableLM's partly rotated heads
+    and optional parallel block as Llama's, GPT-Neo's local layers as global ones) is refused naming
+    model_type and the types phaze reads."""
     cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
            "vocab_size": 50000, "num_experts": 60, "intermediate_size": 5632}
     with pytest.raises(ConfigError, match=r"model_type.*(got|missing).*phaze reads only.*llama, llama4_text"):
@@ -688,7 +688,7 @@ def test_hf_gemma_is_geglu_by_hand():
     assert m.params == V * h + L * (4 * h * q + 3 * h * f + 2 * h) + h == 8_537_680_896
     assert (m.activation, m.gated, m.ffn_matrices, m.head_dim, m.tied_embeddings, m.norm, m.bias) == \
         ("geglu", True, 3, 256, True, "rmsnorm", False)
-    assert any("square root of the width" in n for n in m.notes)
+    assert m.embedding_scale and not any("square root" in n for n in m.notes)   # its times sqrt(h), costed
     # the same FFN under silu is SwiGLU: same shapes, same parameters
     silu = model_from_hf_config({**cfg, "hidden_act": "silu"})
     assert silu.activation == "swiglu" and silu.params == m.params
