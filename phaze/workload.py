@@ -67,6 +67,9 @@ RECOMPUTE_RERUN = ("whole", "needed")
 PARALLEL_BLOCKS = ("shared_norm", "two_norms")
 # the width of the q and k norms (Model.qk_norm_width)
 QK_NORM_WIDTHS = ("head", "projection")
+# a norm's parameters: none (OLMo 1's LayerNorm), a weight, or a weight and a bias; "" follows the
+# model: a weight, and a LayerNorm's bias when its linears have biases
+NORM_AFFINES = ("none", "weight", "weight_bias")
 HYBRID_KINDS = ("M", "*", "-", "E")   # a Mamba-2 mixer, attention, an MLP, a mixture of experts
                                       # (Megatron-Core's Symbols)
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -91,6 +94,7 @@ class Model:
     max_positions: int = 0               # learned table size; 0 means = seq_len
     tied_embeddings: bool = True
     norm: str = "layernorm"              # layernorm | rmsnorm
+    norm_affine: str = ""                # NORM_AFFINES; "": a weight, and a LayerNorm's bias with ``bias``
     norm_position: str = "pre"           # pre (final norm after the stack) | post
     bias: bool = True                    # biases in linear layers and LayerNorm
     dropout: bool = True                 # attention and residual dropout present
@@ -382,7 +386,10 @@ class Model:
     # --- parameter counts -----------------------------------------------------------------
     @property
     def norm_tensors(self) -> int:
-        """Parameter tensors of one norm: a weight, and a LayerNorm's bias when the model has biases."""
+        """Parameter tensors of one norm (:attr:`norm_affine`; by default a weight, and a LayerNorm's
+        bias when the model has biases)."""
+        if self.norm_affine:
+            return NORM_AFFINES.index(self.norm_affine)
         return 2 if self.norm == "layernorm" and self.bias else 1
 
     @property
@@ -699,6 +706,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         tied_embeddings=f.bool("tied_embeddings", True),
         norm=f.choice("norm", ("layernorm", "rmsnorm"), "layernorm"),
         norm_position=f.choice("norm_position", ("pre", "post"), "pre"),
+        norm_affine=f.choice("norm_affine", NORM_AFFINES, ""),
         bias=f.bool("bias", True),
         dropout=f.bool("dropout", True),
         embedding_norm=f.bool("embedding_norm", architecture == "encoder"),
@@ -765,6 +773,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     f.int("published_active_params", None)  # published parameters active per token (MoE)
     f.finish()
     _check_moe(model, source)
+    if model.norm_affine == "weight_bias" and model.norm != "layernorm":
+        raise ConfigError(source, "norm_affine", f"weight_bias is a LayerNorm's; an RMSNorm has a weight, got "
+                                                 f"norm {model.norm}; allowed: none, weight")
     if model.qk_norm_width != "head" and (not model.qk_norm or model.mla):
         raise ConfigError(source, "qk_norm_width", f"{model.qk_norm_width!r} needs qk_norm, without MLA; "
                                                    f"allowed otherwise: head")
@@ -980,7 +991,7 @@ _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", 
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
-             "glm4_moe", "smollm3", "cohere", "cohere2", "granite")
+             "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "olmo", "stablelm")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
@@ -1029,6 +1040,9 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
     "cohere2": {"intermediate_size": 22528, "hidden_act": "silu", "tie_word_embeddings": True,
                 "sliding_window": 4096},
     "granite": {"intermediate_size": 11008, "hidden_act": "silu"},
+    "olmo": {"intermediate_size": 11008, "hidden_act": "silu"},
+    "stablelm": {"intermediate_size": 6912, "num_key_value_heads": 32, "hidden_act": "silu",
+                 "partial_rotary_factor": 0.25},
     "deepseek_v2": {"intermediate_size": 11008, "hidden_act": "silu", "first_k_dense_replace": 0, "kv_lora_rank": 512,
                     "q_lora_rank": 1536, "n_routed_experts": 64, "n_shared_experts": 2, "qk_nope_head_dim": 128,
                     "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_intermediate_size": 1407},
@@ -1386,8 +1400,13 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     else:
         position = "rotary" if rotary else ("alibi" if alibi else "learned")
     encoder = mtype in ("bert", "roberta")
-    # every gated type's norms are RMSNorms but Cohere's (CohereLayerNorm: a weight, no bias), no other type's
-    norm = "rmsnorm" if gated and mtype not in ("cohere", "cohere2") else "layernorm"
+    # every gated type's norms are RMSNorms but Cohere's (CohereLayerNorm: a weight, no bias), OLMo's
+    # (OlmoLayerNorm: neither) and StableLM's (nn.LayerNorm), no other type's
+    norm = "rmsnorm" if gated and mtype not in ("cohere", "cohere2", "olmo", "stablelm") else "layernorm"
+    # a LayerNorm's bias kept whatever the linears' (Falcon's and StarCoder2's bias switches, StableLM's
+    # nn.LayerNorm), or no parameters at all (OLMo's)
+    norm_affine = "weight_bias" if mtype in ("falcon", "starcoder2", "stablelm") else ("none" if mtype == "olmo"
+                                                                                     else "")
     bias = not gated and not cfg.get("no_bias", False)
     if mtype == "falcon":   # Falcon's ``bias`` switches its linears' biases (its LayerNorms keep theirs)
         bias = bool(cfg.get("bias", False))
@@ -1416,9 +1435,14 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                                                     "are not modelled")
     if gated and cfg.get("mlp_bias"):
         raise ConfigError(source, "mlp_bias", "must be false: biases on a gated FFN's projections are not modelled")
-    qkv_bias = mtype == "qwen2" or (mtype == "qwen2_moe" and bool(cfg.get("qkv_bias", True))) or attn_bias
+    qkv_bias = (mtype == "qwen2" or (mtype == "qwen2_moe" and bool(cfg.get("qkv_bias", True))) or attn_bias
+                or (mtype == "stablelm" and bool(cfg.get("use_qkv_bias"))))
+    if mtype == "stablelm" and cfg.get("qk_layernorm"):
+        raise ConfigError(source, "qk_layernorm", "must be false: StableLM's q and k LayerNorms run one kernel per "
+                                                  "head (StableLmLayerNormPerHead), which phaze does not cost")
     if qkv_bias:
-        which = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE", "glm4_moe": "GLM-4.5's attention_bias"}.get(mtype) or (
+        which = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE", "glm4_moe": "GLM-4.5's attention_bias",
+                 "stablelm": "StableLM's use_qkv_bias"}.get(mtype) or (
             f"{'GPT-OSS' if mtype == 'gpt_oss' else 'attention_bias'}; its output projection's bias, {hidden} "
             f"per layer, is not counted")
         notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
@@ -1428,15 +1452,13 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append("a parallel block: attention and FFN read the layer's input side by side ("
                      + ("one norm feeds both" if block == "shared_norm" else "each behind its own norm")
                      + "), their outputs reduced over tensor parallelism together")
-    if mtype == "falcon" and not bias:
-        notes.append("Falcon: linears without biases; its LayerNorms' biases, 2 x hidden per norm, are not counted")
     if mtype == "gptj":
         notes.append("GPT-J: its attention projections' missing biases are counted as its FFN's are")
     if mtype in ("olmo2", "olmo3"):
         notes.append("OLMo 2: its norms on the attention's and the FFN's outputs, before the residual adds, costed "
                      "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
-    if mtype == "olmoe" and cfg.get("clip_qkv"):
-        notes.append(f"OLMoE: clip_qkv's clamp of q, k and v to ±{cfg['clip_qkv']} is not costed")
+    if mtype in ("olmo", "olmoe") and cfg.get("clip_qkv"):
+        notes.append(f"OLMo: clip_qkv's clamp of q, k and v to ±{cfg['clip_qkv']} is not costed")
     if mtype in ("gemma", "gemma2", "gemma3_text", "granite"):   # hidden * sqrt(h), embedding_multiplier
         extra["embedding_scale"] = True
     if mtype in ("cohere", "cohere2", "granite"):    # logits * logit_scale, logits / logits_scaling
@@ -1472,7 +1494,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         vocab=cfg["vocab_size"], seq_len=seq, position_embedding=position,
         max_positions=(max_pos + (2 if mtype == "opt" else 0)) if position == "learned" else 0,
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        norm=norm, norm_position="post" if post else "pre", bias=bias,
+        norm=norm, norm_affine=norm_affine, norm_position="post" if post else "pre", bias=bias,
         dropout=bool(_first(cfg, "attention_probs_dropout_prob", "attn_pdrop", "dropout",
                             "attention_dropout", default=0.0)),
         embedding_norm=encoder or mtype == "bloom", embedding_projection_dim=proj if proj and proj != hidden else 0,
@@ -1489,7 +1511,8 @@ def _hf_parallel_block(cfg: dict, mtype: str) -> str:
     norms, two by default)."""
     if mtype == "gpt_neox":
         return "two_norms" if cfg.get("use_parallel_residual", True) else ""
-    if mtype in ("gptj", "phi", "codegen", "cohere", "cohere2"):
+    if mtype in ("gptj", "phi", "codegen", "cohere", "cohere2") or (mtype == "stablelm"
+                                                                   and cfg.get("use_parallel_residual")):
         return "shared_norm"
     if mtype == "falcon":
         if cfg.get("new_decoder_architecture"):

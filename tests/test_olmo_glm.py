@@ -4,12 +4,16 @@ what a config leaves out, and q/k norms over the whole projection; parameter cou
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import yaml
 
 from phaze.configio import ConfigError
 from phaze.graph import layer_graph
 from phaze.workload import load_model, model_from_hf_config
+
+ROOT = Path(__file__).resolve().parent.parent
 
 OLMO2_7B = dict(model_type="olmo2", vocab_size=100352, hidden_size=4096, intermediate_size=11008,
                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
@@ -47,7 +51,7 @@ def test_olmoe_by_hand_and_its_class_defaults():
     assert m.params == total == 6_919_161_856
     assert m.active_params == total - 16 * (E - k) * 3 * h * f == 1_282_017_280
     assert model_from_hf_config(dict(model_type="olmoe", vocab_size=50304, hidden_size=2048, num_hidden_layers=2,
-                                     num_attention_heads=16, clip_qkv=8.0)).notes[-1].startswith("OLMoE: clip_qkv")
+                                     num_attention_heads=16, clip_qkv=8.0)).notes[-1].startswith("OLMo: clip_qkv")
 
 
 def test_olmo3_windows_three_layers_of_four():
@@ -193,3 +197,53 @@ def test_smollm3_by_hand_and_its_windows():
     kinds = ["sliding_attention", "full_attention"] * 18
     w = model_from_hf_config({**cfg, "use_sliding_window": True, "sliding_window": 4096, "layer_types": kinds})
     assert w.window_layer_share == 0.5
+
+
+@pytest.mark.parametrize("h,layers,f,tied,published", [(2048, 16, 8192, True, 1_176_764_416),
+                                                       (4096, 32, 11008, False, 6_888_095_744)])
+def test_olmo1_norms_have_no_parameters_by_hand(h, layers, f, tied, published):
+    """OLMo 1 (``olmo``): Llama's layer under OlmoLayerNorm, a LayerNorm with no weight and no bias
+    (norm_affine none): OLMo-1B 1,176,764,416 (tied) and OLMo-7B 6,888,095,744 (untied), the published
+    1.18B and 6.89B (as remembered); its clip_qkv clamp is noted, not costed."""
+    cfg = dict(model_type="olmo", hidden_size=h, num_hidden_layers=layers, num_attention_heads=h // 128,
+               intermediate_size=f, vocab_size=50304, max_position_embeddings=2048, tie_word_embeddings=tied)
+    m = model_from_hf_config(cfg)
+    assert (m.norm, m.norm_affine, m.norm_params, m.activation) == ("layernorm", "none", 0, "swiglu")
+    assert m.params == layers * (4 * h * h + 3 * h * f) + (1 if tied else 2) * 50304 * h == published
+    assert any("clip_qkv" in n for n in model_from_hf_config({**cfg, "clip_qkv": 8.0}).notes)
+
+
+def test_stablelm2_by_hand_and_what_it_refuses():
+    """StableLM 2 1.6B (``stablelm``): SwiGLU without biases, q, k and v biases (use_qkv_bias), LayerNorms
+    with their biases (nn.LayerNorm: norm_affine weight_bias), a quarter of each 64-wide head rotated,
+    an untied 100,352-row table: 1,644,515,328 (published 1.64B); use_parallel_residual makes the block
+    parallel behind one norm; its per-head q and k LayerNorms (a kernel a head) are refused."""
+    cfg = dict(model_type="stablelm", hidden_size=2048, num_hidden_layers=24, num_attention_heads=32,
+               intermediate_size=5632, vocab_size=100352, max_position_embeddings=4096, use_qkv_bias=True)
+    m = model_from_hf_config(cfg)
+    h, f = 2048, 5632
+    assert m.params == 24 * (4 * h * h + 3 * h + 3 * h * f + 2 * 2 * h) + 2 * h + 2 * 100352 * h == 1_644_515_328
+    assert (m.norm, m.norm_affine, m.qkv_bias, m.rotary_dim, m.parallel_block) == \
+        ("layernorm", "weight_bias", True, 16, "")
+    assert model_from_hf_config({**cfg, "use_parallel_residual": True}).parallel_block == "shared_norm"
+    with pytest.raises(ConfigError, match="qk_layernorm.*one kernel per head"):
+        model_from_hf_config({**cfg, "qk_layernorm": True})
+
+
+def test_norm_affine_in_a_workload(tmp_path):
+    """A workload says what its norms hold: none, a weight, or a LayerNorm's weight and bias; an
+    RMSNorm with a bias is refused naming the field."""
+    base = yaml.safe_load((ROOT / "workloads" / "llama3-8b.yaml").read_text())
+    h, L = base["hidden"], base["layers"]
+    counts = {}
+    for affine in ("none", "weight"):
+        path = tmp_path / f"{affine}.yaml"
+        path.write_text(yaml.safe_dump({**base, "norm_affine": affine}))
+        counts[affine] = load_model(path).params
+    assert counts["weight"] - counts["none"] == (2 * L + 1) * h
+    assert counts["weight"] == load_model("llama3-8b").params
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**base, "norm_affine": "weight_bias"}))
+    with pytest.raises(ConfigError, match="norm_affine.*weight_bias is a LayerNorm"):
+        load_model(path)
+
