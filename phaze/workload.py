@@ -985,13 +985,14 @@ _HF_NOT_MODELLED = {
 }
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
-                 "qwen2_moe", "olmoe", "glm4_moe")
+                 "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
 # modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
-             "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "olmo", "stablelm")
+             "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
+             "stablelm")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
@@ -1040,6 +1041,9 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
     "cohere2": {"intermediate_size": 22528, "hidden_act": "silu", "tie_word_embeddings": True,
                 "sliding_window": 4096},
     "granite": {"intermediate_size": 11008, "hidden_act": "silu"},
+    "granitemoe": {"intermediate_size": 11008, "hidden_act": "silu", "num_local_experts": 8, "num_experts_per_tok": 2},
+    "granitemoeshared": {"intermediate_size": 11008, "hidden_act": "silu", "num_local_experts": 8,
+                         "num_experts_per_tok": 2},
     "olmo": {"intermediate_size": 11008, "hidden_act": "silu"},
     "stablelm": {"intermediate_size": 6912, "num_key_value_heads": 32, "hidden_act": "silu",
                  "partial_rotary_factor": 0.25},
@@ -1114,6 +1118,8 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
                    linear_key_head_dim=int(cfg.get("linear_key_head_dim") or 128),
                    linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 128),
                    linear_conv=int(cfg.get("linear_conv_kernel_dim") or 4), attention_output_gate=True)
+    if mtype == "granitemoeshared" and experts and cfg.get("shared_intermediate_size"):   # GraniteMoeSharedMLP
+        out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_intermediate_size"]))
     if mtype in ("qwen3_next", "qwen2_moe") and experts and cfg.get("shared_expert_intermediate_size"):
         out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_expert_intermediate_size"]),
                    shared_expert_gate=True)   # transformers' Qwen3Next- and Qwen2MoeSparseMoeBlock.shared_expert_gate
@@ -1155,7 +1161,7 @@ _HF_WHOLE_KEYS = (
     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "q_lora_rank", "kv_lora_rank",
     "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "n_group", "topk_group", "num_nextn_predict_layers",
     "sliding_window_pattern", "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq",
-    "full_attention_interval", "attention_chunk_size", "no_rope_layer_interval")
+    "full_attention_interval", "attention_chunk_size", "no_rope_layer_interval", "shared_intermediate_size")
 _HF_NUMBER_KEYS = ("attn_logit_softcapping", "final_logit_softcapping", "expansion_ratio", "rotary_pct",
                    "partial_rotary_factor")
 _HF_LIST_KEYS = ("moe_layers", "mlp_only_layers", "no_rope_layers")
@@ -1459,11 +1465,12 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                      "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
     if mtype in ("olmo", "olmoe") and cfg.get("clip_qkv"):
         notes.append(f"OLMo: clip_qkv's clamp of q, k and v to ±{cfg['clip_qkv']} is not costed")
-    if mtype in ("gemma", "gemma2", "gemma3_text", "granite"):   # hidden * sqrt(h), embedding_multiplier
+    granite = mtype in ("granite", "granitemoe", "granitemoeshared")
+    if mtype in ("gemma", "gemma2", "gemma3_text") or granite:   # hidden * sqrt(h), embedding_multiplier
         extra["embedding_scale"] = True
-    if mtype in ("cohere", "cohere2", "granite"):    # logits * logit_scale, logits / logits_scaling
+    if mtype in ("cohere", "cohere2") or granite:    # logits * logit_scale, logits / logits_scaling
         extra["logit_scale"] = True
-    if mtype == "granite":                           # residual + out * residual_multiplier
+    if granite:                                      # residual + out * residual_multiplier
         extra["residual_scale"] = True
     window, share = _hf_window(cfg, mtype, layers)
     if window and share < 1:

@@ -125,3 +125,22 @@ def test_a_workload_refuses_what_the_constants_are_not_modelled_with(tmp_path):
     path.write_text(yaml.safe_dump({**base, "residual_scale": True, "logit_scale": True, "embedding_scale": True}))
     m = load_model(path)
     assert (m.residual_scale, m.logit_scale, m.embedding_scale) == (True, True, True)
+
+
+def test_granite_moe_by_hand():
+    """Granite 3.0 3B-A800M (``granitemoe``): Granite's constants and layer with Mixtral's routed SwiGLU
+    experts (40 of width 512, 8 a token, a 40-way router without bias): 3,298,793,472 parameters,
+    807,370,752 active in the layers (the published 3B and 800M active); ``granitemoeshared`` adds a
+    shared SwiGLU expert of shared_intermediate_size."""
+    cfg = dict(model_type="granitemoe", hidden_size=1536, num_hidden_layers=32, num_attention_heads=24,
+               num_key_value_heads=8, intermediate_size=512, num_local_experts=40, num_experts_per_tok=8,
+               vocab_size=49155, max_position_embeddings=4096, tie_word_embeddings=True)
+    m = model_from_hf_config(cfg)
+    h, f, E, k, kv = 1536, 512, 40, 8, 512
+    attn, expert, router, norms = 2 * h * h + 2 * h * kv, 3 * h * f, E * h, 2 * h
+    assert m.params == 32 * (attn + E * expert + router + norms) + 49155 * h + h == 3_298_793_472
+    assert m.active_params - 49155 * h - h == 32 * (attn + k * expert + router + norms) == 807_370_752
+    assert (m.experts, m.top_k, m.shared_experts, m.residual_scale, m.logit_scale) == (E, k, 0, True, True)
+    shared = model_from_hf_config({**cfg, "model_type": "granitemoeshared", "shared_intermediate_size": 1024})
+    assert (shared.shared_experts, shared.shared_expert_ffn_hidden) == (1, 1024)
+    assert shared.params - m.params == 32 * 3 * h * 1024
