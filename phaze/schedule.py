@@ -166,8 +166,9 @@ class Schedule:
     """The schedule of one phase. ``status``: OPTIMAL (proven, in the tick model), FEASIBLE (the
     solver's best at its work limit) or HEURISTIC (the list schedule: the solver found nothing
     within it). ``gap`` = (makespan - lower bound) / makespan. ``utilisation``: busy unit-seconds /
-    (capacity x makespan) per resource. ``work_s``: CP-SAT's deterministic time spent
-    (``work_limit`` its budget); ``note`` says when the wall-time limit stopped a solve first."""
+    (capacity x makespan) per resource. ``work_s``: CP-SAT's deterministic time spent, the re-solve
+    with its presolve included (``work_limit`` the budget of the first solves); ``note`` says when
+    the wall-time limit stopped a solve first."""
 
     makespan_s: float
     status: str
@@ -786,7 +787,7 @@ def _solve_segment(seg, deps, succ, D, dur, dem, fast, capacities, budget, num_w
         # not proven within the work: CP-SAT with its presolve, which proves more but has proved wrong
         # optima (SOLVER_PARAMETERS), may find a shorter schedule in a quarter of that work more;
         # it is checked and taken, its bound never is
-        alt, walled2 = _cpsat(*args, PRESOLVE_SHARE * work, PRESOLVE_SHARE * left, num_workers, None,
+        alt, walled2 = _cpsat(*args, PRESOLVE_SHARE * work, PRESOLVE_SHARE * left, num_workers, budget,
                               presolve=True)
         walled = walled or walled2
         if alt[1] is not None and _valid_ticks(seg, pre["sdeps"], D, dem, capacities, alt[1], alt[2]):
@@ -931,7 +932,7 @@ def stop_solves() -> None:
 def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, work, time_left, num_workers, budget,
            presolve=False):
     """CP-SAT on the ops ``seg`` in ticks, within ``work`` deterministic time (charged to
-    ``budget`` when given) and ``time_left`` wall seconds. Returns ((status, {op: mode}, {op: start},
+    ``budget``) and ``time_left`` wall seconds. Returns ((status, {op: mode}, {op: start},
     proven lower bound), whether the wall time stopped it); status is CP-SAT's name (UNKNOWN, ...)
     and the rest None when no solution was found. ``presolve``: with CP-SAT's presolve (its answer
     is then not proven)."""
@@ -1007,10 +1008,9 @@ def _cpsat(seg, deps, succ, D, dem, capacities, head, tail, lb, ub, work, time_l
         _STOPPED.clear()
         raise KeyboardInterrupt
     used = solver.response_proto.deterministic_time
-    if budget is not None:
-        budget.spend(used)
+    budget.spend(used)
     # stopped by the wall clock: not proven, short of its work, at its time
-    walled = st != cp_model.OPTIMAL and used < work and solver.wall_time >= max(1e-3, time_left)
+    walled = st != cp_model.OPTIMAL and used < work and solver.wall_time >= 0.99 * max(1e-3, time_left)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return (solver.status_name(st), None, None, None), walled
     modes = {i: 0 if bools[i] is None else next(a for a, b in enumerate(bools[i]) if solver.boolean_value(b))
