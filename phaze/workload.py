@@ -776,6 +776,8 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     if model.norm_affine == "weight_bias" and model.norm != "layernorm":
         raise ConfigError(source, "norm_affine", f"weight_bias is a LayerNorm's; an RMSNorm has a weight, got "
                                                  f"norm {model.norm}; allowed: none, weight")
+    if model.qk_norm_per_head and (not model.qk_norm or model.mla):
+        raise ConfigError(source, "qk_norm_per_head", "needs qk_norm, without MLA; allowed otherwise: false")
     if model.qk_norm_width != "head" and (not model.qk_norm or model.mla):
         raise ConfigError(source, "qk_norm_width", f"{model.qk_norm_width!r} needs qk_norm, without MLA; "
                                                    f"allowed otherwise: head")

@@ -117,7 +117,8 @@ def test_a_workload_refuses_what_the_constants_are_not_modelled_with(tmp_path):
     base = yaml.safe_load((ROOT / "workloads" / "llama3-8b.yaml").read_text())
     for change, field in (({"residual_scale": True, "parallel_block": "shared_norm"}, "residual_scale"),
                           ({"logit_scale": True, "mtp_layers": 1}, "mtp_layers"),
-                          ({"logit_scale": "yes please"}, "logit_scale")):
+                          ({"logit_scale": "yes please"}, "logit_scale"),
+                          ({"qk_norm_per_head": True}, "qk_norm_per_head")):
         path = tmp_path / "w.yaml"
         path.write_text(yaml.safe_dump({**base, **change}))
         with pytest.raises(ConfigError, match=field):
