@@ -994,7 +994,7 @@ _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", 
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
-             "stablelm")
+             "stablelm", "glm", "glm4")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
@@ -1047,8 +1047,11 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
     "granitemoeshared": {"intermediate_size": 11008, "hidden_act": "silu", "num_local_experts": 8,
                          "num_experts_per_tok": 2},
     "olmo": {"intermediate_size": 11008, "hidden_act": "silu"},
-    "stablelm": {"intermediate_size": 6912, "num_key_value_heads": 32, "hidden_act": "silu",
-                 "partial_rotary_factor": 0.25},
+    "stablelm": {"intermediate_size": 6912, "num_key_value_heads": 32, "hidden_act": "silu"},
+    "glm": {"intermediate_size": 13696, "num_key_value_heads": 2, "head_dim": 128, "hidden_act": "silu",
+            "attention_bias": True},
+    "glm4": {"intermediate_size": 13696, "num_key_value_heads": 2, "head_dim": 128, "hidden_act": "silu",
+             "attention_bias": True},
     "deepseek_v2": {"intermediate_size": 11008, "hidden_act": "silu", "first_k_dense_replace": 0, "kv_lora_rank": 512,
                     "q_lora_rank": 1536, "n_routed_experts": 64, "n_shared_experts": 2, "qk_nope_head_dim": 128,
                     "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_intermediate_size": 1407},
@@ -1103,6 +1106,8 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     if mtype in ("gemma2", "gemma3_text"):   # a norm after the attention and the FFN, soft-caps
         out.update(sandwich_norm=True, attention_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
                    logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
+    if mtype == "glm4":   # GLM-4-0414: post_self_attn_layernorm and post_mlp_layernorm before the residual adds
+        out["sandwich_norm"] = True
     experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
     if mtype in _HF_MOE_TYPES and experts:
         out.update(experts=int(experts),
@@ -1450,6 +1455,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                                                   "head (StableLmLayerNormPerHead), which phaze does not cost")
     if qkv_bias:
         which = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE", "glm4_moe": "GLM-4.5's attention_bias",
+                 "glm": "GLM-4's attention_bias", "glm4": "GLM-4's attention_bias",
                  "stablelm": "StableLM's use_qkv_bias"}.get(mtype) or (
             f"{'GPT-OSS' if mtype == 'gpt_oss' else 'attention_bias'}; its output projection's bias, {hidden} "
             f"per layer, is not counted")
@@ -1487,9 +1493,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if position == "rotary":
         width = extra.get("head_dim", 0) or cfg.get("head_dim") or hidden // heads
         rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-        # GLM-4.5's configuration sets a half by default (Glm4MoeConfig.__post_init__)
-        share = _first(cfg, "rotary_pct", "partial_rotary_factor",
-                       default=rope.get("partial_rotary_factor", 0.5 if mtype == "glm4_moe" else 1.0))
+        # GLM's configurations set a half by default, StableLM's a quarter (their __post_init__)
+        default = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25}.get(mtype, 1.0)
+        share = _first(cfg, "rotary_pct", "partial_rotary_factor", default=rope.get("partial_rotary_factor", default))
         rot_dim = cfg.get("rotary_dim") if isinstance(cfg.get("rotary_dim"), int) else int(width * share) // 2 * 2
         rot_dim = rot_dim if 0 < rot_dim < width else 0
         if rot_dim:

@@ -247,3 +247,23 @@ def test_norm_affine_in_a_workload(tmp_path):
     with pytest.raises(ConfigError, match="norm_affine.*weight_bias is a LayerNorm"):
         load_model(path)
 
+
+
+def test_glm4_dense_by_hand():
+    """GLM-4 (``glm``: GLM-4-9B) is Llama's layer with biases on q, k and v only, 2 key/value heads of 128
+    and half of each head rotated (GlmConfig.__post_init__): 40 x (2·4096² + 2·4096·256 + 4096 + 2·256 +
+    3·4096·13,696 + 2·4096) + 2·151,552·4096 + 4096 = 9,399,951,360, the published 9.4B; GLM-4-0414
+    (``glm4``) adds a norm after the attention and after the MLP (post_self_attn_layernorm,
+    post_mlp_layernorm: sandwich_norm), two more weight vectors a layer."""
+    cfg = dict(model_type="glm", hidden_size=4096, num_hidden_layers=40, num_attention_heads=32,
+               vocab_size=151552, max_position_embeddings=131072)
+    m = model_from_hf_config(cfg)
+    h, kv, f, V = 4096, 256, 13696, 151552
+    layer = 2 * h * h + 2 * h * kv + (h + 2 * kv) + 3 * h * f + 2 * h
+    assert m.params == 40 * layer + 2 * V * h + h == 9_399_951_360
+    assert (m.qkv_bias, m.rotary_dim, m.kv_heads, m.sandwich_norm, m.norm) == (True, 64, 2, False, "rmsnorm")
+    assert not any("output projection" in n for n in m.notes)    # GLM's o_proj has no bias
+    m4 = model_from_hf_config({**cfg, "model_type": "glm4"})
+    assert m4.sandwich_norm and m4.params - m.params == 40 * 2 * h
+    explicit = model_from_hf_config({**cfg, "rope_parameters": {"partial_rotary_factor": 1.0}})
+    assert explicit.rotary_dim == 0                               # the whole head: no partial rotation
