@@ -994,20 +994,22 @@ _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", 
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
-             "stablelm", "glm", "glm4")
+             "stablelm", "glm", "glm4", "ministral", "seed_oss")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
 # where a sliding window applies (transformers 5.25.0): Mistral, Mixtral, Phi-3 and StarCoder2 in
 # every layer whenever ``sliding_window`` is set; Qwen2, Qwen3, Qwen3-MoE and Qwen2-MoE only under
 # ``use_sliding_window`` (Qwen2 and Qwen3 from layer ``max_window_layers`` on, Qwen2-MoE every
-# other layer before it, or as ``layer_types`` marks them); GPT-OSS, Gemma 2, Gemma 3 and OLMo 3
-# in the layers ``layer_types`` marks (by default every other one, Gemma 3 five of every six: its
-# sliding_window_pattern, 6; OLMo 3 three of every four); SmolLM3 only under ``use_sliding_window``,
+# other layer before it, or as ``layer_types`` marks them); GPT-OSS, Gemma 2, Gemma 3, OLMo 3,
+# Command R7B and Ministral in the layers ``layer_types`` marks (by default every other one, Gemma 3
+# five of every six: its sliding_window_pattern, 6; OLMo 3 and Command R7B three of every four;
+# Ministral every one); SmolLM3 only under ``use_sliding_window``,
 # in its layers without rotary embedding or as ``layer_types`` marks; the other types have no window
 _HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2")
 _HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "smollm3")
-_HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3", "cohere2")   # by layer_types, else their default
+_HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3", "cohere2",   # by layer_types, else their default
+                    "ministral")
 # each type's configuration-class defaults of the keys this reader takes (transformers 5.25.0
 # models/<type>/configuration_<type>.py, its annotated class attributes; GLM-4.5's num_mtp_layers
 # under the name its attribute_map reads): a key the config leaves out is read as transformers builds
@@ -1048,6 +1050,10 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
                          "num_experts_per_tok": 2},
     "olmo": {"intermediate_size": 11008, "hidden_act": "silu"},
     "stablelm": {"intermediate_size": 6912, "num_key_value_heads": 32, "hidden_act": "silu"},
+    "ministral": {"intermediate_size": 14336, "num_key_value_heads": 8, "hidden_act": "silu",
+                  "sliding_window": 4096},
+    "seed_oss": {"intermediate_size": 27648, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
+                 "attention_bias": True, "attention_dropout": 0.1},
     "glm": {"intermediate_size": 13696, "num_key_value_heads": 2, "head_dim": 128, "hidden_act": "silu",
             "attention_bias": True},
     "glm4": {"intermediate_size": 13696, "num_key_value_heads": 2, "head_dim": 128, "hidden_act": "silu",
@@ -1223,7 +1229,7 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
     elif mtype in _HF_WINDOW_TYPED:
         every = {"gemma3_text": int(cfg.get("sliding_window_pattern") or 6), "olmo3": 4,
                  "cohere2": int(cfg.get("sliding_window_pattern") or 4)}.get(mtype, 2)
-        sliding = sum(1 for i in range(layers) if (i + 1) % every)
+        sliding = layers if mtype == "ministral" else sum(1 for i in range(layers) if (i + 1) % every)
     elif mtype == "smollm3":   # its layers without a rotary embedding
         sliding = layers - _hf_rope_layers(cfg, layers)
     elif mtype == "qwen3_moe":
@@ -1456,6 +1462,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if qkv_bias:
         which = {"qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE", "glm4_moe": "GLM-4.5's attention_bias",
                  "glm": "GLM-4's attention_bias", "glm4": "GLM-4's attention_bias",
+                 "seed_oss": "Seed-OSS's attention_bias" + (f"; its output projection's bias, {hidden} a layer, "
+                                                             "is not counted" if cfg.get("attention_out_bias") else ""),
                  "stablelm": "StableLM's use_qkv_bias"}.get(mtype) or (
             f"{'GPT-OSS' if mtype == 'gpt_oss' else 'attention_bias'}; its output projection's bias, {hidden} "
             f"per layer, is not counted")

@@ -836,3 +836,27 @@ def test_hf_counts_that_are_not_numbers_are_refused(mtype, key, value):
            "vocab_size": 100, key: value}
     with pytest.raises(ConfigError, match=rf"field '{key}': must be"):
         model_from_hf_config(cfg)
+
+
+def test_hf_ministral_and_seed_oss_by_hand():
+    """Ministral (``ministral``): Mistral's layer, its window in the layers layer_types marks (every one
+    by default); Ministral-8B's config, one windowed layer of four: 36 x (2·4096² + 2·4096·1024 +
+    3·4096·12,288 + 2·4096) + 2·131,072·4096 + 4096 = 8,019,808,256 (published 8.0B). Seed-OSS
+    (``seed_oss``): Llama's layer with q, k and v biases (attention_bias) and training dropout (0.1):
+    Seed-OSS-36B 36,151,104,512 (published 36B)."""
+    kinds = ["sliding_attention", "full_attention", "full_attention", "full_attention"] * 9
+    cfg = dict(model_type="ministral", hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=131072,
+               max_position_embeddings=32768, sliding_window=32768, layer_types=kinds)
+    m = model_from_hf_config(cfg)
+    h, kv, f = 4096, 1024, 12288
+    assert m.params == 36 * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + 2 * 131072 * h + h == 8_019_808_256
+    assert (m.sliding_window, m.window_layer_share) == (32768, 0.25)
+    plain = {k: v for k, v in cfg.items() if k not in ("layer_types", "sliding_window")}
+    assert (model_from_hf_config(plain).sliding_window, model_from_hf_config(plain).window_layer_share) == (4096, 1.0)
+    seed = model_from_hf_config(dict(model_type="seed_oss", hidden_size=5120, num_hidden_layers=64,
+                                     num_attention_heads=80, vocab_size=155136, max_position_embeddings=524288))
+    h, q, kv, f = 5120, 80 * 128, 8 * 128, 27648
+    layer = 2 * h * q + 2 * h * kv + (q + 2 * kv) + 3 * h * f + 2 * h
+    assert seed.params == 64 * layer + 2 * 155136 * h + h == 36_151_104_512
+    assert (seed.qkv_bias, seed.dropout, seed.kv_heads) == (True, True, 8)
