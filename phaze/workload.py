@@ -994,7 +994,7 @@ _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", 
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
-             "stablelm", "glm", "glm4", "ministral", "seed_oss")
+             "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
@@ -1050,6 +1050,8 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
                          "num_experts_per_tok": 2},
     "olmo": {"intermediate_size": 11008, "hidden_act": "silu"},
     "stablelm": {"intermediate_size": 6912, "num_key_value_heads": 32, "hidden_act": "silu"},
+    "ernie4_5": {"intermediate_size": 3072, "num_key_value_heads": 2, "head_dim": 128, "hidden_act": "silu",
+                 "tie_word_embeddings": True},
     "ministral": {"intermediate_size": 14336, "num_key_value_heads": 8, "hidden_act": "silu",
                   "sliding_window": 4096},
     "seed_oss": {"intermediate_size": 27648, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
@@ -1454,6 +1456,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                                                     "are not modelled")
     if gated and cfg.get("mlp_bias"):
         raise ConfigError(source, "mlp_bias", "must be false: biases on a gated FFN's projections are not modelled")
+    if mtype == "ernie4_5" and cfg.get("use_bias"):   # on every linear, the gated FFN's too
+        raise ConfigError(source, "use_bias", "must be false: biases on a gated FFN's projections are not modelled")
     qkv_bias = (mtype == "qwen2" or (mtype == "qwen2_moe" and bool(cfg.get("qkv_bias", True))) or attn_bias
                 or (mtype == "stablelm" and bool(cfg.get("use_qkv_bias"))))
     if mtype == "stablelm" and cfg.get("qk_layernorm"):

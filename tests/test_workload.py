@@ -860,3 +860,18 @@ def test_hf_ministral_and_seed_oss_by_hand():
     layer = 2 * h * q + 2 * h * kv + (q + 2 * kv) + 3 * h * f + 2 * h
     assert seed.params == 64 * layer + 2 * 155136 * h + h == 36_151_104_512
     assert (seed.qkv_bias, seed.dropout, seed.kv_heads) == (True, True, 8)
+
+
+def test_hf_ernie45_by_hand():
+    """ERNIE 4.5 (``ernie4_5``, its 0.3B dense model): Llama's layer, 16 query heads and 2 key/value
+    heads of 128 beside a width of 1,024, a tied 103,424-row table: 18 x (2·1024·2048 + 2·1024·256 +
+    3·1024·3072 + 2·1024) + 103,424·1024 + 1024 = 360,748,032 (published 0.36B); use_bias, biases on
+    every linear and the gated FFN's, is refused."""
+    cfg = dict(model_type="ernie4_5", hidden_size=1024, num_hidden_layers=18, num_attention_heads=16,
+               vocab_size=103424, max_position_embeddings=131072)
+    m = model_from_hf_config(cfg)
+    h, q, kv, f = 1024, 2048, 256, 3072
+    assert m.params == 18 * (2 * h * q + 2 * h * kv + 3 * h * f + 2 * h) + 103424 * h + h == 360_748_032
+    assert (m.tied_embeddings, m.kv_heads, m.head_dim, m.activation) == (True, 2, 128, "swiglu")
+    with pytest.raises(ConfigError, match="use_bias"):
+        model_from_hf_config({**cfg, "use_bias": True})
