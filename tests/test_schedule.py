@@ -464,6 +464,8 @@ def test_time_limit_returns_a_flagged_schedule(limit):
 
 @pytest.mark.parametrize("work", [1e-9, 0.05])
 def test_work_limit_returns_a_flagged_schedule(work):
+    """The work limit stops the solver with the best schedule it has and its bound, never an
+    exception, and the schedule says how much work it spent (no wall-time note)."""
     tasks, caps = _big_instance()
     s = solve(tasks, caps, work_limit=work)
     assert s.status in ("FEASIBLE", "HEURISTIC"), s.status
@@ -475,7 +477,7 @@ def test_work_limit_returns_a_flagged_schedule(work):
     assert 0 < s.work_s <= (1 + S.PRESOLVE_SHARE) * max(work, 1e-3) * 1.1 + 2e-3
 
 
-def test_an_unproven_schedule_is_the_same_however_fast_the_solver_runs(monkeypatch):
+def test_an_unproven_schedule_is_the_same_however_fast_the_solver_runs():
     """Stopped by its work limit, a solve not proven gives the same schedule, bound and status
     whether the machine is idle or busy (here: a second solve beside a thread that keeps a core
     busy with Python), which a wall-time limit did not."""
