@@ -987,14 +987,14 @@ _HF_NOT_MODELLED = {
 }
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
-                 "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared")
+                 "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
 # modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
-             "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5")
+             "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2")
@@ -1208,6 +1208,9 @@ def _check_hf_numbers(cfg: dict, source: str) -> None:
         if value is not None and not (isinstance(value, list) and all(number(i) and float(i).is_integer()
                                                                       for i in value)):
             raise ConfigError(source, key, f"must be a list of layer indices or flags (whole numbers), got {value!r}")
+    kinds = cfg.get("layer_types")
+    if kinds is not None and not (isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)):
+        raise ConfigError(source, "layer_types", f"must be a list of each layer's kind (names), got {kinds!r}")
 
 
 def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
@@ -1362,6 +1365,27 @@ def _hf_hybrid(cfg: dict, mtype: str, source: str, name: str | None) -> Model:
     return model
 
 
+def _hf_dbrx_flat(cfg: dict, source: str) -> dict:
+    """DBRX's nested configs as the flat keys the reader takes: from ``ffn_config`` (DbrxFFNConfig)
+    its experts' width, count and top-k and the activation its GLU experts run, from ``attn_config``
+    (DbrxAttentionConfig) its key/value heads (one by default); each class's defaults where a key
+    is left out."""
+    ffn, attn = cfg.get("ffn_config") or {}, cfg.get("attn_config") or {}
+    for key, value in (("ffn_config", ffn), ("attn_config", attn)):
+        if not isinstance(value, dict):
+            raise ConfigError(source, key, f"must be a mapping (DBRX's nested config), got {value!r}")
+    for where, d, key in (("ffn_config", ffn, "ffn_hidden_size"), ("ffn_config", ffn, "moe_num_experts"),
+                          ("ffn_config", ffn, "moe_top_k"), ("attn_config", attn, "kv_n_heads")):
+        value = d.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(source, f"{where}.{key}", f"must be a positive whole number, got {value!r}")
+    act = ffn.get("ffn_act_fn") or {"name": "silu"}
+    return {**cfg, "intermediate_size": ffn.get("ffn_hidden_size", 3584),
+            "num_local_experts": ffn.get("moe_num_experts", 4), "num_experts_per_tok": ffn.get("moe_top_k", 1),
+            "num_key_value_heads": attn.get("kv_n_heads", 1),
+            "hidden_act": act.get("name", "silu") if isinstance(act, dict) else act}
+
+
 def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | None = None) -> Model:
     """Build a :class:`Model` from a Hugging Face ``config.json`` dictionary (GPT-2, OPT, BERT,
     Llama/Mistral, MPT, GPT-NeoX and similar)."""
@@ -1380,6 +1404,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         raise ConfigError(source, "model_type", f"{'got ' + repr(mtype) if mtype else 'missing'}: phaze reads only "
                                                 f"the types whose norms, biases, gating and experts it knows: "
                                                 f"{known}; a workload YAML describes any other model")
+    if mtype == "dbrx":
+        cfg = _hf_dbrx_flat(cfg, source)
     cfg = {**_HF_TYPE_DEFAULTS.get(mtype, {}), **cfg}
     _check_hf_numbers(cfg, source)
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
@@ -1389,8 +1415,13 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                        ("num_attention_heads", heads), ("vocab_size", cfg.get("vocab_size"))):
         if not isinstance(value, int) or value <= 0:
             raise ConfigError(source, key, f"must be a positive integer, got {value!r}")
-    attn_cfg = cfg.get("attn_config") or {}
-    kv_heads = _first(cfg, "num_key_value_heads", default=None) or attn_cfg.get("kv_n_heads") or heads
+    attn_cfg = cfg.get("attn_config") or {}     # MPT's and DBRX's nested attention settings
+    if not isinstance(attn_cfg, dict):
+        raise ConfigError(source, "attn_config", f"must be a mapping, got {attn_cfg!r}")
+    kv_n = attn_cfg.get("kv_n_heads")
+    if kv_n is not None and (not isinstance(kv_n, int) or isinstance(kv_n, bool) or kv_n < 1):
+        raise ConfigError(source, "attn_config.kv_n_heads", f"must be a positive whole number, got {kv_n!r}")
+    kv_heads = _first(cfg, "num_key_value_heads", default=None) or kv_n or heads
     if mtype == "falcon":   # transformers' FalconAttention: the new decoder's KV heads, else multi-query
         if cfg.get("new_decoder_architecture"):
             kv_heads = cfg.get("num_kv_heads") or heads
@@ -1421,9 +1452,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     else:
         position = "rotary" if rotary else ("alibi" if alibi else "learned")
     encoder = mtype in ("bert", "roberta")
-    # every gated type's norms are RMSNorms but Cohere's (CohereLayerNorm: a weight, no bias), OLMo's
+    # every gated type's norms are RMSNorms but Cohere's and DBRX's (LayerNorms: a weight, no bias), OLMo's
     # (OlmoLayerNorm: neither) and StableLM's (nn.LayerNorm), no other type's
-    norm = "rmsnorm" if gated and mtype not in ("cohere", "cohere2", "olmo", "stablelm") else "layernorm"
+    norm = "rmsnorm" if gated and mtype not in ("cohere", "cohere2", "olmo", "stablelm", "dbrx") else "layernorm"
     # a LayerNorm's bias kept whatever the linears' (Falcon's and StarCoder2's bias switches, StableLM's
     # nn.LayerNorm), or no parameters at all (OLMo's)
     norm_affine = "weight_bias" if mtype in ("falcon", "starcoder2", "stablelm") else ("none" if mtype == "olmo"
@@ -1485,6 +1516,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                      "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
     if mtype in ("olmo", "olmoe") and cfg.get("clip_qkv"):
         notes.append(f"OLMo: clip_qkv's clamp of q, k and v to ±{cfg['clip_qkv']} is not costed")
+    if mtype == "dbrx" and attn_cfg.get("clip_qkv"):
+        notes.append(f"DBRX: clip_qkv's clamp of q, k and v to ±{attn_cfg['clip_qkv']} is not costed")
     granite = mtype in ("granite", "granitemoe", "granitemoeshared")
     if mtype in ("gemma", "gemma2", "gemma3_text") or granite:   # hidden * sqrt(h), embedding_multiplier
         extra["embedding_scale"] = True

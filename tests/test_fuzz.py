@@ -94,10 +94,14 @@ def mutated_hf_config(root: Path, rng: random.Random) -> Path:
            "hidden_size": 64, "num_hidden_layers": rng.choice([1, 2, 4]), "num_attention_heads": 4,
            "vocab_size": 100, "intermediate_size": 128}
     junk = [-1, 0, 1, 2, 3, 4, 1.5, 1e400, "abc", "", None, True, [1], {"a": 1}]
+    nested = [{"kv_n_heads": rng.choice(junk)}, {"alibi": rng.choice(junk), "rope": rng.choice(junk)},
+              {"moe_num_experts": rng.choice(junk), "moe_top_k": rng.choice(junk),
+               "ffn_hidden_size": rng.choice(junk), "ffn_act_fn": rng.choice(junk + [{"name": "gelu"}])}]
     for key in rng.sample(_HF_WHOLE_KEYS + _HF_NUMBER_KEYS + _HF_LIST_KEYS + ("sliding_window", "layer_types",
-                                                                             "use_sliding_window", "hidden_act"),
+                                                                             "use_sliding_window", "hidden_act",
+                                                                             "attn_config", "ffn_config"),
                           rng.randint(1, 6)):
-        cfg[key] = rng.choice(junk + [["sliding_attention", "full_attention"], [0, 1], "gelu", "relu2"])
+        cfg[key] = rng.choice(junk + nested + [["sliding_attention", "full_attention"], [0, 1], "gelu", "relu2"])
     path = root / f"hf-{rng.randrange(10 ** 9)}" / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cfg).replace("Infinity", "1e400"))

@@ -663,10 +663,10 @@ def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
         model_from_hf_config(cfg)
 
 
-@pytest.mark.parametrize("mtype", ["dbrx", "gpt_neo", "phimoe", "olmo_hybrid", "exaone4", ""])
+@pytest.mark.parametrize("mtype", ["jetmoe", "gpt_neo", "phimoe", "olmo_hybrid", "exaone4", ""])
 def test_hugging_face_types_phaze_does_not_read_are_refused(mtype):
     """A transformer type outside phaze's table (its norms, experts or local layers would be read
-    as the nearest type's: DBRX's and Phi-MoE's experts as a dense FFN, GPT-Neo's local layers as
+    as the nearest type's: JetMoE's and Phi-MoE's experts as a dense FFN, GPT-Neo's local layers as
     global ones) is refused naming model_type and the types phaze reads."""
     cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
            "vocab_size": 50000, "num_experts": 60, "intermediate_size": 5632}
@@ -875,3 +875,42 @@ def test_hf_ernie45_by_hand():
     assert (m.tied_embeddings, m.kv_heads, m.head_dim, m.activation) == (True, 2, 128, "swiglu")
     with pytest.raises(ConfigError, match="use_bias"):
         model_from_hf_config({**cfg, "use_bias": True})
+
+
+def test_hf_dbrx_by_hand():
+    """DBRX (``dbrx``): its nested configs read (ffn_config: 16 GLU experts of 10,752, 4 a token, SiLU;
+    attn_config: 8 key/value heads), weight-only LayerNorms, no biases, an untied 100,352-row table:
+    40 x (6144·(6144 + 2·1024) + 6144² + 16·3·6144·10,752 + 16·6144 + 2·6144) + 2·100,352·6144 + 6144
+    = 131,596,523,520, 36,469,708,800 active (the published 132B and 36B); clip_qkv noted; a nested
+    key that is not a count is refused naming it."""
+    cfg = {"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768,
+           "vocab_size": 100352, "attn_config": {"clip_qkv": 8, "kv_n_heads": 8, "rope_theta": 500000},
+           "ffn_config": {"ffn_act_fn": {"name": "silu"}, "ffn_hidden_size": 10752, "moe_num_experts": 16,
+                          "moe_top_k": 4}}
+    m = model_from_hf_config(cfg)
+    h, kv, f, E, V = 6144, 1024, 10752, 16, 100352
+    attn, norms, router = h * (h + 2 * kv) + h * h, 2 * h, E * h
+    assert m.params == 40 * (attn + E * 3 * h * f + router + norms) + 2 * V * h + h == 131_596_523_520
+    assert m.active_params == m.params - 40 * (E - 4) * 3 * h * f == 36_469_708_800
+    assert (m.norm, m.norm_tensors, m.kv_heads, m.activation, m.tied_embeddings) == ("layernorm", 1, 8, "swiglu", False)
+    assert any("clip_qkv" in n for n in m.notes)
+    assert model_from_hf_config({**cfg, "attn_config": {}}).kv_heads == 1      # DbrxAttentionConfig's default
+    for bad, field in (({"ffn_config": [1]}, "ffn_config"),
+                       ({"ffn_config": {"moe_top_k": "4"}}, "ffn_config.moe_top_k"),
+                       ({"attn_config": {"kv_n_heads": 0}}, "attn_config.kv_n_heads")):
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            model_from_hf_config({**cfg, **bad})
+
+
+@pytest.mark.parametrize("change,field", [({"model_type": "mpt", "attn_config": [1]}, "attn_config"),
+                                          ({"model_type": "mpt", "attn_config": {"kv_n_heads": "8"}},
+                                           "attn_config.kv_n_heads"),
+                                          ({"model_type": "llama4_text", "layer_types": 3}, "layer_types"),
+                                          ({"model_type": "gemma2", "layer_types": [1, 2]}, "layer_types")])
+def test_hf_nested_and_layer_type_junk_is_refused_naming_the_key(change, field):
+    """Found by a longer run of the fuzz benchmark's config mutator: an MPT attn_config that is not a
+    mapping, and a layer_types that is not a list of names, were tracebacks."""
+    cfg = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 100,
+           "intermediate_size": 128, **change}
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        model_from_hf_config(cfg)
