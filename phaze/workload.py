@@ -1100,9 +1100,9 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
 
 
 def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, source: str) -> dict:
-    """Mixture-of-experts, MLA, q/k-norm and chunked-attention fields of a Hugging Face config
-    (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4, OLMo 2 and OLMoE, GLM-4.5) of
-    ``layers`` layers; what is simplified goes to ``notes``."""
+    """Mixture-of-experts, MLA, q/k-norm, chunked-attention and NoPE fields of a Hugging Face config
+    (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4, OLMo 2 and OLMoE, GLM-4.5, Granite-MoE,
+    Cohere, SmolLM3) of ``layers`` layers; what is simplified goes to ``notes``."""
     out: dict = {}
     if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text") or (mtype == "glm4_moe"
                                                                          and cfg.get("use_qk_norm")):
@@ -1155,10 +1155,6 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         rope = _hf_rope_layers(cfg, layers)
         if rope < layers:
             out["rope_layer_share"] = rope / layers
-    if mtype == "cohere2" and layers > 0:   # only its windowed layers rotate (Cohere2Attention)
-        window, share = _hf_window(cfg, mtype, layers)
-        if not window or share < 1:
-            out["rope_layer_share"] = share if window else 0.0
     if mtype == "gpt_oss":
         out.update(expert_bias=True, attention_sinks=True)
         notes.append("GPT-OSS: the SwiGLU clamp and the attention sinks add no GEMM work")
@@ -1293,13 +1289,7 @@ def _hf_chunks(cfg: dict, layers: int) -> dict:
     if chunk <= 0 or layers <= 0:
         return {}
     kinds = cfg.get("layer_types")
-    if kinds:
-        chunked = sum(k == "chunked_attention" for k in kinds)
-    elif cfg.get("no_rope_layers"):
-        chunked = sum(1 for k in cfg["no_rope_layers"] if k)
-    else:
-        every = int(cfg.get("no_rope_layer_interval") or 4)
-        chunked = sum(1 for i in range(layers) if (i + 1) % every)
+    chunked = sum(k == "chunked_attention" for k in kinds) if kinds else _hf_rope_layers(cfg, layers)
     return {"attention_chunk": chunk, "window_layer_share": chunked / layers} if chunked else {}
 
 
@@ -1365,24 +1355,34 @@ def _hf_hybrid(cfg: dict, mtype: str, source: str, name: str | None) -> Model:
     return model
 
 
-def _hf_dbrx_flat(cfg: dict, source: str) -> dict:
+def _hf_nested(cfg: dict, key: str, source: str) -> dict:
+    """A nested config (MPT's and DBRX's ``attn_config``, DBRX's ``ffn_config``): a mapping, or {}."""
+    d = cfg.get(key) or {}
+    if not isinstance(d, dict):
+        raise ConfigError(source, key, f"must be a mapping (a nested config), got {d!r}")
+    return d
+
+
+def _hf_nested_count(d: dict, where: str, key: str, default, source: str) -> int:
+    """The count ``key`` of the nested config ``where`` (``default`` when left out), refused naming
+    both unless a positive whole number."""
+    value = d.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(source, f"{where}.{key}", f"must be a positive whole number, got {value!r}")
+    return value
+
+
+def _hf_dbrx_flat(cfg: dict, attn: dict, source: str) -> dict:
     """DBRX's nested configs as the flat keys the reader takes: from ``ffn_config`` (DbrxFFNConfig)
     its experts' width, count and top-k and the activation its GLU experts run, from ``attn_config``
     (DbrxAttentionConfig) its key/value heads (one by default); each class's defaults where a key
     is left out."""
-    ffn, attn = cfg.get("ffn_config") or {}, cfg.get("attn_config") or {}
-    for key, value in (("ffn_config", ffn), ("attn_config", attn)):
-        if not isinstance(value, dict):
-            raise ConfigError(source, key, f"must be a mapping (DBRX's nested config), got {value!r}")
-    for where, d, key in (("ffn_config", ffn, "ffn_hidden_size"), ("ffn_config", ffn, "moe_num_experts"),
-                          ("ffn_config", ffn, "moe_top_k"), ("attn_config", attn, "kv_n_heads")):
-        value = d.get(key, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(source, f"{where}.{key}", f"must be a positive whole number, got {value!r}")
+    ffn = _hf_nested(cfg, "ffn_config", source)
     act = ffn.get("ffn_act_fn") or {"name": "silu"}
-    return {**cfg, "intermediate_size": ffn.get("ffn_hidden_size", 3584),
-            "num_local_experts": ffn.get("moe_num_experts", 4), "num_experts_per_tok": ffn.get("moe_top_k", 1),
-            "num_key_value_heads": attn.get("kv_n_heads", 1),
+    return {**cfg, "intermediate_size": _hf_nested_count(ffn, "ffn_config", "ffn_hidden_size", 3584, source),
+            "num_local_experts": _hf_nested_count(ffn, "ffn_config", "moe_num_experts", 4, source),
+            "num_experts_per_tok": _hf_nested_count(ffn, "ffn_config", "moe_top_k", 1, source),
+            "num_key_value_heads": _hf_nested_count(attn, "attn_config", "kv_n_heads", 1, source),
             "hidden_act": act.get("name", "silu") if isinstance(act, dict) else act}
 
 
@@ -1404,8 +1404,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         raise ConfigError(source, "model_type", f"{'got ' + repr(mtype) if mtype else 'missing'}: phaze reads only "
                                                 f"the types whose norms, biases, gating and experts it knows: "
                                                 f"{known}; a workload YAML describes any other model")
+    attn_cfg = _hf_nested(cfg, "attn_config", source)     # MPT's and DBRX's nested attention settings
     if mtype == "dbrx":
-        cfg = _hf_dbrx_flat(cfg, source)
+        cfg = _hf_dbrx_flat(cfg, attn_cfg, source)
     cfg = {**_HF_TYPE_DEFAULTS.get(mtype, {}), **cfg}
     _check_hf_numbers(cfg, source)
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
@@ -1415,12 +1416,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                        ("num_attention_heads", heads), ("vocab_size", cfg.get("vocab_size"))):
         if not isinstance(value, int) or value <= 0:
             raise ConfigError(source, key, f"must be a positive integer, got {value!r}")
-    attn_cfg = cfg.get("attn_config") or {}     # MPT's and DBRX's nested attention settings
-    if not isinstance(attn_cfg, dict):
-        raise ConfigError(source, "attn_config", f"must be a mapping, got {attn_cfg!r}")
-    kv_n = attn_cfg.get("kv_n_heads")
-    if kv_n is not None and (not isinstance(kv_n, int) or isinstance(kv_n, bool) or kv_n < 1):
-        raise ConfigError(source, "attn_config.kv_n_heads", f"must be a positive whole number, got {kv_n!r}")
+    kv_n = attn_cfg.get("kv_n_heads")     # MPT's: null falls back to the heads
+    if kv_n is not None:
+        _hf_nested_count(attn_cfg, "attn_config", "kv_n_heads", None, source)
     kv_heads = _first(cfg, "num_key_value_heads", default=None) or kv_n or heads
     if mtype == "falcon":   # transformers' FalconAttention: the new decoder's KV heads, else multi-query
         if cfg.get("new_decoder_architecture"):
@@ -1528,6 +1526,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     window, share = _hf_window(cfg, mtype, layers)
     if window and share < 1:
         extra["window_layer_share"] = share
+    if mtype == "cohere2" and (not window or share < 1):   # only its windowed layers rotate (Cohere2Attention)
+        extra["rope_layer_share"] = share if window else 0.0
     if window or extra.get("attention_chunk"):
         notes.append(local_attention_phrase(window, extra.get("attention_chunk", 0),
                                             extra.get("window_layer_share", 1.0))
