@@ -98,6 +98,7 @@ from .workload import (
     mtp_error,
     name_keys,
     parallel_block_error,
+    peft_error,
     router_groups_error,
     with_seq_len,
 )
@@ -116,7 +117,7 @@ EXPLICIT_COLUMNS = (
     "execution", "recompute_layers", "moe_router_groups", "moe_router_group_topk", "devices_per_node",
     "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers", "parallel_block", "fsdp_pp",
     "fp8_param_gather", "rotary_kernels", "kv_repeat", "softmax_kernel", "pipeline_schedule",
-    "moe_shared_expert_overlap", "cross_entropy", "offload")
+    "moe_shared_expert_overlap", "cross_entropy", "offload", "peft")
 # standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
 OPTIONAL_COLUMNS = ("params_b",)
 # every column the model may read; ``notes`` (free text) is not among them
@@ -434,6 +435,14 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     moe = _moe_reason(row)
     if moe:
         raise ValueError(moe)
+    peft = _text(row, "peft").lower()
+    if peft not in ("", "none", "full"):
+        raise ValueError(f"column 'peft' {peft}: parameter-efficient fine-tuning (adapters trained on frozen "
+                         f"weights, with no weight gradients, gradient reduction or optimizer state for the "
+                         f"base model) is not modelled; allowed: blank, none or full (full training)")
+    named_peft = peft_error(_text(row, "model"))
+    if named_peft and not peft:
+        raise ValueError(f"model {named_peft}")
     if _flag(row, "packed_documents"):
         raise ValueError("each sequence packs several documents that attend only within themselves "
                          "(packed fine-tuning data); their lengths are not given, so the attention work "

@@ -1592,6 +1592,25 @@ def workload_dirs() -> list[Path]:
 VARIANT_WORDS = ("hf", "base", "instruct", "chat", "sft", "it")
 
 
+# words that name a parameter-efficient fine-tuning method in a published model name (NeMo's
+# performance tables write ``LLAMA3-70B (LoRA)``): adapters trained on frozen weights, a step
+# without the base model's weight gradients, their reduction or its optimizer, which phaze does not
+# model; such a name is refused (:func:`peft_error`) rather than read as full training of the network
+PEFT_WORDS = ("lora", "qlora", "dora", "peft", "ptuning", "prefixtuning", "adapter", "adapters")
+
+
+def peft_error(name: str) -> str:
+    """Why a published model name cannot be costed as full training: a word of it, in a qualifier in
+    parentheses or not, that names a parameter-efficient method (:data:`PEFT_WORDS`); "" otherwise."""
+    words = re.split(r"[^a-z0-9]+", name.strip().rpartition("/")[2].lower())
+    found = next((w for w in words if w in PEFT_WORDS), "")
+    if not found:
+        return ""
+    return (f"{name!r} names parameter-efficient fine-tuning ({found}): adapters trained on frozen "
+            f"weights, with no weight gradients, gradient reduction or optimizer state for the base "
+            f"model, are not modelled (phaze costs full training of every weight)")
+
+
 def name_key(name: str) -> str:
     """A published model name reduced for matching: lower case, letters, digits and dots only
     (``LLAMA2-70B``, ``Llama-2-70B`` and ``Llama 2 70B`` are one key)."""
@@ -1678,6 +1697,9 @@ def workload_path(name_or_path: str | Path) -> Path:
     try:
         return resolve_config(str(name_or_path), "workloads", "workload", "--workload", workload_aliases())
     except ConfigError:
+        peft = peft_error(name_or_path) if isinstance(name_or_path, str) else ""
+        if peft:
+            raise ConfigError("--workload", None, peft) from None
         found = find_workload(str(name_or_path)) if isinstance(name_or_path, str) else None
         if found is None:
             raise

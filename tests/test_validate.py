@@ -1095,6 +1095,19 @@ def test_packed_fine_tuning_rows_are_skipped_with_the_reason():
         assert isinstance(v.row_to_case(rows()[rid]), v.Skipped)
 
 
+def test_parameter_efficient_fine_tuning_rows_are_skipped_with_the_reason():
+    """A ``peft`` column other than full training, or a model named ``LLAMA3-70B (LoRA)`` with the
+    column blank, is skipped: costed as full training it would count every weight's gradient, its
+    reduction and its optimizer. An explicit ``full`` wins over the name."""
+    for row in (synthetic(peft="lora"), synthetic(peft="QLoRA"), synthetic(model="LLAMA2-13B (LoRA)")):
+        s = v.row_to_case(row)
+        assert isinstance(s, v.Skipped) and "parameter-efficient fine-tuning" in s.reason, row
+    assert "allowed: blank, none or full" in v.row_to_case(synthetic(peft="lora")).reason
+    for value in ("", "none", "full", "Full"):
+        assert isinstance(v.row_to_case(synthetic(peft=value)), v.Case), value
+    assert isinstance(v.row_to_case(synthetic(model="LLAMA2-13B (LoRA)", peft="full")), v.Case)
+
+
 @pytest.mark.parametrize("value", ["1e308", "1e-320"])
 def test_a_value_whose_step_time_is_not_finite_and_positive_is_skipped(value):
     """A throughput so large that the step time underflows to 0 (refused first as out of any

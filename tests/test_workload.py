@@ -22,6 +22,7 @@ from phaze.workload import (
     load_model,
     model_from_hf_config,
     name_keys,
+    peft_error,
     published_params,
     workload_aliases,
 )
@@ -520,6 +521,21 @@ def test_a_spelling_that_names_no_workload_is_refused(tmp_path, monkeypatch):
         assert find_workload(name) is None, name
         with pytest.raises(ConfigError, match="unknown workload"):
             load_model(name)
+
+
+@pytest.mark.parametrize("name", ["LLAMA3-70B (LoRA)", "Llama3 8B LoRA", "llama3-70b-lora", "QLoRA-65B",
+                                  "Mistral-7B-Adapter", "gpt2 (fp8, dora)"])
+def test_a_name_that_says_parameter_efficient_fine_tuning_is_refused_not_costed_as_full_training(name, tmp_path,
+                                                                                                  monkeypatch):
+    """``LLAMA3-70B (LoRA)`` would otherwise drop its qualifier and find Llama 3 70B: a step with every
+    weight's gradient, its reduction and its optimizer, where LoRA trains adapters on frozen weights."""
+    monkeypatch.chdir(tmp_path)
+    refused = r"--workload: .*parameter-efficient fine-tuning \((lora|qlora|adapter|dora)\)"
+    with pytest.raises(ConfigError, match=refused):
+        load_model(name)
+    # words that only contain one are not one; SFT is full training
+    assert load_model("LLAMA3-70B (SFT)") == load_model("llama3-70b")
+    assert find_workload("Loraxx-7B") is None and not peft_error("explora-7b") and not peft_error("Llama-3-8B")
 
 
 def test_a_local_workload_is_found_by_its_published_name(tmp_path, monkeypatch):
