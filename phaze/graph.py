@@ -120,11 +120,20 @@ class Op:
     hidden_by: str = ""            # a collective Megatron issues asynchronously under this GEMM (``tp_async``)
     ring: tuple[int, ...] = ()     # fused attention under context parallelism: the ring steps this op
                                    # runs; several run side by side (``gemm`` batch and FLOPs are theirs together)
+    grad: str = ""                 # a forward op's backward kernel when not its unit's rule (GRADS)
 
     @property
     def bytes(self) -> float:
         return self.bytes_read + self.bytes_written
 
+
+# what the backward runs for a forward op whose gradient is not its unit's rule (Op.grad; "" for
+# those): ``none``, no kernel (a bias add or a permute passes its gradient through, a cast's or a
+# constant's is none); ``softmax``, autograd's for an op of PyTorch's unfused softmax chain;
+# ``rotary``, the inverse rotation by the same kernel; ``scale``, a product with a constant: the
+# gradient times it; ``repeat``, copied heads' gradients summed back; ``softcap``, autograd's three
+# kernels of a tanh soft-cap; ``gate``, mamba_ssm's gate backward in its chunk scan
+GRADS = ("", "none", "softmax", "rotary", "scale", "repeat", "softcap", "gate")
 
 # the Mamba-2 mixer's forward ops its fused scan's backward re-runs before its gradients
 SSD_BACKWARD_RERUNS = ("mamba_conv", "ssd_dt", "ssd_cb", "ssd_states", "ssd_state_passing")
@@ -315,9 +324,6 @@ _ROTARY = {
 # sin_ likewise, on the fp32 [s, rotated width] angles (elements read and written, as above)
 _ROTARY_TABLES = (("cos", (0, 1), (0, 1)), ("cos_scale", (0, 1), (0, 1)), ("cos_cast", (0, 1), (1, 0)),
                   ("sin", (0, 1), (0, 1)), ("sin_scale", (0, 1), (0, 1)), ("sin_cast", (0, 1), (1, 0)))
-_ROTARY_TABLE_NAMES = frozenset(name for name, _, _ in _ROTARY_TABLES)
-# the ops of an unfused softmax run by PyTorch (softmax_kernel megatron off its kernel's shapes)
-_TORCH_SOFTMAX = frozenset(("softmax.float", "softmax.scale", "softmax.mask", "softmax.fp32", "softmax.half"))
 
 
 def rotary_kernels(model: Model) -> str:
@@ -460,19 +466,19 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         base = name.split(".")[-1]
         if fp8 and base not in norm_fed:
             _vector(fb, name + ".fp8_cast", M * K, p, reads=1, writes=(1 if base in rowwise8 else 2) / p,
-                    flops_per_element=2)
+                    flops_per_element=2, grad="none")
         if not gemm:
             return
         weight_cast(fb, name, K * N)
         _gemm(fb, name, 1, M, K, N, p, weights=True)
         if base == "qkv" and base in biased:   # Megatron's ColumnParallelLinear: output + bias
-            _vector(fb, name + ".bias", M * N, p, flops_per_element=1)
+            _vector(fb, name + ".bias", M * N, p, flops_per_element=1, grad="none")
 
     def grouped(fb: _Builder, name: str, batch: int, M: int, K: int, N: int) -> None:
         """The experts' grouped GEMM; in fp8 each expert's input is cast in both layouts first
         (Transformer Engine's GroupedLinear: fp8_multi_cast_transpose_fused)."""
         if fp8:
-            _vector(fb, name + ".fp8_cast", batch * M * K, p, reads=1, writes=2 / p, flops_per_element=2)
+            _vector(fb, name + ".fp8_cast", batch * M * K, p, reads=1, writes=2 / p, flops_per_element=2, grad="none")
         weight_cast(fb, name, batch * K * N)
         _gemm(fb, name, batch, M, K, N, p, weights=True)
 
@@ -483,7 +489,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         for its amax and for the cast, and writes one layout, whose transposed view the backward
         reads: the same 4 bytes a weight within one). Its backward is nothing."""
         if fp8 and not model.fp8_fused:
-            _vector(fb, name + ".weight.fp8_cast", elements, p, reads=1, writes=2 / p, flops_per_element=2)
+            _vector(fb, name + ".weight.fp8_cast", elements, p, reads=1, writes=2 / p, flops_per_element=2,
+                    grad="none")
 
     def forward(fb: _Builder, prefix: str = "", tail: bool = True, qkv: bool = True) -> None:
         """The layer's forward ops. ``tail`` False: without the ops whose results the backward
@@ -554,7 +561,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         ``residual + out * residual_multiplier``) scaled first, a kernel of its own (read and write
         the output once, one FLOP an element), whose backward scales the gradient the same way."""
         if model.residual_scale:
-            _vector(fb, n(f"{branch}_out.scale"), Tn * h, p)
+            _vector(fb, n(f"{branch}_out.scale"), Tn * h, p, grad="scale")
         _vector(fb, n(f"{branch}_residual"), Tn * h, p, reads=2, flops_per_element=2)
 
     rot, rw = rotary_kernels(model), model.rotated_width
@@ -592,7 +599,8 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         # _ssm_training calls mamba_split_conv1d_scan_combined without rmsnorm_weight, so mamba_ssm
         # 2.2.4 passes z to _mamba_chunk_scan_combined_fwd): beyond an ungated scan, z read and the
         # gated output written beside the ungated one the backward keeps
-        _vector(fb, n("ssd_gate"), T * d_t, p, reads=1, writes=1, flops_per_element=6, special_per_element=1)
+        _vector(fb, n("ssd_gate"), T * d_t, p, reads=1, writes=1, flops_per_element=6, special_per_element=1,
+                grad="gate")
         _vector(fb, n("mamba_norm"), T * d_t, p, flops_per_element=8)
         linear(fb, n("mamba_out"), T, d_t, h, gemm=tail)
         if t > 1 and tail:
@@ -657,14 +665,15 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                     for tab, (rp, r4), (wp, w4) in _ROTARY_TABLES:
                         _vector(fb, n(f"{x}.rotary.{tab}"), s * rw * share, p, reads=rp + r4 * 4 / p,
                                 writes=wp + w4 * 4 / p, flops_per_element=0 if tab.endswith("cast") else 1,
-                                special_per_element=1 if tab in ("cos", "sin") else 0)
+                                special_per_element=1 if tab in ("cos", "sin") else 0, grad="none")
                 for name, (rp, r4), (wp, w4), f in _ROTARY[rot]:
                     e = whole if name in ("rotary", "rotary.pass_cat") else rotated
                     _vector(fb, n(f"{x}.{name}"), e, p, reads=rp + r4 * 4 / p, writes=wp + w4 * 4 / p,
-                            flops_per_element=f * rotated / e)
+                            flops_per_element=f * rotated / e, grad="rotary")
         if copied:
             for x, width in (("k", d), ("v", dv)):
-                _vector(fb, n(f"{x}.repeat"), T * a_t * width, p, reads=kv_local / a_t, flops_per_element=0)
+                _vector(fb, n(f"{x}.repeat"), T * a_t * width, p, reads=kv_local / a_t, flops_per_element=0,
+                        grad="repeat")
 
     def activation(fb: _Builder, name: str, elements: float) -> None:
         """The FFN's element-wise activation: a gated one (SwiGLU, GeGLU) reads its two inputs;
@@ -813,32 +822,34 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             # back (Hugging Face transformers 4.44 modeling_bloom: alibi.baddbmm(q, k, beta=1);
             # assumption: the BigScience Megatron-DeepSpeed fork that trained BLOOM, not on PyPI,
             # passes it to torch.baddbmm so too). The bias is a constant: no backward.
-            _vector(fb, n("scores.alibi"), scores, p, core_attention=True)
+            _vector(fb, n("scores.alibi"), scores, p, core_attention=True, grad="none")
         if model.attention_softcap:
             # Gemma 2's soft-cap as NeMo 2.5.0 runs it in its unfused core attention (gemma2.py
             # logit_softcapping: scale * torch.tanh(scores / scale)): three kernels, each reading and
             # writing every score; tanh keeps its output for the backward
             _vector(fb, n("scores.softcap"), scores, p, reads=3, writes=3, flops_per_element=3,
-                    special_per_element=1, core_attention=True)
+                    special_per_element=1, core_attention=True, grad="softcap")
         if megatron_softmax_fused(model, b, t):
             _vector(fb, n("softmax"), scores, p, flops_per_element=5, core_attention=True,
                     special_per_element=1)
         else:
             # PyTorch's chain in fp32 (FusedScaleMaskSoftmax.forward_torch_softmax): upcast, scale
             # by the layer number, masked_fill_ (the [1, 1, s, s] mask, read once, not counted),
-            # softmax, downcast; each op a kernel of its own (_TORCH_SOFTMAX)
+            # softmax, downcast; each op a kernel of its own (its backward: grad softmax)
             w = 4 / p   # (name, reads, writes in units of p, FLOPs an element)
             chain = [("softmax.scale", w, w, 1), ("softmax.mask", w, w, 0), ("softmax.fp32", w, w, 5)]
             if p < 4:   # 16-bit scores: upcast before, downcast after
                 chain = [("softmax.float", 1, w, 0)] + chain + [("softmax.half", w, 1, 0)]
             for name, reads, writes, flops in chain:
                 _vector(fb, n(name), scores, p, reads=reads, writes=writes, flops_per_element=flops,
-                        core_attention=True, special_per_element=1 if name == "softmax.fp32" else 0)
+                        core_attention=True, special_per_element=1 if name == "softmax.fp32" else 0,
+                        grad="softmax")
         if model.dropout:
             _vector(fb, n("attn_dropout"), b * a_t * s * sk, p, writes=1.5, core_attention=True)
         _gemm(fb, n("context"), b * a_t, s, sk, dv, p, weights=False, core_attention=True)
         # [b * heads, s, dv] -> [s, b, heads * dv] for the output projection: permute().contiguous()
-        _vector(fb, n("context.permute"), T * a_t * dv, p, flops_per_element=0, core_attention=True)
+        _vector(fb, n("context.permute"), T * a_t * dv, p, flops_per_element=0, core_attention=True,
+                grad="none")
 
     fb = _Builder("fwd")
     forward(fb)
@@ -936,7 +947,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         # a bias add passes its gradient through (its reduction comes with the linear's backward);
         # a permute's gradient is a strided view the batched GEMMs read as it is; ALiBi's bias is
         # a constant
-        if op.name.endswith((".fp8_cast", ".bias", ".permute", ".alibi")):
+        if op.grad == "none":
             continue
         gathered_for, column = column, ""
         if op.unit == "link":
@@ -955,7 +966,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                 grad = (_coll(bb, f"{op.name}.bwd", c.backward or mirror[c.kind], c.group, nbytes, deps=grad,
                               hidden_by=under),)
             continue
-        if op.unit == "vector" and op.name in _TORCH_SOFTMAX:
+        if op.grad == "softmax":
             # autograd's: each gradient in its input's precision from its output's, the softmax's
             # also reading its saved fp32 output
             saved = op.bytes_written if op.name == "softmax.fp32" else 0.0
@@ -963,29 +974,28 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                            bytes_read=op.bytes_written + saved, bytes_written=op.bytes_read,
                            special=op.special, core_attention=True),)
             continue
-        if op.unit == "vector" and ".rotary." in f".{op.name}.":
-            # the inverse rotation by the same kernels; the tables are not differentiated
-            if op.name.rpartition(".")[2] not in _ROTARY_TABLE_NAMES:
-                grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
-                               bytes_read=op.bytes_read, bytes_written=op.bytes_written),)
+        if op.grad == "rotary":
+            # the inverse rotation by the same kernels (the tables are not differentiated: none)
+            grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
+                           bytes_read=op.bytes_read, bytes_written=op.bytes_written),)
             continue
-        if op.unit == "vector" and op.name.endswith(".scale"):
+        if op.grad == "scale":
             # a product with a constant: the gradient times the same constant
             grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
                            bytes_read=op.bytes_written, bytes_written=op.bytes_read),)
             continue
-        if op.unit == "vector" and op.name.endswith(".repeat"):
+        if op.grad == "repeat":
             # the copies' gradients summed back over each group of query heads
             grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.elements, elements=op.elements,
                            bytes_read=op.bytes_written, bytes_written=op.bytes_read),)
             continue
-        if op.name == "scores.softcap":
+        if op.grad == "softcap":
             # autograd's three kernels: the product's and the division's scale the gradient, tanh's
             # reads its saved output too (1 - tanh²)
             grad = (_vector(bb, "scores.softcap.bwd", op.elements, p, reads=4, writes=3, flops_per_element=4,
                             deps=grad, core_attention=True),)
             continue
-        if op.name == "ssd_gate":
+        if op.grad == "gate":
             # mamba_ssm's _chunk_scan_bwd_dz: reads the output's gradient, the saved ungated output
             # and z, writes z's gradient and the ungated output's, which the scan's backward reads
             grad = (_vector(bb, "ssd_gate.bwd", op.elements, p, reads=3, writes=2,

@@ -716,3 +716,39 @@ def test_qk_norm_normalises_each_query_and_key_head():
     assert g["q.norm"].elements == 256 * 16 * 128 and g["k.norm"].elements == 256 * 4 * 128
     assert g["q.norm.bwd"].bytes_read == 2 * g["q.norm"].bytes_read      # reads its input and the gradient
     assert "q.norm" not in _ops(layer_graph(_llama(), 1, 2, False, "flash", "none"))
+
+
+@pytest.mark.parametrize("name,changes", [
+    ("gemma2-9b", {"softmax_kernel": "torch", "rotary_kernels": "separate"}),   # soft-cap, unfused softmax chain
+    ("bloom-176b", {}),                                                            # ALiBi, biases
+    ("llama3-8b", {"precision": "fp8", "kv_repeat": "copied", "rotary_kernels": "complex"}),
+    ("mamba2-2.7b", {}),                                                           # the scan's gate
+    ("llama3.2-1b", {"residual_scale": 0.22}),                                     # residual scales (Granite)
+])
+def test_each_forward_op_has_the_backward_its_grad_names(name, changes):
+    """The backward of a forward op follows its ``grad`` field, never its name: ``none`` runs no
+    kernel of its own, each other kind exactly one named after it, which reads what the forward
+    wrote (or, for a rotation, what it read), and a GEMM or a unit's rule (grad "") never one
+    named ``.bwd``."""
+    from phaze.graph import GRADS
+    model = dataclasses_replace(load_model(name), **changes)
+    kinds = set()
+    for attention in ("flash", "standard"):
+        g = layer_graph(model, 1, 2, True, attention, "none")
+        bwd = {o.name: o for o in g.bwd}
+        for op in g.fwd:
+            assert op.grad in GRADS, op
+            kinds.add(op.grad)
+            if op.grad == "none":
+                assert f"{op.name}.bwd" not in bwd and not any(b.deps == (op.name,) for b in g.bwd), op.name
+            elif op.grad in ("softmax", "scale", "repeat"):
+                b = bwd[f"{op.name}.bwd"]
+                assert (b.bytes_read >= op.bytes_written, b.bytes_written) == (True, op.bytes_read), op.name
+            elif op.grad == "rotary":
+                b = bwd[f"{op.name}.bwd"]
+                assert (b.bytes_read, b.bytes_written, b.flops) == (op.bytes_read, op.bytes_written, op.flops)
+            elif op.grad in ("softcap", "gate"):
+                assert bwd[f"{op.name}.bwd"].elements == op.elements
+            elif op.unit in ("tensor", "link"):
+                assert f"{op.name}.bwd" not in bwd or op.unit == "link", op.name
+    assert kinds - {""}, name   # each case has a kind of its own to check
