@@ -679,7 +679,9 @@ def narayanan_flops_per_step(model: Model, global_batch: int, full_recompute: bo
 # a Hugging Face config's activation (hidden_act, hidden_activation or activation_function), by
 # whether its type's FFN is gated (_HF_GATED) or not
 _GELUS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python", "gelu_accurate")
-_ACTIVATIONS = {**dict.fromkeys(_GELUS, "gelu"), "relu": "relu"}
+# (relu2, squared ReLU, costed as ReLU, as the Nemotron workloads are: the same two matrices and
+# one element-wise op)
+_ACTIVATIONS = {**dict.fromkeys(_GELUS, "gelu"), "relu": "relu", "relu2": "relu"}
 _GATED = {**dict.fromkeys(_GELUS, "geglu"), "silu": "swiglu", "swish": "swiglu", "swiglu": "swiglu"}
 
 
@@ -997,7 +999,12 @@ _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
-             "gpt_bigcode", "starcoder2")
+             "gpt_bigcode", "starcoder2", "arcee", "nemotron")
+# plain types built as Llama's layer with an ungated MLP (up_proj, the activation, down_proj): its
+# rotary attention and its bias switches, attention_bias on q, k, v and the output projection,
+# mlp_bias on the MLP's two (Arcee's AFM: RMSNorms; Nemotron-3 and -4: LayerNorm1p with biases,
+# rotary over half of each head by default)
+_HF_LLAMA_PLAIN = ("arcee", "nemotron")
 # where a sliding window applies (transformers 5.25.0): Mistral, Mixtral, Phi-3 and StarCoder2 in
 # every layer whenever ``sliding_window`` is set; Qwen2, Qwen3, Qwen3-MoE and Qwen2-MoE only under
 # ``use_sliding_window`` (Qwen2 and Qwen3 from layer ``max_window_layers`` on, Qwen2-MoE every
@@ -1072,6 +1079,8 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
     "llama4_text": {"intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_key_value_heads": 8,
                     "head_dim": 128, "hidden_act": "silu", "num_experts_per_tok": 1, "num_local_experts": 16,
                     "interleave_moe_layer_step": 1, "use_qk_norm": True, "attention_chunk_size": 8192},
+    "arcee": {"intermediate_size": 18432, "hidden_act": "relu2", "max_position_embeddings": 4096},
+    "nemotron": {"intermediate_size": 24576, "hidden_act": "relu2", "max_position_embeddings": 4096},
     "gpt2": {"activation_function": "gelu_new", "tie_word_embeddings": True},
     "opt": {"activation_function": "relu", "tie_word_embeddings": True},
     "bert": {"intermediate_size": 3072, "hidden_act": "gelu", "tie_word_embeddings": True},
@@ -1443,6 +1452,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     alibi = bool(attn_cfg.get("alibi")) or mtype in ("bloom",) or (mtype == "falcon" and bool(cfg.get("alibi")))
     # every gated type is rotary (transformers 5.25.0), and so are these plain ones
     rotary = not alibi and (gated or mtype in ("gpt_neox", "gptj", "falcon", "phi", "codegen", "starcoder2")
+                            + _HF_LLAMA_PLAIN
                             or "rope_theta" in cfg or isinstance(cfg.get("rope_parameters"), dict)
                             or bool(attn_cfg.get("rope")))  # MPT: RoPE in attn_config
     if mtype == "mpt" and not alibi and not rotary:
@@ -1452,12 +1462,18 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     encoder = mtype in ("bert", "roberta")
     # every gated type's norms are RMSNorms but Cohere's and DBRX's (LayerNorms: a weight, no bias), OLMo's
     # (OlmoLayerNorm: neither) and StableLM's (nn.LayerNorm), no other type's
-    norm = "rmsnorm" if gated and mtype not in ("cohere", "cohere2", "olmo", "stablelm", "dbrx") else "layernorm"
+    norm = ("rmsnorm" if (gated and mtype not in ("cohere", "cohere2", "olmo", "stablelm", "dbrx"))
+            or mtype == "arcee" else "layernorm")
     # a LayerNorm's bias kept whatever the linears' (Falcon's and StarCoder2's bias switches, StableLM's
     # nn.LayerNorm), or no parameters at all (OLMo's)
-    norm_affine = "weight_bias" if mtype in ("falcon", "starcoder2", "stablelm") else ("none" if mtype == "olmo"
-                                                                                     else "")
+    norm_affine = ("weight_bias" if mtype in ("falcon", "starcoder2", "stablelm", "nemotron")
+                   else ("none" if mtype == "olmo" else ""))
     bias = not gated and not cfg.get("no_bias", False)
+    if mtype in _HF_LLAMA_PLAIN:   # biases on every linear (both switches), else on the attention's alone
+        bias = bool(cfg.get("attention_bias")) and bool(cfg.get("mlp_bias"))
+        if cfg.get("mlp_bias") and not bias:
+            raise ConfigError(source, "mlp_bias", "must be false without attention_bias: biases on the MLP's "
+                                                  "projections alone are not modelled")
     if mtype == "falcon":   # Falcon's ``bias`` switches its linears' biases (its LayerNorms keep theirs)
         bias = bool(cfg.get("bias", False))
     if mtype == "starcoder2":   # StarCoder2's ``use_bias`` switches its linears' (its LayerNorms keep theirs)
@@ -1479,7 +1495,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append("sequence length 2048: the config gives no context length; --seq-len sets it")
     # a gated type's attention_bias puts biases on q, k, v and the output projection (transformers'
     # LlamaAttention and its kin, GPT-OSS's); Qwen2 always has q, k and v biases, never others
-    attn_bias = gated and bool(cfg.get("attention_bias"))
+    attn_bias = (gated or mtype in _HF_LLAMA_PLAIN) and not bias and bool(cfg.get("attention_bias"))
     if attn_bias and mtype in ("deepseek_v2", "deepseek_v3"):
         raise ConfigError(source, "attention_bias", f"must be false for {mtype}: biases on MLA's projections "
                                                     "are not modelled")
@@ -1509,6 +1525,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                      + "), their outputs reduced over tensor parallelism together")
     if mtype == "gptj":
         notes.append("GPT-J: its attention projections' missing biases are counted as its FFN's are")
+    if act == "relu2":
+        notes.append("squared ReLU (relu2) costed as ReLU: the same two matrices, one element-wise op")
     if mtype in ("olmo2", "olmo3"):
         notes.append("OLMo 2: its norms on the attention's and the FFN's outputs, before the residual adds, costed "
                      "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
@@ -1538,8 +1556,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if position == "rotary":
         width = extra.get("head_dim", 0) or cfg.get("head_dim") or hidden // heads
         rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-        # GLM's configurations set a half by default, StableLM's a quarter (their __post_init__)
-        default = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25}.get(mtype, 1.0)
+        # GLM's and Nemotron's configurations set a half by default, StableLM's a quarter (their __post_init__)
+        default = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5}.get(mtype, 1.0)
         share = _first(cfg, "rotary_pct", "partial_rotary_factor", default=rope.get("partial_rotary_factor", default))
         rot_dim = cfg.get("rotary_dim") if isinstance(cfg.get("rotary_dim"), int) else int(width * share) // 2 * 2
         rot_dim = rot_dim if 0 < rot_dim < width else 0
