@@ -989,14 +989,15 @@ _HF_NOT_MODELLED = {
 }
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
-                 "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx")
+                 "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx", "phimoe")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
 # modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
 _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
-             "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx")
+             "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx", "helium", "hunyuan_v1_dense",
+             "exaone4", "phimoe")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2", "arcee", "nemotron")
@@ -1013,10 +1014,10 @@ _HF_LLAMA_PLAIN = ("arcee", "nemotron")
 # five of every six: its sliding_window_pattern, 6; OLMo 3 and Command R7B three of every four;
 # Ministral every one); SmolLM3 only under ``use_sliding_window``,
 # in its layers without rotary embedding or as ``layer_types`` marks; the other types have no window
-_HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2")
+_HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2", "phimoe")
 _HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "smollm3")
 _HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3", "cohere2",   # by layer_types, else their default
-                    "ministral")
+                    "ministral", "exaone4")
 # each type's configuration-class defaults of the keys this reader takes (transformers 5.25.0
 # models/<type>/configuration_<type>.py, its annotated class attributes; GLM-4.5's num_mtp_layers
 # under the name its attribute_map reads): a key the config leaves out is read as transformers builds
@@ -1080,6 +1081,13 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
                     "head_dim": 128, "hidden_act": "silu", "num_experts_per_tok": 1, "num_local_experts": 16,
                     "interleave_moe_layer_step": 1, "use_qk_norm": True, "attention_chunk_size": 8192},
     "arcee": {"intermediate_size": 18432, "hidden_act": "relu2", "max_position_embeddings": 4096},
+    "helium": {"intermediate_size": 7040, "num_key_value_heads": 20, "head_dim": 128, "hidden_act": "silu",
+               "max_position_embeddings": 4096},
+    "hunyuan_v1_dense": {"intermediate_size": 11008, "hidden_act": "silu"},
+    "exaone4": {"intermediate_size": 16384, "num_key_value_heads": 32, "hidden_act": "silu", "sliding_window": 4096,
+                "sliding_window_pattern": 4},
+    "phimoe": {"intermediate_size": 6400, "num_key_value_heads": 8, "hidden_act": "silu",
+               "max_position_embeddings": 131072, "num_experts_per_tok": 2, "num_local_experts": 16},
     "nemotron": {"intermediate_size": 24576, "hidden_act": "relu2", "max_position_embeddings": 4096},
     "gpt2": {"activation_function": "gelu_new", "tie_word_embeddings": True},
     "opt": {"activation_function": "relu", "tie_word_embeddings": True},
@@ -1113,8 +1121,9 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     (Mixtral, Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Llama 4, OLMo 2 and OLMoE, GLM-4.5, Granite-MoE,
     Cohere, SmolLM3) of ``layers`` layers; what is simplified goes to ``notes``."""
     out: dict = {}
-    if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text") or (mtype == "glm4_moe"
-                                                                         and cfg.get("use_qk_norm")):
+    # per-head q and k RMSNorms (Hunyuan's after the rotary embedding, the others' before: the same work)
+    if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text", "hunyuan_v1_dense", "exaone4") or (
+            mtype == "glm4_moe" and cfg.get("use_qk_norm")):
         out["qk_norm"] = True
     if mtype in ("olmo2", "olmo3", "olmoe"):   # one RMSNorm over the whole q and the whole k projection
         out.update(qk_norm=True, qk_norm_width="projection")
@@ -1218,6 +1227,22 @@ def _check_hf_numbers(cfg: dict, source: str) -> None:
         raise ConfigError(source, "layer_types", f"must be a list of each layer's kind (names), got {kinds!r}")
 
 
+def _hf_exaone4_pattern(cfg: dict, source: str) -> dict:
+    """An EXAONE 4 config whose ``sliding_window_pattern`` is a string of L (local, windowed) and G
+    (global) repeated over the layers, as its checkpoints write it: read as the ``layer_types`` it
+    marks when the config gives none (transformers 5.25.0's __post_init__ takes only a count)."""
+    pattern = cfg["sliding_window_pattern"]
+    if not pattern or set(pattern) - {"L", "G"}:
+        raise ConfigError(source, "sliding_window_pattern", f"must be a whole number or a string of L (windowed) "
+                                                            f"and G (global) layers, got {pattern!r}")
+    layers = cfg.get("num_hidden_layers")
+    out = {k: v for k, v in cfg.items() if k != "sliding_window_pattern"}
+    if cfg.get("layer_types") is None and isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
+        out["layer_types"] = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
+                              for i in range(layers)]
+    return out
+
+
 def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
     """(sliding window, share of the layers it applies to) of a Hugging Face config, as
     transformers 5.25.0 applies ``sliding_window`` (:data:`_HF_WINDOW_ALL`,
@@ -1238,7 +1263,8 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
         sliding = sum(k == "sliding_attention" for k in kinds)
     elif mtype in _HF_WINDOW_TYPED:
         every = {"gemma3_text": int(cfg.get("sliding_window_pattern") or 6), "olmo3": 4,
-                 "cohere2": int(cfg.get("sliding_window_pattern") or 4)}.get(mtype, 2)
+                 "cohere2": int(cfg.get("sliding_window_pattern") or 4),
+                 "exaone4": int(cfg.get("sliding_window_pattern") or 4)}.get(mtype, 2)
         sliding = layers if mtype == "ministral" else sum(1 for i in range(layers) if (i + 1) % every)
     elif mtype == "smollm3":   # its layers without a rotary embedding
         sliding = layers - _hf_rope_layers(cfg, layers)
@@ -1416,6 +1442,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     attn_cfg = _hf_nested(cfg, "attn_config", source)     # MPT's and DBRX's nested attention settings
     if mtype == "dbrx":
         cfg = _hf_dbrx_flat(cfg, attn_cfg, source)
+    if mtype == "exaone4" and isinstance(cfg.get("sliding_window_pattern"), str):
+        cfg = _hf_exaone4_pattern(cfg, source)
     cfg = {**_HF_TYPE_DEFAULTS.get(mtype, {}), **cfg}
     _check_hf_numbers(cfg, source)
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
@@ -1462,11 +1490,11 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     encoder = mtype in ("bert", "roberta")
     # every gated type's norms are RMSNorms but Cohere's and DBRX's (LayerNorms: a weight, no bias), OLMo's
     # (OlmoLayerNorm: neither) and StableLM's (nn.LayerNorm), no other type's
-    norm = ("rmsnorm" if (gated and mtype not in ("cohere", "cohere2", "olmo", "stablelm", "dbrx"))
+    norm = ("rmsnorm" if (gated and mtype not in ("cohere", "cohere2", "olmo", "stablelm", "dbrx", "phimoe"))
             or mtype == "arcee" else "layernorm")
     # a LayerNorm's bias kept whatever the linears' (Falcon's and StarCoder2's bias switches, StableLM's
     # nn.LayerNorm), or no parameters at all (OLMo's)
-    norm_affine = ("weight_bias" if mtype in ("falcon", "starcoder2", "stablelm", "nemotron")
+    norm_affine = ("weight_bias" if mtype in ("falcon", "starcoder2", "stablelm", "nemotron", "phimoe")
                    else ("none" if mtype == "olmo" else ""))
     bias = not gated and not cfg.get("no_bias", False)
     if mtype in _HF_LLAMA_PLAIN:   # biases on every linear (both switches), else on the attention's alone
@@ -1513,7 +1541,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                  "glm": "GLM-4's attention_bias", "glm4": "GLM-4's attention_bias",
                  "seed_oss": "Seed-OSS's attention_bias" + (f"; its output projection's bias, {hidden} a layer, "
                                                              "is not counted" if cfg.get("attention_out_bias") else ""),
-                 "stablelm": "StableLM's use_qkv_bias"}.get(mtype) or (
+                 "stablelm": "StableLM's use_qkv_bias",
+                 "helium": "Helium's attention_bias, never on its output projection"}.get(mtype) or (
             f"{'GPT-OSS' if mtype == 'gpt_oss' else 'attention_bias'}; its output projection's bias, {hidden} "
             f"per layer, is not counted")
         notes.append(f"q/k/v projections with biases ({which}), no other linear biases")
@@ -1527,6 +1556,13 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append("GPT-J: its attention projections' missing biases are counted as its FFN's are")
     if act == "relu2":
         notes.append("squared ReLU (relu2) costed as ReLU: the same two matrices, one element-wise op")
+    if mtype == "phimoe":
+        notes.append("Phi-MoE: its SparseMixer router costed as a top-k softmax router"
+                     + (f"; its head's bias ({cfg['vocab_size']} values) is not counted" if cfg.get("lm_head_bias")
+                        else ""))
+    if mtype == "exaone4":
+        notes.append("EXAONE 4: its norms on the attention's and the FFN's outputs, before the residual adds, costed "
+                     "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
     if mtype in ("olmo2", "olmo3"):
         notes.append("OLMo 2: its norms on the attention's and the FFN's outputs, before the residual adds, costed "
                      "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
@@ -1546,6 +1582,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         extra["window_layer_share"] = share
     if mtype == "cohere2" and (not window or share < 1):   # only its windowed layers rotate (Cohere2Attention)
         extra["rope_layer_share"] = share if window else 0.0
+    if mtype == "exaone4" and window and share < 1:   # with a window only its windowed layers rotate
+        extra["rope_layer_share"] = share             # (Exaone4Attention); without one every layer does
     if window or extra.get("attention_chunk"):
         notes.append(local_attention_phrase(window, extra.get("attention_chunk", 0),
                                             extra.get("window_layer_share", 1.0))
