@@ -277,10 +277,11 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
          "the queries and keys normed over the whole projection, their sums all-reduced over tensor parallelism"),
         (model.attention_softcap, f"the attention scores soft-capped at {model.attention_softcap:g}"),
         (model.logit_softcap, f"the final logits soft-capped at {model.logit_softcap:g}"),
-        (model.embedding_scale or model.residual_scale or model.logit_scale,
+        (model.embedding_scale or model.residual_scale or model.logit_scale or model.head_scale,
          " and ".join(what for on, what in ((model.embedding_scale, "the embedding's output"),
                                             (model.residual_scale, "each branch's output before its residual add"),
-                                            (model.logit_scale, "the logits")) if on)
+                                            (model.logit_scale, "the logits"),
+                                            (model.head_scale, "the final hidden states")) if on)
          + " times a constant, a kernel of its own each way")) if on]
     if extras:   # Gemma 2's, OLMo's
         out["norms_and_caps"] = "; ".join(extras) + " (the workload's)"

@@ -1109,6 +1109,8 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     head_b = _Builder("bwd")
     if model.norm_position == "pre":
         _vector(head, "final_norm", Tn * h, p, flops_per_element=8)
+    if model.head_scale:   # MiniCPM3's hidden_states / logits_scaling before its head: a kernel of its own
+        _vector(head, "head.scale", Tn * h, p)
     if t > 1 and sp:
         _coll(head, "head.all_gather", "all_gather", "tp", p * T * h)
     if model.architecture == "encoder":
@@ -1130,6 +1132,8 @@ def edge_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         head_b.last = ("mlm_transform.dgrad",)
     if t > 1:
         _tp_reduce(head_b, "head.dgrad", p * T * h, sp)
+    if model.head_scale:
+        _vector(head_b, "head.scale.bwd", Tn * h, p)
     if model.norm_position == "pre":
         _vector(head_b, "final_norm.bwd", Tn * h, p, reads=2, flops_per_element=8)
     for k in range(model.mtp_layers):

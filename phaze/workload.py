@@ -207,10 +207,12 @@ class Model:
     # reading and writing its tensor once, forward and backward: the embedding's output (Gemma's
     # times sqrt(hidden), Granite's embedding_multiplier), each branch's output before its residual
     # add (Granite's residual_multiplier), the logits before the loss (Cohere's logit_scale,
-    # Granite's logits_scaling)
+    # Granite's logits_scaling), the final hidden states before the output head (MiniCPM3's
+    # hidden_states / logits_scaling)
     embedding_scale: bool = False
     residual_scale: bool = False
     logit_scale: bool = False
+    head_scale: bool = False
     qk_norm_per_head: bool = False       # the q and k norms hold a weight vector per head (Cohere), not one
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
@@ -768,6 +770,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         embedding_scale=f.bool("embedding_scale", False),
         residual_scale=f.bool("residual_scale", False),
         logit_scale=f.bool("logit_scale", False),
+        head_scale=f.bool("head_scale", False),
         qk_norm_per_head=f.bool("qk_norm_per_head", False),
     )
     f.str("source", None)           # provenance note, free text
@@ -828,8 +831,9 @@ def mtp_error(model: Model) -> str:
                 "modules share an embedding of the hidden width")
     if model.logit_softcap:
         return "not modelled with soft-capped logits (logit_softcap): no model trains both; allowed: 0"
-    if model.logit_scale:
-        return "not modelled with scaled logits (logit_scale): no model trains both; allowed: 0"
+    if model.logit_scale or model.head_scale:
+        key = "logit_scale" if model.logit_scale else "head_scale"
+        return f"not modelled with a scaled head ({key}): no model trains both; allowed: false"
     return ""
 
 
@@ -997,7 +1001,7 @@ _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
              "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx", "helium", "hunyuan_v1_dense",
-             "exaone4", "phimoe")
+             "exaone4", "phimoe", "minicpm3")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2", "arcee", "nemotron")
@@ -1086,6 +1090,9 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
     "hunyuan_v1_dense": {"intermediate_size": 11008, "hidden_act": "silu"},
     "exaone4": {"intermediate_size": 16384, "num_key_value_heads": 32, "hidden_act": "silu", "sliding_window": 4096,
                 "sliding_window_pattern": 4},
+    "minicpm3": {"intermediate_size": 6400, "hidden_act": "silu", "max_position_embeddings": 32768,
+                 "tie_word_embeddings": True, "kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64,
+                 "qk_rope_head_dim": 32},
     "phimoe": {"intermediate_size": 6400, "num_key_value_heads": 8, "hidden_act": "silu",
                "max_position_embeddings": 131072, "num_experts_per_tok": 2, "num_local_experts": 16},
     "nemotron": {"intermediate_size": 24576, "hidden_act": "relu2", "max_position_embeddings": 4096},
@@ -1156,11 +1163,13 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     if mtype in ("qwen3_next", "qwen2_moe") and experts and cfg.get("shared_expert_intermediate_size"):
         out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_expert_intermediate_size"]),
                    shared_expert_gate=True)   # transformers' Qwen3Next- and Qwen2MoeSparseMoeBlock.shared_expert_gate
-    if mtype in ("deepseek_v2", "deepseek_v3"):   # MLA; DeepSeek-V2's softmax gate costs as V3's sigmoid
+    if mtype in ("deepseek_v2", "deepseek_v3", "minicpm3"):   # MLA; DeepSeek-V2's softmax gate costs as V3's
+        # sigmoid; MiniCPM3's value heads as wide as the hidden width's share when not given (its __post_init__)
+        v = cfg.get("v_head_dim") or (cfg["hidden_size"] // cfg["num_attention_heads"] if mtype == "minicpm3" else 0)
         out.update(q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
                    head_dim=int(cfg.get("qk_nope_head_dim", 0)) + int(cfg.get("qk_rope_head_dim", 0)),
-                   v_head_dim=int(cfg.get("v_head_dim") or 0))
+                   v_head_dim=int(v))
     if mtype in ("deepseek_v2", "deepseek_v3", "glm4_moe"):   # node-limited routing, multi-token prediction
         if experts and int(cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):
             out.update(router_groups=int(cfg["n_group"]), router_group_topk=int(cfg["topk_group"]))
@@ -1524,7 +1533,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     # a gated type's attention_bias puts biases on q, k, v and the output projection (transformers'
     # LlamaAttention and its kin, GPT-OSS's); Qwen2 always has q, k and v biases, never others
     attn_bias = (gated or mtype in _HF_LLAMA_PLAIN) and not bias and bool(cfg.get("attention_bias"))
-    if attn_bias and mtype in ("deepseek_v2", "deepseek_v3"):
+    if attn_bias and mtype in ("deepseek_v2", "deepseek_v3", "minicpm3"):
         raise ConfigError(source, "attention_bias", f"must be false for {mtype}: biases on MLA's projections "
                                                     "are not modelled")
     if gated and cfg.get("mlp_bias"):
@@ -1577,6 +1586,8 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         extra["logit_scale"] = True
     if granite:                                      # residual + out * residual_multiplier
         extra["residual_scale"] = True
+    if mtype == "minicpm3":   # embeddings * scale_emb, residual + out * scale_depth / sqrt(layers), the final
+        extra.update(embedding_scale=True, residual_scale=True, head_scale=True)   # hidden / logits_scaling
     window, share = _hf_window(cfg, mtype, layers)
     if window and share < 1:
         extra["window_layer_share"] = share

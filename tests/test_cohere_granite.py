@@ -118,14 +118,17 @@ def test_a_workload_refuses_what_the_constants_are_not_modelled_with(tmp_path):
     for change, field in (({"residual_scale": True, "parallel_block": "shared_norm"}, "residual_scale"),
                           ({"logit_scale": True, "mtp_layers": 1}, "mtp_layers"),
                           ({"logit_scale": "yes please"}, "logit_scale"),
+                          ({"head_scale": True, "mtp_layers": 1}, "mtp_layers"),
+                          ({"head_scale": 2}, "head_scale"),
                           ({"qk_norm_per_head": True}, "qk_norm_per_head")):
         path = tmp_path / "w.yaml"
         path.write_text(yaml.safe_dump({**base, **change}))
         with pytest.raises(ConfigError, match=field):
             load_model(path)
-    path.write_text(yaml.safe_dump({**base, "residual_scale": True, "logit_scale": True, "embedding_scale": True}))
+    path.write_text(yaml.safe_dump({**base, "residual_scale": True, "logit_scale": True, "embedding_scale": True,
+                                    "head_scale": True}))
     m = load_model(path)
-    assert (m.residual_scale, m.logit_scale, m.embedding_scale) == (True, True, True)
+    assert (m.residual_scale, m.logit_scale, m.embedding_scale, m.head_scale) == (True, True, True, True)
 
 
 def test_granite_moe_by_hand():

@@ -1,13 +1,15 @@
 """Llama's kin read from their Hugging Face configs as transformers 5.25.0 builds them: Arcee's AFM
 and NVIDIA's Nemotron checkpoints (models/arcee, models/nemotron: an ungated squared-ReLU MLP),
-Kyutai's Helium, Tencent's Hunyuan dense, LG's EXAONE 4 and Microsoft's Phi-MoE (models/helium,
-hunyuan_v1_dense, exaone4, phimoe); parameter counts by hand."""
+Kyutai's Helium, Tencent's Hunyuan dense, LG's EXAONE 4, Microsoft's Phi-MoE and OpenBMB's
+MiniCPM3 (models/helium, hunyuan_v1_dense, exaone4, phimoe, minicpm3); parameter counts by hand."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from phaze.configio import ConfigError
-from phaze.graph import layer_graph
+from phaze.graph import edge_graph, layer_graph
 from phaze.workload import load_model, model_from_hf_config
 
 AFM = dict(model_type="arcee", hidden_size=2560, intermediate_size=18432, num_hidden_layers=36,
@@ -153,3 +155,38 @@ def test_phimoe_by_hand():
     assert m.active_params == 32 * (shared + k * 3 * h * f) + 2 * h + 2 * V * h == 6_640_836_608
     assert (m.norm, m.norm_affine, m.experts, m.top_k, m.expert_ffn_hidden) == ("layernorm", "weight_bias", E, k, f)
     assert any("SparseMixer" in n and "head's bias (32064 values)" in n for n in m.notes)
+
+
+MINICPM3_4B = dict(model_type="minicpm3", hidden_size=2560, intermediate_size=6400, num_hidden_layers=62,
+                   num_attention_heads=40, num_key_value_heads=40, vocab_size=73448, max_position_embeddings=32768,
+                   qk_nope_head_dim=64, qk_rope_head_dim=32, kv_lora_rank=256, q_lora_rank=768, scale_emb=12,
+                   scale_depth=1.4, dim_model_base=256, tie_word_embeddings=True)
+
+
+def test_minicpm3_by_hand_with_its_three_scales():
+    """MiniCPM3-4B (openbmb/MiniCPM3-4B, the class defaults): DeepSeek-V2's latent attention, 40 heads
+    of 64 + 32 (the value heads 64 wide, the hidden width's share), queries through a 768-wide
+    latent, keys and values through 256 and one shared 32-wide rotary key; a SwiGLU of 6,400; a tied
+    73,448-row table: 4,073,875,968. Its embedding times scale_emb, each branch times scale_depth /
+    sqrt(layers) and the final hidden states divided by logits_scaling, each a kernel of its own
+    each way over T x h (MiniCPM3ForCausalLM divides the hidden states, not the logits)."""
+    m = model_from_hf_config(MINICPM3_4B)
+    h, f, a, V = 2560, 6400, 40, 73448
+    attn = h * 768 + 768 + 768 * a * 96 + h * (256 + 32) + 256 + 256 * a * (64 + 64) + a * 64 * h
+    layer = attn + 3 * h * f + 2 * h
+    assert m.params == 62 * layer + h + V * h == 4_073_875_968
+    assert (m.mla, m.head_dim, m.v_head_dim, m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim) == \
+        (True, 96, 64, 768, 256, 32)
+    assert (m.embedding_scale, m.residual_scale, m.head_scale, m.logit_scale) == (True, True, True, False)
+    T = m.seq_len
+    head = {o.name: o for o in edge_graph(m, 1)["head"]}
+    for name in ("head.scale", "head.scale.bwd"):
+        assert (head[name].elements, head[name].bytes_read, head[name].bytes_written) == (T * h, 2 * T * h, 2 * T * h)
+    names = [o.name for o in edge_graph(m, 1)["head"]]
+    assert names.index("final_norm") < names.index("head.scale") < names.index("logits")
+    assert [o.name for o in layer_graph(m, 1).fwd].count("attn_out.scale") == 1
+    # without the scale the head is two kernels lighter; with an unmodelled bias it is refused
+    plain = edge_graph(replace(m, head_scale=False), 1)["head"]
+    assert len(head) - len(plain) == 2
+    with pytest.raises(ConfigError, match="field 'attention_bias': must be false for minicpm3"):
+        model_from_hf_config({**MINICPM3_4B, "attention_bias": True})
