@@ -974,20 +974,17 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                            bytes_read=op.bytes_written + saved, bytes_written=op.bytes_read,
                            special=op.special, core_attention=True),)
             continue
-        if op.grad == "rotary":
-            # the inverse rotation by the same kernels (the tables are not differentiated: none)
-            grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
-                           bytes_read=op.bytes_read, bytes_written=op.bytes_written),)
-            continue
-        if op.grad == "scale":
-            # a product with a constant: the gradient times the same constant
-            grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.flops, elements=op.elements,
-                           bytes_read=op.bytes_written, bytes_written=op.bytes_read),)
-            continue
-        if op.grad == "repeat":
-            # the copies' gradients summed back over each group of query heads
-            grad = (bb.add(f"{op.name}.bwd", "vector", grad, flops=op.elements, elements=op.elements,
-                           bytes_read=op.bytes_written, bytes_written=op.bytes_read),)
+        if op.grad in ("rotary", "scale", "repeat"):
+            # one kernel like the forward's: the inverse rotation by the same kernels (the tables
+            # are not differentiated: none), which reads and writes as the forward did; a product
+            # with a constant, the gradient times it; the copies' gradients summed back over each
+            # group of query heads (a FLOP an element); the last two read what the forward wrote
+            # and write what it read
+            swap = op.grad != "rotary"
+            grad = (bb.add(f"{op.name}.bwd", "vector", grad, elements=op.elements,
+                           flops=op.elements if op.grad == "repeat" else op.flops,
+                           bytes_read=op.bytes_written if swap else op.bytes_read,
+                           bytes_written=op.bytes_read if swap else op.bytes_written),)
             continue
         if op.grad == "softcap":
             # autograd's three kernels: the product's and the division's scale the gradient, tanh's
