@@ -1166,9 +1166,12 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     if mtype in ("deepseek_v2", "deepseek_v3", "minicpm3"):   # MLA; DeepSeek-V2's softmax gate costs as V3's
         # sigmoid; MiniCPM3's value heads as wide as the hidden width's share when not given (its __post_init__)
         v = cfg.get("v_head_dim") or (cfg["hidden_size"] // cfg["num_attention_heads"] if mtype == "minicpm3" else 0)
+        if not cfg.get("kv_lora_rank"):
+            raise ConfigError(source, "kv_lora_rank", f"must be a whole number of at least 1 for {mtype} (its "
+                                                      f"latent attention), got {cfg.get('kv_lora_rank')!r}")
         out.update(q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
-                   head_dim=int(cfg.get("qk_nope_head_dim", 0)) + int(cfg.get("qk_rope_head_dim", 0)),
+                   head_dim=int(cfg.get("qk_nope_head_dim") or 0) + int(cfg.get("qk_rope_head_dim") or 0),
                    v_head_dim=int(v))
     if mtype in ("deepseek_v2", "deepseek_v3", "glm4_moe"):   # node-limited routing, multi-token prediction
         if experts and int(cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):

@@ -190,3 +190,15 @@ def test_minicpm3_by_hand_with_its_three_scales():
     assert len(head) - len(plain) == 2
     with pytest.raises(ConfigError, match="field 'attention_bias': must be false for minicpm3"):
         model_from_hf_config({**MINICPM3_4B, "attention_bias": True})
+
+
+@pytest.mark.parametrize("mtype", ["minicpm3", "deepseek_v2", "deepseek_v3"])
+def test_a_latent_attention_config_without_its_latent_is_one_line(mtype):
+    """kv_lora_rank 0 or null would read a latent-attention type as ordinary heads of MLA's widths:
+    refused naming the key; a null head width is 0, not a traceback."""
+    base = {**MINICPM3_4B, "model_type": mtype}
+    refused = f"field 'kv_lora_rank': must be a whole number of at least 1 for {mtype}"
+    for bad in (0, None):
+        with pytest.raises(ConfigError, match=refused):
+            model_from_hf_config({**base, "kv_lora_rank": bad})
+    assert model_from_hf_config({**base, "qk_nope_head_dim": None}).head_dim == 32
