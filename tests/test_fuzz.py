@@ -99,9 +99,11 @@ def mutated_hf_config(root: Path, rng: random.Random) -> Path:
                "ffn_hidden_size": rng.choice(junk), "ffn_act_fn": rng.choice(junk + [{"name": "gelu"}])}]
     for key in rng.sample(_HF_WHOLE_KEYS + _HF_NUMBER_KEYS + _HF_LIST_KEYS + ("sliding_window", "layer_types",
                                                                              "use_sliding_window", "hidden_act",
-                                                                             "attn_config", "ffn_config"),
+                                                                             "attn_config", "ffn_config",
+                                                                             "attention_bias", "mlp_bias"),
                           rng.randint(1, 6)):
-        cfg[key] = rng.choice(junk + nested + [["sliding_attention", "full_attention"], [0, 1], "gelu", "relu2"])
+        cfg[key] = rng.choice(junk + nested + [["sliding_attention", "full_attention"], [0, 1], "gelu", "relu2",
+                                               "LLLG", "LXG"])
     path = root / f"hf-{rng.randrange(10 ** 9)}" / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cfg).replace("Infinity", "1e400"))
