@@ -645,8 +645,9 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     def heads_prepared(fb: _Builder, n) -> None:
         """What runs between the projections and the attention: the per-head norms of the queries
         and keys (``qk_norm``), their rotary embedding (:data:`_ROTARY`; MLA rotates its queries'
-        rope part and its one shared rope key) and, with ``kv_repeat`` copied, the key and value
-        heads copied to one per query head (torchtitan's repeat_kv: expand, then reshape)."""
+        rope part and its one shared rope key), Llama 4's L2 norm after it (``qk_l2_norm``) and,
+        with ``kv_repeat`` copied, the key and value heads copied to one per query head
+        (torchtitan's repeat_kv: expand, then reshape)."""
         if model.qk_norm:
             if model.qk_norm_width == "projection" and t > 1:
                 # a norm over the whole projection, whose heads tp splits: each token's sums of
@@ -670,6 +671,12 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
                     e = whole if name in ("rotary", "rotary.pass_cat") else rotated
                     _vector(fb, n(f"{x}.{name}"), e, p, reads=rp + r4 * 4 / p, writes=wp + w4 * 4 / p,
                             flops_per_element=f * rotated / e, grad="rotary")
+        if model.qk_l2_norm and model.rope_layer_share > 0:
+            # Llama 4's weightless L2 norm of each rotated query and key head (x * rsqrt(mean(x²) + eps)):
+            # a norm's kernel in the mean layer's share of rotary layers, as the rotation's
+            share = model.rope_layer_share
+            _vector(fb, n("q.l2_norm"), T * a_t * d * share, p, flops_per_element=4)
+            _vector(fb, n("k.l2_norm"), T * kv_t * share, p, flops_per_element=4)
         if copied:
             for x, width in (("k", d), ("v", dv)):
                 _vector(fb, n(f"{x}.repeat"), T * a_t * width, p, reads=kv_local / a_t, flops_per_element=0,

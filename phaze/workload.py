@@ -214,6 +214,11 @@ class Model:
     logit_scale: bool = False
     head_scale: bool = False
     qk_norm_per_head: bool = False       # the q and k norms hold a weight vector per head (Cohere), not one
+    # a weightless L2 norm of each query and key head in the layers with a rotary embedding (Llama 4
+    # Scout: use_qk_norm, Llama4TextL2Norm in transformers and Meta's llama-models, applied where the
+    # layer rotates; Megatron-Core's L2Norm layer spec runs it in every layer, a quarter more of a
+    # small kernel for Scout, not costed)
+    qk_l2_norm: bool = False
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -772,6 +777,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         logit_scale=f.bool("logit_scale", False),
         head_scale=f.bool("head_scale", False),
         qk_norm_per_head=f.bool("qk_norm_per_head", False),
+        qk_l2_norm=f.bool("qk_l2_norm", False),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
@@ -781,6 +787,9 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     if model.norm_affine == "weight_bias" and model.norm != "layernorm":
         raise ConfigError(source, "norm_affine", f"weight_bias is a LayerNorm's; an RMSNorm has a weight, got "
                                                  f"norm {model.norm}; allowed: none, weight")
+    if model.qk_l2_norm and (model.mla or not model.rotated_width):
+        raise ConfigError(source, "qk_l2_norm", "needs a rotary embedding (it norms the rotated layers' heads), "
+                                                "without MLA; allowed otherwise: false")
     if model.qk_norm_per_head and (not model.qk_norm or model.mla):
         raise ConfigError(source, "qk_norm_per_head", "needs qk_norm, without MLA; allowed otherwise: false")
     if model.qk_norm_width != "head" and (not model.qk_norm or model.mla):
@@ -1179,8 +1188,8 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or 0)
     if mtype == "llama4_text":
         out.update(_hf_chunks(cfg, layers))
-        if cfg.get("use_qk_norm", True):
-            notes.append("Llama 4: the weightless L2 norm of the chunked layers' queries and keys is not costed")
+        if cfg.get("use_qk_norm", True):   # Llama4TextAttention: an L2 norm of q and k in its RoPE layers
+            out["qk_l2_norm"] = True
     if mtype in ("llama4_text", "smollm3") and layers > 0:     # NoPE layers: no rotary embedding
         rope = _hf_rope_layers(cfg, layers)
         if rope < layers:

@@ -145,8 +145,24 @@ def test_hugging_face_configs_give_the_shipped_workloads():
         assert replace(m, notes=()) == replace(want, notes=()), key
         assert any("chunked attention in chunks of 8192 tokens in 75% of the layers" in n for n in m.notes)
         assert m.rope_layer_share == 0.75 and not any("rotary" in n for n in m.notes)
-    assert any("L2 norm" in n for n in model_from_hf_config(scout_config()).notes)
-    assert not any("L2 norm" in n for n in model_from_hf_config(maverick_config()).notes)
+    assert (shipped["scout"].qk_l2_norm, shipped["maverick"].qk_l2_norm) == (True, False)
+
+
+def test_scouts_l2_norms_run_in_its_rotary_layers():
+    """Scout's weightless L2 norms of each query and key head (use_qk_norm: Llama4TextL2Norm after the
+    rotary embedding, in the 36 RoPE layers of 48): two norm kernels over q (40 heads of 128) and k
+    (8 of 128) at the mean layer's three quarters, one read and one write of each element; no
+    weights (the parameter count is the same without them)."""
+    m = load_model("llama4-scout")
+    T = m.seq_len
+    ops = {o.name: o for o in layer_graph(m, 1).fwd}
+    assert (ops["q.l2_norm"].elements, ops["k.l2_norm"].elements) == (0.75 * T * 40 * 128, 0.75 * T * 8 * 128)
+    assert ops["q.l2_norm"].bytes == 2 * 2 * ops["q.l2_norm"].elements
+    assert m.params == replace(m, qk_l2_norm=False).params
+    bwd = {o.name for o in layer_graph(m, 1).bwd}
+    assert {"q.l2_norm.bwd", "k.l2_norm.bwd"} <= bwd
+    assert "q.l2_norm" not in {o.name for o in layer_graph(load_model("llama4-maverick"), 1).fwd}
+    assert "q.l2_norm" not in {o.name for o in layer_graph(replace(m, rope_layer_share=0.0), 1).fwd}
 
 
 def test_other_moe_layer_patterns_from_hugging_face():
@@ -202,8 +218,8 @@ def test_validation_rows_naming_llama4_take_its_layers():
 def test_nope_layers_rotate_nothing(kernels):
     """Every fourth layer has no rotary embedding (rope_layer_share 0.75): the mean layer's rotary
     kernels, forward and backward, move and compute three quarters of what they do when every layer
-    rotates (each a hand count: T·heads·128 rotated elements for q, T·kv·128 for k); nothing else
-    changes."""
+    rotates (each a hand count: T·heads·128 rotated elements for q, T·kv·128 for k), as do the L2
+    norms of the rotated heads; nothing else changes."""
     m = replace(load_model("llama4-scout"), rotary_kernels=kernels)
     full = replace(m, rope_layer_share=1.0)
     T = m.seq_len
@@ -213,7 +229,7 @@ def test_nope_layers_rotate_nothing(kernels):
         return {o.name: o for o in (*g.fwd, *g.bwd)}
     nope, every = ops(m), ops(full)
     assert nope.keys() == every.keys()
-    rotary = [k for k in every if ".rotary" in f".{k}"]
+    rotary = [k for k in every if ".rotary" in f".{k}" or ".l2_norm" in k]   # and the L2 norms after it
     assert rotary
     for k in rotary:
         a, b = nope[k], every[k]
