@@ -1002,7 +1002,8 @@ _HF_NOT_MODELLED = {
 }
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
-                 "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx", "phimoe")
+                 "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx", "phimoe", "ernie4_5_moe",
+                 "hunyuan_v1_moe", "dots1", "minimax_m2")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
 # modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
@@ -1010,7 +1011,7 @@ _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
              "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx", "helium", "hunyuan_v1_dense",
-             "exaone4", "phimoe", "minicpm3")
+             "exaone4", "phimoe", "minicpm3", "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "minimax_m2")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2", "arcee", "nemotron")
@@ -1029,6 +1030,7 @@ _HF_LLAMA_PLAIN = ("arcee", "nemotron")
 # in its layers without rotary embedding or as ``layer_types`` marks; the other types have no window
 _HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2", "phimoe")
 _HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "smollm3")
+_HF_WINDOW_FROM = ("dots1",)   # from max_window_layers on without an opt-in (Dots1Config's layer_types)
 _HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3", "cohere2",   # by layer_types, else their default
                     "ministral", "exaone4")
 # each type's configuration-class defaults of the keys this reader takes (transformers 5.25.0
@@ -1102,6 +1104,15 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
     "minicpm3": {"intermediate_size": 6400, "hidden_act": "silu", "max_position_embeddings": 32768,
                  "tie_word_embeddings": True, "kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64,
                  "qk_rope_head_dim": 32},
+    "ernie4_5_moe": {"intermediate_size": 12288, "num_key_value_heads": 4, "hidden_act": "silu",
+                     "max_position_embeddings": 131072, "tie_word_embeddings": True, "moe_intermediate_size": 1536,
+                     "moe_k": 6, "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
+                     "moe_layer_end_index": -1, "moe_layer_interval": 1},
+    "hunyuan_v1_moe": {"intermediate_size": 11008, "hidden_act": "silu", "num_experts": 1, "moe_topk": 1},
+    "dots1": {"intermediate_size": 10944, "moe_intermediate_size": 1408, "num_key_value_heads": 32,
+              "hidden_act": "silu", "sliding_window": 4096, "max_window_layers": 62},
+    "minimax_m2": {"intermediate_size": 1536, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
+                   "max_position_embeddings": 196608, "num_experts_per_tok": 8, "num_local_experts": 256},
     "phimoe": {"intermediate_size": 6400, "num_key_value_heads": 8, "hidden_act": "silu",
                "max_position_embeddings": 131072, "num_experts_per_tok": 2, "num_local_experts": 16},
     "nemotron": {"intermediate_size": 24576, "hidden_act": "relu2", "max_position_embeddings": 4096},
@@ -1138,10 +1149,11 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     Cohere, SmolLM3) of ``layers`` layers; what is simplified goes to ``notes``."""
     out: dict = {}
     # per-head q and k RMSNorms (Hunyuan's after the rotary embedding, the others' before: the same work)
-    if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text", "hunyuan_v1_dense", "exaone4") or (
+    if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text", "hunyuan_v1_dense", "exaone4", "hunyuan_v1_moe",
+                 "dots1") or (
             mtype == "glm4_moe" and cfg.get("use_qk_norm")):
         out["qk_norm"] = True
-    if mtype in ("olmo2", "olmo3", "olmoe"):   # one RMSNorm over the whole q and the whole k projection
+    if mtype in ("olmo2", "olmo3", "olmoe", "minimax_m2"):   # one RMSNorm over the whole q and the whole k projection
         out.update(qk_norm=True, qk_norm_width="projection")
     if mtype == "cohere" and cfg.get("use_qk_norm"):   # CohereLayerNorm over each head, a weight per head
         out.update(qk_norm=True, qk_norm_per_head=True)
@@ -1150,10 +1162,10 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
                    logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
     if mtype == "glm4":   # GLM-4-0414: post_self_attn_layernorm and post_mlp_layernorm before the residual adds
         out["sandwich_norm"] = True
-    experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
+    experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0) or 0
     if mtype in _HF_MOE_TYPES and experts:
         out.update(experts=int(experts),
-                   top_k=int(_first(cfg, "num_experts_per_tok", "experts_per_token", default=1)),
+                   top_k=int(_first(cfg, "num_experts_per_tok", "experts_per_token", "moe_k", default=1)),
                    expert_ffn_hidden=int(_first(cfg, "moe_intermediate_size", default=ffn)),
                    shared_experts=int(cfg.get("n_shared_experts") or 0),
                    dense_layers=int(cfg.get("first_k_dense_replace") or 0))
@@ -1182,7 +1194,11 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
                    head_dim=int(cfg.get("qk_nope_head_dim") or 0) + int(cfg.get("qk_rope_head_dim") or 0),
                    v_head_dim=int(v))
-    if mtype in ("deepseek_v2", "deepseek_v3", "glm4_moe"):   # node-limited routing, multi-token prediction
+    if mtype in ("ernie4_5_moe", "hunyuan_v1_moe") and experts and cfg.get("shared_ffn"):   # one shared MLP
+        out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_ffn"]))   # beside the routed experts
+    if mtype == "ernie4_5_moe":
+        out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or cfg.get("num_mtp_layers") or 0)
+    if mtype in ("deepseek_v2", "deepseek_v3", "glm4_moe", "dots1"):   # node-limited routing, multi-token prediction
         if experts and int(cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):
             out.update(router_groups=int(cfg["n_group"]), router_group_topk=int(cfg["topk_group"]))
         out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or 0)
@@ -1275,7 +1291,7 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
         return window, 1.0
     if mtype in _HF_WINDOW_OPT_IN and not cfg.get("use_sliding_window"):
         return 0, 1.0
-    if mtype not in _HF_WINDOW_OPT_IN + _HF_WINDOW_TYPED:
+    if mtype not in _HF_WINDOW_OPT_IN + _HF_WINDOW_TYPED + _HF_WINDOW_FROM:
         return 0, 1.0
     kinds = cfg.get("layer_types")
     start = cfg.get("max_window_layers")
@@ -1298,11 +1314,60 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
     return (window, sliding / layers) if sliding and layers else (0, 1.0)
 
 
+def _hf_count(cfg: dict, key: str, source: str, low: int = 0) -> int:
+    """A count of a Hugging Face config that must be a whole number of at least ``low``."""
+    value = cfg.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(source, key, f"must be a whole number of at least {low}, got {value!r}")
+    return value
+
+
+def _hf_ernie_moe(cfg: dict, source: str) -> dict:
+    """An ERNIE 4.5 MoE config in the keys the expert reader takes: its MoE layers, those from
+    ``moe_layer_start_index`` to ``moe_layer_end_index`` (-1: the last) that are the last of every
+    ``moe_layer_interval`` (Ernie4_5_MoeDecoderLayer), as ``moe_layers`` after the dense ones before
+    the first; its experts' counts under the common names; its shared MLP as wide as
+    ``moe_num_shared_experts`` experts (Ernie4_5_MoeSparseMoeBlock); none: a dense model."""
+    layers = cfg.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
+        return cfg   # refused by the common check
+    start, end = _hf_count(cfg, "moe_layer_start_index", source), _hf_count(cfg, "moe_layer_end_index", source, -1)
+    every = _hf_count(cfg, "moe_layer_interval", source, 1)
+    end = layers - 1 if end == -1 else end
+    moe = [i for i in range(layers) if (i + 1) % every == 0 and start <= i <= end]
+    experts, k = _hf_count(cfg, "moe_num_experts", source), _hf_count(cfg, "moe_k", source)
+    shared = _hf_count(cfg, "moe_num_shared_experts", source) * _hf_count(cfg, "moe_intermediate_size", source)
+    if not moe or not experts:
+        return {**cfg, "moe_num_experts": 0}
+    # the dense layers before the pattern: as many as puts the first MoE layer last of its interval
+    return {**cfg, "num_experts": experts, "num_experts_per_tok": k, "first_k_dense_replace": start - start % every,
+            "moe_layers": moe, "shared_ffn": shared}
+
+
+def _hf_hunyuan_moe(cfg: dict, source: str) -> dict:
+    """A Hunyuan MoE config in the keys the expert reader takes: ``moe_topk`` (one count, or one a
+    layer, which must agree: phaze costs one top-k for every MoE layer) and its shared MLP, as wide as
+    each expert (``intermediate_size``; HunYuanMoEV1Moe.shared_mlp)."""
+    k = cfg.get("moe_topk")
+    if isinstance(k, list):
+        if not k or len(set(map(str, k))) > 1:
+            raise ConfigError(source, "moe_topk", f"must be one count, or the same count for every layer (phaze "
+                                                  f"costs one top-k for every MoE layer), got {k!r}")
+        k = k[0]
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ConfigError(source, "moe_topk", f"must be a whole number of at least 1, got {k!r}")
+    # transformers builds every expert as wide as intermediate_size; a checkpoint's per-layer
+    # moe_intermediate_size list is not read
+    out = {key: v for key, v in cfg.items() if key != "moe_intermediate_size"}
+    return {**out, "num_experts_per_tok": k, "shared_ffn": cfg.get("intermediate_size") or 0}
+
+
 def _hf_moe_pattern(cfg: dict, layers: int, dense: int, notes: list) -> dict:
     """``moe_layer_interval`` of a Hugging Face MoE config whose MoE layers, after the first
     ``dense``, are the last of every N (Llama 4's ``interleave_moe_layer_step`` or ``moe_layers``,
     Qwen3-MoE's ``decoder_sparse_step`` and ``mlp_only_layers``, DeepSeek's ``moe_layer_freq``);
-    another pattern is costed as the nearest interval by count, and a note says so."""
+    another pattern is costed by count, as the nearest interval after as many dense layers as leave
+    its MoE layers' number (``dense_layers``), and a note says so."""
     step = int(_first(cfg, "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", default=1) or 1)
     listed = cfg.get("moe_layers")
     if isinstance(listed, list) and listed:
@@ -1312,11 +1377,18 @@ def _hf_moe_pattern(cfg: dict, layers: int, dense: int, notes: list) -> dict:
         moe = [i for i in range(dense, layers) if (i + 1 - dense) % max(step, 1) == 0 and i not in skip]
     if not moe or layers <= dense:
         return {}
+    # the nearest interval, and as many dense layers first as leave exactly the listed MoE layers
     interval = max(1, round((layers - dense) / len(moe)))
-    regular = [i for i in range(dense, layers) if (i + 1 - dense) % interval == 0]
+    if layers - len(moe) * interval < 0:
+        interval = 1
+    first = layers - len(moe) * interval
+    regular = [i for i in range(first, layers) if (i + 1 - first) % interval == 0]
+    out = {"moe_layer_interval": interval} if interval > 1 else {}
+    if first != dense:
+        out["dense_layers"] = first
     if moe != regular:
-        notes.append(f"MoE layers {moe} costed by count as every {interval} layer(s) after the first {dense}")
-    return {"moe_layer_interval": interval} if interval > 1 else {}
+        notes.append(f"MoE layers {moe} costed by count as every {interval} layer(s) after the first {first}")
+    return out
 
 
 def _hf_linear_interval(cfg: dict, layers: int, notes: list, source: str) -> int:
@@ -1466,6 +1538,10 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if mtype == "exaone4" and isinstance(cfg.get("sliding_window_pattern"), str):
         cfg = _hf_exaone4_pattern(cfg, source)
     cfg = {**_HF_TYPE_DEFAULTS.get(mtype, {}), **cfg}
+    if mtype == "ernie4_5_moe":
+        cfg = _hf_ernie_moe(cfg, source)
+    if mtype == "hunyuan_v1_moe":
+        cfg = _hf_hunyuan_moe(cfg, source)
     _check_hf_numbers(cfg, source)
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")

@@ -679,11 +679,11 @@ def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
         model_from_hf_config(cfg)
 
 
-@pytest.mark.parametrize("mtype", ["jetmoe", "gpt_neo", "hunyuan_v1_moe", "olmo_hybrid", "apertus", ""])
+@pytest.mark.parametrize("mtype", ["jetmoe", "gpt_neo", "afmoe", "olmo_hybrid", "apertus", ""])
 def test_hugging_face_types_phaze_does_not_read_are_refused(mtype):
     """A transformer type outside phaze's table (its norms, experts or local layers would be read
     as the nearest type's: JetMoE's experts as a dense FFN, GPT-Neo's local layers as global ones,
-    Hunyuan-MoE's experts as a dense FFN, Apertus's xIELU as another activation) is refused
+    AfMoE's experts as a dense FFN, Apertus's xIELU as another activation) is refused
     naming model_type and the types phaze reads."""
     cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
            "vocab_size": 50000, "num_experts": 60, "intermediate_size": 5632}
