@@ -34,7 +34,7 @@ WORKLOADS = sorted(p.stem for p in (ROOT / "workloads").glob("*.yaml"))
 # times as many; Qwen3-Next's Gated DeltaNet layer, whose backward the solve without CP-SAT's
 # presolve bounds within 8 %); their schedules are still checked, bounded and within 10 % of the
 # lower bound
-NOT_PROVEN = ("deepseek-v3", "qwen3-next-80b-a3b")
+NOT_PROVEN = ("deepseek-v3", "qwen3-next-80b-a3b", "llama4-scout")
 # a non-ideal machine (kernel overheads make fewer units relatively cheaper: a harder instance)
 EFF = Efficiency(tensor_fraction=0.7, hbm_fraction=0.75, link_fraction=0.8, attention_fraction=0.45,
                  kernel_overhead_s=6e-6, tile_overhead_k=64)
@@ -345,9 +345,9 @@ def _check_tpuv4_schedule(name, c, m, moe):
     seq = layer_time(m, c, 1, 1, False, "flash", "none", EFF, moe=moe)
     g = layer_graph(m, 1, 1, False, "flash", "none", moe)
     # the default work limit, the same answer on every machine and under any load (a wall-time limit
-    # left Llama 4 Scout's backward FEASIBLE at a 0.4 % gap on a loaded CI machine; it takes 1.63 of
-    # CP-SAT's deterministic time to prove); the two never proven stop at it, Qwen3-Next's backward at
-    # a 7.8 % gap, DeepSeek-V3's at 3.1 %
+    # had left Llama 4 Scout's backward FEASIBLE at a 0.4 % gap on a loaded CI machine); the three
+    # never proven stop at it, Qwen3-Next's backward at a 7.8 % gap, DeepSeek-V3's at 3.1 % and Llama 4
+    # Scout's at 0.40 % (proven at 1.63 units until its L2 norms of q and k were costed, 2026-12-07)
     scheduled = schedule_layer(m, c, 1, 1, False, "flash", "none", EFF, moe=moe)
     for ops, s, phase in zip((g.fwd, g.bwd), scheduled, seq, strict=False):
         assert check_schedule(s, ops, c, m.precision, EFF, **kw) == []
