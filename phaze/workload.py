@@ -1002,6 +1002,7 @@ _HF_NOT_MODELLED = {
 }
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
+                 "qwen3_5_moe_text",
                  "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx", "phimoe", "ernie4_5_moe",
                  "hunyuan_v1_moe", "dots1", "minimax_m2")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
@@ -1011,7 +1012,12 @@ _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "olmo2", "olmo3", "olmoe",
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
              "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx", "helium", "hunyuan_v1_dense",
-             "exaone4", "phimoe", "minicpm3", "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "minimax_m2")
+             "exaone4", "phimoe", "minicpm3", "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "minimax_m2", "qwen3_5_text",
+             "qwen3_5_moe_text")
+# Qwen3.5's text models are Qwen3-Next's layers (Gated DeltaNet and gated full attention; dense or
+# with its experts), read as qwen3_next once their own class defaults are in (Qwen3_5TextConfig,
+# Qwen3_5MoeTextConfig)
+_HF_AS_QWEN3_NEXT = ("qwen3_5_text", "qwen3_5_moe_text")
 # ... and two linears around the activation
 _HF_PLAIN = ("gpt2", "opt", "bert", "roberta", "mpt", "bloom", "falcon", "gpt_neox", "gptj", "phi", "codegen",
              "gpt_bigcode", "starcoder2", "arcee", "nemotron")
@@ -1051,6 +1057,13 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
     "qwen3_moe": {"intermediate_size": 6144, "num_key_value_heads": 4, "hidden_act": "silu", "sliding_window": 4096,
                   "decoder_sparse_step": 1, "moe_intermediate_size": 768, "num_experts_per_tok": 8,
                   "num_experts": 128},
+    "qwen3_5_text": {"intermediate_size": 12288, "num_key_value_heads": 4, "hidden_act": "silu", "head_dim": 256,
+                     "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                     "linear_num_key_heads": 16, "linear_num_value_heads": 32, "max_position_embeddings": 32768},
+    "qwen3_5_moe_text": {"num_key_value_heads": 2, "hidden_act": "silu", "head_dim": 256, "linear_conv_kernel_dim": 4,
+                         "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                         "linear_num_value_heads": 32, "moe_intermediate_size": 512,
+                         "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256},
     "qwen3_next": {"intermediate_size": 5632, "num_key_value_heads": 2, "hidden_act": "silu", "head_dim": 256,
                    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
                    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "decoder_sparse_step": 1,
@@ -1518,9 +1531,11 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     """Build a :class:`Model` from a Hugging Face ``config.json`` dictionary (GPT-2, OPT, BERT,
     Llama/Mistral, MPT, GPT-NeoX and similar)."""
     mtype = str(cfg.get("model_type", "")).lower()
-    if isinstance(cfg.get("text_config"), dict) and mtype in ("llama4", "gemma3"):   # a multimodal checkpoint:
+    if isinstance(cfg.get("text_config"), dict) and mtype in ("llama4", "gemma3", "qwen3_5", "qwen3_5_moe"):   # a
+        # multimodal checkpoint:
         cfg = {"torch_dtype": cfg.get("torch_dtype"), **cfg["text_config"]}  # its language model (the vision
         mtype += "_text"                                                       # encoder is not trained here)
+    type_name = mtype
     if mtype in ("nemotron_h", "mamba2"):
         return _hf_hybrid(cfg, mtype, source, name)
     if mtype in _HF_NOT_MODELLED:
@@ -1538,6 +1553,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if mtype == "exaone4" and isinstance(cfg.get("sliding_window_pattern"), str):
         cfg = _hf_exaone4_pattern(cfg, source)
     cfg = {**_HF_TYPE_DEFAULTS.get(mtype, {}), **cfg}
+    qwen35 = mtype in _HF_AS_QWEN3_NEXT
+    if qwen35:
+        mtype = "qwen3_next"
     if mtype == "ernie4_5_moe":
         cfg = _hf_ernie_moe(cfg, source)
     if mtype == "hunyuan_v1_moe":
@@ -1653,6 +1671,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append("GPT-J: its attention projections' missing biases are counted as its FFN's are")
     if act == "relu2":
         notes.append("squared ReLU (relu2) costed as ReLU: the same two matrices, one element-wise op")
+    if qwen35:
+        notes.append("Qwen3.5: Qwen3-Next's layers; its Gated DeltaNet's four input projections (qkv, z, b, a) "
+                     "costed as Qwen3-Next's one of their summed width (the same FLOPs, three kernels fewer)")
     if mtype == "phimoe":
         notes.append("Phi-MoE: its SparseMixer router costed as a top-k softmax router"
                      + (f"; its head's bias ({cfg['vocab_size']} values) is not counted" if cfg.get("lm_head_bias")
@@ -1693,15 +1714,17 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if position == "rotary":
         width = extra.get("head_dim", 0) or cfg.get("head_dim") or hidden // heads
         rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-        # GLM's and Nemotron's configurations set a half by default, StableLM's a quarter (their __post_init__)
-        default = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5}.get(mtype, 1.0)
+        # GLM's and Nemotron's configurations set a half by default, StableLM's and Qwen3-Next's (and so
+        # Qwen3.5's) a quarter (their __post_init__)
+        default = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5,
+                   "qwen3_next": 0.25}.get(mtype, 1.0)
         share = _first(cfg, "rotary_pct", "partial_rotary_factor", default=rope.get("partial_rotary_factor", default))
         rot_dim = cfg.get("rotary_dim") if isinstance(cfg.get("rotary_dim"), int) else int(width * share) // 2 * 2
         rot_dim = rot_dim if 0 < rot_dim < width else 0
         if rot_dim:
             notes.append(f"rotary embedding on {rot_dim} of each head's {width} dimensions")
     return Model(
-        name=name or cfg.get("_name_or_path") or mtype or "hf-model",
+        name=name or cfg.get("_name_or_path") or type_name or "hf-model",
         architecture="encoder" if encoder else "decoder",
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
         head_dim=extra.pop("head_dim", 0) or cfg.get("head_dim") or 0, ffn_hidden=extra.pop("ffn_hidden", ffn),

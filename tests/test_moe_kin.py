@@ -1,6 +1,6 @@
 """Mixture-of-experts types read from their Hugging Face configs as transformers 5.25.0 builds them:
-Baidu's ERNIE 4.5 MoE, Tencent's Hunyuan MoE, rednote's dots.llm1 and MiniMax-M2 (models/
-ernie4_5_moe, hunyuan_v1_moe, dots1, minimax_m2); parameter counts by hand."""
+Baidu's ERNIE 4.5 MoE, Tencent's Hunyuan MoE, rednote's dots.llm1, MiniMax-M2 and Qwen3.5 (models/
+ernie4_5_moe, hunyuan_v1_moe, dots1, minimax_m2, qwen3_5, qwen3_5_moe); parameter counts by hand."""
 from __future__ import annotations
 
 import pytest
@@ -112,3 +112,30 @@ def test_minimax_m2_by_hand():
     assert m.params == 62 * layer + 2 * V * h + h == 228_689_748_992
     assert m.active_params == m.params - 62 * (E - k) * 3 * h * f == 11_030_537_216
     assert (m.qk_norm, m.qk_norm_width, m.rotary_dim, m.shared_experts) == (True, "projection", 64, 0)
+
+
+def test_qwen35_moe_by_hand_from_its_multimodal_config():
+    """Qwen3.5-35B-A3B's text model from its multimodal config (the vision encoder not trained here),
+    with Qwen3_5MoeTextConfig's defaults: Qwen3-Next's layers, three Gated DeltaNet layers of four
+    (16 key heads and 32 value heads of 128, a 4-wide convolution, a gated norm) and a gated full
+    attention in the fourth (16 heads of 256, 2 kv heads, q and k norms, a quarter of each head
+    rotated), 256 experts of 512, 8 a token, one gated shared expert of 512; untied 248,320-row
+    tables: 34,660,610,688 in all, 3,454,988,928 a token ("35B-A3B")."""
+    m = model_from_hf_config(dict(model_type="qwen3_5_moe", text_config=dict(
+        vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16)), name="Qwen3.5-35B-A3B")
+    h, V, E, k, f = 2048, 248320, 256, 8, 512
+    kd, vd = 16 * 128, 32 * 128
+    gdn = h * (2 * kd + vd) + h * vd + 2 * h * 32 + (2 * kd + vd) * 4 + 2 * 32 + 128 + vd * h
+    full = h * 16 * 256 * 2 + 2 * h * 2 * 256 + 16 * 256 * h + 2 * 256
+    moe = E * 3 * h * f + 3 * h * f + h + E * h + 2 * h
+    total = 30 * gdn + 10 * full + 40 * moe + 2 * V * h + h
+    assert m.params == total == 34_660_610_688
+    assert m.active_params == total - 40 * (E - k) * 3 * h * f == 3_454_988_928
+    assert (m.gdn_layers, m.rotary_dim, m.experts, m.top_k, m.shared_experts) == (30, 64, E, k, 1)
+    assert m.name == "Qwen3.5-35B-A3B" and any(n.startswith("Qwen3.5: Qwen3-Next's layers") for n in m.notes)
+    dense = model_from_hf_config(dict(model_type="qwen3_5_text", vocab_size=V, hidden_size=4096, num_hidden_layers=32,
+                                      num_attention_heads=16))
+    assert (dense.moe, dense.gdn_layers, dense.ffn_hidden, dense.kv_heads) == (False, 24, 12288, 4)
+    # Qwen3-Next's own configuration rotates a quarter of each head when the config says nothing
+    assert model_from_hf_config(dict(model_type="qwen3_next", hidden_size=2048, num_hidden_layers=48,
+                                     num_attention_heads=16, vocab_size=151936)).rotary_dim == 64
