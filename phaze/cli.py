@@ -276,6 +276,8 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
         (model.qk_norm and model.qk_norm_width == "projection",
          "the queries and keys normed over the whole projection, their sums all-reduced over tensor parallelism"),
         (model.qk_l2_norm, "the rotary layers' query and key heads L2-normed after the rotation (no weights)"),
+        (model.query_scale_share, f"the queries of {model.query_scale_share:.0%} of the layers times a factor of "
+                                  f"their position, a kernel of its own each way"),
         (model.attention_softcap, f"the attention scores soft-capped at {model.attention_softcap:g}"),
         (model.logit_softcap, f"the final logits soft-capped at {model.logit_softcap:g}"),
         (model.embedding_scale or model.residual_scale or model.logit_scale or model.head_scale,

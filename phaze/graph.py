@@ -645,9 +645,10 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     def heads_prepared(fb: _Builder, n) -> None:
         """What runs between the projections and the attention: the per-head norms of the queries
         and keys (``qk_norm``), their rotary embedding (:data:`_ROTARY`; MLA rotates its queries'
-        rope part and its one shared rope key), Llama 4's L2 norm after it (``qk_l2_norm``) and,
-        with ``kv_repeat`` copied, the key and value heads copied to one per query head
-        (torchtitan's repeat_kv: expand, then reshape)."""
+        rope part and its one shared rope key), Llama 4's L2 norm after it (``qk_l2_norm``), the
+        queries' position scale (``query_scale_share``) and, with ``kv_repeat`` copied, the key
+        and value heads copied to one per query head (torchtitan's repeat_kv: expand, then
+        reshape)."""
         if model.qk_norm:
             if model.qk_norm_width == "projection" and t > 1:
                 # a norm over the whole projection, whose heads tp splits: each token's sums of
@@ -677,6 +678,10 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
             share = model.rope_layer_share
             _vector(fb, n("q.l2_norm"), T * a_t * d * share, p, flops_per_element=4)
             _vector(fb, n("k.l2_norm"), T * kv_t * share, p, flops_per_element=4)
+        if model.query_scale_share:
+            # the queries times a factor of their position (Llama 4's NoPE layers' temperature, Mistral
+            # 4's and Ministral 3's llama_4_scaling): a product kernel in that share of the layers
+            _vector(fb, n("q.scale"), T * a_t * d * model.query_scale_share, p, grad="scale")
         if copied:
             for x, width in (("k", d), ("v", dv)):
                 _vector(fb, n(f"{x}.repeat"), T * a_t * width, p, reads=kv_local / a_t, flops_per_element=0,

@@ -219,6 +219,11 @@ class Model:
     # layer rotates; Megatron-Core's L2Norm layer spec runs it in every layer, a quarter more of a
     # small kernel for Scout, not costed)
     qk_l2_norm: bool = False
+    # share of the attention layers whose queries are multiplied by a factor of their position in a
+    # kernel of their own, after the rotary embedding (Llama 4's attn_temperature_tuning in its NoPE
+    # layers; Mistral 4's and Ministral 3's llama_4_scaling_beta in every layer); the factors, one a
+    # token, are not costed
+    query_scale_share: float = 0.0
     notes: tuple[str, ...] = field(default=(), compare=False)  # what was assumed in reading it
 
     def __post_init__(self):
@@ -778,6 +783,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         head_scale=f.bool("head_scale", False),
         qk_norm_per_head=f.bool("qk_norm_per_head", False),
         qk_l2_norm=f.bool("qk_l2_norm", False),
+        query_scale_share=f.number("query_scale_share", 0.0, minimum=0.0, maximum=1.0, inclusive=True),
     )
     f.str("source", None)           # provenance note, free text
     f.int("published_params", None)  # the published count the tests compare against
@@ -1002,7 +1008,7 @@ _HF_NOT_MODELLED = {
 }
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
-                 "qwen3_5_moe_text",
+                 "qwen3_5_moe_text", "mistral4",
                  "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx", "phimoe", "ernie4_5_moe",
                  "hunyuan_v1_moe", "dots1", "minimax_m2")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
@@ -1013,7 +1019,7 @@ _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
              "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx", "helium", "hunyuan_v1_dense",
              "exaone4", "phimoe", "minicpm3", "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "minimax_m2", "qwen3_5_text",
-             "qwen3_5_moe_text")
+             "qwen3_5_moe_text", "mistral4", "ministral3")
 # Qwen3.5's text models are Qwen3-Next's layers (Gated DeltaNet and gated full attention; dense or
 # with its experts), read as qwen3_next once their own class defaults are in (Qwen3_5TextConfig,
 # Qwen3_5MoeTextConfig)
@@ -1034,7 +1040,7 @@ _HF_LLAMA_PLAIN = ("arcee", "nemotron")
 # five of every six: its sliding_window_pattern, 6; OLMo 3 and Command R7B three of every four;
 # Ministral every one); SmolLM3 only under ``use_sliding_window``,
 # in its layers without rotary embedding or as ``layer_types`` marks; the other types have no window
-_HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2", "phimoe")
+_HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2", "phimoe", "ministral3")
 _HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "smollm3")
 _HF_WINDOW_FROM = ("dots1",)   # from max_window_layers on without an opt-in (Dots1Config's layer_types)
 _HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3", "cohere2",   # by layer_types, else their default
@@ -1126,6 +1132,12 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
               "hidden_act": "silu", "sliding_window": 4096, "max_window_layers": 62},
     "minimax_m2": {"intermediate_size": 1536, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
                    "max_position_embeddings": 196608, "num_experts_per_tok": 8, "num_local_experts": 256},
+    "mistral4": {"intermediate_size": 12288, "moe_intermediate_size": 2048, "num_key_value_heads": 32,
+                 "n_shared_experts": 1, "n_routed_experts": 128, "kv_lora_rank": 256, "q_lora_rank": 1024,
+                 "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64, "num_experts_per_tok": 4,
+                 "hidden_act": "silu", "max_position_embeddings": 1048576},
+    "ministral3": {"intermediate_size": 14336, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
+                   "max_position_embeddings": 262144},
     "phimoe": {"intermediate_size": 6400, "num_key_value_heads": 8, "hidden_act": "silu",
                "max_position_embeddings": 131072, "num_experts_per_tok": 2, "num_local_experts": 16},
     "nemotron": {"intermediate_size": 24576, "hidden_act": "relu2", "max_position_embeddings": 4096},
@@ -1197,8 +1209,9 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     if mtype in ("qwen3_next", "qwen2_moe") and experts and cfg.get("shared_expert_intermediate_size"):
         out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_expert_intermediate_size"]),
                    shared_expert_gate=True)   # transformers' Qwen3Next- and Qwen2MoeSparseMoeBlock.shared_expert_gate
-    if mtype in ("deepseek_v2", "deepseek_v3", "minicpm3"):   # MLA; DeepSeek-V2's softmax gate costs as V3's
-        # sigmoid; MiniCPM3's value heads as wide as the hidden width's share when not given (its __post_init__)
+    if mtype in ("deepseek_v2", "deepseek_v3", "minicpm3", "mistral4"):   # MLA (Mistral 4: DeepSeek-V3's layer);
+        # DeepSeek-V2's softmax gate costs as V3's sigmoid; MiniCPM3's value heads as wide as the hidden
+        # width's share when not given (its __post_init__)
         v = cfg.get("v_head_dim") or (cfg["hidden_size"] // cfg["num_attention_heads"] if mtype == "minicpm3" else 0)
         if not cfg.get("kv_lora_rank"):
             raise ConfigError(source, "kv_lora_rank", f"must be a whole number of at least 1 for {mtype} (its "
@@ -1211,7 +1224,7 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_ffn"]))   # beside the routed experts
     if mtype == "ernie4_5_moe":
         out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or cfg.get("num_mtp_layers") or 0)
-    if mtype in ("deepseek_v2", "deepseek_v3", "glm4_moe", "dots1"):   # node-limited routing, multi-token prediction
+    if mtype in ("deepseek_v2", "deepseek_v3", "glm4_moe", "dots1", "mistral4"):   # node-limited routing, MTP
         if experts and int(cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):
             out.update(router_groups=int(cfg["n_group"]), router_group_topk=int(cfg["topk_group"]))
         out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or 0)
@@ -1219,6 +1232,12 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
         out.update(_hf_chunks(cfg, layers))
         if cfg.get("use_qk_norm", True):   # Llama4TextAttention: an L2 norm of q and k in its RoPE layers
             out["qk_l2_norm"] = True
+        if cfg.get("attn_temperature_tuning", True) and layers > 0:   # and its NoPE layers' query scales
+            nope = 1 - _hf_rope_layers(cfg, layers) / layers
+            if nope > 0:
+                out["query_scale_share"] = nope
+    if mtype in ("mistral4", "ministral3"):   # llama_4_scaling_beta's query scale in every layer
+        out["query_scale_share"] = 1.0
     if mtype in ("llama4_text", "smollm3") and layers > 0:     # NoPE layers: no rotary embedding
         rope = _hf_rope_layers(cfg, layers)
         if rope < layers:
@@ -1531,10 +1550,12 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     """Build a :class:`Model` from a Hugging Face ``config.json`` dictionary (GPT-2, OPT, BERT,
     Llama/Mistral, MPT, GPT-NeoX and similar)."""
     mtype = str(cfg.get("model_type", "")).lower()
-    if isinstance(cfg.get("text_config"), dict) and mtype in ("llama4", "gemma3", "qwen3_5", "qwen3_5_moe"):   # a
-        # multimodal checkpoint:
-        cfg = {"torch_dtype": cfg.get("torch_dtype"), **cfg["text_config"]}  # its language model (the vision
-        mtype += "_text"                                                       # encoder is not trained here)
+    if isinstance(cfg.get("text_config"), dict) and mtype in ("llama4", "gemma3", "qwen3_5", "qwen3_5_moe", "mistral3"):
+        # a multimodal checkpoint: its language model (the vision encoder is not trained here); Mistral 3's
+        # of the type its text_config names (Mistral3Config: mistral by default)
+        text = cfg["text_config"]
+        cfg = {"torch_dtype": cfg.get("torch_dtype"), **text}
+        mtype = str(text.get("model_type") or "mistral").lower() if mtype == "mistral3" else mtype + "_text"
     type_name = mtype
     if mtype in ("nemotron_h", "mamba2"):
         return _hf_hybrid(cfg, mtype, source, name)
@@ -1639,7 +1660,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     # a gated type's attention_bias puts biases on q, k, v and the output projection (transformers'
     # LlamaAttention and its kin, GPT-OSS's); Qwen2 always has q, k and v biases, never others
     attn_bias = (gated or mtype in _HF_LLAMA_PLAIN) and not bias and bool(cfg.get("attention_bias"))
-    if attn_bias and mtype in ("deepseek_v2", "deepseek_v3", "minicpm3"):
+    if attn_bias and mtype in ("deepseek_v2", "deepseek_v3", "minicpm3", "mistral4"):
         raise ConfigError(source, "attention_bias", f"must be false for {mtype}: biases on MLA's projections "
                                                     "are not modelled")
     if gated and cfg.get("mlp_bias"):

@@ -3,6 +3,7 @@ chunked attention (``attention_chunk``). Parameter counts and FLOPs by hand from
 configs and transformers' modeling code, the attention work against a brute-force count of the
 score pairs, Hugging Face configs, validation rows and refusals."""
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -146,6 +147,27 @@ def test_hugging_face_configs_give_the_shipped_workloads():
         assert any("chunked attention in chunks of 8192 tokens in 75% of the layers" in n for n in m.notes)
         assert m.rope_layer_share == 0.75 and not any("rotary" in n for n in m.notes)
     assert (shipped["scout"].qk_l2_norm, shipped["maverick"].qk_l2_norm) == (True, False)
+
+
+def test_the_nope_layers_query_scale_and_its_bounds(tmp_path, capsys):
+    """Llama 4's attn_temperature_tuning (true by default) scales the queries of its 12 NoPE layers of
+    48: a product kernel over T x 40 x 128 at the mean layer's quarter, its backward the same; a
+    config that turns it off has none; a workload's share outside [0, 1] is one line."""
+    m = load_model("llama4-scout")
+    ops = {o.name: o for o in (*layer_graph(m, 1).fwd, *layer_graph(m, 1).bwd)}
+    T = m.seq_len
+    assert ops["q.scale"].elements == ops["q.scale.bwd"].elements == 0.25 * T * 40 * 128
+    off = scout_config()
+    off["text_config"]["attn_temperature_tuning"] = False
+    assert model_from_hf_config(off).query_scale_share == 0.0
+    base = yaml.safe_load((Path(__file__).resolve().parent.parent / "workloads" / "llama4-scout.yaml").read_text())
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump({**base, "query_scale_share": 1.5}))
+    with pytest.raises(ConfigError, match="query_scale_share"):
+        load_model(path)
+    assert main(["evaluate", "--workload", "llama4-scout", "--arch", "h100-sxm", "--devices", "64",
+                 "--global-batch", "64", "--plan", "tp=4,ep=8,mbs=1,recompute=full", "--allow-oom"]) == 0
+    assert "the queries of 25% of the layers times a factor of their position" in capsys.readouterr().out
 
 
 def test_scouts_l2_norms_run_in_its_rotary_layers():

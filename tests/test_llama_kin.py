@@ -1,7 +1,8 @@
 """Llama's kin read from their Hugging Face configs as transformers 5.25.0 builds them: Arcee's AFM
 and NVIDIA's Nemotron checkpoints (models/arcee, models/nemotron: an ungated squared-ReLU MLP),
-Kyutai's Helium, Tencent's Hunyuan dense, LG's EXAONE 4, Microsoft's Phi-MoE and OpenBMB's
-MiniCPM3 (models/helium, hunyuan_v1_dense, exaone4, phimoe, minicpm3); parameter counts by hand."""
+Kyutai's Helium, Tencent's Hunyuan dense, LG's EXAONE 4, Microsoft's Phi-MoE, OpenBMB's MiniCPM3,
+Mistral 4 and Ministral 3 (models/helium, hunyuan_v1_dense, exaone4, phimoe, minicpm3, mistral4,
+ministral3); parameter counts by hand."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -202,3 +203,30 @@ def test_a_latent_attention_config_without_its_latent_is_one_line(mtype):
         with pytest.raises(ConfigError, match=refused):
             model_from_hf_config({**base, "kv_lora_rank": bad})
     assert model_from_hf_config({**base, "qk_nope_head_dim": None}).head_dim == 32
+
+
+def test_mistral4_and_ministral3_by_hand_with_their_query_scale():
+    """Mistral 4 (Mistral4Config's defaults): DeepSeek-V3's layer, MLA with a 1,024-wide query latent
+    and a 256-wide key/value latent, 32 heads of 64 + 64 (values 128), 128 experts of 2,048, 4 a
+    token, one shared, a dense-free stack of 36 layers; untied 131,072-row tables: 118,972,826,624.
+    Ministral 3 (Ministral3Config's defaults, read from a mistral3 multimodal config): Mistral's
+    layer, 32 heads of 128, 8 kv heads, a SwiGLU of 14,336, 34 layers: 8,489,553,920. Both multiply
+    every layer's queries by llama_4_scaling's factor of their position: one product kernel over
+    the queries each way."""
+    m = model_from_hf_config(dict(model_type="mistral4", hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                                  vocab_size=131072))
+    h, a, V = 4096, 32, 131072
+    mla = h * 1024 + 1024 + 1024 * a * 128 + h * (256 + 64) + 256 + 256 * a * (64 + 128) + a * 128 * h
+    layer = mla + 128 * 3 * h * 2048 + 3 * h * 2048 + 128 * h + 2 * h
+    assert m.params == 36 * layer + 2 * V * h + h == 118_972_826_624
+    assert (m.mla, m.experts, m.top_k, m.shared_experts, m.query_scale_share) == (True, 128, 4, 1, 1.0)
+    ops = {o.name: o for o in layer_graph(m, 1).fwd}
+    assert ops["q.scale"].elements == m.seq_len * a * 128 and ops["q.scale"].grad == "scale"
+    m3 = model_from_hf_config(dict(model_type="mistral3", text_config=dict(
+        model_type="ministral3", hidden_size=4096, num_hidden_layers=34, num_attention_heads=32, vocab_size=V)))
+    layer3 = 2 * h * h + 2 * h * 1024 + 3 * h * 14336 + 2 * h
+    assert m3.params == 34 * layer3 + 2 * V * h + h == 8_489_553_920
+    assert (m3.query_scale_share, m3.kv_heads, m3.sliding_window) == (1.0, 8, 0)
+    windowed = dict(model_type="ministral3", hidden_size=4096, num_hidden_layers=34, num_attention_heads=32,
+                    vocab_size=V, sliding_window=4096)
+    assert model_from_hf_config(windowed).sliding_window == 4096   # Mistral's: in every layer
