@@ -668,11 +668,12 @@ def test_yaml_aliases_are_bounded_under_either_parser(tmp_path, monkeypatch, loa
     assert len(configio.read_mapping(small)["l3"]) == 10
 
 
-@pytest.mark.parametrize("mtype", ["jamba", "minimax", "rwkv", "falcon_h1"])
+@pytest.mark.parametrize("mtype", ["jamba", "minimax", "rwkv", "falcon_h1", "deepseek_v32", "mistral_large4_text",
+                                   "deepseek_v4", "kimi_linear", "longcat_flash"])
 def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
-    """A state-space, recurrent or hybrid config phaze cannot read is refused naming model_type,
-    not read as a transformer of its width and depth (Mamba-2's, Nemotron-H's and Qwen3-Next's are read:
-    tests/test_hybrid.py, tests/test_gdn.py)."""
+    """A state-space, recurrent, hybrid or sparse-attention config phaze cannot read is refused naming
+    model_type and what it has, not read as a transformer of its width and depth (Mamba-2's,
+    Nemotron-H's and Qwen3-Next's are read: tests/test_hybrid.py, tests/test_gdn.py)."""
     cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
            "vocab_size": 50000}
     with pytest.raises(ConfigError, match="model_type.*which phaze does not model"):
