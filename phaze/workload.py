@@ -1008,6 +1008,8 @@ _HF_NOT_MODELLED = {
     **dict.fromkeys(("kimi_linear", "bailing_hybrid"), "delta-rule linear attention with a forget gate in most layers"),
     "longcat_flash": "zero-computation experts and two attention blocks a layer",
     "lfm2_moe": "short convolution layers beside attention",
+    **dict.fromkeys(("gemma3n", "gemma3n_text", "gemma4", "gemma4_text"),
+                    "per-layer input embeddings and layers that reuse another layer's keys and values"),
     "rwkv": "RWKV recurrent layers and no attention",
     "recurrent_gemma": "RG-LRU recurrent layers beside local attention",
     "lfm2": "short convolution layers beside attention",

@@ -669,7 +669,7 @@ def test_yaml_aliases_are_bounded_under_either_parser(tmp_path, monkeypatch, loa
 
 
 @pytest.mark.parametrize("mtype", ["jamba", "minimax", "rwkv", "falcon_h1", "deepseek_v32", "mistral_large4_text",
-                                   "deepseek_v4", "kimi_linear", "longcat_flash"])
+                                   "deepseek_v4", "kimi_linear", "longcat_flash", "gemma4"])
 def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
     """A state-space, recurrent, hybrid or sparse-attention config phaze cannot read is refused naming
     model_type and what it has, not read as a transformer of its width and depth (Mamba-2's,
