@@ -666,7 +666,8 @@ class Model:
         if self.hybrid:
             kinds = self.kind_params
             layers = sum(n * kinds[k] for k, n in self.hybrid_counts.items())
-        return layers + self.embedding_params + self.head_params
+        # a whole count (Gated DeltaNet layers' attention is a mean over the layers, a float)
+        return round(layers + self.embedding_params + self.head_params)
 
     @property
     def active_params(self) -> int:
@@ -674,7 +675,7 @@ class Model:
         experts of each MoE layer (both embedding tables counted, as Mistral and Qwen count them)."""
         if not self.moe:
             return self.params
-        return self.params - self.moe_layers * (self.experts - self.top_k) * self.expert_params
+        return round(self.params - self.moe_layers * (self.experts - self.top_k) * self.expert_params)
 
 
 # --- closed-form FLOP counts (used as independent checks on the operator graphs) -------------
@@ -1028,7 +1029,7 @@ _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
              "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx", "helium", "hunyuan_v1_dense",
              "exaone4", "phimoe", "minicpm3", "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "minimax_m2", "qwen3_5_text",
-             "qwen3_5_moe_text", "mistral4", "ministral3")
+             "qwen3_5_moe_text", "mistral4", "ministral3", "olmo_hybrid")
 # Qwen3.5's text models are Qwen3-Next's layers (Gated DeltaNet and gated full attention; dense or
 # with its experts), read as qwen3_next once their own class defaults are in (Qwen3_5TextConfig,
 # Qwen3_5MoeTextConfig)
@@ -1145,6 +1146,7 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
                  "n_shared_experts": 1, "n_routed_experts": 128, "kv_lora_rank": 256, "q_lora_rank": 1024,
                  "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64, "num_experts_per_tok": 4,
                  "hidden_act": "silu", "max_position_embeddings": 1048576},
+    "olmo_hybrid": {"intermediate_size": 11008, "hidden_act": "silu", "max_position_embeddings": 65536},
     "ministral3": {"intermediate_size": 14336, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
                    "max_position_embeddings": 262144},
     "phimoe": {"intermediate_size": 6400, "num_key_value_heads": 8, "hidden_act": "silu",
@@ -1187,7 +1189,7 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
                  "dots1") or (
             mtype == "glm4_moe" and cfg.get("use_qk_norm")):
         out["qk_norm"] = True
-    if mtype in ("olmo2", "olmo3", "olmoe", "minimax_m2"):   # one RMSNorm over the whole q and the whole k projection
+    if mtype in ("olmo2", "olmo3", "olmoe", "minimax_m2", "olmo_hybrid"):   # one RMSNorm over the whole q and k
         out.update(qk_norm=True, qk_norm_width="projection")
     if mtype == "cohere" and cfg.get("use_qk_norm"):   # CohereLayerNorm over each head, a weight per head
         out.update(qk_norm=True, qk_norm_per_head=True)
@@ -1213,6 +1215,16 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
                    linear_key_head_dim=int(cfg.get("linear_key_head_dim") or 128),
                    linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 128),
                    linear_conv=int(cfg.get("linear_conv_kernel_dim") or 4), attention_output_gate=True)
+    if mtype == "olmo_hybrid":   # OLMo Hybrid: Qwen3-Next's Gated DeltaNet mixer (q, k, v, a, b and its gate in
+        # projections of their own, the same work) in 3 of every 4 layers, OLMo 3's attention in the
+        # rest, every layer's SwiGLU dense; OlmoHybridConfig's linear widths from the attention's
+        heads = cfg["num_attention_heads"]
+        kh = int(cfg.get("linear_num_key_heads") or heads)
+        kd = int(cfg.get("linear_key_head_dim") or int(0.75 * cfg["hidden_size"] / kh))
+        out.update(linear_attention_interval=_hf_linear_interval(cfg, layers, notes, source),
+                   linear_key_heads=kh, linear_value_heads=int(cfg.get("linear_num_value_heads") or heads),
+                   linear_key_head_dim=kd, linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 2 * kd),
+                   linear_conv=int(cfg.get("linear_conv_kernel_dim") or 4))
     if mtype == "granitemoeshared" and experts and cfg.get("shared_intermediate_size"):   # GraniteMoeSharedMLP
         out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_intermediate_size"]))
     if mtype in ("qwen3_next", "qwen2_moe") and experts and cfg.get("shared_expert_intermediate_size"):
@@ -1628,7 +1640,11 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
                             + _HF_LLAMA_PLAIN
                             or "rope_theta" in cfg or isinstance(cfg.get("rope_parameters"), dict)
                             or bool(attn_cfg.get("rope")))  # MPT: RoPE in attn_config
-    if mtype == "mpt" and not alibi and not rotary:
+    if mtype == "olmo_hybrid":   # its released checkpoints have no rotary embedding (OlmoHybridModel.rotary_emb:
+        rope = cfg.get("rope_parameters")   # only with a rope_theta)
+        rotary = cfg.get("rope_theta") is not None or (isinstance(rope, dict) and rope.get("rope_theta") is not None)
+        position = "rotary" if rotary else "none"
+    elif mtype == "mpt" and not alibi and not rotary:
         position = "learned"
     else:
         position = "rotary" if rotary else ("alibi" if alibi else "learned")
@@ -1708,6 +1724,9 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append("Phi-MoE: its SparseMixer router costed as a top-k softmax router"
                      + (f"; its head's bias ({cfg['vocab_size']} values) is not counted" if cfg.get("lm_head_bias")
                         else ""))
+    if mtype == "olmo_hybrid":
+        notes.append("OLMo Hybrid: its attention layers' norms on the attention's and the FFN's outputs, before the "
+                     "residual adds, costed as the pre-norms they replace")
     if mtype == "exaone4":
         notes.append("EXAONE 4: its norms on the attention's and the FFN's outputs, before the residual adds, costed "
                      "as the pre-norms they replace (as many, of the same shape, each keeping its input)")

@@ -1,6 +1,7 @@
 """Mixture-of-experts types read from their Hugging Face configs as transformers 5.25.0 builds them:
-Baidu's ERNIE 4.5 MoE, Tencent's Hunyuan MoE, rednote's dots.llm1, MiniMax-M2 and Qwen3.5 (models/
-ernie4_5_moe, hunyuan_v1_moe, dots1, minimax_m2, qwen3_5, qwen3_5_moe); parameter counts by hand."""
+Baidu's ERNIE 4.5 MoE, Tencent's Hunyuan MoE, rednote's dots.llm1, MiniMax-M2, and the Gated DeltaNet
+hybrids Qwen3.5 and OLMo Hybrid (models/ernie4_5_moe, hunyuan_v1_moe, dots1, minimax_m2, qwen3_5,
+qwen3_5_moe, olmo_hybrid); parameter counts by hand."""
 from __future__ import annotations
 
 import pytest
@@ -139,3 +140,26 @@ def test_qwen35_moe_by_hand_from_its_multimodal_config():
     # Qwen3-Next's own configuration rotates a quarter of each head when the config says nothing
     assert model_from_hf_config(dict(model_type="qwen3_next", hidden_size=2048, num_hidden_layers=48,
                                      num_attention_heads=16, vocab_size=151936)).rotary_dim == 64
+
+
+def test_olmo_hybrid_by_hand():
+    """OLMo Hybrid (OlmoHybridConfig's defaults: 32 layers of 3,840, 30 heads): Gated DeltaNet in the
+    layers i % 4 != 3 (24), each with 30 key and 30 value heads of 96 and 192 (0.75 x 3,840 / 30 and
+    twice that), q, k, v, a, b and the gate projected apart (Qwen3-Next's one projection's work), a
+    4-wide convolution over q, k and v, the decay and step parameters and a gated norm; OLMo 3's
+    attention in the other 8 with q and k normed over the whole projection, no output gate and, as
+    the released checkpoints, no rotary embedding; every layer a SwiGLU of 11,008; untied
+    100,352-row tables: 7,430,870,688."""
+    m = model_from_hf_config(dict(model_type="olmo_hybrid", vocab_size=100352, hidden_size=3840,
+                                  intermediate_size=11008, num_hidden_layers=32, num_attention_heads=30))
+    h, V, kd, vd = 3840, 100352, 30 * 96, 30 * 192
+    gdn = 2 * h * kd + h * vd + 2 * h * 30 + h * vd + vd * h + (2 * kd + vd) * 4 + 2 * 30 + 192
+    attn = 4 * h * h + 2 * h
+    total = 24 * gdn + 8 * attn + 32 * (3 * h * 11008 + 2 * h) + 2 * V * h + h
+    assert m.params == total == 7_430_870_688
+    assert (m.gdn_layers, m.linear_key_head_dim, m.linear_value_head_dim) == (24, 96, 192)
+    assert not m.attention_output_gate
+    assert (m.position_embedding, m.qk_norm_width) == ("none", "projection")
+    rotary = model_from_hf_config(dict(model_type="olmo_hybrid", vocab_size=V, hidden_size=h, num_hidden_layers=32,
+                                       num_attention_heads=30, rope_parameters={"rope_theta": 500000.0}))
+    assert rotary.position_embedding == "rotary"

@@ -680,7 +680,7 @@ def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
         model_from_hf_config(cfg)
 
 
-@pytest.mark.parametrize("mtype", ["jetmoe", "gpt_neo", "afmoe", "olmo_hybrid", "apertus", ""])
+@pytest.mark.parametrize("mtype", ["jetmoe", "gpt_neo", "afmoe", "jais2", "apertus", ""])
 def test_hugging_face_types_phaze_does_not_read_are_refused(mtype):
     """A transformer type outside phaze's table (its norms, experts or local layers would be read
     as the nearest type's: JetMoE's experts as a dense FFN, GPT-Neo's local layers as global ones,
