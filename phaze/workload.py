@@ -790,6 +790,12 @@ def _model_from_yaml(data: dict, source: str) -> Model:
     f.int("published_params", None)  # the published count the tests compare against
     f.int("published_active_params", None)  # published parameters active per token (MoE)
     f.finish()
+    return check_model(model, source)
+
+
+def check_model(model: Model, source: str) -> Model:
+    """``model`` if phaze can cost what it combines, else one line naming the workload key that cannot
+    be (a workload file's, or for a Hugging Face config, the key phaze read its value into)."""
     _check_moe(model, source)
     if model.norm_affine == "weight_bias" and model.norm != "layernorm":
         raise ConfigError(source, "norm_affine", f"weight_bias is a LayerNorm's; an RMSNorm has a weight, got "
@@ -1018,9 +1024,8 @@ _HF_NOT_MODELLED = {
 }
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
-                 "qwen3_5_moe_text", "mistral4",
                  "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx", "phimoe", "ernie4_5_moe",
-                 "hunyuan_v1_moe", "dots1", "minimax_m2")
+                 "hunyuan_v1_moe", "dots1", "minimax_m2", "qwen3_5_moe_text", "mistral4")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
 # modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
@@ -1772,7 +1777,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         rot_dim = rot_dim if 0 < rot_dim < width else 0
         if rot_dim:
             notes.append(f"rotary embedding on {rot_dim} of each head's {width} dimensions")
-    return Model(
+    model = Model(
         name=name or cfg.get("_name_or_path") or type_name or "hf-model",
         architecture="encoder" if encoder else "decoder",
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
@@ -1789,6 +1794,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         qkv_bias=qkv_bias, sliding_window=window, parallel_block=block, rotary_dim=rot_dim, notes=tuple(notes),
         **extra,
     )
+    return check_model(model, source)
 
 
 def _hf_parallel_block(cfg: dict, mtype: str) -> str:
