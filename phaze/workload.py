@@ -1014,6 +1014,7 @@ _HF_NOT_MODELLED = {
     "glm5_next": "linear attention beside indexed sparse attention, with hyper-connections",
     **dict.fromkeys(("kimi_linear", "bailing_hybrid"), "delta-rule linear attention with a forget gate in most layers"),
     "longcat_flash": "zero-computation experts and two attention blocks a layer",
+    "jetmoe": "a mixture of attention heads (its attention's projections routed as experts)",
     "lfm2_moe": "short convolution layers beside attention",
     **dict.fromkeys(("gemma3n", "gemma3n_text", "gemma4", "gemma4_text"),
                     "per-layer input embeddings and layers that reuse another layer's keys and values"),

@@ -669,7 +669,7 @@ def test_yaml_aliases_are_bounded_under_either_parser(tmp_path, monkeypatch, loa
 
 
 @pytest.mark.parametrize("mtype", ["jamba", "minimax", "rwkv", "falcon_h1", "deepseek_v32", "mistral_large4_text",
-                                   "deepseek_v4", "kimi_linear", "longcat_flash", "gemma4"])
+                                   "deepseek_v4", "kimi_linear", "longcat_flash", "gemma4", "jetmoe"])
 def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
     """A state-space, recurrent, hybrid or sparse-attention config phaze cannot read is refused naming
     model_type and what it has, not read as a transformer of its width and depth (Mamba-2's,
@@ -680,11 +680,11 @@ def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
         model_from_hf_config(cfg)
 
 
-@pytest.mark.parametrize("mtype", ["jetmoe", "gpt_neo", "afmoe", "jais2", "apertus", ""])
+@pytest.mark.parametrize("mtype", ["gpt_neo", "afmoe", "jais2", "apertus", ""])
 def test_hugging_face_types_phaze_does_not_read_are_refused(mtype):
     """A transformer type outside phaze's table (its norms, experts or local layers would be read
-    as the nearest type's: JetMoE's experts as a dense FFN, GPT-Neo's local layers as global ones,
-    AfMoE's experts as a dense FFN, Apertus's xIELU as another activation) is refused
+    as the nearest type's: GPT-Neo's local layers as global ones, AfMoE's experts as a dense FFN,
+    Apertus's xIELU as another activation) is refused
     naming model_type and the types phaze reads."""
     cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
            "vocab_size": 50000, "num_experts": 60, "intermediate_size": 5632}
