@@ -888,11 +888,11 @@ def parallel_block_error(model: Model) -> str:
 
 def sandwich_error(model: Model) -> str:
     """Why ``model``'s norms after the attention and the FFN cannot be costed ('' when they can):
-    they are modelled for a pre-norm decoder's dense layers (Gemma 2 and 3)."""
-    what = model.sandwich_norm and _first_feature(model, "moe", "mla", "parallel_block", "hybrid", "gdn", "post",
-                                                  "mtp")
+    they are modelled for a pre-norm decoder's sequential layers, dense or with experts (Gemma 2 and
+    3; AfMoE), with ordinary attention."""
+    what = model.sandwich_norm and _first_feature(model, "mla", "parallel_block", "hybrid", "gdn", "post", "mtp")
     return (f"not modelled with {what}: norms after the attention and the FFN are costed for a pre-norm decoder's "
-            f"dense layers (Gemma 2 and 3); allowed: false") if what else ""
+            f"sequential layers with ordinary attention (Gemma 2 and 3, AfMoE); allowed: false") if what else ""
 
 
 def hybrid_views(model: Model) -> tuple[tuple[float, Model], ...]:
@@ -1026,7 +1026,7 @@ _HF_NOT_MODELLED = {
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
                  "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx", "phimoe", "ernie4_5_moe",
-                 "hunyuan_v1_moe", "dots1", "minimax_m2", "qwen3_5_moe_text", "mistral4")
+                 "hunyuan_v1_moe", "dots1", "minimax_m2", "qwen3_5_moe_text", "mistral4", "afmoe")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
 # modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
@@ -1035,7 +1035,7 @@ _HF_GATED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "glm4_moe", "smollm3", "cohere", "cohere2", "granite", "granitemoe", "granitemoeshared", "olmo",
              "stablelm", "glm", "glm4", "ministral", "seed_oss", "ernie4_5", "dbrx", "helium", "hunyuan_v1_dense",
              "exaone4", "phimoe", "minicpm3", "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "minimax_m2", "qwen3_5_text",
-             "qwen3_5_moe_text", "mistral4", "ministral3", "olmo_hybrid")
+             "qwen3_5_moe_text", "mistral4", "ministral3", "olmo_hybrid", "afmoe")
 # Qwen3.5's text models are Qwen3-Next's layers (Gated DeltaNet and gated full attention; dense or
 # with its experts), read as qwen3_next once their own class defaults are in (Qwen3_5TextConfig,
 # Qwen3_5MoeTextConfig)
@@ -1060,7 +1060,7 @@ _HF_WINDOW_ALL = ("mistral", "mixtral", "phi3", "starcoder2", "phimoe", "ministr
 _HF_WINDOW_OPT_IN = ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "smollm3")
 _HF_WINDOW_FROM = ("dots1",)   # from max_window_layers on without an opt-in (Dots1Config's layer_types)
 _HF_WINDOW_TYPED = ("gpt_oss", "gemma2", "gemma3_text", "olmo3", "cohere2",   # by layer_types, else their default
-                    "ministral", "exaone4")
+                    "ministral", "exaone4", "afmoe")
 # each type's configuration-class defaults of the keys this reader takes (transformers 5.25.0
 # models/<type>/configuration_<type>.py, its annotated class attributes; GLM-4.5's num_mtp_layers
 # under the name its attribute_map reads): a key the config leaves out is read as transformers builds
@@ -1152,6 +1152,9 @@ _HF_TYPE_DEFAULTS: dict[str, dict] = {
                  "n_shared_experts": 1, "n_routed_experts": 128, "kv_lora_rank": 256, "q_lora_rank": 1024,
                  "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64, "num_experts_per_tok": 4,
                  "hidden_act": "silu", "max_position_embeddings": 1048576},
+    "afmoe": {"intermediate_size": 6144, "moe_intermediate_size": 1408, "num_dense_layers": 1, "head_dim": 128,
+              "hidden_act": "silu", "max_position_embeddings": 16384, "num_experts": 64, "num_experts_per_tok": 6,
+              "num_shared_experts": 2, "global_attn_every_n_layers": 4, "sliding_window": 1024},
     "olmo_hybrid": {"intermediate_size": 11008, "hidden_act": "silu", "max_position_embeddings": 65536},
     "ministral3": {"intermediate_size": 14336, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
                    "max_position_embeddings": 262144},
@@ -1192,7 +1195,7 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
     out: dict = {}
     # per-head q and k RMSNorms (Hunyuan's after the rotary embedding, the others' before: the same work)
     if mtype in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text", "hunyuan_v1_dense", "exaone4", "hunyuan_v1_moe",
-                 "dots1") or (
+                 "dots1", "afmoe") or (
             mtype == "glm4_moe" and cfg.get("use_qk_norm")):
         out["qk_norm"] = True
     if mtype in ("olmo2", "olmo3", "olmoe", "minimax_m2", "olmo_hybrid"):   # one RMSNorm over the whole q and k
@@ -1204,13 +1207,15 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
                    logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
     if mtype == "glm4":   # GLM-4-0414: post_self_attn_layernorm and post_mlp_layernorm before the residual adds
         out["sandwich_norm"] = True
+    if mtype == "afmoe":   # AfMoE: a norm before and after the attention and the FFN, the attention's output
+        out.update(sandwich_norm=True, attention_output_gate=True)   # times sigmoid(gate_proj(x))
     experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0) or 0
     if mtype in _HF_MOE_TYPES and experts:
         out.update(experts=int(experts),
                    top_k=int(_first(cfg, "num_experts_per_tok", "experts_per_token", "moe_k", default=1)),
                    expert_ffn_hidden=int(_first(cfg, "moe_intermediate_size", default=ffn)),
-                   shared_experts=int(cfg.get("n_shared_experts") or 0),
-                   dense_layers=int(cfg.get("first_k_dense_replace") or 0))
+                   shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
+                   dense_layers=int(cfg.get("first_k_dense_replace") or cfg.get("num_dense_layers") or 0))
         if mtype == "llama4_text":   # transformers' Llama4TextMoe: one shared expert as wide as the routed
             out.update(shared_experts=1, ffn_hidden=int(cfg.get("intermediate_size_mlp") or ffn))  # ones
         out.update(_hf_moe_pattern(cfg, layers, out["dense_layers"], notes))
@@ -1286,7 +1291,8 @@ _HF_WHOLE_KEYS = (
     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "q_lora_rank", "kv_lora_rank",
     "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "n_group", "topk_group", "num_nextn_predict_layers",
     "sliding_window_pattern", "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq",
-    "full_attention_interval", "attention_chunk_size", "no_rope_layer_interval", "shared_intermediate_size")
+    "full_attention_interval", "attention_chunk_size", "no_rope_layer_interval", "shared_intermediate_size",
+    "num_dense_layers", "num_shared_experts", "global_attn_every_n_layers")
 _HF_NUMBER_KEYS = ("attn_logit_softcapping", "final_logit_softcapping", "expansion_ratio", "rotary_pct",
                    "partial_rotary_factor")
 _HF_LIST_KEYS = ("moe_layers", "mlp_only_layers", "no_rope_layers")
@@ -1360,7 +1366,8 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
     elif mtype in _HF_WINDOW_TYPED:
         every = {"gemma3_text": int(cfg.get("sliding_window_pattern") or 6), "olmo3": 4,
                  "cohere2": int(cfg.get("sliding_window_pattern") or 4),
-                 "exaone4": int(cfg.get("sliding_window_pattern") or 4)}.get(mtype, 2)
+                 "exaone4": int(cfg.get("sliding_window_pattern") or 4),
+                 "afmoe": int(cfg.get("global_attn_every_n_layers") or 4)}.get(mtype, 2)
         sliding = layers if mtype == "ministral" else sum(1 for i in range(layers) if (i + 1) % every)
     elif mtype == "smollm3":   # its layers without a rotary embedding
         sliding = layers - _hf_rope_layers(cfg, layers)
@@ -1371,6 +1378,16 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
     else:
         sliding = layers - min(layers, start)
     return (window, sliding / layers) if sliding and layers else (0, 1.0)
+
+
+def _hf_local_share(cfg: dict, layers: int) -> float:
+    """Share of an AfMoE config's layers that are local (``sliding_attention``): as ``layer_types``
+    marks them, else all but every ``global_attn_every_n_layers``-th (AfmoeConfig.__post_init__)."""
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list) and kinds:
+        return sum(k == "sliding_attention" for k in kinds) / len(kinds)
+    every = int(cfg.get("global_attn_every_n_layers") or 4)
+    return sum(1 for i in range(layers) if (i + 1) % every) / layers if layers else 1.0
 
 
 def _hf_count(cfg: dict, key: str, source: str, low: int = 0) -> int:
@@ -1757,6 +1774,12 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         extra["window_layer_share"] = share
     if mtype == "cohere2" and (not window or share < 1):   # only its windowed layers rotate (Cohere2Attention)
         extra["rope_layer_share"] = share if window else 0.0
+    if mtype == "afmoe":   # only its local (sliding_attention) layers rotate, window or not (AfmoeAttention)
+        local = _hf_local_share(cfg, layers)
+        if local < 1:
+            extra["rope_layer_share"] = local
+        if cfg.get("mup_enabled"):   # muP's input scaling: the embeddings times sqrt(hidden)
+            extra["embedding_scale"] = True
     if mtype == "exaone4" and window and share < 1:   # with a window only its windowed layers rotate
         extra["rope_layer_share"] = share             # (Exaone4Attention); without one every layer does
     if window or extra.get("attention_chunk"):

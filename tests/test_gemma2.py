@@ -114,21 +114,22 @@ def test_logit_softcap_runs_before_the_loss_and_keeps_the_tanh():
 
 def test_what_sandwich_norms_are_not_modelled_with_is_refused(tmp_path):
     """torchtitan's per-op recompute (which the post-norms would change) is refused for a sandwich
-    model, and so are sandwich norms with experts, MLA, a parallel block or Mamba-2 layers, and
-    soft-capped logits with multi-token prediction."""
+    model, and so are sandwich norms with MLA, a parallel block or Mamba-2 layers, and soft-capped
+    logits with multi-token prediction; with experts (AfMoE) they are costed."""
     m = load_model("gemma2-2b")
     with pytest.raises(ConfigError, match="recompute.*op"):
         check_plan(m, 8, 8, Plan(recompute="op"))
     path = tmp_path / "w.yaml"
     text = ("name: t\nlayers: 2\nhidden: 64\nheads: 4\nffn_hidden: 128\nvocab: 100\nseq_len: 32\n"
             "position_embedding: rotary\nsandwich_norm: true\n")
-    for extra, why in (("experts: 4\ntop_k: 2\n", "sandwich_norm.*a mixture of experts"),
-                       ("parallel_block: two_norms\n", "sandwich_norm.*a parallel block"),
+    for extra, why in (("parallel_block: two_norms\n", "sandwich_norm.*a parallel block"),
                        ("hybrid_pattern: M*\n", "sandwich_norm.*hybrid layers"),
                        ("sandwich_norm: false\nmtp_layers: 1\nlogit_softcap: 30\n", "mtp_layers.*logit_softcap")):
         path.write_text(text.replace("sandwich_norm: true\n", "") + extra if "sandwich_norm" in extra else text + extra)
         with pytest.raises(ConfigError, match=why):
             load_model(path)
+    path.write_text(text + "experts: 4\ntop_k: 2\n")
+    assert load_model(path).sandwich_norm and load_model(path).moe
 
 
 def test_hf_gemma2_and_gemma3_configs():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from phaze.configio import ConfigError
+from phaze.graph import layer_graph
 from phaze.workload import model_from_hf_config
 
 ERNIE_21B = dict(model_type="ernie4_5_moe", hidden_size=2560, intermediate_size=12288, num_hidden_layers=28,
@@ -163,3 +164,27 @@ def test_olmo_hybrid_by_hand():
     rotary = model_from_hf_config(dict(model_type="olmo_hybrid", vocab_size=V, hidden_size=h, num_hidden_layers=32,
                                        num_attention_heads=30, rope_parameters={"rope_theta": 500000.0}))
     assert rotary.position_embedding == "rotary"
+
+
+def test_afmoe_by_hand_with_norms_around_its_experts():
+    """AfMoE (AfmoeConfig's defaults: 32 layers of 2,048, 16 heads of 128): a norm before and after the
+    attention and the FFN, per-head q and k norms, the attention's output times sigmoid(gate_proj(x))
+    (a second query width), a dense first layer of 6,144, then 64 experts of 1,408, 6 a token, beside
+    a shared MLP of two experts' width; a 1,024-token window in three layers of four, only those
+    rotating; untied 200,192-row tables. The post-norms after the experts are costed as after a
+    dense FFN: one norm kernel over the layer's output each way, its input kept."""
+    m = model_from_hf_config(dict(model_type="afmoe", vocab_size=200192, hidden_size=2048, num_hidden_layers=32,
+                                  num_attention_heads=16))
+    h, V, E, k, f = 2048, 200192, 64, 6, 1408
+    attn = 5 * h * h + 2 * 128 + 4 * h        # q, its gate, k, v, o; q/k norms; four norms
+    total = 32 * attn + 3 * h * 6144 + 31 * (E * 3 * h * f + 2 * 3 * h * f + E * h) + 2 * V * h + h
+    assert m.params == total
+    assert m.active_params == total - 31 * (E - k) * 3 * h * f
+    assert (m.sandwich_norm, m.attention_output_gate, m.qk_norm, m.dense_layers, m.shared_experts) == \
+        (True, True, True, 1, 2)
+    assert (m.sliding_window, m.window_layer_share, m.rope_layer_share) == (1024, 0.75, 0.75)
+    names = [o.name for o in layer_graph(m, 1).fwd]
+    assert names.index("unpermute") < names.index("ffn_post_norm") < names.index("ffn_residual")
+    mup = model_from_hf_config(dict(model_type="afmoe", vocab_size=V, hidden_size=h, num_hidden_layers=32,
+                                    num_attention_heads=16, mup_enabled=True))
+    assert mup.embedding_scale and not m.embedding_scale

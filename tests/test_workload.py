@@ -680,11 +680,11 @@ def test_hugging_face_configs_without_attention_layers_are_refused(mtype):
         model_from_hf_config(cfg)
 
 
-@pytest.mark.parametrize("mtype", ["gpt_neo", "afmoe", "jais2", "apertus", ""])
+@pytest.mark.parametrize("mtype", ["gpt_neo", "jais2", "apertus", "cohere2_moe", ""])
 def test_hugging_face_types_phaze_does_not_read_are_refused(mtype):
     """A transformer type outside phaze's table (its norms, experts or local layers would be read
-    as the nearest type's: GPT-Neo's local layers as global ones, AfMoE's experts as a dense FFN,
-    Apertus's xIELU as another activation) is refused
+    as the nearest type's: GPT-Neo's local layers as global ones, Apertus's xIELU as another
+    activation, Cohere 2 MoE's experts as a dense FFN) is refused
     naming model_type and the types phaze reads."""
     cfg = {"model_type": mtype, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
            "vocab_size": 50000, "num_experts": 60, "intermediate_size": 5632}
