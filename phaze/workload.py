@@ -1026,7 +1026,7 @@ _HF_NOT_MODELLED = {
 
 _HF_MOE_TYPES = ("mixtral", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
                  "qwen2_moe", "olmoe", "glm4_moe", "granitemoe", "granitemoeshared", "dbrx", "phimoe", "ernie4_5_moe",
-                 "hunyuan_v1_moe", "dots1", "minimax_m2", "qwen3_5_moe_text", "mistral4", "afmoe")
+                 "hunyuan_v1_moe", "dots1", "minimax_m2", "mistral4", "afmoe")
 # the transformer types phaze reads, each as transformers 5.25.0 builds it (models/<type>/
 # modeling_<type>.py); any other is refused, never read as the nearest one. Gated FFNs (a
 # gate_proj beside the up_proj, or one gate_up_proj: SwiGLU under silu, GeGLU under a GELU) ...
@@ -1252,8 +1252,6 @@ def _hf_moe_fields(cfg: dict, mtype: str, ffn: int, layers: int, notes: list, so
                    qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
                    head_dim=int(cfg.get("qk_nope_head_dim") or 0) + int(cfg.get("qk_rope_head_dim") or 0),
                    v_head_dim=int(v))
-    if mtype in ("ernie4_5_moe", "hunyuan_v1_moe") and experts and cfg.get("shared_ffn"):   # one shared MLP
-        out.update(shared_experts=1, shared_expert_ffn_hidden=int(cfg["shared_ffn"]))   # beside the routed experts
     if mtype == "ernie4_5_moe":
         out["mtp_layers"] = int(cfg.get("num_nextn_predict_layers") or cfg.get("num_mtp_layers") or 0)
     if mtype in ("deepseek_v2", "deepseek_v3", "glm4_moe", "dots1", "mistral4"):   # node-limited routing, MTP
@@ -1358,6 +1356,13 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
         return 0, 1.0
     if mtype not in _HF_WINDOW_OPT_IN + _HF_WINDOW_TYPED + _HF_WINDOW_FROM:
         return 0, 1.0
+    sliding = _hf_sliding_layers(cfg, mtype, layers)
+    return (window, sliding / layers) if sliding and layers else (0, 1.0)
+
+
+def _hf_sliding_layers(cfg: dict, mtype: str, layers: int) -> int:
+    """How many of a Hugging Face config's ``layers`` are marked local (``sliding_attention``): as
+    ``layer_types`` marks them, else by its type's default pattern (AfMoE's rotate, window or not)."""
     kinds = cfg.get("layer_types")
     start = cfg.get("max_window_layers")
     start = start if isinstance(start, int) and start >= 0 else 28   # Qwen's configuration default
@@ -1377,24 +1382,16 @@ def _hf_window(cfg: dict, mtype: str, layers: int) -> tuple[int, float]:
         sliding = sum(1 for i in range(layers) if (i + 1) % 2 and i < start)
     else:
         sliding = layers - min(layers, start)
-    return (window, sliding / layers) if sliding and layers else (0, 1.0)
+    return sliding
 
 
-def _hf_local_share(cfg: dict, layers: int) -> float:
-    """Share of an AfMoE config's layers that are local (``sliding_attention``): as ``layer_types``
-    marks them, else all but every ``global_attn_every_n_layers``-th (AfmoeConfig.__post_init__)."""
-    kinds = cfg.get("layer_types")
-    if isinstance(kinds, list) and kinds:
-        return sum(k == "sliding_attention" for k in kinds) / len(kinds)
-    every = int(cfg.get("global_attn_every_n_layers") or 4)
-    return sum(1 for i in range(layers) if (i + 1) % every) / layers if layers else 1.0
-
-
-def _hf_count(cfg: dict, key: str, source: str, low: int = 0) -> int:
-    """A count of a Hugging Face config that must be a whole number of at least ``low``."""
-    value = cfg.get(key)
+def _hf_count(d: dict, key: str, source: str, low: int = 0, default=None, where: str = "") -> int:
+    """The count ``key`` of a Hugging Face config (or of its nested config ``where``; ``default``
+    when left out), refused naming it unless a whole number of at least ``low``."""
+    value = d.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(source, key, f"must be a whole number of at least {low}, got {value!r}")
+        allowed = "a positive whole number" if low == 1 else f"a whole number of at least {low}"
+        raise ConfigError(source, f"{where}.{key}" if where else key, f"must be {allowed}, got {value!r}")
     return value
 
 
@@ -1403,7 +1400,8 @@ def _hf_ernie_moe(cfg: dict, source: str) -> dict:
     ``moe_layer_start_index`` to ``moe_layer_end_index`` (-1: the last) that are the last of every
     ``moe_layer_interval`` (Ernie4_5_MoeDecoderLayer), as ``moe_layers`` after the dense ones before
     the first; its experts' counts under the common names; its shared MLP as wide as
-    ``moe_num_shared_experts`` experts (Ernie4_5_MoeSparseMoeBlock); none: a dense model."""
+    ``moe_num_shared_experts`` experts (Ernie4_5_MoeSparseMoeBlock), as that many shared experts (the
+    same work); none: a dense model."""
     layers = cfg.get("num_hidden_layers")
     if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
         return cfg   # refused by the common check
@@ -1412,18 +1410,19 @@ def _hf_ernie_moe(cfg: dict, source: str) -> dict:
     end = layers - 1 if end == -1 else end
     moe = [i for i in range(layers) if (i + 1) % every == 0 and start <= i <= end]
     experts, k = _hf_count(cfg, "moe_num_experts", source), _hf_count(cfg, "moe_k", source)
-    shared = _hf_count(cfg, "moe_num_shared_experts", source) * _hf_count(cfg, "moe_intermediate_size", source)
+    shared = _hf_count(cfg, "moe_num_shared_experts", source)
+    _hf_count(cfg, "moe_intermediate_size", source)   # the experts' width given (a null is not the dense one)
     if not moe or not experts:
         return {**cfg, "moe_num_experts": 0}
     # the dense layers before the pattern: as many as puts the first MoE layer last of its interval
     return {**cfg, "num_experts": experts, "num_experts_per_tok": k, "first_k_dense_replace": start - start % every,
-            "moe_layers": moe, "shared_ffn": shared}
+            "moe_layers": moe, "n_shared_experts": shared}
 
 
 def _hf_hunyuan_moe(cfg: dict, source: str) -> dict:
     """A Hunyuan MoE config in the keys the expert reader takes: ``moe_topk`` (one count, or one a
     layer, which must agree: phaze costs one top-k for every MoE layer) and its shared MLP, as wide as
-    each expert (``intermediate_size``; HunYuanMoEV1Moe.shared_mlp)."""
+    each expert (``intermediate_size``; HunYuanMoEV1Moe.shared_mlp): one shared expert."""
     k = cfg.get("moe_topk")
     if isinstance(k, list):
         if not k or len(set(map(str, k))) > 1:
@@ -1435,7 +1434,7 @@ def _hf_hunyuan_moe(cfg: dict, source: str) -> dict:
     # transformers builds every expert as wide as intermediate_size; a checkpoint's per-layer
     # moe_intermediate_size list is not read
     out = {key: v for key, v in cfg.items() if key != "moe_intermediate_size"}
-    return {**out, "num_experts_per_tok": k, "shared_ffn": cfg.get("intermediate_size") or 0}
+    return {**out, "num_experts_per_tok": k, "n_shared_experts": 1}
 
 
 def _hf_moe_pattern(cfg: dict, layers: int, dense: int, notes: list) -> dict:
@@ -1567,15 +1566,6 @@ def _hf_nested(cfg: dict, key: str, source: str) -> dict:
     return d
 
 
-def _hf_nested_count(d: dict, where: str, key: str, default, source: str) -> int:
-    """The count ``key`` of the nested config ``where`` (``default`` when left out), refused naming
-    both unless a positive whole number."""
-    value = d.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(source, f"{where}.{key}", f"must be a positive whole number, got {value!r}")
-    return value
-
-
 def _hf_dbrx_flat(cfg: dict, attn: dict, source: str) -> dict:
     """DBRX's nested configs as the flat keys the reader takes: from ``ffn_config`` (DbrxFFNConfig)
     its experts' width, count and top-k and the activation its GLU experts run, from ``attn_config``
@@ -1583,10 +1573,12 @@ def _hf_dbrx_flat(cfg: dict, attn: dict, source: str) -> dict:
     is left out."""
     ffn = _hf_nested(cfg, "ffn_config", source)
     act = ffn.get("ffn_act_fn") or {"name": "silu"}
-    return {**cfg, "intermediate_size": _hf_nested_count(ffn, "ffn_config", "ffn_hidden_size", 3584, source),
-            "num_local_experts": _hf_nested_count(ffn, "ffn_config", "moe_num_experts", 4, source),
-            "num_experts_per_tok": _hf_nested_count(ffn, "ffn_config", "moe_top_k", 1, source),
-            "num_key_value_heads": _hf_nested_count(attn, "attn_config", "kv_n_heads", 1, source),
+    def count(d, where, key, default):
+        return _hf_count(d, key, source, 1, default, where)
+    return {**cfg, "intermediate_size": count(ffn, "ffn_config", "ffn_hidden_size", 3584),
+            "num_local_experts": count(ffn, "ffn_config", "moe_num_experts", 4),
+            "num_experts_per_tok": count(ffn, "ffn_config", "moe_top_k", 1),
+            "num_key_value_heads": count(attn, "attn_config", "kv_n_heads", 1),
             "hidden_act": act.get("name", "silu") if isinstance(act, dict) else act}
 
 
@@ -1635,7 +1627,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
             raise ConfigError(source, key, f"must be a positive integer, got {value!r}")
     kv_n = attn_cfg.get("kv_n_heads")     # MPT's: null falls back to the heads
     if kv_n is not None:
-        _hf_nested_count(attn_cfg, "attn_config", "kv_n_heads", None, source)
+        _hf_count(attn_cfg, "kv_n_heads", source, 1, where="attn_config")
     kv_heads = _first(cfg, "num_key_value_heads", default=None) or kv_n or heads
     if mtype == "falcon":   # transformers' FalconAttention: the new decoder's KV heads, else multi-query
         if cfg.get("new_decoder_architecture"):
@@ -1747,15 +1739,11 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
         notes.append("Phi-MoE: its SparseMixer router costed as a top-k softmax router"
                      + (f"; its head's bias ({cfg['vocab_size']} values) is not counted" if cfg.get("lm_head_bias")
                         else ""))
-    if mtype == "olmo_hybrid":
-        notes.append("OLMo Hybrid: its attention layers' norms on the attention's and the FFN's outputs, before the "
-                     "residual adds, costed as the pre-norms they replace")
-    if mtype == "exaone4":
-        notes.append("EXAONE 4: its norms on the attention's and the FFN's outputs, before the residual adds, costed "
-                     "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
-    if mtype in ("olmo2", "olmo3"):
-        notes.append("OLMo 2: its norms on the attention's and the FFN's outputs, before the residual adds, costed "
-                     "as the pre-norms they replace (as many, of the same shape, each keeping its input)")
+    outputs_normed = {"olmo2": "OLMo 2: its", "olmo3": "OLMo 2: its", "exaone4": "EXAONE 4: its",
+                      "olmo_hybrid": "OLMo Hybrid: its attention layers'"}.get(mtype)
+    if outputs_normed:
+        notes.append(f"{outputs_normed} norms on the attention's and the FFN's outputs, before the residual adds, "
+                     f"costed as the pre-norms they replace (as many, of the same shape, each keeping its input)")
     if mtype in ("olmo", "olmoe") and cfg.get("clip_qkv"):
         notes.append(f"OLMo: clip_qkv's clamp of q, k and v to ±{cfg['clip_qkv']} is not costed")
     if mtype == "dbrx" and attn_cfg.get("clip_qkv"):
@@ -1775,7 +1763,7 @@ def model_from_hf_config(cfg: dict, source: str = "config.json", name: str | Non
     if mtype == "cohere2" and (not window or share < 1):   # only its windowed layers rotate (Cohere2Attention)
         extra["rope_layer_share"] = share if window else 0.0
     if mtype == "afmoe":   # only its local (sliding_attention) layers rotate, window or not (AfmoeAttention)
-        local = _hf_local_share(cfg, layers)
+        local = _hf_sliding_layers(cfg, mtype, layers) / layers
         if local < 1:
             extra["rope_layer_share"] = local
         if cfg.get("mup_enabled"):   # muP's input scaling: the embeddings times sqrt(hidden)

@@ -31,7 +31,7 @@ def test_ernie45_moe_by_hand():
     assert m.params == total == 21_825_436_160
     assert m.active_params == total - 27 * (E - k) * 3 * h * f == 3_352_148_480
     assert (m.experts, m.top_k, m.expert_ffn_hidden) == (E, k, f)
-    assert (m.shared_experts, m.shared_expert_ffn_hidden) == (1, 2 * f)
+    assert (m.shared_experts, m.shared_ffn) == (2, f)   # one shared MLP of two experts' width: the same work
     assert (m.dense_layers, m.moe_layer_interval, m.mtp_layers, m.tied_embeddings) == (1, 1, 1, True)
 
 
@@ -70,7 +70,7 @@ def test_hunyuan_moe_by_hand():
     layer = 2 * h * h + 2 * h * kv + 2 * 128 + 2 * h + E * 3 * h * f + 3 * h * f + E * h
     assert m.params == 32 * layer + V * h + h == 80_393_183_232
     assert m.active_params == m.params - 32 * (E - k) * 3 * h * f == 12_747_448_320
-    assert (m.top_k, m.shared_experts, m.shared_expert_ffn_hidden, m.qk_norm) == (k, 1, f, True)
+    assert (m.top_k, m.shared_experts, m.shared_ffn, m.qk_norm) == (k, 1, f, True)
     with pytest.raises(ConfigError, match="field 'moe_topk': must be one count, or the same count for every layer"):
         model_from_hf_config({**HUNYUAN_A13B, "moe_topk": [8] * 31 + [4]})
     assert model_from_hf_config({**HUNYUAN_A13B, "moe_topk": 2}).top_k == 2
