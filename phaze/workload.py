@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from .configio import ConfigError, Fields, config_dirs, read_mapping, resolve_config
+from .configio import MAX_INT, ConfigError, Fields, config_dirs, read_mapping, resolve_config
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
 # the FFN's activation: ``gelu`` and ``relu`` (squared ReLU costed as ReLU) between two linears;
@@ -1310,13 +1310,15 @@ def _hf_rope_layers(cfg: dict, layers: int) -> int:
 def _check_hf_numbers(cfg: dict, source: str) -> None:
     """Refuse, naming the key, a count or number of a Hugging Face config that is not one
     (:data:`_HF_WHOLE_KEYS`, :data:`_HF_NUMBER_KEYS`, :data:`_HF_LIST_KEYS`)."""
-    def number(value) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    def number(value) -> bool:   # at most MAX_INT: a larger one is no model's (1e308 overflowed int() later)
+        return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and 0 <= value <= MAX_INT)
     for key in _HF_WHOLE_KEYS + _HF_NUMBER_KEYS:
         value = cfg.get(key)
         if value is not None and not (number(value) and (key in _HF_NUMBER_KEYS or float(value).is_integer())):
             kind = "a number" if key in _HF_NUMBER_KEYS else "a whole number"
-            raise ConfigError(source, key, f"must be {kind} of at least 0 (or null), got {value!r}")
+            raise ConfigError(source, key, f"must be {kind} of at least 0 and at most {MAX_INT:.0e} (or null), "
+                                           f"got {value!r}")
     for key in _HF_LIST_KEYS:
         value = cfg.get(key)
         if value is not None and not (isinstance(value, list) and all(number(i) and float(i).is_integer()

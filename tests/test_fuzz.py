@@ -93,7 +93,7 @@ def mutated_hf_config(root: Path, rng: random.Random) -> Path:
     cfg = {"model_type": rng.choice(list(_HF_GATED + _HF_PLAIN) + ["gemma3", "llama4", "olmo_hybrid", "", 7]),
            "hidden_size": 64, "num_hidden_layers": rng.choice([1, 2, 4]), "num_attention_heads": 4,
            "vocab_size": 100, "intermediate_size": 128}
-    junk = [-1, 0, 1, 2, 3, 4, 1.5, 1e400, "abc", "", None, True, [1], {"a": 1}]
+    junk = [-1, 0, 1, 2, 3, 4, 1.5, 1e400, 1e308, "abc", "", None, True, [1], {"a": 1}]
     nested = [{"kv_n_heads": rng.choice(junk)}, {"alibi": rng.choice(junk), "rope": rng.choice(junk)},
               {"moe_num_experts": rng.choice(junk), "moe_top_k": rng.choice(junk),
                "ffn_hidden_size": rng.choice(junk), "ffn_act_fn": rng.choice(junk + [{"name": "gelu"}])}]

@@ -924,10 +924,14 @@ def test_hf_dbrx_by_hand():
                                           ({"model_type": "mpt", "attn_config": {"kv_n_heads": "8"}},
                                            "attn_config.kv_n_heads"),
                                           ({"model_type": "llama4_text", "layer_types": 3}, "layer_types"),
-                                          ({"model_type": "gemma2", "layer_types": [1, 2]}, "layer_types")])
+                                          ({"model_type": "gemma2", "layer_types": [1, 2]}, "layer_types"),
+                                          ({"model_type": "ministral", "head_dim": 1e308}, "head_dim"),
+                                          ({"model_type": "granite", "partial_rotary_factor": 1e308},
+                                           "partial_rotary_factor")])
 def test_hf_nested_and_layer_type_junk_is_refused_naming_the_key(change, field):
     """Found by a longer run of the fuzz benchmark's config mutator: an MPT attn_config that is not a
-    mapping, and a layer_types that is not a list of names, were tracebacks."""
+    mapping, and a layer_types that is not a list of names, were tracebacks; so was a finite but huge
+    head width or rotary share (1e308: an OverflowError in int()), now refused above 1e15."""
     cfg = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 100,
            "intermediate_size": 128, **change}
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
