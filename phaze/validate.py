@@ -89,6 +89,7 @@ from .workload import (
     GATED_ACTIVATIONS,
     KV_REPEATS,
     PARALLEL_BLOCKS,
+    PEFT_REASON,
     ROTARY_KERNELS,
     SOFTMAX_KERNELS,
     Model,
@@ -437,9 +438,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         raise ValueError(moe)
     peft = _text(row, "peft").lower()
     if peft not in ("", "none", "full"):
-        raise ValueError(f"column 'peft' {peft}: parameter-efficient fine-tuning (adapters trained on frozen "
-                         f"weights, with no weight gradients, gradient reduction or optimizer state for the "
-                         f"base model) is not modelled; allowed: blank, none or full (full training)")
+        raise ValueError(f"column 'peft' {peft}: parameter-efficient fine-tuning ({PEFT_REASON}) is not modelled; "
+                         f"allowed: blank, none or full (full training)")
     named_peft = peft_error(_text(row, "model"))
     if named_peft and not peft:
         raise ValueError(f"model {named_peft}")

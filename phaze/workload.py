@@ -1844,6 +1844,9 @@ VARIANT_WORDS = ("hf", "base", "instruct", "chat", "sft", "it")
 # without the base model's weight gradients, their reduction or its optimizer, which phaze does not
 # model; such a name is refused (:func:`peft_error`) rather than read as full training of the network
 PEFT_WORDS = ("lora", "qlora", "dora", "peft", "ptuning", "prefixtuning", "adapter", "adapters")
+# what such a step is, which phaze does not cost (a name's refusal and validate's ``peft`` column's)
+PEFT_REASON = ("adapters trained on frozen weights, with no weight gradients, gradient reduction or optimizer "
+               "state for the base model")
 
 
 def peft_error(name: str) -> str:
@@ -1853,9 +1856,8 @@ def peft_error(name: str) -> str:
     found = next((w for w in words if w in PEFT_WORDS), "")
     if not found:
         return ""
-    return (f"{name!r} names parameter-efficient fine-tuning ({found}): adapters trained on frozen "
-            f"weights, with no weight gradients, gradient reduction or optimizer state for the base "
-            f"model, are not modelled (phaze costs full training of every weight)")
+    return (f"{name!r} names parameter-efficient fine-tuning ({found}): {PEFT_REASON}, are not modelled "
+            f"(phaze costs full training of every weight)")
 
 
 def name_key(name: str) -> str:
