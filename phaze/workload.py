@@ -1515,7 +1515,7 @@ def _hf_hybrid(cfg: dict, mtype: str, source: str, name: str | None) -> Model:
     (Mamba-2 layers only: num_heads, head_dim, state_size)."""
     def whole(key, *keys, default=None):
         value = _first(cfg, key, *keys, default=default)
-        if not isinstance(value, int) or value <= 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(source, key, f"must be a positive integer, got {value!r}")
         return value
     hidden, layers, vocab = whole("hidden_size"), whole("num_hidden_layers"), whole("vocab_size")

@@ -219,6 +219,9 @@ def test_mamba2_hugging_face_config_is_mamba_layers_only():
     assert r.step_time_s > 0
     with pytest.raises(ConfigError, match="groups \\(1\\)"):   # one group: Megatron-Core asserts tp divides it
         evaluate(m, load_chip("h100-sxm"), 8, 16, parse_plan("tp=2,mbs=1,sp=1"))
+    for key in ("num_hidden_layers", "num_heads"):   # a JSON true is not a count of one
+        with pytest.raises(ConfigError, match=f"field '{key}': must be a positive integer, got True"):
+            model_from_hf_config({**cfg, key: True})
 
 
 # Dao and Gu's Mamba-2 sizes (NeMo 2.5.0 BaseMambaConfig*): name -> (layers, hidden, published size)
