@@ -464,8 +464,9 @@ def test_time_limit_returns_a_flagged_schedule(limit):
 
 def test_a_wall_time_stop_is_flagged_when_cpsat_reports_less_time(monkeypatch):
     """On a loaded machine CP-SAT stopped by its wall-time limit reported a wall time short of
-    it (CI, 2026-12-07: UNKNOWN at 0.0015 units of work, the note without the limit): the time
-    read around the call decides too, so the note names the limit whatever CP-SAT reports."""
+    it (CI, 2026-12-07: UNKNOWN at 0.0015 units of work, the note without the limit; under load it
+    even stopped before the limit by the clock around the call): a stop short of its work is the
+    wall-time limit's, so the note names the limit whatever CP-SAT reports."""
     from ortools.sat.python import cp_model
 
     class ShortClock(cp_model.CpSolver):
