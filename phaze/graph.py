@@ -43,7 +43,10 @@ class ExpertLayout:
     (``etp`` apart), ``etp`` expert-tensor-parallel ranks sharing each expert's FFN width, and
     ``load``, the busiest rank's tokens over the mean (1: balanced). ``nodes`` > 1: the ep ranks
     span that many nodes and the dispatcher sends each token once per node it is routed to, then
-    forwards it inside the node (DeepEP's internode kernels); 1: one flat all-to-all."""
+    forwards it inside the node (DeepEP's internode kernels); 1: one flat all-to-all.
+    ``deepep``: DeepEP's dispatcher (a token once to each rank its experts are on, permuted on the
+    receiving rank); False: Megatron-Core's all-to-all dispatcher (a copy per expert, the received
+    copies sorted by local expert)."""
 
     ep: int = 1
     etp: int = 1
@@ -51,6 +54,7 @@ class ExpertLayout:
     nodes: int = 1
     overlap: bool = False   # the all-to-alls run under another micro-batch's compute (1F1B overlap)
     shared_overlap: bool = False   # the shared experts run beside the all-to-alls (their own stream)
+    deepep: bool = False
 
     def node_share(self, experts: int, top_k: int) -> float:
         """Probability that a token's top-k experts (distinct, uniform) include one of a given
@@ -726,21 +730,28 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         linear(fb, n("kv_up"), T, r_kv, a_t * (nope + model.v_head_dim))
 
     def moe_ffn(fb: _Builder, n, tail: bool = True) -> None:
-        """A mixture of experts (Megatron-Core's all-to-all dispatcher): each rank routes its
-        T/tp tokens (router GEMM, top-k softmax), permutes the top_k copies by expert, sends them
-        to the experts' ranks (all-to-all over ep), gathers them over etp, runs its experts/ep
-        local experts as one grouped GEMM (``load`` x the mean tokens on the busiest rank),
-        reduce-scatters over etp, sends the results back and un-permutes them (weighted sum).
+        """A mixture of experts as Megatron-Core 0.16.1 runs it (``transformer/moe/``): each rank
+        routes its T/tp tokens (router GEMM, top-k softmax). Its all-to-all dispatcher permutes
+        the top_k copies by expert, sends them to the experts' ranks (all-to-all over ep), gathers
+        them over etp, sorts them by local expert when a rank holds several
+        (``sort_chunks_by_idxs``), runs its experts/ep local experts as one grouped GEMM (``load``
+        x the mean tokens on the busiest rank), sorts them back, reduce-scatters over etp, sends
+        the results back and un-permutes them (weighted sum). DeepEP's (``deepep``: the flex
+        dispatcher's ``_DeepepManager``) sends each token once to each rank (or, across
+        nodes, node) its experts are on, and permutes and un-permutes on the receiving rank.
         Shared experts are a tensor-parallel dense FFN beside it."""
         lay = moe or ExpertLayout()
         E, k = model.experts, model.top_k
+        deepep = lay.deepep
 
         def dispatch(fb: _Builder, what: str) -> None:
-            """The token all-to-all over ep: flat, or once per destination node over the network
-            (group ``ep_node``; DeepEP forwards the tokens inside each node over NVLink while the
-            network transfer runs, so only the network stage, the slower, is costed)."""
+            """The token all-to-all over ep: flat (one copy per expert, or with DeepEP per rank),
+            or once per destination node over the network (group ``ep_node``; DeepEP forwards the
+            tokens inside each node over NVLink while the network transfer runs, so only the
+            network stage, the slower, is costed)."""
             if lay.nodes <= 1:
-                _coll(fb, n(f"{what}.all_to_all"), "all_to_all", "ep", p * lay.load * sent * h)
+                copies = Tm * ranks if deepep else sent
+                _coll(fb, n(f"{what}.all_to_all"), "all_to_all", "ep", p * lay.load * copies * h)
                 return
             once = p * lay.load * Tm * h * lay.nodes_per_token(E, k, model.router_groups, model.router_group_topk)
             _coll(fb, n(f"{what}.internode"), "all_to_all", "ep_node", once)
@@ -752,23 +763,38 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         per_expert = max(1, math.ceil(recv / local))
         ef = model.expert_ffn // lay.etp
         gated = model.gated
+        # DeepEP: the ranks a token's experts are on (one copy each), the tokens the busiest rank
+        # receives (its permute's input, its un-permute's output)
+        ranks = (replace(lay, nodes=lay.ep).nodes_per_token(E, k, model.router_groups, model.router_group_topk)
+                 if deepep and lay.ep > 1 else float(k))
+        held = lay.load * lay.etp * Tm * ranks
         linear(fb, n("router"), Tm, h, E)
         _vector(fb, n("router_topk"), Tm * E, p, flops_per_element=6, special_per_element=1)
-        _vector(fb, n("permute"), sent * h, p, flops_per_element=0)
+        if not deepep:
+            _vector(fb, n("permute"), sent * h, p, flops_per_element=0)
         if lay.ep > 1:
             dispatch(fb, "dispatch")
         if lay.etp > 1:
-            _coll(fb, n("dispatch.all_gather"), "all_gather", "etp", p * recv * h)
+            _coll(fb, n("dispatch.all_gather"), "all_gather", "etp", p * (held if deepep else recv) * h)
+        if deepep:
+            _vector(fb, n("permute"), recv * h, p, reads=held / recv, flops_per_element=0)
+        sort = not deepep and local > 1
+        if sort:   # the received chunks (by source rank, then expert) sorted by local expert
+            _vector(fb, n("sort_chunks"), recv * h, p, flops_per_element=0, grad="scale")
         grouped(fb, n("expert_up"), local, per_expert, h, ef * (2 if gated else 1))
         activation(fb, n("expert_" + model.activation), local * per_expert * ef)
         grouped(fb, n("expert_down"), local, per_expert, ef, h)
-        if lay.etp > 1:
-            _coll(fb, n("combine.reduce_scatter"), "reduce_scatter", "etp", p * recv * h)
-        if lay.ep > 1:
-            dispatch(fb, "combine")
+        if sort:
+            _vector(fb, n("unsort_chunks"), recv * h, p, flops_per_element=0, grad="scale")
         # the combined expert outputs are read back (the gradient of the routing weights), their
         # weighted sum is not
-        if tail:
+        if deepep and tail:
+            _vector(fb, n("unpermute"), recv * h, p, writes=held / recv, flops_per_element=2)
+        if lay.etp > 1:
+            _coll(fb, n("combine.reduce_scatter"), "reduce_scatter", "etp", p * (held if deepep else recv) * h)
+        if lay.ep > 1:
+            dispatch(fb, "combine")
+        if not deepep and tail:
             _vector(fb, n("unpermute"), sent * h, p, writes=1.0 / k, flops_per_element=2)
         if model.shared_experts:
             sf = model.shared_experts * model.shared_ffn // t

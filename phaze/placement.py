@@ -651,8 +651,7 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
             pipe_schedule: str = "1f1b"):
     """Every valid layout of the option space under ``pipe_schedule``, as base plans. With
     ``chip``, of the shard groupings (``dp_shard``) and dispatchers that give a layout the same
-    group of ranks and the same expert layout on it (DeepEP inside one node is the flat
-    all-to-all) only the first is kept: they are the same plan."""
+    group of ranks and the same expert layout on it only the first is kept: they are the same plan."""
     zeros = options.zero_stages
     dispatchers, overlaps = dispatcher_values(model, options), ep_overlap_values(model, options)
     same_plans = chip is not None and (len(options.dp_shards) > 1 or len(dispatchers) > 1)

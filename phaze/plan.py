@@ -247,8 +247,9 @@ class Plan:
     ``--moe-router-force-load-balancing``), ``dropless`` real routing (the busiest rank gets more
     than the mean), ``capacity`` tokens capped at the model's capacity factor (padded to it); blank:
     ``capacity`` when the model has a capacity factor, else ``dropless``. ``dispatcher``: the
-    token all-to-all, ``alltoall`` (one flat all-to-all over ep, Megatron's default) or ``deepep``
-    (DeepEP: across nodes each token is sent once per destination node, then forwarded inside it);
+    token all-to-all, ``alltoall`` (one flat all-to-all over ep of a copy per expert, Megatron's
+    default) or ``deepep`` (DeepEP: a token sent once to each rank its experts are on, across nodes
+    once per destination node, then forwarded inside it, and permuted on the receiving rank);
     ``ep_overlap`` hides the all-to-alls under another micro-batch's compute (Megatron-Core's
     ``--overlap-moe-expert-parallel-comm``, the "1F1B overlap" of its MoE guide);
     ``shared_overlap`` runs the shared experts on a stream of their own beside the token

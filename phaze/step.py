@@ -196,7 +196,7 @@ def expert_layout(model: Model, plan: Plan, chip: Chip | None = None, mean: bool
         local = max(1, min(plan.ep, chip.links[0].devices // plan.etp))
         nodes = plan.ep // local if plan.ep % local == 0 else 1
     return ExpertLayout(plan.ep, plan.etp, load, nodes, plan.ep_overlap,
-                        plan.shared_overlap and model.shared_experts > 0)
+                        plan.shared_overlap and model.shared_experts > 0, plan.dispatcher == "deepep")
 
 
 # Megatron-Core's --moe-shared-expert-overlap (megatron-core 0.16.1 transformer/moe/shared_experts.py,

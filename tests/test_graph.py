@@ -552,7 +552,8 @@ def test_expert_modules_by_hand():
     base = act(qwen, 1, 1, False, "selective", "flash")
     assert base - act(qwen, 1, 1, False, "selective+moe_act", "flash") == pytest.approx(2 * s * k * ef)
     moe_ops = [o.name for o in layer_graph(qwen, 1, 1, False, "flash", "none", lay).fwd
-               if o.name.startswith(("router", "permute", "dispatch", "expert", "combine", "unpermute"))]
+               if o.name.startswith(("router", "permute", "dispatch", "sort_chunks", "expert", "unsort_chunks",
+                                     "combine", "unpermute"))]
     assert _reruns(qwen, "selective+moe", moe=lay) == moe_ops
     assert "dispatch.all_to_all" in moe_ops and "combine.all_to_all" in moe_ops
     assert base - act(qwen, 1, 1, False, "selective+moe", "flash") == pytest.approx(moe_activation_bytes(qwen, s, 1))

@@ -343,6 +343,51 @@ def test_deepep_sends_each_token_once_per_node():
     assert parse_plan(plan.label()) == plan
 
 
+def test_dispatchers_move_the_tokens_as_megatron_core_does_by_hand():
+    """Megatron-Core 0.16.1 ``token_dispatcher.py``. Its all-to-all dispatcher with several experts
+    on a rank sorts the received copies by local expert after the dispatch and back before the
+    combine (``sort_chunks_by_idxs``): a read and a write of the busiest rank's copies each time,
+    each mirrored once in the backward; with one expert a rank there is nothing to sort. DeepEP
+    (``_DeepepManager``) sends a token once to each rank its experts are on: ep 8 of Qwen3-235B's
+    128 experts (16 a rank), top 8, a rank is missed with C(112,8)/C(128,8); the receiving rank
+    permutes its tokens to one copy per local expert and un-permutes them back, and nothing is
+    permuted before the dispatch."""
+    from math import comb
+    qwen = load_model("qwen3-235b-a22b")
+    T, h, k, p, load = qwen.seq_len // 2, qwen.hidden, qwen.top_k, 2, 1.3   # tp 2, sequence parallel
+    sent = T * k
+    flat = layer_graph(qwen, 1, 2, True, "flash", "none", ExpertLayout(ep=8, load=load))
+    fwd = {o.name: o for o in flat.fwd}
+    for name in ("sort_chunks", "unsort_chunks"):
+        assert fwd[name].bytes_read == fwd[name].bytes_written == pytest.approx(p * load * sent * h)
+        back = [o for o in flat.bwd if o.name == name + ".bwd"]
+        assert len(back) == 1 and back[0].bytes == pytest.approx(2 * p * load * sent * h)
+    names = [o.name for o in flat.fwd]
+    assert names.index("dispatch.all_to_all") < names.index("sort_chunks") < names.index("expert_up")
+    assert names.index("expert_down") < names.index("unsort_chunks") < names.index("combine.all_to_all")
+    assert fwd["permute"].bytes_read == fwd["dispatch.all_to_all"].collective.bytes / load == p * sent * h
+    one = {o.name for o in layer_graph(qwen, 1, 2, True, "flash", "none", ExpertLayout(ep=128)).fwd}
+    assert "sort_chunks" not in one and "unsort_chunks" not in one
+    ranks = 8 * (1 - comb(112, 8) / comb(128, 8))              # 5.25 ranks a token
+    held = load * T * ranks                                     # tokens the busiest rank receives
+    deep = layer_graph(qwen, 1, 2, True, "flash", "none", ExpertLayout(ep=8, load=load, deepep=True))
+    dfwd = {o.name: o for o in deep.fwd}
+    assert "sort_chunks" not in dfwd
+    assert dfwd["dispatch.all_to_all"].collective.bytes == pytest.approx(p * held * h)
+    assert dfwd["combine.all_to_all"].collective.bytes == pytest.approx(p * held * h)
+    assert dfwd["permute"].bytes_read == pytest.approx(p * held * h)
+    assert dfwd["permute"].bytes_written == pytest.approx(p * load * sent * h)
+    assert dfwd["unpermute"].bytes_read == pytest.approx(p * load * sent * h)
+    assert dfwd["unpermute"].bytes_written == pytest.approx(p * held * h)
+    names = [o.name for o in deep.fwd]
+    assert names.index("dispatch.all_to_all") < names.index("permute") < names.index("expert_up")
+    assert names.index("expert_down") < names.index("unpermute") < names.index("combine.all_to_all")
+    from phaze.step import expert_layout
+    chip = load_chip("h100-sxm")
+    assert not expert_layout(qwen, Plan(tp=2, ep=8), chip).deepep
+    assert expert_layout(qwen, Plan(tp=2, ep=8, dispatcher="deepep"), chip).deepep
+
+
 def test_place_searches_expert_widths_and_names_a_bad_one():
     import subprocess
     import sys
@@ -643,8 +688,9 @@ def test_nemo_runs_shared_experts_beside_the_all_to_alls_where_it_can():
 
 def test_place_searches_dispatchers_and_overlap_exactly():
     """Given both dispatchers and both overlap settings, ``place`` returns the best plans of the
-    four single searches' (brute force), with the same times; DeepEP inside one node is the flat
-    all-to-all (no second plan); an overlapped plan never runs a full or block stage."""
+    four single searches' (brute force), with the same times; DeepEP inside one node is a plan of
+    its own (it sends a token once a rank and permutes on the receiving rank); an overlapped plan
+    never runs a full or block stage."""
     from phaze.api import calibrated_efficiency, with_system
     from phaze.placement import PlacementOptions, layouts, place
     mixtral = load_model("mixtral-8x7b")
@@ -657,8 +703,8 @@ def test_place_searches_dispatchers_and_overlap_exactly():
                      top=10, with_baseline=False)
     from phaze.step import expert_layout
 
-    def same(plan):     # DeepEP whose ranks sit on one node is the flat all-to-all's plan
-        return replace(plan, dispatcher="").label(), expert_layout(mixtral, plan, chip)
+    def same(plan):
+        return plan.label(), expert_layout(mixtral, plan, chip)
     joint = search(("alltoall", "deepep"), (False, True))
     alone = [search((d,), (o,)) for d in ("alltoall", "deepep") for o in (False, True)]
     union = {same(p.plan): p.result.step_time_s for r in alone for p in r.top}
@@ -669,7 +715,7 @@ def test_place_searches_dispatchers_and_overlap_exactly():
     for r in (joint, *alone):
         assert all(not ({"full", "block"} & set(p.plan.stage_modes()[0])) for p in r.top if p.plan.ep_overlap)
     plans = list(layouts(mixtral, 64, 256, PlacementOptions(dispatcher=("alltoall", "deepep"), **kw), chip))
-    assert {p.dispatcher for p in plans if p.ep * p.etp == 8} == {""}           # one node: the same plan
+    assert {p.dispatcher for p in plans if p.ep * p.etp == 8} == {"", "deepep"}    # one node
     assert {p.dispatcher for p in plans if p.ep * p.etp == 16} == {"", "deepep"}   # two nodes
 
 
