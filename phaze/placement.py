@@ -650,11 +650,11 @@ def _plan_of(options: PlacementOptions, tp: int, pp: int, mbs: int, vp: int = 1,
 def layouts(model: Model, devices: int, global_batch: int, options: PlacementOptions, chip: Chip | None = None,
             pipe_schedule: str = "1f1b"):
     """Every valid layout of the option space under ``pipe_schedule``, as base plans. With
-    ``chip``, of the shard groupings (``dp_shard``) and dispatchers that give a layout the same
-    group of ranks and the same expert layout on it only the first is kept: they are the same plan."""
+    ``chip``, of the shard groupings (``dp_shard``) that give a layout the same group of ranks (and
+    the same expert layout, which names its dispatcher) only the first is kept: they are the same plan."""
     zeros = options.zero_stages
     dispatchers, overlaps = dispatcher_values(model, options), ep_overlap_values(model, options)
-    same_plans = chip is not None and (len(options.dp_shards) > 1 or len(dispatchers) > 1)
+    same_plans = chip is not None and len(options.dp_shards) > 1
     for tp in sorted(set(options.tp)):
         if tp > devices or devices % tp:
             continue
