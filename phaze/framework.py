@@ -420,8 +420,13 @@ FRAMEWORKS = {f.name: f for f in (
 # names Megatron-Core too, so NeMo is matched first). EleutherAI's GPT-NeoX library is
 # Megatron-LM's model code under DeepSpeed's engine (Black et al. 2022, "GPT-NeoX-20B", Sec. 3:
 # built on Megatron and DeepSpeed; assumption: the preset's DeepSpeed 0.9.5 settings for its own
-# fork of DeepSpeed), so it takes ``megatron-deepspeed``.
+# fork of DeepSpeed), so it takes ``megatron-deepspeed``. Megatron-Bridge is NeMo's training stack
+# refactored (its full name "NeMo Megatron-Bridge", megatron_bridge 0.3.1's package metadata: "a
+# refactor of the previous NeMo training stack", in the NeMo Framework containers of 2025 on), so
+# either name is NeMo's, matched first: never the 2021 Megatron-LM that "Megatron" alone names, nor
+# the 2022 NeMo-Megatron that "NeMo Megatron-Bridge" spells.
 _ALIASES = (
+    ("nemo", ("megatron-bridge", "megatron bridge", "megatron_bridge")),
     ("torchtitan", ("torchtitan",)),
     ("maxtext", ("maxtext",)),
     ("llm-foundry", ("llm-foundry", "llmfoundry", "foundry", "composer", "mosaicml")),

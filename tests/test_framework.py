@@ -36,7 +36,9 @@ EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, 
     ("llm-foundry / Composer (PyTorch FSDP)", "llm-foundry"), ("LLM-Foundry", "llm-foundry"),
     ("NeMo-Megatron launcher (2022-23)", "nemo-megatron"), ("NeMo (2022)", "nemo-megatron"),
     ("NeMo 2 (2024)", "nemo-2024"), ("nemo_megatron", "nemo-megatron"), ("GPT-NeoX", "megatron-deepspeed"),
-    ("EleutherAI gpt-neox library", "megatron-deepspeed")])
+    ("EleutherAI gpt-neox library", "megatron-deepspeed"), ("Megatron-Bridge", "nemo"),
+    ("NeMo Megatron-Bridge 0.3.1", "nemo"), ("Megatron Bridge (NeMo 25.11)", "nemo"), ("megatron_bridge", "nemo"),
+    ("Megatron-Bridge (2024)", "nemo-2024")])
 def test_framework_names_and_spellings(text, name):
     assert resolve_framework(text).name == name
 
