@@ -424,7 +424,8 @@ FRAMEWORKS = {f.name: f for f in (
 # refactored (its full name "NeMo Megatron-Bridge", megatron_bridge 0.3.1's package metadata: "a
 # refactor of the previous NeMo training stack", in the NeMo Framework containers of 2025 on), so
 # either name is NeMo's, matched first: never the 2021 Megatron-LM that "Megatron" alone names, nor
-# the 2022 NeMo-Megatron that "NeMo Megatron-Bridge" spells.
+# the 2022 NeMo-Megatron that "NeMo Megatron-Bridge" spells. Megatron-LM's release branches named
+# core_r0.N (from 2023) are Megatron-Core's, dated or not.
 _ALIASES = (
     ("nemo", ("megatron-bridge", "megatron bridge", "megatron_bridge")),
     ("torchtitan", ("torchtitan",)),
@@ -434,7 +435,7 @@ _ALIASES = (
     ("nemo", ("nemo",)),
     ("megatron-deepspeed", ("megatron-deepspeed", "megatron deepspeed", "deepspeed", "gpt-neox", "gpt neox",
                             "gptneox")),
-    ("megatron-core", ("megatron-core", "megatron core", "mcore")),
+    ("megatron-core", ("megatron-core", "megatron core", "mcore", "core_r")),
     ("megatron-lm", ("megatron-lm", "megatron lm", "megatron")),
 )
 

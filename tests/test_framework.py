@@ -38,7 +38,7 @@ EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, 
     ("NeMo 2 (2024)", "nemo-2024"), ("nemo_megatron", "nemo-megatron"), ("GPT-NeoX", "megatron-deepspeed"),
     ("EleutherAI gpt-neox library", "megatron-deepspeed"), ("Megatron-Bridge", "nemo"),
     ("NeMo Megatron-Bridge 0.3.1", "nemo"), ("Megatron Bridge (NeMo 25.11)", "nemo"), ("megatron_bridge", "nemo"),
-    ("Megatron-Bridge (2024)", "nemo-2024")])
+    ("Megatron-Bridge (2024)", "nemo-2024"), ("Megatron-LM core_r0.8.0", "megatron-core")])
 def test_framework_names_and_spellings(text, name):
     assert resolve_framework(text).name == name
 
