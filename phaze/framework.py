@@ -169,6 +169,39 @@ _NEMO_2024 = Framework("nemo-2024", attention="flash", tp_async=True, tp_overlap
                                        "torch.compile from PyTorch 2.2, jit.py: loss fused; its LoRA "
                                        "fine-tuning recipes turn it off)"))
 
+_MEGATRON_CORE = Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
+              reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
+              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
+              loss="megatron",
+              source="NVIDIA Megatron-Core (2023-): Transformer Engine fused attention, asynchronous "
+                     "tensor-parallel collectives by default, gradients accumulated and reduced in fp32 "
+                     "in bf16 and fp8 runs (arguments.py forces it for bf16; --grad-reduce-in-bf16 is "
+                     "opt-in), the distributed optimizer of its "
+                     "pretraining examples (Megatron's optimizer passes on each shard: norm, "
+                     "FusedAdam, the fp32 weights copied back), no dropout in its LLM recipes; its pipelined recipes "
+                     "interleave (a run that does not say vp is scored with the best vp it accepts); "
+                     "--tp-comm-overlap is opt-in; fp8 through the Transformer Engine modules of its layer "
+                     "spec (gpt_layer_specs.py: TELayerNormColumnParallelLinear for qkv and fc1) under "
+                     "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8, with "
+                     "16-bit weights whose fp8 casts it caches through the step (--fp8-param-gather, fp8 "
+                     "weights gathered in fp8, is opt-in: DistributedDataParallelConfig.fp8_param_gather "
+                     "False, 0.16); "
+                     "biases in the GEMM epilogues (Transformer Engine 1.13 module/linear.py: the weight-"
+                     "gradient GEMM returns the bias gradient, cpp_extensions/gemm.py grad=True, use_bias); "
+                     "--recompute-method block re-runs --recompute-num-layers layers of each pipeline stage "
+                     "whole and none of the rest (transformer_config.py, 0.16); its selective recompute "
+                     "re-runs --recompute-modules, by default core_attn, the core attention whatever its "
+                     "kernel (attention.py checkpoint_core_attention: a fused one too); rotary embeddings "
+                     "through Transformer Engine's fused kernel (apply_rope_fusion; assumption: Megatron-LM's "
+                     "arguments.py, not in the megatron-core package, turns it on unless --no-rope-fusion, as "
+                     "NeMo's Llama and Mixtral configs do; TransformerConfig's own default is False); its cross "
+                     "entropy is Megatron's unfused vocab-parallel one on the fp32-upcast logits "
+                     "(--cross-entropy-loss-fusion is opt-in: ModelParallelConfig.cross_entropy_loss_fusion "
+                     "False, megatron-core 0.16.1 model_parallel_config.py; LanguageModule."
+                     "compute_language_model_loss then calls tensor_parallel.vocab_parallel_cross_entropy, "
+                     "whose calculate_logits_max upcasts them: loss megatron; loss=fused or te in --plan, or "
+                     "a row's cross_entropy column, for a run that fused it)")
+
 FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-lm", attention="standard", tp_async=False, tp_overlap=False, zero=0,
               reduce_fp32=False, dropout=True, selective="attention", execution="eager", interleave=False,
@@ -296,38 +329,7 @@ FRAMEWORKS = {f.name: f for f in (
                      "(apply_query_key_layer_scaling True by default, transformer.py, megatron_gpt_model.py) "
                      "through apex's FusedScaleMaskSoftmax: the kernel on the shapes its rule allows, "
                      "PyTorch's chain on the others (softmax_kernel megatron)"),
-    Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
-              reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
-              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
-              loss="megatron",
-              source="NVIDIA Megatron-Core (2023-): Transformer Engine fused attention, asynchronous "
-                     "tensor-parallel collectives by default, gradients accumulated and reduced in fp32 "
-                     "in bf16 and fp8 runs (arguments.py forces it for bf16; --grad-reduce-in-bf16 is "
-                     "opt-in), the distributed optimizer of its "
-                     "pretraining examples (Megatron's optimizer passes on each shard: norm, "
-                     "FusedAdam, the fp32 weights copied back), no dropout in its LLM recipes; its pipelined recipes "
-                     "interleave (a run that does not say vp is scored with the best vp it accepts); "
-                     "--tp-comm-overlap is opt-in; fp8 through the Transformer Engine modules of its layer "
-                     "spec (gpt_layer_specs.py: TELayerNormColumnParallelLinear for qkv and fc1) under "
-                     "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8, with "
-                     "16-bit weights whose fp8 casts it caches through the step (--fp8-param-gather, fp8 "
-                     "weights gathered in fp8, is opt-in: DistributedDataParallelConfig.fp8_param_gather "
-                     "False, 0.16); "
-                     "biases in the GEMM epilogues (Transformer Engine 1.13 module/linear.py: the weight-"
-                     "gradient GEMM returns the bias gradient, cpp_extensions/gemm.py grad=True, use_bias); "
-                     "--recompute-method block re-runs --recompute-num-layers layers of each pipeline stage "
-                     "whole and none of the rest (transformer_config.py, 0.16); its selective recompute "
-                     "re-runs --recompute-modules, by default core_attn, the core attention whatever its "
-                     "kernel (attention.py checkpoint_core_attention: a fused one too); rotary embeddings "
-                     "through Transformer Engine's fused kernel (apply_rope_fusion; assumption: Megatron-LM's "
-                     "arguments.py, not in the megatron-core package, turns it on unless --no-rope-fusion, as "
-                     "NeMo's Llama and Mixtral configs do; TransformerConfig's own default is False); its cross "
-                     "entropy is Megatron's unfused vocab-parallel one on the fp32-upcast logits "
-                     "(--cross-entropy-loss-fusion is opt-in: ModelParallelConfig.cross_entropy_loss_fusion "
-                     "False, megatron-core 0.16.1 model_parallel_config.py; LanguageModule."
-                     "compute_language_model_loss then calls tensor_parallel.vocab_parallel_cross_entropy, "
-                     "whose calculate_logits_max upcasts them: loss megatron; loss=fused or te in --plan, or "
-                     "a row's cross_entropy column, for a run that fused it)"),
+    _MEGATRON_CORE,
     _NEMO_2024,
     replace(_NEMO_2024, name="nemo", bf16_reduce_fp32=False, loss="te",
             source="NVIDIA NeMo 2 LLM performance recipes of 2025 on (containers 25.xx, nemo_toolkit 2.2 to "
@@ -341,6 +343,29 @@ FRAMEWORKS = {f.name: f for f in (
                             "DeepSeek-V3 and Llama 4 scripts: TE's Triton parallel_cross_entropy, loss te; "
                             "assumption: a 2025 run is of those versions, 2.2 and 2.3's other scripts "
                             "running the native fused one, loss fused)")),
+    replace(_MEGATRON_CORE, name="megatron-bridge", loss="te", fp8_params=True, shared_overlap=True,
+            source="NVIDIA NeMo Megatron-Bridge (2025-; megatron_bridge 0.3.1 on PyPI, read from its recipes "
+                   "and model providers): Megatron-Core as the megatron-core preset runs it, with the defaults "
+                   "its recipes share: the distributed optimizer with the gradients reduced in fp32 "
+                   "(training/mixed_precision.py bf16_mixed, grad_reduce_in_fp32 True, and each pretraining "
+                   "recipe's DistributedDataParallelConfig), no dropout, no CUDA graphs (cuda_graph_impl none); "
+                   "Transformer Engine's cross entropy (cross_entropy_loss_fusion True with "
+                   "cross_entropy_fusion_impl te in its Llama 3, Qwen3, Qwen3-MoE, DeepSeek, Kimi and Moonlight "
+                   "recipes and its Llama providers; the other recipes keep Megatron-Core's native fused kernel: "
+                   "loss fused in --plan or a row's cross_entropy column); an fp8 run's weights held and "
+                   "gathered in fp8 (its fp8 mixed-precision recipes, delayed, current-scaling and mxfp8, set "
+                   "fp8_param_gather True, which sets fp8_param with it; the blockwise subchannel ones do not: "
+                   "fp8_params off); a mixture of experts' shared experts beside its token all-to-alls "
+                   "(moe_shared_expert_overlap True in its DeepSeek, GLM-4.5, Kimi, Llama 4 and Nemotron-H "
+                   "providers; where the plan allows it) and dropless experts (no recipe sets a capacity "
+                   "factor); tensor-parallel overlap off unless a recipe's CommOverlapConfig turns it on (its "
+                   "Llama 3 70B and 405B, GPT-3 175B and Nemotron-H recipes do: tp_overlap in --plan, a row's "
+                   "tp_comm_overlap column), and pipeline sends batched unless that config is given (with it "
+                   "and vp > 1 they overlap: pipe_p2p overlapped); rotary embeddings through Transformer "
+                   "Engine's fused kernel (apply_rope_fusion True in its Llama, Nemotron and Mamba providers; "
+                   "its DeepSeek, Kimi and Qwen providers keep TransformerConfig's False: rotary_kernels "
+                   "separate); its MoE recipes run the router unfused (moe_router_fusion False), which phaze "
+                   "costs as the router's GEMM and one top-k softmax kernel each way (docs/design.md)"),
     Framework("torchtitan", attention="flash2", tp_async=False, tp_overlap=False, zero=3,
               reduce_fp32=True, dropout=False, selective="op", execution="eager", interleave=False,
               block_recompute=False, interleave_vp=2,
@@ -420,14 +445,13 @@ FRAMEWORKS = {f.name: f for f in (
 # names Megatron-Core too, so NeMo is matched first). EleutherAI's GPT-NeoX library is
 # Megatron-LM's model code under DeepSpeed's engine (Black et al. 2022, "GPT-NeoX-20B", Sec. 3:
 # built on Megatron and DeepSpeed; assumption: the preset's DeepSpeed 0.9.5 settings for its own
-# fork of DeepSpeed), so it takes ``megatron-deepspeed``. Megatron-Bridge is NeMo's training stack
-# refactored (its full name "NeMo Megatron-Bridge", megatron_bridge 0.3.1's package metadata: "a
-# refactor of the previous NeMo training stack", in the NeMo Framework containers of 2025 on), so
-# either name is NeMo's, matched first: never the 2021 Megatron-LM that "Megatron" alone names, nor
-# the 2022 NeMo-Megatron that "NeMo Megatron-Bridge" spells. Megatron-LM's release branches named
+# fork of DeepSpeed), so it takes ``megatron-deepspeed``. Megatron-Bridge (full name "NeMo
+# Megatron-Bridge", "a refactor of the previous NeMo training stack": megatron_bridge 0.3.1's
+# package metadata) has its own preset, matched first: never the 2021 Megatron-LM that "Megatron"
+# alone names, nor the 2022 NeMo-Megatron that "NeMo Megatron-Bridge" spells. Megatron-LM's release branches named
 # core_r0.N (from 2023) are Megatron-Core's, dated or not.
 _ALIASES = (
-    ("nemo", ("megatron-bridge", "megatron bridge", "megatron_bridge")),
+    ("megatron-bridge", ("megatron-bridge", "megatron bridge", "megatron_bridge")),
     ("torchtitan", ("torchtitan",)),
     ("maxtext", ("maxtext",)),
     ("llm-foundry", ("llm-foundry", "llmfoundry", "foundry", "composer", "mosaicml")),

@@ -113,7 +113,8 @@ def test_distributed_optimizer_gathers_fp8_by_hand(fp8_llama, dgx):
 
 
 def test_nemo_presets_hold_fp8_weights():
-    assert {n for n, fw in FRAMEWORKS.items() if plan_settings(fw, "fp8")["fp8_params"]} == {"nemo-2024", "nemo"}
+    assert {n for n, fw in FRAMEWORKS.items() if plan_settings(fw, "fp8")["fp8_params"]} == {"nemo-2024", "nemo",
+                                                                                           "megatron-bridge"}
     assert not any(plan_settings(fw, "bf16")["fp8_params"] for fw in FRAMEWORKS.values())
     plan, said = plan_with(FRAMEWORKS["nemo"], Plan(tp=2), precision="fp8")
     assert plan.fp8_params and said["fp8_params"] is True

@@ -36,11 +36,31 @@ EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, 
     ("llm-foundry / Composer (PyTorch FSDP)", "llm-foundry"), ("LLM-Foundry", "llm-foundry"),
     ("NeMo-Megatron launcher (2022-23)", "nemo-megatron"), ("NeMo (2022)", "nemo-megatron"),
     ("NeMo 2 (2024)", "nemo-2024"), ("nemo_megatron", "nemo-megatron"), ("GPT-NeoX", "megatron-deepspeed"),
-    ("EleutherAI gpt-neox library", "megatron-deepspeed"), ("Megatron-Bridge", "nemo"),
-    ("NeMo Megatron-Bridge 0.3.1", "nemo"), ("Megatron Bridge (NeMo 25.11)", "nemo"), ("megatron_bridge", "nemo"),
-    ("Megatron-Bridge (2024)", "nemo-2024"), ("Megatron-LM core_r0.8.0", "megatron-core")])
+    ("EleutherAI gpt-neox library", "megatron-deepspeed"), ("Megatron-Bridge", "megatron-bridge"),
+    ("NeMo Megatron-Bridge 0.3.1", "megatron-bridge"), ("Megatron Bridge (NeMo 25.11)", "megatron-bridge"),
+    ("megatron_bridge", "megatron-bridge"), ("Megatron-LM core_r0.8.0", "megatron-core")])
 def test_framework_names_and_spellings(text, name):
     assert resolve_framework(text).name == name
+
+
+def test_megatron_bridge_is_megatron_core_with_its_recipes_defaults():
+    """Megatron-Bridge 0.3.1's recipes run Megatron-Core as the megatron-core preset does but for
+    three shared defaults: TE's cross entropy, an fp8 run's weights in fp8 and the shared experts
+    beside the all-to-alls; gradients reduced in fp32, dropless experts, tensor-parallel overlap
+    off and batched pipeline sends stay Megatron-Core's (its source names each)."""
+    mb, core = FRAMEWORKS["megatron-bridge"], FRAMEWORKS["megatron-core"]
+    assert dataclasses.replace(core, name="megatron-bridge", loss="te", fp8_params=True, shared_overlap=True,
+                               source=mb.source) == mb
+    assert mb.reduces_fp32("bf16") and mb.moe_capacity == 0.0 and not mb.tp_overlap and mb.pipe_p2p == "batched"
+    for said in ("grad_reduce_in_fp32", "cross_entropy_fusion_impl", "fp8_param_gather", "moe_shared_expert_overlap",
+                 "CommOverlapConfig", "apply_rope_fusion", "moe_router_fusion"):
+        assert said in mb.source, said
+    plan, changes = plan_with(mb, Plan(tp=2), precision="fp8")
+    assert plan.loss == "te" and plan.fp8_params and changes["loss"] == "te"
+    assert not plan_with(mb, Plan(tp=2), precision="bf16")[0].fp8_params
+    # a row naming it gets it; an explicit column wins
+    assert synthetic_case(framework="NeMo Megatron-Bridge 0.3.1").plan.loss == "te"
+    assert synthetic_case(framework="Megatron-Bridge", cross_entropy="fused").plan.loss == "fused"
 
 
 def test_unknown_framework_is_none_or_one_clear_error():
@@ -330,7 +350,7 @@ def test_megatron_optimizer_makes_its_passes_around_fused_adam():
     assert optimizer_op(1.0, "adam").bytes == 28
     assert optimizer_op(1.0, "adam-megatron", "bf16").bytes == 38
     assert optimizer_op(1.0, "adam-megatron", "fp16").bytes == 52
-    megatron = {"megatron-lm", "megatron-core", "nemo-2024", "nemo", "nemo-megatron"}
+    megatron = {"megatron-lm", "megatron-core", "nemo-2024", "nemo", "nemo-megatron", "megatron-bridge"}
     assert {n for n, f in FRAMEWORKS.items() if f.optimizer == "adam-megatron"} == megatron
     assert plan_with(FRAMEWORKS["nemo"], Plan())[0].optimizer == "adam-megatron"
     assert plan_with(FRAMEWORKS["nemo"], Plan(), {"optimizer"})[0].optimizer == "adam"
