@@ -611,6 +611,7 @@ def cmd_validate(args) -> int:
         _plot(args.plot, loso_preds or preds, held_out=bool(loso_preds))
     summary["overall"] = summary["in_sample"]["overall"]   # totals: expressed / skipped / total
     summary["skipped"] = _skipped(preds)
+    summary["over_memory"] = _over_memory(preds)
     summary["runs"] = [val.display_path(p) for p in runs_paths]
     summary["params"] = val.display_path(args.params or val.shipped_params_path())
     if args.format == "json":
@@ -665,6 +666,16 @@ def cmd_validate(args) -> int:
         print(line(f"{u['test']} runs", u["overall"]))
         for name, st in u["per_source"].items():
             print(line(name, st))
+    over = summary["over_memory"]
+    if over:
+        by_source: dict[str, int] = {}
+        for x in over:
+            by_source[x["source"]] = by_source.get(x["source"], 0) + 1
+        print(f"published plans phaze's memory model does not fit: {len(over)} of {o['expressed']} "
+              f"({', '.join(f'{k} {n}' for k, n in sorted(by_source.items()))}; a run that ran, so a gap in "
+              f"the memory model or in the row's description; scored all the same)")
+        for x in over:
+            print(f"  {x['run_id']}: {x['memory_gib']:.1f} GiB a device, {x['usable_gib']:.1f} usable")
     reasons: dict[str, int] = {}
     for s in summary["skipped"]:
         print(f"skipped {s['run_id']}: {s['reason']}")
@@ -681,6 +692,14 @@ def _skipped(preds) -> list[dict]:
     return [{"run_id": p.run_id, "reason": p.reason} for p in preds if p.status == "skipped"]
 
 
+def _over_memory(preds) -> list[dict]:
+    """The expressed rows whose scored plan phaze's memory model does not fit (each ran, so the
+    model or the row's description misses something), with the memory it needs and has."""
+    gib = 2 ** 30
+    return [{"run_id": p.run_id, "source": p.source, "memory_gib": p.memory_bytes / gib,
+             "usable_gib": p.usable_bytes / gib} for p in preds if p.status == "ok" and p.fits is False]
+
+
 def _write_predictions(path, preds, loso_preds=()) -> None:
     loso = {p.run_id: p for p in loso_preds}
     try:
@@ -691,14 +710,16 @@ def _write_predictions(path, preds, loso_preds=()) -> None:
         w = csv.writer(fh)
         w.writerow(["run_id", "dataset", "source_id", "gpu", "chip", "measured_step_s", "predicted_step_s",
                     "error", "loso_predicted_step_s", "loso_error", "status", "reason", "layout_from", "plan",
-                    "fit", "loso_fit"])
+                    "fit", "loso_fit", "memory_gib", "usable_gib", "fits"])
         for p in preds:
             fmt = lambda x: "" if x is None else f"{x:.9g}"  # noqa: E731
             lp = loso.get(p.run_id)
             w.writerow([p.run_id, p.dataset, p.source, p.gpu, p.chip, fmt(p.measured_step_s),
                         fmt(p.predicted_step_s), fmt(p.error), fmt(lp.predicted_step_s if lp else None),
                         fmt(lp.error if lp else None), p.status, p.reason, p.layout_from, p.plan, p.fit,
-                        lp.fit if lp else ""])
+                        lp.fit if lp else "", "" if p.memory_bytes is None else f"{p.memory_bytes / 2 ** 30:.2f}",
+                        "" if p.usable_bytes is None else f"{p.usable_bytes / 2 ** 30:.2f}",
+                        {True: "yes", False: "no", None: ""}[p.fits]])
             fh.flush()
 
 

@@ -1019,6 +1019,10 @@ class Prediction:
     plan: str = ""               # the plan scored (for a searched row, the one phaze chose)
     fit: str = ""                # the parameter set that scored it (fit_key: a family, execution:NAME,
                                  # default; "ideal" without parameters)
+    memory_bytes: float | None = None   # the scored plan's memory per device (its binding stage)
+    usable_bytes: float | None = None   # the device's memory less the modelled reserve
+    fits: bool | None = None     # whether phaze's memory model fits the plan (a run that ran and does
+                                 # not fit is a gap in that model or in the row's description)
 
 
 def predict_case(case: Case, eff: Efficiency = IDEAL) -> float:
@@ -1031,11 +1035,17 @@ def predict_case(case: Case, eff: Efficiency = IDEAL) -> float:
 def scored_plan(case: Case, eff: Efficiency = IDEAL) -> tuple[Plan, float]:
     """(plan, seconds per step) that :func:`predict_case` scores: the row's plan, or the fastest
     of its allowed plans that fits (of all of them when none fits)."""
+    plan, result = scored_result(case, eff)
+    return plan, result.step_time_s
+
+
+def scored_result(case: Case, eff: Efficiency = IDEAL):
+    """(plan, :class:`phaze.step.StepResult`) of the plan :func:`scored_plan` scores."""
     plans = (case.plan, *case.alternatives)
     results = [evaluate(case.model, case.chip, case.devices, case.global_batch, p, eff) for p in plans]
     fitting = [i for i, r in enumerate(results) if r.fits] or list(range(len(plans)))
     i = min(fitting, key=lambda k: results[k].step_time_s)
-    return plans[i], results[i].step_time_s
+    return plans[i], results[i]
 
 
 # --- calibration, summaries, the full validation ------------------------------------------------
@@ -1207,10 +1217,12 @@ def predict_all(items, params: dict[str, Efficiency] | None) -> list[Prediction]
             out.append(Prediction(c.run_id, c.source, c.gpu, None, None, None, "skipped", c.reason,
                                   "", c.chip_file, c.dataset))
             continue
-        plan, pred = scored_plan(c, params_for(c.chip, params))
+        plan, r = scored_result(c, params_for(c.chip, params))
+        pred = r.step_time_s
         out.append(Prediction(c.run_id, c.source, c.gpu, c.measured_step_s, pred,
                               (pred - c.measured_step_s) / c.measured_step_s, "ok", "", c.layout_from,
-                              c.chip_file, c.dataset, plan.label(), fit_key(c.chip, params) or "ideal"))
+                              c.chip_file, c.dataset, plan.label(), fit_key(c.chip, params) or "ideal",
+                              r.memory_per_device_bytes, r.hbm_bytes - r.memory_reserve_bytes, r.fits))
     return out
 
 

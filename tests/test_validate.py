@@ -882,10 +882,24 @@ def test_cli_validate_end_to_end(tmp_path, small_csv):
         assert predicted > 0
         assert float(r["error"]) == pytest.approx((predicted - measured) / measured, rel=1e-4, abs=1e-6)
     assert plot.stat().st_size > 1000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # R0416, GPT-3 5B at tp 1 and pp 1 on 80 GB A100s without ZeRO, ran but does not fit phaze's
+    # memory model: its model state alone, 16-bit weights with fp32 main gradients, master weights
+    # and Adam moments (18 bytes a parameter) over its 5.0 B parameters, exceeds the usable memory;
+    # the row is scored all the same, flagged in the fits column and in the printout
+    fits = {r["run_id"]: r for r in got if r["status"] == "ok"}
+    big = fits.pop("R0416")
+    assert big["fits"] == "no" and float(big["memory_gib"]) >= 18 * 5.0e9 / 2 ** 30 > float(big["usable_gib"])
+    assert big["predicted_step_s"] != ""
+    assert all(r["fits"] == "yes" and float(r["memory_gib"]) <= float(r["usable_gib"]) for r in fits.values())
+    assert {r["fits"] for r in got if r["status"] == "skipped"} == {""}
+    assert ("published plans phaze's memory model does not fit: 1 of 7 (S13_nemo_launcher_a100 1;" in proc.stdout
+            and f"  R0416: {float(big['memory_gib']):.1f} GiB a device, {float(big['usable_gib']):.1f} usable"
+            in proc.stdout)
 
     proc = ok_cli(phaze_cli(tmp_path, "validate", "--runs", str(small_csv), "--no-loso",
                             "--format", "json", "--group", "megatron=S01,S02,S03"))
     summary = json.loads(proc.stdout)
+    assert [x["run_id"] for x in summary["over_memory"]] == ["R0416"]
     n_ok = sum(r["status"] == "ok" for r in got)
     assert summary["overall"]["expressed"] == n_ok == 7
     assert summary["overall"]["total"] == len(SMALL) and summary["overall"]["rows"] == n_ok
