@@ -169,38 +169,39 @@ _NEMO_2024 = Framework("nemo-2024", attention="flash", tp_async=True, tp_overlap
                                        "torch.compile from PyTorch 2.2, jit.py: loss fused; its LoRA "
                                        "fine-tuning recipes turn it off)"))
 
-_MEGATRON_CORE = Framework("megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
-              reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
-              vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
-              loss="megatron",
-              source="NVIDIA Megatron-Core (2023-): Transformer Engine fused attention, asynchronous "
-                     "tensor-parallel collectives by default, gradients accumulated and reduced in fp32 "
-                     "in bf16 and fp8 runs (arguments.py forces it for bf16; --grad-reduce-in-bf16 is "
-                     "opt-in), the distributed optimizer of its "
-                     "pretraining examples (Megatron's optimizer passes on each shard: norm, "
-                     "FusedAdam, the fp32 weights copied back), no dropout in its LLM recipes; its pipelined recipes "
-                     "interleave (a run that does not say vp is scored with the best vp it accepts); "
-                     "--tp-comm-overlap is opt-in; fp8 through the Transformer Engine modules of its layer "
-                     "spec (gpt_layer_specs.py: TELayerNormColumnParallelLinear for qkv and fc1) under "
-                     "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8, with "
-                     "16-bit weights whose fp8 casts it caches through the step (--fp8-param-gather, fp8 "
-                     "weights gathered in fp8, is opt-in: DistributedDataParallelConfig.fp8_param_gather "
-                     "False, 0.16); "
-                     "biases in the GEMM epilogues (Transformer Engine 1.13 module/linear.py: the weight-"
-                     "gradient GEMM returns the bias gradient, cpp_extensions/gemm.py grad=True, use_bias); "
-                     "--recompute-method block re-runs --recompute-num-layers layers of each pipeline stage "
-                     "whole and none of the rest (transformer_config.py, 0.16); its selective recompute "
-                     "re-runs --recompute-modules, by default core_attn, the core attention whatever its "
-                     "kernel (attention.py checkpoint_core_attention: a fused one too); rotary embeddings "
-                     "through Transformer Engine's fused kernel (apply_rope_fusion; assumption: Megatron-LM's "
-                     "arguments.py, not in the megatron-core package, turns it on unless --no-rope-fusion, as "
-                     "NeMo's Llama and Mixtral configs do; TransformerConfig's own default is False); its cross "
-                     "entropy is Megatron's unfused vocab-parallel one on the fp32-upcast logits "
-                     "(--cross-entropy-loss-fusion is opt-in: ModelParallelConfig.cross_entropy_loss_fusion "
-                     "False, megatron-core 0.16.1 model_parallel_config.py; LanguageModule."
-                     "compute_language_model_loss then calls tensor_parallel.vocab_parallel_cross_entropy, "
-                     "whose calculate_logits_max upcasts them: loss megatron; loss=fused or te in --plan, or "
-                     "a row's cross_entropy column, for a run that fused it)")
+_MEGATRON_CORE = Framework(
+    "megatron-core", attention="flash", tp_async=True, tp_overlap=False, zero=1,
+    reduce_fp32=False, dropout=False, selective="attention", execution="eager", interleave=True,
+    vocab_multiple=128, optimizer="adam-megatron", bf16_reduce_fp32=True, recompute_modules=("core_attn",),
+    loss="megatron",
+    source="NVIDIA Megatron-Core (2023-): Transformer Engine fused attention, asynchronous "
+           "tensor-parallel collectives by default, gradients accumulated and reduced in fp32 "
+           "in bf16 and fp8 runs (arguments.py forces it for bf16; --grad-reduce-in-bf16 is "
+           "opt-in), the distributed optimizer of its "
+           "pretraining examples (Megatron's optimizer passes on each shard: norm, "
+           "FusedAdam, the fp32 weights copied back), no dropout in its LLM recipes; its pipelined recipes "
+           "interleave (a run that does not say vp is scored with the best vp it accepts); "
+           "--tp-comm-overlap is opt-in; fp8 through the Transformer Engine modules of its layer "
+           "spec (gpt_layer_specs.py: TELayerNormColumnParallelLinear for qkv and fc1) under "
+           "delayed scaling (--fp8-recipe delayed, the default), so those norms write fp8, with "
+           "16-bit weights whose fp8 casts it caches through the step (--fp8-param-gather, fp8 "
+           "weights gathered in fp8, is opt-in: DistributedDataParallelConfig.fp8_param_gather "
+           "False, 0.16); "
+           "biases in the GEMM epilogues (Transformer Engine 1.13 module/linear.py: the weight-"
+           "gradient GEMM returns the bias gradient, cpp_extensions/gemm.py grad=True, use_bias); "
+           "--recompute-method block re-runs --recompute-num-layers layers of each pipeline stage "
+           "whole and none of the rest (transformer_config.py, 0.16); its selective recompute "
+           "re-runs --recompute-modules, by default core_attn, the core attention whatever its "
+           "kernel (attention.py checkpoint_core_attention: a fused one too); rotary embeddings "
+           "through Transformer Engine's fused kernel (apply_rope_fusion; assumption: Megatron-LM's "
+           "arguments.py, not in the megatron-core package, turns it on unless --no-rope-fusion, as "
+           "NeMo's Llama and Mixtral configs do; TransformerConfig's own default is False); its cross "
+           "entropy is Megatron's unfused vocab-parallel one on the fp32-upcast logits "
+           "(--cross-entropy-loss-fusion is opt-in: ModelParallelConfig.cross_entropy_loss_fusion "
+           "False, megatron-core 0.16.1 model_parallel_config.py; LanguageModule."
+           "compute_language_model_loss then calls tensor_parallel.vocab_parallel_cross_entropy, "
+           "whose calculate_logits_max upcasts them: loss megatron; loss=fused or te in --plan, or "
+           "a row's cross_entropy column, for a run that fused it)")
 
 FRAMEWORKS = {f.name: f for f in (
     Framework("megatron-lm", attention="standard", tp_async=False, tp_overlap=False, zero=0,
