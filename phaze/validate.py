@@ -82,7 +82,7 @@ from .plan import (
     ordered_modules,
     shared_overlap_conflict,
 )
-from .step import check_offload, check_plan, evaluate, model_flops_per_sample, stage_split
+from .step import StepResult, check_offload, check_plan, evaluate, model_flops_per_sample, stage_split
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import (
     ACTIVATIONS,
@@ -1039,8 +1039,8 @@ def scored_plan(case: Case, eff: Efficiency = IDEAL) -> tuple[Plan, float]:
     return plan, result.step_time_s
 
 
-def scored_result(case: Case, eff: Efficiency = IDEAL):
-    """(plan, :class:`phaze.step.StepResult`) of the plan :func:`scored_plan` scores."""
+def scored_result(case: Case, eff: Efficiency = IDEAL) -> tuple[Plan, StepResult]:
+    """(plan, its :class:`phaze.step.StepResult`) of the plan :func:`scored_plan` scores."""
     plans = (case.plan, *case.alternatives)
     results = [evaluate(case.model, case.chip, case.devices, case.global_batch, p, eff) for p in plans]
     fitting = [i for i, r in enumerate(results) if r.fits] or list(range(len(plans)))

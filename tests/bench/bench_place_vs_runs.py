@@ -24,7 +24,6 @@ from pathlib import Path
 from phaze import validate as v
 from phaze.placement import SEARCH_ZERO, PlacementOptions, all_mbs_values, cp_values, expert_widths, place
 from phaze.plan import SEARCHED_RECOMPUTE, Plan
-from phaze.step import evaluate
 
 SLACK = 1e-9     # relative: a step equal to the run's within rounding counts as equal
 
@@ -64,8 +63,7 @@ OUT = Path(__file__).resolve().parents[2] / "results" / "placement"
 def compare(case, params, widen: bool = True) -> dict:
     """One run: its own plan's step and place's best over the space around it (:func:`options_around`)."""
     eff = v.params_for(case.chip, params)
-    plan, _ = v.scored_plan(case, eff)
-    own = evaluate(case.model, case.chip, case.devices, case.global_batch, plan, eff)
+    plan, own = v.scored_result(case, eff)
     row = {"run_id": case.run_id, "source": case.source, "run_step_s": f"{own.step_time_s:.6g}",
            "run_plan": plan.label(), "status": "run plan does not fit", "place_step_s": "",
            "throughput_gain_pct": "", "place_plan": ""}
