@@ -1304,9 +1304,13 @@ class StageCosts:
 
     def gathered_layer_bytes(self) -> float:
         """FSDP gathering per micro-batch: one layer's gathered 16-bit weights and the next one's,
-        prefetched; 0 otherwise."""
+        prefetched (a mixture of experts: the device's own experts, :func:`fsdp_units`); 0
+        otherwise."""
         plan, m = self.plan, self.model
-        return 2 * m.bytes_per_element * tp_layer_params(m, plan.tp) / plan.tp if state_zero(plan) >= 3 else 0.0
+        if state_zero(plan) < 3:
+            return 0.0
+        own = tp_layer_params(m, plan.tp) / plan.tp + (self._expert_shift() if m.moe else 0.0)
+        return 2 * m.bytes_per_element * own
 
     def logits_bytes(self) -> float:
         """The last stage's fp32 logits for the loss, one micro-batch: the main head's and each
@@ -1423,6 +1427,30 @@ class ModeCosts:
 
 
 @lru_cache(maxsize=4096)
+def fsdp_units(model: Model, plan: Plan, devices: int, chip: Chip) -> tuple[tuple[float, float, int, int], ...]:
+    """The collectives FSDP runs per layer, each ``(parameters, of them linear weights, ranks,
+    stride)`` for one device: the dense weights (``tp``'s share) over the shard group and context
+    parallelism (stride tp); a mixture of experts' routed experts (``ep`` x ``etp``'s share) over
+    their own shard group of the expert data-parallel ranks (stride ep x etp), as torchtitan wraps
+    the experts in their own ``fully_shard`` over its ``dp_shard_mod_ep`` mesh under expert
+    parallelism and Megatron-Core's FSDP keeps expert weights in buffers of the expert
+    data-parallel group (megatron-core 0.16.1 ``megatron_fsdp/param_and_grad_buffer.py``). One
+    collective when the two groups coincide (no expert parallelism: one FSDP unit a layer).
+    Groups of one rank gather nothing and are left out."""
+    tp = plan.tp
+    dense, fp8 = tp_layer_params(model, tp) / tp, fp8_linear_params(model, tp) / tp
+    shards = shard_ranks(plan, devices, chip) * plan.cp
+    if not model.moe:
+        return ((dense, fp8, shards, tp),) if shards > 1 else ()
+    experts = model.expert_layer_params / tp
+    own = model.expert_layer_params / (plan.ep * plan.etp)
+    edp = expert_shard(plan, devices, chip)[0]
+    if (edp, plan.ep * plan.etp) == (shards, tp):
+        return ((dense - experts + own, fp8 - experts + own, shards, tp),) if shards > 1 else ()
+    units = ((dense - experts, fp8 - experts, shards, tp), (own, own, edp, plan.ep * plan.etp))
+    return tuple(u for u in units if u[2] > 1)
+
+
 def tp_layer_params(model: Model, tp: int) -> int:
     """Parameters of one layer summed over its ``tp`` ranks: ``layer_params``, plus the copies of
     the K/V projections when tp exceeds the KV heads (each rank holds one whole KV head, as
@@ -1736,18 +1764,16 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
     if plan.cp > 1:
         ring = _cp_exposed(model, chip, plan, eff, r)
         total = total + PhaseTime(communication=ring, cp_comm=ring)
-    # weights shard over the data- and context-parallel ranks (stride tp) of a shard group
-    shards = shard_ranks(plan, devices, chip) * plan.cp
-    if state_zero(plan) >= 3 and shards > 1:
+    units = fsdp_units(model, plan, devices, chip) if state_zero(plan) >= 3 else ()
+    if units:
         # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
         # layer's forward; in backward they are gathered again and the gradients
         # reduce-scattered on the same communication stream, under the layer's backward
         grad_bytes = main_grad_bytes(model, plan)
-        gather = collective_time("all_gather", gathered_bytes(model, plan, p * tp_layer_params(model, tp) / tp,
-                                                              fp8_linear_params(model, tp) / tp),
-                                 shards, chip, tp, eff)
-        scatter = collective_time("reduce_scatter", grad_bytes * tp_layer_params(model, tp) / tp, shards, chip,
-                                  tp, eff)
+        gather = sum(collective_time("all_gather", gathered_bytes(model, plan, p * params, fp8), group, chip,
+                                     stride, eff) for params, fp8, group, stride in units)
+        scatter = sum(collective_time("reduce_scatter", grad_bytes * params, group, chip, stride, eff)
+                      for params, _, group, stride in units)
         shown = (exposed(gather, fwd.compute + fwd.memory, eff)
                  + exposed(gather + scatter, bwd.compute + bwd.memory, eff))
         total = total + PhaseTime(communication=shown, dp_comm=shown)

@@ -20,11 +20,13 @@ from phaze.cost import Efficiency, collective_time, op_time
 from phaze.graph import DROPLESS_LOAD, Collective, ExpertLayout, Op, collective_groups, layer_graph, tensor_flops
 from phaze.plan import Plan, parse_plan
 from phaze.step import (
+    PhaseTime,
     _layer_costs,
     _layer_sums,
     evaluate,
     expert_layout,
     exposed,
+    fsdp_units,
     layout_of,
     model_flops_per_sample,
     stage_costs,
@@ -820,3 +822,38 @@ def test_sampling_alone_does_not_give_the_dropless_load():
         assert 1.0 < np.mean(loads) < 1.02 < DROPLESS_LOAD
     assert (f"the busiest of 8 ranks gets {found[0]} of the mean on Qwen3-235B (128 experts, top 8) and {found[1]} "
             f"on Mixtral (8 experts, top 2)") in page and f"`phaze.graph.DROPLESS_LOAD` = {DROPLESS_LOAD:g}" in page
+
+
+def test_fsdp_gathers_a_device_s_experts_over_the_expert_data_parallel_group():
+    """FSDP under expert parallelism (torchtitan's experts in their own fully_shard over
+    dp_shard_mod_ep, Megatron-Core's FSDP with expert buffers of the expert data-parallel group):
+    per layer a device gathers its own 16 of Qwen3-235B's 128 experts (ep 8, etp 1; 3 x 4096 x 1536
+    each) over the 256 / (ep 8 x etp 1) = 32 expert data-parallel ranks (stride 8), and the dense
+    rest, tp 2's share, over the 128 data-parallel ranks (stride 2). Until 2026-12-07 it gathered
+    tp's share of all 128 experts over the data-parallel ranks: four times the expert bytes."""
+    m, chip = load_model("qwen3-235b-a22b"), load_chip("h100-sxm")
+    expert = 3 * 4096 * 1536
+    dense = m.layer_params - 128 * expert              # attention, norms, router: every layer is MoE
+    linear = dense - m.layer_norms * m.norm_params
+    plan = Plan(tp=2, ep=8, etp=1, zero=3, sp=True, reduce_fp32=True)
+    (d, d8, dg, ds), (e, e8, eg, es) = fsdp_units(m, plan, 256, chip)
+    assert (d, d8, dg, ds) == pytest.approx((dense / 2, linear / 2, 128, 2))
+    assert (e, e8, eg, es) == pytest.approx((16 * expert, 16 * expert, 32, 8))
+    # the per-layer traffic, with nothing to hide it: the gather in the forward, the gather and
+    # the fp32 gradients' reduce-scatter in the backward, each unit on its own group
+    eff = Efficiency(overlap_slowdown=0.0)
+    ag = (collective_time("all_gather", 2 * d, 128, chip, 2, eff)
+          + collective_time("all_gather", 2 * e, 32, chip, 8, eff))
+    rs = (collective_time("reduce_scatter", 4 * d, 128, chip, 2, eff)
+          + collective_time("reduce_scatter", 4 * e, 32, chip, 8, eff))
+    _, _, total = _layer_costs(m, chip, 256, plan, eff, PhaseTime(), PhaseTime())
+    assert total.dp_comm == pytest.approx(2 * ag + rs) and total.communication == pytest.approx(2 * ag + rs)
+    # the prefetch holds two layers of what a device gathers
+    stage = stage_costs(m, chip, 256, 2048, plan, eff)
+    assert stage.gathered_layer_bytes() == pytest.approx(2 * 2 * (d + e))
+    # without expert parallelism the experts are in the layer's one FSDP unit (etp = tp: tp's share)
+    one = fsdp_units(m, Plan(tp=2, ep=1, etp=2, zero=3, sp=True), 256, chip)
+    assert len(one) == 1
+    assert one[0] == pytest.approx((m.layer_params / 2, (m.layer_params - m.layer_norms * m.norm_params) / 2, 128, 2))
+    # and every parameter of a layer is gathered by exactly one unit: tp x dense + ep x etp x experts
+    assert ds * d + es * e / 16 * 128 / 8 == pytest.approx(m.layer_params)
