@@ -857,3 +857,22 @@ def test_fsdp_gathers_a_device_s_experts_over_the_expert_data_parallel_group():
     assert one[0] == pytest.approx((m.layer_params / 2, (m.layer_params - m.layer_norms * m.norm_params) / 2, 128, 2))
     # and every parameter of a layer is gathered by exactly one unit: tp x dense + ep x etp x experts
     assert ds * d + es * e / 16 * 128 / 8 == pytest.approx(m.layer_params)
+
+
+def test_design_quotes_the_measured_unfused_router_ops():
+    """docs/design.md's counts of the unfused router's kernels are the measured ones
+    (results/kernels/router/router_ops.txt, tests/bench/measure_router_ops.py): the rest beyond
+    the gating GEMM, forward and backward, for each of the three routers."""
+    root = Path(__file__).resolve().parents[1]
+    rows = [line.split(" | ") for line in (root / "results/kernels/router/router_ops.txt").read_text().splitlines()
+            if line.count(" | ") == 4 and not line.startswith("router |")]
+    rest = {r[0].split(" (")[0]: tuple(int(x) for x in r[4].split(", ")) for r in rows}
+    assert set(rest) == {"Qwen3-MoE", "DeepSeek-V3", "gpt-oss"}
+    for r in rows:   # the totals are the gating's plus the rest's
+        f, b, (gf, gb) = int(r[1]), int(r[2]), (int(x) for x in r[3].split(", "))
+        assert (f - gf, b - gb) == rest[r[0].split(" (")[0]]
+    text = " ".join((root / "docs/design.md").read_text().split())
+    (qf, qb), (df, db), (nf, nb) = rest["Qwen3-MoE"], rest["DeepSeek-V3"], rest["gpt-oss"]
+    assert f"besides its GEMM, {qf} small kernels forward and {qb} backward for Qwen3-MoE's" in text
+    assert f"{df} and {db} for DeepSeek-V3's grouped sigmoid router" in text
+    assert f"{nf} and {nb} for gpt-oss's without a loss" in text
