@@ -665,8 +665,6 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                 if devices % (tp * pp * cp):
                     continue
                 for zero in zeros:
-                    if zero and 0 in zeros and devices // (tp * pp * cp) == 1:
-                        continue      # nothing to shard over: the same plan as zero=0
                     comms = exchange_values(options, cp)
                     shards = options.dp_shards if zero else options.dp_shards[:1]
                     seen: set = set()
@@ -682,6 +680,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                         if options.shared_overlap:   # where Megatron-Core allows it (no stage recomputes yet)
                             plan = replace(plan, shared_overlap=not (shared_overlap_conflict(plan, model.shared_experts)
                                                                      or "shared_experts" in options.recompute_modules))
+                        if zero and 0 in zeros and not shards_anything(model, plan, devices):
+                            continue      # nothing to shard over: the same plan as zero=0
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:
@@ -693,6 +693,15 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                                 continue
                             seen.add(same)
                         yield plan
+
+
+def shards_anything(model: Model, plan: Plan, devices: int) -> bool:
+    """Whether ZeRO has ranks to shard over in ``plan``: the dense state's shard group spans the
+    data- and context-parallel ranks (the distributed optimizer's and FSDP's group with context
+    parallelism), a mixture of experts' state the expert data-parallel ranks, which need not be
+    data-parallel ones (tp x cp ranks re-folded as ep x etp x edp). Until 2026-12-07 a layout with
+    one data-parallel rank skipped ZeRO outright, losing the plans that shard over cp or edp."""
+    return plan.dp(devices) * plan.cp > 1 or (model.moe and plan.edp(devices) > 1)
 
 
 def expert_widths(model: Model, options: PlacementOptions) -> tuple[int, ...]:
