@@ -1437,17 +1437,15 @@ def fsdp_units(model: Model, plan: Plan, devices: int, chip: Chip) -> tuple[tupl
     data-parallel group (megatron-core 0.16.1 ``megatron_fsdp/param_and_grad_buffer.py``). One
     collective when the two groups coincide (no expert parallelism: one FSDP unit a layer).
     Groups of one rank gather nothing and are left out."""
-    tp = plan.tp
+    tp, width = plan.tp, plan.ep * plan.etp
     dense, fp8 = tp_layer_params(model, tp) / tp, fp8_linear_params(model, tp) / tp
     shards = shard_ranks(plan, devices, chip) * plan.cp
-    if not model.moe:
-        return ((dense, fp8, shards, tp),) if shards > 1 else ()
-    experts = model.expert_layer_params / tp
-    own = model.expert_layer_params / (plan.ep * plan.etp)
-    edp = expert_shard(plan, devices, chip)[0]
-    if (edp, plan.ep * plan.etp) == (shards, tp):
-        return ((dense - experts + own, fp8 - experts + own, shards, tp),) if shards > 1 else ()
-    units = ((dense - experts, fp8 - experts, shards, tp), (own, own, edp, plan.ep * plan.etp))
+    edp = expert_shard(plan, devices, chip)[0] if model.moe else shards
+    if not model.moe or (edp, width) == (shards, tp):   # the experts are tp's share, in the layer's unit
+        units = ((dense, fp8, shards, tp),)
+    else:
+        experts, own = model.expert_layer_params / tp, model.expert_layer_params / width
+        units = ((dense - experts, fp8 - experts, shards, tp), (own, own, edp, width))
     return tuple(u for u in units if u[2] > 1)
 
 
