@@ -665,6 +665,8 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                 if devices % (tp * pp * cp):
                     continue
                 for zero in zeros:
+                    if zero and 0 in zeros and devices // (tp * pp) == 1 and not model.moe:
+                        continue      # a dense model's dp x cp is one rank: the same plans as zero=0
                     comms = exchange_values(options, cp)
                     shards = options.dp_shards if zero else options.dp_shards[:1]
                     seen: set = set()
@@ -681,7 +683,7 @@ def layouts(model: Model, devices: int, global_batch: int, options: PlacementOpt
                             plan = replace(plan, shared_overlap=not (shared_overlap_conflict(plan, model.shared_experts)
                                                                      or "shared_experts" in options.recompute_modules))
                         if zero and 0 in zeros and not shards_anything(model, plan, devices):
-                            continue      # nothing to shard over: the same plan as zero=0
+                            continue      # experts with one expert data-parallel rank too: as zero=0
                         try:
                             check_plan(model, devices, global_batch, plan)
                         except ConfigError:
