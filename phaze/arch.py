@@ -139,6 +139,11 @@ class Chip:
     # the host's memory a chip may fill with offloaded activations: the host's DRAM over its chips
     # (0: none given; offloaded bytes are then not checked, and the printout says so); not in the repr
     host_memory_bytes: float = field(default=0.0, repr=False)
+    # dies in the package that run as this one device (B200: two): the area splits evenly among
+    # them and each is priced and yielded as its own die (phaze.area.silicon). Left out of the repr
+    # at one (every chip before it), so a study's fingerprint, which quotes its template's repr,
+    # stays what it was; phaze.space adds it there when it is more
+    dies: int = field(default=1, repr=False)
 
     def __post_init__(self):
         if not self.reference_clock_hz:
@@ -259,6 +264,7 @@ def _chip_from_yaml(data: dict, source: str) -> Chip:
         l1_bytes=f.number("l1_bytes", 0.0, inclusive=True),
         host_bandwidth_bytes_per_s=f.number("host_bandwidth_bytes_per_s", 0.0, inclusive=True),
         host_memory_bytes=f.number("host_memory_bytes", 0.0, inclusive=True),
+        dies=f.int("dies", 1, minimum=1),
     )
     f.finish()
     return chip

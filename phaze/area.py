@@ -394,7 +394,11 @@ def silicon(chip: Chip, coefficients: Coefficients | None = None) -> Silicon:
     area = sum(parts.values())
     if not area > 0 or not math.isfinite(area):
         raise ConfigError(chip.name, "area", f"gives a die area of {area!r} mm^2; allowed: a positive size")
-    die_usd, dpw, y = good_die_cost(area, chip.process_node_nm)
+    # a package of several dies (``chip.dies``) splits the area evenly; each is yielded and
+    # priced on its own (smaller dies yield better: why such chips are split). The link joining
+    # them has no published area and is not counted
+    die_usd, dpw, y = good_die_cost(area / chip.dies, chip.process_node_nm)
+    die_usd *= chip.dies
     hbm_usd = chip.hbm_bytes / GB * HBM_USD_PER_GB
     return Silicon(
         area_mm2=area, area_breakdown_mm2=parts, cost_usd=die_usd + hbm_usd,

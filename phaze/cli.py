@@ -1288,7 +1288,8 @@ def cmd_area(args) -> int:
     if args.format == "json":
         print(json.dumps(out, indent=2, default=float))
         return 0
-    print(f"{chip.name} ({chip.process_node_nm:g} nm): die {si.area_mm2:.1f} mm²"
+    dies = f" in {chip.dies} dies of {si.area_mm2 / chip.dies:.1f} mm²" if chip.dies > 1 else ""
+    print(f"{chip.name} ({chip.process_node_nm:g} nm): die {si.area_mm2:.1f} mm²{dies}"
           + (f" (published {chip.area_mm2:g} mm²)" if chip.area_mm2 else " (modelled; no published area)"))
     for k, v in si.area_breakdown_mm2.items():
         print(f"    {k:<14} {v:8.1f} mm²  {100 * v / si.area_mm2:5.1f} %")

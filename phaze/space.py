@@ -513,7 +513,8 @@ class SweepConfig:
         chip and the calibrated efficiency parameters that score it. A study is only resumed by a
         config with the same fingerprint (a recalibrated phaze starts a new study)."""
         params = load_default_params() or {}
-        desc = {"base": repr(self.base),
+        base = repr(self.base) + (f" dies={self.base.dies}" if self.base.dies != 1 else "")
+        desc = {"base": base,
                 "workloads": [repr(w) + (f" in {w.system!r}" if w.system else "") for w in self.workloads],
                 "dimensions": [repr(d) for d in self.dimensions], "constraints": self.constraints,
                 "objectives": self.objectives, "node": self.process_node_nm,

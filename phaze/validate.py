@@ -159,6 +159,9 @@ GPU_CHIPS = {
     "tpuv4": "tpuv4", "tpu-v4": "tpuv4",
     "tpuv5e": "tpuv5e", "tpu-v5e": "tpuv5e", "tpuv5p": "tpuv5p", "tpu-v5p": "tpuv5p",
     "v100-sxm2-32gb": "v100-sxm2-32gb", "tesla-v100-sxm2-32gb": "v100-sxm2-32gb", "v100-32gb-sxm2": "v100-sxm2-32gb",
+    "b200": "b200", "b200-180gb": "b200", "b200-sxm": "b200", "b200-sxm-180gb": "b200", "b200-sxm6-180gb": "b200",
+    "hgx-b200": "b200", "dgx-b200": "b200",
+    "gb200": "gb200", "gb200-186gb": "gb200", "gb200-nvl72": "gb200", "gb200-nvl72-186gb": "gb200",
 }
 
 
@@ -486,13 +489,19 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     seq = _int(row, "seq_len")
     if seq is None:
         raise ValueError("seq_len not stated")
-    precision = _choice(row, "compute_precision", ("fp16", "bf16", "fp8"), "")
+    precision = _choice(row, "compute_precision", ("fp16", "bf16", "fp8", "mxfp8"), "")
     if not precision:   # the precision column: fp8 when it names float8 linears, else its leading word,
         # else what the framework's runs train in (phaze's bf16 without one)
         text = _text(row, "precision").lower()
         first = text.split(" ")[0]
-        precision = ("fp8" if re.search(r"\b(fp8|float8)", text) else
+        if re.search(r"\b(?:mx|nv)?(?:fp4|float4)\b", text):
+            raise ValueError(f"precision {_text(row, 'precision')!r}: 4-bit training (fp4, nvfp4, mxfp4) is "
+                             f"not modelled; phaze models fp16, bf16 and fp8 (compute_precision names one)")
+        precision = ("fp8" if re.search(r"\b(?:mx)?(fp8|float8)", text) else
                      first if first in ("fp16", "bf16", "fp8") else (fw.precision if fw else "") or "bf16")
+    # Blackwell's MXFP8 (32-element blocks, each with its own scale) is fp8 to phaze as the blockwise
+    # and per-tensor recipes are: the same fp8 products at the chip's fp8 rate and a cast per operand
+    precision = "fp8" if precision == "mxfp8" else precision
     model = _row_model(row, seq, precision, fw)
     nominal = _num(row, "params_b")
     if nominal and not model.moe and nominal * 1e9 > PARAMS_GUARD * model.params:

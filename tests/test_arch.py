@@ -175,6 +175,36 @@ def test_h200_matches_its_datasheet():
     assert chip.shared_buffer_bytes == h100.shared_buffer_bytes * h100.die_memory_ratio
 
 
+@pytest.mark.parametrize("name, gpus, bf16_sparse, fp8_sparse, tf32_sparse, fp32, hbm_gib, hbm_b_s, nvlink, tdp", [
+    # HGX platform page, HGX B200 column (per 8 GPUs, sparse tensor rates) and the DGX B200
+    # datasheet (1,440 GB and 64 TB/s of HBM3e, 14.4 TB/s of NVLink over 8 GPUs); up to 1,000 W
+    ("b200", 8, 36e15, 72e15, 18e15, 600e12, 1440 / 8, 64e12, 14.4e12, 1000),
+    # GB200 NVL72 product page (per 72 GPUs: 13.4 TB and 576 TB/s of HBM3e, 130 TB/s of NVLink);
+    # the TDP is the file's assumption (the superchip's 2,700 W less its Grace), not a datasheet's
+    ("gb200", 72, 360e15, 720e15, 180e15, 5760e12, 13.4e3 / 72, 576e12, 130e12, 1200),
+])
+def test_blackwell_chips_match_their_datasheets(name, gpus, bf16_sparse, fp8_sparse, tf32_sparse, fp32,
+                                                hbm_gib, hbm_b_s, nvlink, tdp):
+    chip = load_chip(name)
+    dense = bf16_sparse / gpus / 2
+    assert chip.peak_flops("bf16") == pytest.approx(dense, rel=1e-3)
+    # the assumed SMs x MACs per SM x clock give the datasheet's peak, which the cost model reads
+    assert chip.implied_peak_flops_per_s == pytest.approx(dense, rel=1e-3)
+    assert chip.peak_flops("fp8") == pytest.approx(fp8_sparse / gpus / 2, rel=1e-3)
+    assert chip.peak_flops("fp32") == pytest.approx(tf32_sparse / gpus / 2, rel=1e-3)
+    # the FP32 figure is quoted at a higher clock than the tensor peak (as H100's at its boost)
+    v = chip.vector
+    assert 1.0 < fp32 / gpus / (v.count * v.lanes * v.flops_per_lane_per_cycle * chip.clock_hz) < 1.1
+    assert chip.hbm_bytes == pytest.approx(hbm_gib * GiB, rel=0.01)
+    assert chip.hbm_bandwidth_bytes_per_s == pytest.approx(hbm_b_s / gpus, rel=1e-3)
+    assert 2 * chip.links[0].bandwidth_bytes_per_s == pytest.approx(nvlink / gpus, rel=0.01)
+    assert chip.links[0].devices == gpus and chip.tdp_w == tdp
+    assert (chip.dies, chip.family, chip.execution, chip.area_mm2) == (2, "B200", "eager", None)
+    # the same silicon: every unit as B200's
+    b200 = load_chip("b200")
+    assert (chip.tensor, chip.vector, chip.shared_buffer_bytes) == (b200.tensor, b200.vector, b200.shared_buffer_bytes)
+
+
 def _measured_properties(gpu: str) -> dict[str, str]:
     """What a lent GPU said of itself (tests/bench/measure_properties.py), name -> value."""
     text = (ROOT / "results" / "kernels" / gpu / "properties.txt").read_text()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,7 @@ from phaze.area import (
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL
 from phaze.plan import Plan, parse_plan
+from phaze.space import load_sweep
 from phaze.step import evaluate
 
 # ---- cost: hand-derived formulas -----------------------------------------------------------------
@@ -245,6 +247,24 @@ def test_higher_clock_more_power(clock):
     def power(c):
         return step_energy(model, c, 8, 64, plan, IDEAL).power_w
     assert power(replace(base, clock_hz=clock * 1.25)) > power(replace(base, clock_hz=clock))
+
+
+def test_a_package_of_two_dies_prices_each_die_on_its_own():
+    """B200 is two dies in one package: its modelled area splits evenly and each half is yielded
+    and priced as a die of its own, which costs less than one die of the whole area (yield falls
+    with area); HBM is the package's. A study's fingerprint names the dies only when more than one."""
+    b200 = as_chip("b200")
+    one = replace(b200, dies=1)
+    two, whole = silicon(b200), silicon(one)
+    assert two.area_mm2 == pytest.approx(whole.area_mm2)
+    half_usd, dpw, y = good_die_cost(two.area_mm2 / 2, b200.process_node_nm)
+    assert two.cost_breakdown_usd["die"] == pytest.approx(2 * half_usd)
+    assert (two.dies_per_wafer, two.die_yield) == (pytest.approx(dpw), pytest.approx(y))
+    assert two.cost_breakdown_usd["die"] < whole.cost_breakdown_usd["die"]
+    assert two.cost_breakdown_usd["hbm"] == whole.cost_breakdown_usd["hbm"]
+    assert "dies" not in repr(one) and "dies" not in repr(b200) and b200 != one
+    sweep = load_sweep(Path(__file__).resolve().parents[1] / "search" / "quickstart.yaml")
+    assert replace(sweep, base=replace(sweep.base, dies=2)).fingerprint() != sweep.fingerprint()
 
 
 def test_silicon_is_cached_and_hashable():

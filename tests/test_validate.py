@@ -390,6 +390,29 @@ def test_precision_from_compute_precision_or_the_precision_column():
     assert case("R0010").model.precision == "fp16"
 
 
+def test_block_scaled_fp8_is_fp8_and_four_bit_training_is_refused():
+    """Blackwell's MXFP8 runs fp8 products (phaze's fp8): until 2026-12-07 "mxfp8" in the
+    precision column missed the fp8 pattern and fell to the framework's bf16, silently. A 4-bit
+    run is not modelled and says so."""
+    b200 = dict(gpu="B200", gpu_count="8")
+    assert synthetic_case(precision="mxfp8 (Transformer Engine)", **b200).model.precision == "fp8"
+    assert synthetic_case(precision="bf16 + MXFP8 linears", **b200).model.precision == "fp8"
+    assert synthetic_case(compute_precision="mxfp8", **b200).model.precision == "fp8"
+    for text in ("nvfp4", "bf16 + NVFP4 linears", "mxfp4 (TE)", "fp4"):
+        skipped = v.row_to_case(synthetic(precision=text, **b200))
+        assert isinstance(skipped, v.Skipped) and "4-bit training" in skipped.reason, text
+    # a 16-bit row whose notes or words merely contain the letters is not caught
+    assert synthetic_case(precision="bf16 (fp32 master weights)").model.precision == "bf16"
+
+
+def test_blackwell_gpu_names_take_their_chip_files():
+    """The B200 and GB200 spellings map to the shipped chip files (exact names only)."""
+    for gpu, chip in (("B200", "B200-180GB"), ("B200-SXM-180GB", "B200-180GB"), ("DGX B200", "B200-180GB"),
+                      ("GB200", "GB200-186GB"), ("GB200 NVL72", "GB200-186GB")):
+        assert synthetic_case(gpu=gpu).chip.name == chip, gpu
+    assert isinstance(v.row_to_case(synthetic(gpu="B100")), v.Skipped)   # another part: not guessed
+
+
 def test_a_blank_precision_takes_the_frameworks():
     """Megatron-LM 2021-22's example scripts pass --fp16 (its papers' runs trained so); the other
     presets' runs and a row without a framework get phaze's bf16; a stated precision wins."""
