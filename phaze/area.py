@@ -40,6 +40,7 @@ from .step import (
     layer_mix,
     layout_of,
     main_grad_bytes,
+    reduced_grad_bytes,
     shard_ranks,
     stage_costs,
     stage_split,
@@ -529,9 +530,9 @@ def _step_activity(model: Model, chip: Chip, devices: int, global_batch: int, pl
         of ``ranks`` (``copies`` replicas of it), and gathering their weights (or FSDP's per-layer
         gathers)."""
         gathered = gathered_bytes(model, plan, p * share, fp8_share)   # fp8 weights: 1 byte a linear weight
-        if state_zero(plan) >= 3:
+        if state_zero(plan) >= 3:   # the gradients' wire type (DeepSpeed's communication_data_type)
             sent = m * _sent_bytes("all_gather", 2 * gathered, ranks) \
-                + m * _sent_bytes("reduce_scatter", grad_bytes * share, ranks)
+                + m * _sent_bytes("reduce_scatter", reduced_grad_bytes(model, plan) * share, ranks)
         elif plan.zero >= 1:   # DeepSpeed's ZeRO reduces, one a partition: n/(n - 1) times the bytes,
             spread = ranks / (ranks - 1) if zero_optimizer and ranks > 1 else 1.0
             times = m if zero_optimizer and plan.zero >= 2 else 1   # every micro-batch at stage 2

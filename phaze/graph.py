@@ -1314,7 +1314,12 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
     optimizer (``zero`` 2, or 1 in fp16; runtime/zero/stage_1_and_2.py ``step``), on the rank's
     partition: the 16-bit gradients flattened (read 2, write 2) and cast to fp32 (read 2, write
     4), in fp16 unscaled (read 4, write 4), Adam (read 16, write 12), the fp32 partition copied to
-    the 16-bit one (read 4, write 2): 28 + 24 in fp16, 24 + 20 in bf16. SGD
+    the 16-bit one (read 4, write 2): 28 + 24 in fp16, 24 + 20 in bf16; its ZeRO-3 optimizer
+    (``zero`` 3, runtime/zero/stage3.py ``step``), in either precision: the flat 16-bit gradient
+    partition checked for inf and nan (``has_overflow``: read 2 twice), the partition's gradients
+    flattened (read 2, write 2) and cast to fp32 (read 2, write 4), unscaled (read 4, write 4),
+    Adam (read 16, write 12), the fp32 partition copied to the 16-bit one (read 4, write 2):
+    32 + 24. SGD
     (momentum-free, as in the original Phaze) reads weight and gradient and writes the weight:
     4 + 2.
     """
@@ -1322,6 +1327,8 @@ def optimizer_op(params_on_device: float, optimizer: str = "adam", precision: st
         read, write, flops = (28.0, 20.0, 16.0) if precision == "fp16" else (20.0, 18.0, 12.0)
         if runs_deepspeed_zero(optimizer, precision, zero):   # its ZeRO optimizer
             read, write = (28.0, 24.0) if precision == "fp16" else (24.0, 20.0)
+        elif zero >= 3:   # its ZeRO-3 optimizer: the check, the casts and the unscale in bf16 too
+            read, write, flops = 32.0, 24.0, 16.0
     elif optimizer in ("adam-megatron-pa", "adam-megatron-pa-bf16"):
         read, write, flops = 2.0 * grad_bytes + 12.0, 12.0, 14.0
     elif optimizer == "adam-megatron":
@@ -1409,6 +1416,26 @@ def deepspeed_zero_passes(precision: str) -> tuple[TensorPasses, ...]:
     norm = TensorPasses(2, 10.0, 8.0, synced=True) if precision == "fp16" else TensorPasses()
     return (TensorPasses(1, 2.0, 2.0), TensorPasses(1, 2.0, 2.0), TensorPasses(2, 6.0, 4.0, synced=True),
             norm, TensorPasses(1, 4.0, 2.0))
+
+
+def deepspeed_zero3_passes(wire_fp32: bool) -> tuple[TensorPasses, ...]:
+    """DeepSpeed's ZeRO-3 optimizer (``optimizer=adam-deepspeed`` with ``zero`` 3; DeepSpeed 0.9.5
+    runtime/zero/stage3.py with its defaults: contiguous gradients, ``reduce_scatter``,
+    ``overlap_comm`` on, as its config turns it on at stage 3), tensor by tensor, bytes a
+    parameter, as (every micro-batch, each gradient of the stage copied into the bucket buffer
+    (``__add_grad_to_ipg_bucket``: read 2, write 2); with an fp32 wire (``reduce_fp32``,
+    ``communication_data_type``) each cast to it (``__avg_scatter_grads``: read 2, write 4); each
+    gradient of the rank's partition copied into the 16-bit partition buffer on the first
+    micro-batch (``partition_grads``: read 2, write 2) and added into it on the others (read 4,
+    write 2), cast back from an fp32 wire first (read 4, write 2); the step's norm of each
+    gradient of the partition (``get_grad_norm_direct``: ``g.double().norm(2)``: read 2, write 8,
+    then read 8; only their sum is copied to the host)). The bucket's flat passes
+    (``reduce_scatter_coalesced``: ``torch.cat`` and ``div_``) and the step's flat passes are
+    :meth:`phaze.step.StageCosts._deepspeed_zero3_passes` and :func:`optimizer_op`'s."""
+    none = TensorPasses()
+    cast, back = (TensorPasses(1, 2.0, 4.0), TensorPasses(1, 4.0, 2.0)) if wire_fp32 else (none, none)
+    return (TensorPasses(1, 2.0, 2.0), cast, TensorPasses(1, 2.0, 2.0), TensorPasses(1, 4.0, 2.0), back,
+            TensorPasses(2, 10.0, 8.0))
 
 
 def deepspeed_reduce_passes(precision: str, wire_bytes: float) -> tuple[float, float, TensorPasses]:

@@ -28,6 +28,7 @@ from .graph import (
     collective_groups,
     deepspeed_reduce_passes,
     deepspeed_tensor_passes,
+    deepspeed_zero3_passes,
     deepspeed_zero_passes,
     edge_graph,
     kv_heads_read,
@@ -505,19 +506,15 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
         _check_hybrid(model, plan)
     if model.gdn_layers:
         _check_gdn(model, plan)
-    if plan.optimizer == "adam-deepspeed" and plan.zero >= 3:
-        raise ConfigError("--plan", "zero", f"must be 0 to 2 with optimizer=adam-deepspeed (DeepSpeed's "
-                          f"FP16/BF16 optimizer wrappers and its ZeRO-1 and 2 optimizer; its ZeRO-3 "
-                          f"(stage3.py, parameters partitioned and fetched by hooks) is not modelled), "
-                          f"got {plan.zero}; allowed: zero 0-2, or optimizer=adam-megatron for its passes alone")
-    if plan.optimizer == "adam-deepspeed" and plan.zero == 2 and plan.pp > 1:
+    if plan.optimizer == "adam-deepspeed" and plan.zero >= 2 and plan.pp > 1:
         raise ConfigError("--plan", "zero", f"must be 0 or 1 with optimizer=adam-deepspeed and pp > 1 "
                           f"(DeepSpeed 0.9.5's pipeline engine asserts that ZeRO-2 and 3 are incompatible "
-                          f"with pipeline parallelism), got zero 2 with pp {plan.pp}; allowed: zero 0-1, or pp 1")
-    if plan.optimizer == "adam-deepspeed" and plan.zero == 2 and model.moe:
+                          f"with pipeline parallelism), got zero {plan.zero} with pp {plan.pp}; allowed: "
+                          f"zero 0-1, or pp 1")
+    if plan.optimizer == "adam-deepspeed" and plan.zero >= 2 and model.moe:
         raise ConfigError("--plan", "zero", f"must be 0 or 1 with optimizer=adam-deepspeed for a mixture of "
-                          f"experts ({model.name}): its ZeRO-2 reduction of the experts' gradients over their "
-                          f"own group is not modelled; allowed: zero 0-1")
+                          f"experts ({model.name}): its ZeRO-{plan.zero} reduction of the experts' gradients "
+                          f"over their own group is not modelled; allowed: zero 0-1")
     bad = fp8_params_error(model, "fp8_params=0") if plan.fp8_params else None
     if bad:
         raise ConfigError("--plan", "fp8_params", bad)
@@ -584,9 +581,9 @@ def check_plan(model: Model, devices: int, global_batch: int, plan: Plan) -> Non
     if (plan.optimizer == "adam-deepspeed" and plan.zero and plan.dp_shard
             and (plan.dp_shard == DP_SHARD_NODE or plan.dp_shard % dp)):
         raise ConfigError("--plan", "dp_shard", f"must be all with optimizer=adam-deepspeed (DeepSpeed 0.9.5's "
-                          f"BF16_Optimizer and its ZeRO-1 and 2 shard over every data-parallel rank; its "
-                          f"hybrid sharding, MiCS, is ZeRO-3's), got {dp_shard_text(plan.dp_shard)} of dp = {dp}; "
-                          f"allowed: all, or a multiple of {dp}")
+                          f"BF16_Optimizer and its ZeRO-1 to 3 shard over every data-parallel rank; its "
+                          f"hybrid sharding, MiCS, a ZeRO-3 engine of its own, is not modelled), got "
+                          f"{dp_shard_text(plan.dp_shard)} of dp = {dp}; allowed: all, or a multiple of {dp}")
     _check_experts(model, plan, dp)
     if global_batch % (dp * plan.mbs):
         raise ConfigError("--global-batch", None, f"must be a multiple of dp*mbs = {dp}*{plan.mbs} "
@@ -986,6 +983,34 @@ class StageCosts:
         return self._bucket_stream(params), ((1.0, into, tensors, params), (1.0, out, part_tensors, part),
                                              ((k - 1) / k, add, part_tensors, part))
 
+    def _deepspeed_zero3_passes(self, i: int, n):
+        """(bytes streamed, ((share of the micro-batches, :class:`TensorPasses`, tensors,
+        parameters), ...)) of each micro-batch's reduction under DeepSpeed's ZeRO-3 optimizer
+        (:func:`deepspeed_zero3`; :func:`phaze.graph.deepspeed_zero3_passes`): each gradient
+        copied into the bucket buffer (cast to an fp32 wire); each bucket flattened by
+        ``reduce_scatter_coalesced`` (``torch.cat``, read and write a gradient's wire bytes) and
+        divided by the ranks (``div_``, the same); the partition copied into the 16-bit partition
+        buffer on the first micro-batch and added into it on the others (cast back first from an
+        fp32 wire)."""
+        into, cast, copy, add, back, _ = deepspeed_zero3_passes(self._wire_fp32())
+        tensors, params, part_tensors, part = self._partition(i, n)
+        k = self.micro_batches
+        w = reduced_grad_bytes(self.model, self.plan)
+        return 4.0 * w * params, ((1.0, into, tensors, params), (1.0, cast, tensors, params),
+                                  (1.0 / k, copy, part_tensors, part), ((k - 1) / k, add, part_tensors, part),
+                                  (1.0, back, part_tensors, part))
+
+    def _wire_fp32(self) -> bool:
+        """Whether DeepSpeed's gradients go on the wire in fp32 while it keeps them in 16 bits."""
+        return reduced_grad_bytes(self.model, self.plan) != self.model.bytes_per_element
+
+    def _last_bucket(self, params):
+        """Gradients of the last bucket DeepSpeed's ZeRO-3 optimizer fills in a backward, which it
+        reduce-scatters after the backward (``independent_gradient_partition_epilogue``, then
+        the host waits for the reduce stream): what is left after whole buckets of
+        :data:`DEEPSPEED_BUCKET_ELEMENTS` (scalars or arrays)."""
+        return params - DEEPSPEED_BUCKET_ELEMENTS * (deepspeed_buckets(params) - 1)
+
     def _bucket_stream(self, params):
         """Bytes DeepSpeed's ZeRO optimizer streams over its bucket buffers, each whole buffer
         (:data:`DEEPSPEED_BUCKET_ELEMENTS` 16-bit elements) however few gradients it holds
@@ -1001,6 +1026,8 @@ class StageCosts:
         m, plan = self.model, self.plan
         if self._zero2():
             return self._deepspeed_zero2_passes(i, n)
+        if deepspeed_zero3(m, plan):
+            return self._deepspeed_zero3_passes(i, n)
         if plan.optimizer == "adam-deepspeed":
             k = self.micro_batches
             share = (k - 1) / k if m.precision == "fp16" else 1.0   # fp16: the first is kept
@@ -1030,6 +1057,9 @@ class StageCosts:
         :meth:`step_pass_bytes` counts them: DeepSpeed's per-tensor check and copies; Megatron's
         zeroed main-gradient buffer (one kernel) and the bf16 moments' copies to fp32 and back."""
         plan = self.plan
+        if deepspeed_zero3(self.model, plan):   # its ZeRO-3 optimizer: each gradient's norm in fp64
+            _, _, part_tensors, part = self._partition(i, n)
+            return 0.0 * part, ((deepspeed_zero3_passes(self._wire_fp32())[-1], part_tensors, part),)
         if deepspeed_zero(self.model, plan):   # its ZeRO optimizer: the bucket, then the partition
             tensors, params, part_tensors, part = self._partition(i, n)
             into, out, check, norm, _ = deepspeed_zero_passes(self.model.precision)
@@ -1085,6 +1115,11 @@ class StageCosts:
             group = self._dense_shards()
             reduces = self._deepspeed_reduces(self.params(i, n), group, self._coll(group))
             t = t + PhaseTime(communication=reduces, dp_comm=reduces)
+        if deepspeed_zero3(self.model, self.plan):   # its ZeRO-3 reduces the last bucket after each backward
+            group = self._dense_shards()
+            last = self._coll(group)("reduce_scatter", reduced_grad_bytes(self.model, self.plan)
+                                     * self._last_bucket(self.params(i, n))) if group > 1 else 0.0
+            t = t + PhaseTime(communication=last, dp_comm=last)
         return t
 
     def tail(self, i: int, n, r: str, k=0):
@@ -1151,6 +1186,7 @@ class StageCosts:
                         + dense_coll(kind, per * experts, edp, plan.etp * plan.ep))
 
         colls = None
+        scalars = self._deepspeed_scalars(coll) if deepspeed_zero3(self.model, plan) and group > 1 else 0.0
         if (group > 1 or (self.model.moe and edp > 1)) and state_zero(plan) < 3:
             if plan.zero >= 1:
                 if deepspeed_zero(self.model, plan):   # at stage 2 the reduces ran every micro-batch
@@ -1177,7 +1213,9 @@ class StageCosts:
         cast = self.weight_cast_bytes(i, n, updated / params)
         if cast is not None:
             opt_s = opt_s + cast / (chip.hbm_bandwidth_bytes_per_s * eff.hbm_fraction)
-        hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff), self.table_sync_s(i))
+        # the fourth: exposed after the last backward beside the reduction (the table's gradient
+        # sum; DeepSpeed's ZeRO-3 step's two scalar all-reduces, its reduction being per layer)
+        hit = self._tails[key] = (params, colls, opt_s + kernel_overhead(chip, eff), self.table_sync_s(i) + scalars)
         return hit
 
     def _coll(self, group: int, stride: int | None = None):
@@ -1215,10 +1253,11 @@ class StageCosts:
                 + (reduces - 1) * chip.collective_latency_s)
 
     def _deepspeed_scalars(self, coll):
-        """Seconds of the ZeRO optimizer's step all-reducing its overflow flag and, in fp16, its
-        gradient norm over data parallelism, a scalar each (``has_overflow``,
+        """Seconds of the ZeRO optimizer's step all-reducing its overflow flag and, in fp16 or at
+        stage 3, its gradient norm over data parallelism, a scalar each (``has_overflow``,
         ``get_grad_norm_direct``)."""
-        return (2 if self.model.precision == "fp16" else 1) * coll("all_reduce", 4.0)
+        both = self.model.precision == "fp16" or deepspeed_zero3(self.model, self.plan)
+        return (2 if both else 1) * coll("all_reduce", 4.0)
 
     def table_sync_s(self, i: int) -> float:
         """Seconds stage ``i`` spends summing the token table's gradients with the other stage that
@@ -1299,7 +1338,12 @@ class StageCosts:
         through it; every stage holds one for the reduction after the last backward (the pipeline
         engine's ``reduce_gradients``); 0 otherwise. At stage 2 (one stage) it holds the
         gradients until their reduction; the partition's new gradients beside the accumulated
-        ones (2 bytes an updated parameter) are not counted."""
+        ones (2 bytes an updated parameter) are not counted. Its ZeRO-3 optimizer allocates its
+        bucket buffer once and holds it, and ``reduce_scatter_coalesced`` flattens each bucket
+        into a copy of it while it is reduced: two buckets (assumption: the copy is counted at a
+        whole bucket, as a stage of over 500M parameters' first buckets are)."""
+        if deepspeed_zero3(self.model, self.plan):
+            return 2.0 * 2.0 * DEEPSPEED_BUCKET_ELEMENTS
         return 2.0 * DEEPSPEED_BUCKET_ELEMENTS if deepspeed_zero(self.model, self.plan) else 0.0
 
     def gathered_layer_bytes(self) -> float:
@@ -1499,8 +1543,8 @@ def main_grad_bytes(model: Model, plan: Plan) -> int:
     (:func:`deepspeed_zero`)."""
     if deepspeed_bf16(model, plan):
         return 4
-    if deepspeed_zero(model, plan):   # the model's type (its grad_accum_dtype); the wire's may differ
-        return model.bytes_per_element
+    if deepspeed_zero(model, plan) or deepspeed_zero3(model, plan):   # the model's type (its
+        return model.bytes_per_element                                 # grad_accum_dtype); the wire's may differ
     return 4 if plan.reduce_fp32 else model.bytes_per_element
 
 
@@ -1522,6 +1566,17 @@ def deepspeed_zero(model: Model, plan: Plan) -> bool:
     partition to its rank (:meth:`StageCosts._deepspeed_reduces`,
     :func:`phaze.graph.deepspeed_zero_passes`)."""
     return runs_deepspeed_zero(plan.optimizer, model.precision, plan.zero)
+
+
+def deepspeed_zero3(model: Model, plan: Plan) -> bool:
+    """Whether DeepSpeed's ZeRO-3 optimizer runs (``adam-deepspeed`` with ``zero`` 3; DeepSpeed
+    0.9.5 runtime/zero/stage3.py): the 16-bit weights partitioned and gathered by hooks module by
+    module, forward and backward (FSDP's per-layer collectives, one all-gather a weight tensor);
+    each micro-batch's gradients copied into a bucket buffer and reduce-scattered bucket by
+    bucket beside the backward (``overlap_comm``, on at stage 3), the last bucket after it; the
+    step on the rank's partition (:func:`phaze.graph.deepspeed_zero3_passes`). Refused with
+    pipeline parallelism and a mixture of experts (:func:`check_plan`)."""
+    return plan.optimizer == "adam-deepspeed" and plan.zero >= 3
 
 
 def deepspeed_buckets(params):
@@ -1766,10 +1821,13 @@ def _layer_costs(model: Model, chip: Chip, devices: int, plan: Plan, eff: Effici
     if units:
         # FSDP, per layer and micro-batch: the next layer's weights are gathered under this
         # layer's forward; in backward they are gathered again and the gradients
-        # reduce-scattered on the same communication stream, under the layer's backward
-        grad_bytes = main_grad_bytes(model, plan)
-        gather = sum(collective_time("all_gather", gathered_bytes(model, plan, p * params, fp8), group, chip,
-                                     stride, eff) for params, fp8, group, stride in units)
+        # reduce-scattered on the same communication stream, under the layer's backward.
+        # DeepSpeed's ZeRO-3 gathers module by module: one all-gather a weight tensor (its norms
+        # and biases, under stage3_param_persistence_threshold's 1e5 elements, stay whole)
+        grad_bytes = reduced_grad_bytes(model, plan)
+        k = model.layer_tensors() - model.layer_tensors(hooked=True) if deepspeed_zero3(model, plan) else 1
+        gather = sum(k * collective_time("all_gather", gathered_bytes(model, plan, p * params, fp8) / k, group,
+                                         chip, stride, eff) for params, fp8, group, stride in units)
         scatter = sum(collective_time("reduce_scatter", grad_bytes * params, group, chip, stride, eff)
                       for params, _, group, stride in units)
         shown = (exposed(gather, fwd.compute + fwd.memory, eff)

@@ -405,6 +405,18 @@ def test_block_scaled_fp8_is_fp8_and_four_bit_training_is_refused():
     assert synthetic_case(precision="bf16 (fp32 master weights)").model.precision == "bf16"
 
 
+def test_a_deepspeed_zero3_row_is_scored():
+    """A DeepSpeed row at ZeRO stage 3 takes the megatron-deepspeed preset's optimizer, whose
+    ZeRO-3 phaze models since 2026-12-07 (it was refused): it is scored, slower than the same
+    row under torch's Adam (DeepSpeed's per-tensor gathers, its copies and its exposed last
+    bucket; 16 A100s, so the gradients cross the network)."""
+    c = synthetic_case(framework="DeepSpeed 0.9", zero_stage="3", tp="1", gpu_count="16", global_batch="64")
+    assert (c.plan.optimizer, c.plan.zero) == ("adam-deepspeed", 3)
+    t = v.predict_case(c)
+    torch = v.predict_case(dataclasses.replace(c, plan=dataclasses.replace(c.plan, optimizer="adam")))
+    assert math.isfinite(t) and t > torch
+
+
 def test_blackwell_gpu_names_take_their_chip_files():
     """The B200 and GB200 spellings map to the shipped chip files (exact names only)."""
     for gpu, chip in (("B200", "B200-180GB"), ("B200-SXM-180GB", "B200-180GB"), ("DGX B200", "B200-180GB"),
