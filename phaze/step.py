@@ -1348,12 +1348,13 @@ class StageCosts:
 
     def gathered_layer_bytes(self) -> float:
         """FSDP gathering per micro-batch: one layer's gathered 16-bit weights and the next one's,
-        prefetched (a mixture of experts: the device's own experts, :func:`fsdp_units`); 0
-        otherwise."""
+        prefetched, those of each unit that gathers (:func:`fsdp_units`: a mixture of experts'
+        own experts; a unit whose group is one rank holds its weights whole already, counted in
+        the state, and gathers nothing); 0 otherwise. Until 2026-12-07 every unit was counted."""
         plan, m = self.plan, self.model
         if state_zero(plan) < 3:
             return 0.0
-        own = tp_layer_params(m, plan.tp) / plan.tp + (self._expert_shift() if m.moe else 0.0)
+        own = sum(u[0] for u in fsdp_units(m, plan, self.devices, self.chip))
         return 2 * m.bytes_per_element * own
 
     def logits_bytes(self) -> float:

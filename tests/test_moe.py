@@ -857,6 +857,13 @@ def test_fsdp_gathers_a_device_s_experts_over_the_expert_data_parallel_group():
     assert one[0] == pytest.approx((m.layer_params / 2, (m.layer_params - m.layer_norms * m.norm_params) / 2, 128, 2))
     # and every parameter of a layer is gathered by exactly one unit: tp x dense + ep x etp x experts
     assert ds * d + es * e / 16 * 128 / 8 == pytest.approx(m.layer_params)
+    # each rank its own expert data-parallel group (32 devices, ep 32): its 4 experts are held
+    # whole, gathered by no one, and the prefetch buffer holds only the dense unit's two layers
+    # (until 2026-12-07 it counted the experts' too, beside their whole state)
+    alone = Plan(tp=1, ep=32, etp=1, zero=3)
+    (d1, _, g1, _), = fsdp_units(m, alone, 32, chip)
+    assert (d1, g1) == (pytest.approx(dense), 32)
+    assert stage_costs(m, chip, 32, 256, alone, eff).gathered_layer_bytes() == pytest.approx(2 * 2 * dense)
 
 
 def test_design_quotes_the_measured_unfused_router_ops():
