@@ -165,9 +165,25 @@ GPU_CHIPS = {
 }
 
 
+# the names the drivers report, which a run's log quotes: nvidia-smi's and CUDA's (``NVIDIA
+# A100-SXM4-80GB``, ``NVIDIA H100 80GB HBM3``, ``Tesla V100-SXM2-32GB``, ``NVIDIA H200``, the
+# SXM part, where the NVL one is ``NVIDIA H200 NVL``) and Cloud TPU's (``TPU v5 lite``, its
+# ``v5litepod`` slices: TPU v5e): the vendor's prefix is dropped before the lookup
+_VENDOR = re.compile(r"^(?:nvidia|tesla|google|cloud)-")
+GPU_CHIPS.update({"h200": "h200-sxm", "tpu-v5-lite": "tpuv5e", "tpu-v5-litepod": "tpuv5e", "v5litepod": "tpuv5e"})
+
+
 def chip_for_gpu(gpu: str) -> str | None:
-    """The shipped chip file for a `gpu` column, by exact (normalised) name, or None."""
-    return GPU_CHIPS.get(re.sub(r"[\s_]+", "-", gpu.strip().lower()))
+    """The shipped chip file for a `gpu` column, by exact (normalised) name, or None. A vendor's
+    prefix (``NVIDIA``, ``Tesla``, ``Google``, ``Cloud``) is dropped first; a bare ``H200`` is
+    only read as the SXM part with NVIDIA's prefix, as its driver names it."""
+    key = re.sub(r"[\s_]+", "-", gpu.strip().lower())
+    bare = key
+    while _VENDOR.match(bare):
+        bare = _VENDOR.sub("", bare, count=1)
+    if bare == "h200" and bare == key:   # "H200" alone leaves the part open (SXM or NVL)
+        return None
+    return GPU_CHIPS.get(bare)
 
 
 @dataclass(frozen=True)

@@ -971,7 +971,12 @@ def test_cli_calibrate_writes_a_loadable_file(tmp_path, small_csv):
     ("V100", None), ("H100-HBM2e-96GB-500W", "h100-hbm2e-96gb-500w"), ("H100 NVL", None),
     ("H100-SXM5-94GB", None), ("TPUv4", "tpuv4"), ("TPU v4", "tpuv4"), ("TPUv5e", "tpuv5e"), ("TPU v5e", "tpuv5e"),
     ("TPUv5p", "tpuv5p"), ("TPU v5p", "tpuv5p"), ("TPU v5", None), ("V100-SXM2-32GB", "v100-sxm2-32gb"),
-    ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"), ("V100-SXM2-16GB", None)])
+    ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"), ("V100-SXM2-16GB", None),
+    # the names the drivers report (nvidia-smi, CUDA, Cloud TPU), vendor prefix and all
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H200", "h200-sxm"), ("NVIDIA H200 NVL", None),
+    ("H200", None), ("NVIDIA H100 PCIe", None), ("NVIDIA B200", "b200"), ("Google TPU v4", "tpuv4"),
+    ("Cloud TPU v5p", "tpuv5p"), ("TPU v5 lite", "tpuv5e"), ("v5litepod", "tpuv5e"), ("NVIDIA", None)])
 def test_gpu_names(gpu, chip):
     from phaze.validate import chip_for_gpu
     assert chip_for_gpu(gpu) == chip
