@@ -723,6 +723,7 @@ def _model_from_yaml(data: dict, source: str) -> Model:
         norm_position=f.choice("norm_position", ("pre", "post"), "pre"),
         norm_affine=f.choice("norm_affine", NORM_AFFINES, ""),
         bias=f.bool("bias", True),
+        qkv_bias=f.bool("qkv_bias", False),
         dropout=f.bool("dropout", True),
         embedding_norm=f.bool("embedding_norm", architecture == "encoder"),
         embedding_projection_dim=f.int("embedding_projection_dim", 0, minimum=0),

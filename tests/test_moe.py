@@ -42,6 +42,7 @@ PUBLISHED = [
     ("qwen3-30b-a3b", 30.5e9, 3.3e9),      # Qwen3-30B-A3B model card
     ("qwen3-235b-a22b", 235e9, 22e9),      # arXiv:2505.09388 Table 2
     ("deepseek-v3", 671e9, 37e9),          # arXiv:2412.19437 Sec. 4.2
+    ("deepseek-v2", 236e9, 21e9),          # arXiv:2405.04434 Sec. 3.1.2
     ("gpt-oss-120b", 116.83e9, 5.13e9),    # arXiv:2508.10925 Table 1
     ("llama4-maverick", 400e9, 17e9),      # Llama 4 model card (400B with the vision encoder)
 ]
@@ -71,6 +72,26 @@ def test_deepseek_v3_params_by_hand():
     assert m.active_params == total - 58 * (256 - 8) * expert
 
 
+@pytest.mark.parametrize("name,L,h,a,q_lora,dense_ffn,E,f,total,active", [
+    ("deepseek-v2", 60, 5120, 128, 1536, 12288, 160, 1536, 236e9, 21e9),
+    ("deepseek-v2-lite", 27, 2048, 16, 0, 10944, 64, 1408, 15.7e9, 2.4e9)])
+def test_deepseek_v2_params_by_hand(name, L, h, a, q_lora, dense_ffn, E, f, total, active):
+    """DeepSeek-V2 and V2-Lite written out from arXiv:2405.04434 (Sec. 3.1.2, Appendix B) and
+    Megatron-Bridge 0.3.1's providers: MLA (V2 compresses its queries to 1536, the Lite projects
+    them whole), one dense layer, the rest MoE with 2 shared and E routed experts, 6 routed a token,
+    an untied 102,400-token table. The published totals to 1 %; the active counts (2.4B for the
+    Lite) leave out the embedding table, which no token multiplies, to within the figure's rounding."""
+    q = (h * q_lora + q_lora + q_lora * a * 192) if q_lora else h * a * 192
+    mla = q + h * (512 + 64) + 512 + 512 * a * (128 + 128) + a * 128 * h
+    expert, norms = 3 * h * f, 2 * h
+    moe = (L - 1) * (mla + h * E + (E + 2) * expert + norms)
+    by_hand = mla + 3 * h * dense_ffn + norms + moe + 2 * 102400 * h + h
+    m = load_model(name)
+    assert m.params == by_hand and m.params == pytest.approx(total, rel=0.01)
+    assert m.active_params == by_hand - (L - 1) * (E - 6) * expert
+    assert abs(m.active_params - 102400 * h - active) <= 0.025 * active + 0.05e9
+
+
 def test_hf_configs_give_the_shipped_workloads():
     """The Hugging Face configs of the shipped MoE models (the keys as published) give the same
     parameter count as the workload files."""
@@ -93,6 +114,22 @@ def test_hf_configs_give_the_shipped_workloads():
                             vocab_size=129280, hidden_act="silu", rms_norm_eps=1e-6,
                             tie_word_embeddings=False, num_nextn_predict_layers=1,
                             max_position_embeddings=163840, n_group=8, topk_group=4),
+        "deepseek-v2": dict(model_type="deepseek_v2", hidden_size=5120, num_hidden_layers=60,
+                            num_attention_heads=128, num_key_value_heads=128, intermediate_size=12288,
+                            moe_intermediate_size=1536, n_routed_experts=160, n_shared_experts=2,
+                            num_experts_per_tok=6, first_k_dense_replace=1, moe_layer_freq=1, q_lora_rank=1536,
+                            kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                            vocab_size=102400, hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
+                            max_position_embeddings=163840, n_group=8, topk_group=3,
+                            topk_method="group_limited_greedy"),
+        "deepseek-v2-lite": dict(model_type="deepseek_v2", hidden_size=2048, num_hidden_layers=27,
+                                 num_attention_heads=16, num_key_value_heads=16, intermediate_size=10944,
+                                 moe_intermediate_size=1408, n_routed_experts=64, n_shared_experts=2,
+                                 num_experts_per_tok=6, first_k_dense_replace=1, moe_layer_freq=1,
+                                 q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                 v_head_dim=128, vocab_size=102400, hidden_act="silu", rms_norm_eps=1e-6,
+                                 tie_word_embeddings=False, max_position_embeddings=163840, n_group=1,
+                                 topk_group=1, topk_method="greedy"),
         "gpt-oss-120b": dict(model_type="gpt_oss", hidden_size=2880, num_hidden_layers=36, num_attention_heads=64,
                              num_key_value_heads=8, head_dim=64, intermediate_size=2880, num_local_experts=128,
                              experts_per_token=4, vocab_size=201088, sliding_window=128, attention_bias=True,
@@ -112,6 +149,10 @@ def test_hf_configs_give_the_shipped_workloads():
     # node-limited routing from the config's n_group / topk_group (DeepSeek-V3's published 8 and 4)
     ds, ds_shipped = model_from_hf_config(configs["deepseek-v3"]), load_model("deepseek-v3")
     assert (ds.router_groups, ds.router_group_topk) == (ds_shipped.router_groups, ds_shipped.router_group_topk)
+    for name in ("deepseek-v2", "deepseek-v2-lite"):   # DeepSeek-V2's device-limited 8 and 3; the Lite's none
+        v2, v2_shipped = model_from_hf_config(configs[name]), load_model(name)
+        assert (v2.router_groups, v2.router_group_topk, v2.q_lora_rank, v2.dense_layers, v2.shared_experts) == \
+            (v2_shipped.router_groups, v2_shipped.router_group_topk, v2_shipped.q_lora_rank, v2_shipped.dense_layers, 2)
     assert (ds.router_groups, ds.router_group_topk) == (8, 4)
     # left out, DeepseekV3Config's defaults (8 and 4) hold; one group is no grouping
     plain = {k: v for k, v in configs["deepseek-v3"].items() if k not in ("n_group", "topk_group")}

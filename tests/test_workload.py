@@ -584,6 +584,34 @@ def test_qwen3_dense_parameters_by_hand(name):
     assert abs(L * layer + h - non_embedding) < digits / 2
 
 
+# Qwen2.5's dense models (Megatron-Bridge 0.3.1 Qwen25ModelProvider*): layers, hidden, query heads,
+# KV heads, FFN; and the total each model card gives, to its rounding
+QWEN25 = {"qwen2.5-7b": (28, 3584, 28, 4, 18944, 7.61e9, 0.01e9),
+          "qwen2.5-14b": (48, 5120, 40, 8, 13824, 14.7e9, 0.1e9),
+          "qwen2.5-32b": (64, 5120, 40, 8, 27648, 32.5e9, 0.1e9),
+          "qwen2.5-72b": (80, 8192, 64, 8, 29568, 72.7e9, 0.1e9)}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN25))
+def test_qwen25_parameters_by_hand(name):
+    """Heads of width 128, biases on the q, k and v projections only (``qkv_bias``, a workload
+    key since 2026-12-07; Hugging Face's qwen2 type always has them), SwiGLU, two RMSNorms a layer
+    and a final one, an untied 152,064-token table; the YAML gives what phaze's Hugging Face reader
+    gives from the published config.json keys. The 32B comes out 32.76B against its card's 32.5B
+    (0.8 %), the others to the card's rounding."""
+    L, h, heads, kv, f, published, digits = QWEN25[name]
+    q, k = heads * 128, kv * 128
+    layer = h * q + q + 2 * (h * k + k) + q * h + 3 * h * f + 2 * h
+    m = load_model(name)
+    assert (m.qkv_bias, m.bias, m.tied_embeddings, m.head_dim) == (True, False, False, 128)
+    assert m.params == L * layer + h + 2 * 152064 * h
+    assert abs(m.params - published) <= max(digits / 2, 0.01 * published)
+    hf = model_from_hf_config(dict(model_type="qwen2", hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
+                                   num_key_value_heads=kv, intermediate_size=f, vocab_size=152064, hidden_act="silu",
+                                   rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=32768))
+    assert hf.params == m.params and hf.qkv_bias
+
+
 @pytest.mark.parametrize("name,layers,h,heads,kv,f,non_embedding", [
     ("gemma-2b", 18, 2048, 8, 1, 16384, 1_981_884_416),
     ("gemma-7b", 28, 3072, 16, 16, 24576, 7_751_248_896)])

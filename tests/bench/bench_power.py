@@ -19,7 +19,8 @@ from phaze.placement import PlacementOptions, place
 from phaze.power import within_limit
 
 ROOT = Path(__file__).resolve().parents[2]
-CHIPS = ("v100-sxm2-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h100-hbm2e-96gb-500w", "h200-sxm", "tpuv4")
+CHIPS = ("v100-sxm2-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h100-hbm2e-96gb-500w", "h200-sxm", "b200", "gb200",
+         "tpuv4")
 DEVICES, BATCH = 1024, 1024
 OPTIONS = PlacementOptions(tp=(1, 2, 4, 8), mbs=(1, 2), vp=(1, 2, 4))
 
