@@ -505,7 +505,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     seq = _int(row, "seq_len")
     if seq is None:
         raise ValueError("seq_len not stated")
-    precision = _choice(row, "compute_precision", ("fp16", "bf16", "fp8", "mxfp8"), "")
+    precision = _choice(row, "compute_precision", ("fp16", "bf16", "fp8", "mxfp8", "fp32", "tf32"), "")
     if not precision:   # the precision column: fp8 when it names float8 linears, else its leading word,
         # else what the framework's runs train in (phaze's bf16 without one)
         text = _text(row, "precision").lower()
@@ -513,11 +513,16 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         if re.search(r"\b(?:mx|nv)?(?:fp4|float4)\b", text):
             raise ValueError(f"precision {_text(row, 'precision')!r}: 4-bit training (fp4, nvfp4, mxfp4) is "
                              f"not modelled; phaze models fp16, bf16 and fp8 (compute_precision names one)")
+        # 32-bit training (fp32, TF32 matmuls) when the column names it and no 16-bit type: a run that
+        # keeps fp32 master weights beside bf16 compute names both
+        wide = (re.search(r"\b(fp32|tf32|float32)\b", text)
+                and not re.search(r"\b(fp16|bf16|float16|bfloat16|half|amp\w*|mixed)\b", text))
         precision = ("fp8" if re.search(r"\b(?:mx)?(fp8|float8)", text) else
-                     first if first in ("fp16", "bf16", "fp8") else (fw.precision if fw else "") or "bf16")
+                     first if first in ("fp16", "bf16", "fp8") else "fp32" if wide else
+                     (fw.precision if fw else "") or "bf16")
     # Blackwell's MXFP8 (32-element blocks, each with its own scale) is fp8 to phaze as the blockwise
     # and per-tensor recipes are: the same fp8 products at the chip's fp8 rate and a cast per operand
-    precision = "fp8" if precision == "mxfp8" else precision
+    precision = {"mxfp8": "fp8", "tf32": "fp32"}.get(precision, precision)   # TF32: fp32 weights, TF32 matmuls
     model = _row_model(row, seq, precision, fw)
     nominal = _num(row, "params_b")
     if nominal and not model.moe and nominal * 1e9 > PARAMS_GUARD * model.params:

@@ -405,6 +405,20 @@ def test_block_scaled_fp8_is_fp8_and_four_bit_training_is_refused():
     assert synthetic_case(precision="bf16 (fp32 master weights)").model.precision == "bf16"
 
 
+def test_a_32_bit_run_is_scored_in_32_bits():
+    """A run in fp32 (TF32 matmuls on an A100 or H100: the chip file's fp32 peak) is scored in fp32:
+    until 2026-12-07 a precision column saying fp32 fell through to the framework's bf16. A column
+    naming fp32 beside a 16-bit type (master weights, amp) stays 16-bit."""
+    for text in ("fp32", "FP32 (full precision)", "tf32", "float32"):
+        assert synthetic_case(precision=text).model.precision == "fp32", text
+    assert synthetic_case(compute_precision="tf32").model.precision == "fp32"
+    for text in ("fp32 master weights, bf16 compute", "FP32 + AMP", "mixed fp32/fp16"):
+        assert synthetic_case(precision=text).model.precision != "fp32", text
+    fp32 = synthetic_case(precision="fp32")
+    bf16 = synthetic_case(precision="bf16")
+    assert v.predict_case(fp32) > v.predict_case(bf16)   # TF32 at half the 16-bit peak, 4-byte elements
+
+
 def test_a_deepspeed_zero3_row_is_scored():
     """A DeepSpeed row at ZeRO stage 3 takes the megatron-deepspeed preset's optimizer, whose
     ZeRO-3 phaze models since 2026-12-07 (it was refused): it is scored, slower than the same
