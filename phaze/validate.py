@@ -535,6 +535,9 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     if batch is None:
         raise ValueError("global_batch not published: the step's size is unknown")
     recompute_text = _text(row, "recompute").lower()
+    if recompute_text not in _RECOMPUTE:   # its leading word where a note follows ("full (uniform)")
+        lead = re.split(r"[\s(,;:]+", recompute_text, maxsplit=1)[0]
+        recompute_text = lead if lead in _RECOMPUTE or lead == "offload" else recompute_text
     recompute_stated = bool(recompute_text)
     offload = _text(row, "offload").lower()
     if recompute_text == "offload":

@@ -1008,6 +1008,20 @@ def test_recompute_spellings(text, mode):
     assert row_to_case(row).plan.recompute == mode
 
 
+@pytest.mark.parametrize("text,mode", [("full (uniform)", "full"), ("selective (core_attn)", "selective"),
+                                       ("Selective recompute", "selective"), ("full, 1 layer", "full"),
+                                       ("none (fits)", "none")])
+def test_recompute_read_by_its_leading_word(text, mode):
+    """A recompute column with a note after its value is read by its leading word; one whose
+    leading word is not a recompute stays refused with the column and what is allowed."""
+    from phaze.validate import default_runs_path, read_runs, row_to_case
+    row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"))
+    assert row_to_case(dict(row, recompute=text)).plan.recompute == mode
+    for bad in ("activation checkpointing", "partial", "recompute=full"):
+        skipped = row_to_case(dict(row, recompute=bad))
+        assert "column 'recompute' must be none, selective, block or full" in skipped.reason
+
+
 def test_blank_recompute_takes_the_fewest_whole_layers_that_fit():
     # R0010 at 4,096 tokens: selective does not fit, so the least recompute is a block re-running
     # the fewest layers whole with which it fits (one fewer does not); a framework without a
