@@ -119,8 +119,10 @@ EXPLICIT_COLUMNS = (
     "grad_accum_fusion", "dp_shard", "cp_comm", "cp_a2a", "mtp_layers", "parallel_block", "fsdp_pp",
     "fp8_param_gather", "rotary_kernels", "kv_repeat", "softmax_kernel", "pipeline_schedule",
     "moe_shared_expert_overlap", "cross_entropy", "offload", "peft")
-# standard columns that are optional (the nominal size, read only by the guard on unmodelled parts)
-OPTIONAL_COLUMNS = ("params_b",)
+# standard columns that are optional: the nominal size, read only by the guard on unmodelled parts;
+# the source's title and locator, read only for the framework they name when the row names none
+# (:func:`row_framework`)
+OPTIONAL_COLUMNS = ("params_b", "source_title", "source_locator")
 # every column the model may read; ``notes`` (free text) is not among them
 MODEL_COLUMNS = REQUIRED_COLUMNS + EXPLICIT_COLUMNS + OPTIONAL_COLUMNS
 # a row whose params_b exceeds the dense model its shape gives by this factor has parts the row
@@ -448,6 +450,22 @@ def _moe_reason(row: dict) -> str | None:
     return None
 
 
+def row_framework(row: dict) -> Framework | None:
+    """The preset a row runs under: its ``framework`` column's; a row that leaves the column blank
+    takes the framework its ``source_title``, else its ``source_locator``, names in the same
+    spellings (``NVIDIA/Megatron-LM README ... (2022-05-19)``, ``pytorch/torchtitan
+    docs/performance.md``), as the standard columns every row carries; a column naming a framework
+    phaze has no preset for stays without one. (The notes are never read.)"""
+    text = _text(row, "framework")
+    if text:
+        return resolve_framework(text)
+    for column in ("source_title", "source_locator"):
+        fw = resolve_framework(_text(row, column))
+        if fw:
+            return fw
+    return None
+
+
 def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     other = _catalogued(unmodelled_models(), _text(row, "model"))
     if other:
@@ -489,7 +507,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
                 raise ValueError(f"column 'system_config': {exc.message if exc.source == '--system' else exc}"
                                  ) from None
         chip = chips[key]
-    fw = resolve_framework(_text(row, "framework"))
+    fw = row_framework(row)
     # how the run issued its work (its column, else its framework's), not the chip's default; after
     # the cache, which holds each chip and system once whatever the rows' frameworks
     chip = chip.with_execution(_choice(row, "execution", EXECUTION, fw.execution if fw else ""))

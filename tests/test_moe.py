@@ -332,6 +332,10 @@ def test_moe_row_without_explicit_columns_gets_intra_node_ep():
     the 128 experts and the tp*cp*dp = 2*1*16 ranks, and the case says it is assumed."""
     from phaze.validate import EXPLICIT_COLUMNS
     row = {k: v for k, v in _rows()["R1041"].items() if k not in EXPLICIT_COLUMNS}
+    # the source's title names Megatron-Core: its preset's distributed optimizer (ZeRO 1)
+    titled = row_to_case(row)
+    assert titled.plan.zero == 1 and not {a.zero for a in titled.alternatives} - {1}
+    row = dict(row, source_title="", source_locator="")
     searched = row_to_case(row)      # no framework and no ZeRO stage: ZeRO 0 and 1 are searched too
     assert searched.layout_from == "searched" and {a.zero for a in searched.alternatives} == {1}
     case = row_to_case(dict(row, zero_stage="1"))

@@ -276,11 +276,15 @@ def test_flop_convention_comes_from_its_column_not_the_source_id():
     a = case("R0000")
     b = case("R0000", source_id="S99_other")                 # same row, another source id
     assert a.measured_step_s == b.measured_step_s
-    c = case("R0000", flop_convention="", framework="")       # blank, no framework: model FLOPs
+    # blank, no framework (neither the column nor the source's title or locator names one): model FLOPs
+    c = case("R0000", flop_convention="", framework="", source_title="", source_locator="")
     assert c.measured_step_s == pytest.approx(
         v.convention_flops_per_step(c.model, 512, "model", "full") / (137e12 * 32), rel=1e-12)
-    # blank with Megatron-LM named: its throughput log's own formula (SC'21's)
+    # blank with Megatron-LM named: its throughput log's own formula (SC'21's); so where only the
+    # source's title names it ("... Using Megatron-LM")
     assert case("R0000", flop_convention="").measured_step_s == pytest.approx(a.measured_step_s, rel=1e-12)
+    assert case("R0000", flop_convention="", framework="").measured_step_s == pytest.approx(a.measured_step_s,
+                                                                                            rel=1e-12)
     s = v.row_to_case(row("R0000", flop_convention="12*N"))
     assert isinstance(s, v.Skipped) and "flop_convention" in s.reason
 
@@ -439,6 +443,28 @@ def test_blackwell_gpu_names_take_their_chip_files():
     assert isinstance(v.row_to_case(synthetic(gpu="B100")), v.Skipped)   # another part: not guessed
 
 
+def test_a_row_without_a_framework_column_takes_the_one_its_source_names():
+    """A row of the standard columns alone (no ``framework``) runs under the preset its
+    ``source_title``, else its ``source_locator``, names; a stated framework wins, and one phaze has
+    no preset for is not replaced. Measured on the visible rows with every column beyond the
+    standard ones blanked (in sample: chosen by watching that error, 2026-12-07): 10.7 % without
+    the fallback, 7.6 % with it, against 6.5 % with the project's columns."""
+    bare = dict(synthetic(), framework="", source_title="PyTorch torchtitan docs/performance.md (FSDP2)",
+                source_locator="pytorch/torchtitan docs/performance.md")
+    assert v.row_framework(bare).name == "torchtitan"
+    assert synthetic_case(**{k: bare[k] for k in ("framework", "source_title", "source_locator")}).plan.zero == 3
+    located = dict(bare, source_title="Korthikanti et al. 2022, Reducing Activation Recomputation",
+                   source_locator="NVIDIA/Megatron-LM README.md @2e90a342 (2022-05-19)")
+    assert v.row_framework(located).name == "megatron-lm"
+    assert v.row_framework(dict(bare, source_title="Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
+                                source_locator="")).name == "megatron-deepspeed"
+    assert v.row_framework(dict(bare, framework="MaxText")).name == "maxtext"            # the column wins
+    assert v.row_framework(dict(bare, framework="PaxML")) is None                        # not replaced
+    assert v.row_framework(dict(bare, source_title="A paper", source_locator="Table 3")) is None
+    # every visible row names its framework, so none of their predictions moves
+    assert all(r["framework"].strip() for r in rows().values())
+
+
 def test_a_blank_precision_takes_the_frameworks():
     """Megatron-LM 2021-22's example scripts pass --fp16 (its papers' runs trained so); the other
     presets' runs and a row without a framework get phaze's bf16; a stated precision wins."""
@@ -488,7 +514,8 @@ def test_remaining_defaults():
     assert case("R1036").plan.recompute == "op"
     # blank on a torchtitan row: the framework preset's policy (torchtitan's per-op default)
     assert case("R1000").plan.recompute == "op"
-    assert case("R1000", framework="").plan.recompute == "selective"
+    assert case("R1000", framework="", source_title="", source_locator="").plan.recompute == "selective"
+    assert case("R1000", framework="").plan.recompute == "op"     # the source's title names torchtitan
     assert isinstance(v.row_to_case(synthetic(recompute="selective", selective_recompute="layer")), v.Skipped)
 
 
