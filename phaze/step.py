@@ -1017,7 +1017,7 @@ class StageCosts:
         (``average_tensor``): divided by dp (read 2, write 2) and, when the wire type differs
         (``communication_data_type``, ``reduce_fp32``), cast to it and copied back (read 2,
         write 4, read 4, write 2)."""
-        per = 4.0 + (12.0 if reduced_grad_bytes(self.model, self.plan) != self.model.bytes_per_element else 0.0)
+        per = 4.0 + (12.0 if self._wire_fp32() else 0.0)
         return per * DEEPSPEED_BUCKET_ELEMENTS * deepspeed_buckets(params)
 
     def _accumulation_passes(self, i: int, n):
