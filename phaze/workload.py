@@ -1838,6 +1838,9 @@ def workload_dirs() -> list[Path]:
 # network (Llama-2-13b-chat-hf, Meta-Llama-3-8B-Instruct, Nemotron-4-340B-Base, Google's
 # instruction-tuned gemma-2-9b-it): same shapes
 VARIANT_WORDS = ("hf", "base", "instruct", "chat", "sft", "it")
+# a trailing context length (NeMo 2.5.0's recipes llama3_8b_16k, llama3_8b_128k, mixtral_8x7b_64k,
+# nemotron4_15b_64k: the same network trained at 16K to 128K tokens, which a row gives in seq_len)
+CONTEXT_WORD = re.compile(r"\d+k")
 
 
 # words that name a parameter-efficient fine-tuning method in a published model name (NeMo's
@@ -1871,14 +1874,14 @@ def name_keys(name: str) -> tuple[str, ...]:
     """The keys a published name may match, most specific first: the name itself; without a
     Hugging Face organisation (``meta-llama/``); without a trailing qualifier in parentheses (NeMo's
     performance tables write ``LLAMA2-70B (SFT)`` for a fine-tuning run of Llama 2 70B); without
-    trailing :data:`VARIANT_WORDS`. Each drops only what names the run or the checkpoint, not the
-    network."""
+    trailing :data:`VARIANT_WORDS` or context length (:data:`CONTEXT_WORD`). Each drops only what
+    names the run or the checkpoint, not the network."""
     text = name.strip().rpartition("/")[2]
     forms = [name, text]
     bare = re.sub(r"(\s*\([^()]*\))+$", "", text).strip()
     forms.append(bare)
     words = re.split(r"[-_\s]+", bare)
-    while len(words) > 1 and words[-1].lower() in VARIANT_WORDS:
+    while len(words) > 1 and (words[-1].lower() in VARIANT_WORDS or CONTEXT_WORD.fullmatch(words[-1].lower())):
         words.pop()
         forms.append("-".join(words))
     return tuple(dict.fromkeys(k for k in map(name_key, forms) if k))
@@ -1966,19 +1969,32 @@ def load_model(name_or_path: str | Path, seq_len: int | None = None) -> Model:
         model = model_from_hf_config(data, str(path), name=stem or path.parent.name or "config")
     else:
         model = _model_from_yaml(data, str(path))
+    named = named_context(name_or_path, path, model) if seq_len is None and isinstance(name_or_path, str) else None
+    if named is not None:
+        return with_seq_len(model, named, f"named by {name_or_path!r}")
     if seq_len is not None:
         model = with_seq_len(model, seq_len)
     return model
 
 
-def with_seq_len(model: Model, seq_len: int) -> Model:
+def named_context(name: str, path: Path, model: Model) -> int | None:
+    """The sequence length a published name found by dropping its trailing context length
+    (:data:`CONTEXT_WORD`: NeMo's ``llama3_8b_16k`` trains Llama 3 8B at 16,384 tokens) says, in
+    tokens (K = 1,024); None when the name is the file's or the model's own, or has no such word."""
+    word = re.split(r"[-_\s]+", name.strip().rpartition("/")[2])[-1].lower()
+    if not CONTEXT_WORD.fullmatch(word) or name_key(name) in (name_key(path.stem), name_key(model.name)):
+        return None
+    return int(word[:-1]) * 1024
+
+
+def with_seq_len(model: Model, seq_len: int, why: str = "set by --seq-len") -> Model:
     """The model trained at another sequence length; a learned position table grows to match
     (as llm-foundry's benchmark configs size it to ``max_seq_len``)."""
     if seq_len == model.seq_len:
         return model
     grow = model.position_embedding == "learned" and model.max_positions < seq_len
     notes = tuple(n for n in model.notes if not n.startswith("sequence length")) + (
-        f"sequence length {seq_len} (set by --seq-len)",)
+        f"sequence length {seq_len} ({why})",)
     return replace(model, seq_len=seq_len, notes=notes,
                    max_positions=seq_len if grow else model.max_positions)
 

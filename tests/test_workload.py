@@ -64,7 +64,9 @@ def _llama4_vision_params() -> int:
 
 # Models whose size is published only in their name (NVIDIA's Nemotron-3 8B and 22B): the exact totals
 # are derived by hand below (test_nemotron3_parameters_by_hand), and here need only be within a tenth of it.
-NAMED_ONLY = {"nemotron3-": 0.1}
+NAMED_ONLY = {"nemotron3-": 0.1,
+              "gpt3-20b": 0.1, "gpt3-40b": 0.1,   # NeMo's GPTConfig20B/40B (test_nemo_gpt3_parameters_by_hand)
+              "mistral-nemo-": 0.1}               # Mistral AI's "12B" (test_mistral_nemo_parameters_by_hand)
 
 # Published totals that count parts of a checkpoint phaze does not model, by hand.
 NOT_MODELLED_PARAMS = {"llama4-": _llama4_vision_params()}
@@ -612,6 +614,40 @@ def test_qwen25_parameters_by_hand(name):
     assert hf.params == m.params and hf.qkv_bias
 
 
+@pytest.mark.parametrize("stem,layers,h,f", [("gpt3-126m", 12, 768, 3072), ("gpt3-20b", 44, 6144, 24576),
+                                             ("gpt3-40b", 48, 8192, 32768)])
+def test_nemo_gpt3_parameters_by_hand(stem, layers, h, f):
+    """NeMo 2.5.0's GPTConfig126M/20B/40B: biased q, k, v and out (4·h² + 4·h), a biased GELU MLP
+    (2·h·f + f + h), two LayerNorms a layer (4·h) and a final one, the GPT-2 BPE's 50,257-row table
+    tied to the head, 2,048 learned positions. NeMo names the sizes only: 20.26 and 39.09 B;
+    the 126M is GPT-3 Small's shape, Brown et al.'s 125M."""
+    m = load_model(stem)
+    assert (m.activation, m.position_embedding, m.tied_embeddings, m.bias) == ("gelu", "learned", True, True)
+    assert m.vocab == 50257
+    layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    assert m.params == layers * layer + 50257 * h + 2048 * h + 2 * h
+
+
+def test_mistral_nemo_parameters_by_hand():
+    """NeMo 2.5.0's MistralNeMoConfig12B: 32 query and 8 key/value heads of width 128 (4,096 wide, the
+    hidden 5,120), SwiGLU of 14,336, two RMSNorms a layer and a final one, no biases, an untied
+    131,072-token table: 12.25 B, Mistral AI's "12B"."""
+    m = load_model("mistral-nemo-12b")
+    h, q, k = 5120, 32 * 128, 8 * 128
+    layer = h * q + 2 * h * k + q * h + 3 * h * 14336 + 2 * h
+    assert (m.head_dim, m.kv_heads, m.tied_embeddings, m.bias, m.sliding_window) == (128, 8, False, False, 0)
+    assert m.params == 40 * layer + h + 2 * 131072 * h == 12_247_782_400
+
+
+@pytest.mark.parametrize("name", ["model_aliases.csv", "moe_models.csv", "unmodelled_models.csv"])
+def test_every_catalogue_row_has_the_header_fields(name):
+    """A catalogue's source text holds commas inside quotes: a row with more cells than the header
+    (an unquoted comma) would lose the rest of its source."""
+    with (ROOT / "phaze" / "data" / name).open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    assert rows and all(len(r) == len(rows[0]) for r in rows), [r[0] for r in rows if len(r) != len(rows[0])]
+
+
 @pytest.mark.parametrize("name,layers,h,heads,kv,f,non_embedding", [
     ("gemma-2b", 18, 2048, 8, 1, 16384, 1_981_884_416),
     ("gemma-7b", 28, 3072, 16, 16, 24576, 7_751_248_896)])
@@ -636,7 +672,37 @@ def test_nemo_recipe_names_find_the_shipped_workloads():
                          ("nemotronh_56b", "nemotron-h-56b"), ("gpt3_175b", "gpt3-175b"),
                          ("gemma_2b", "gemma-2b"), ("gemma_7b", "gemma-7b"), ("codegemma_7b", "gemma-7b")):
         assert find_workload(recipe) == WORKLOADS / f"{stem}.yaml", recipe
-    assert find_workload("llama3_8b_16k") is None   # a long-context recipe: the same network at another length
+    for recipe, stem in (("qwen25_7b", "qwen2.5-7b"), ("qwen25_32b", "qwen2.5-32b"), ("qwen2_72b", "qwen2.5-72b"),
+                         ("llama31_nemotron_70b", "llama3.1-70b"), ("mistral_nemo_12b", "mistral-nemo-12b")):
+        assert find_workload(recipe) == WORKLOADS / f"{stem}.yaml", recipe
+
+
+@pytest.mark.parametrize("recipe,stem,seq", [("llama3_8b_16k", "llama3-8b", 16384),
+                                             ("llama3_8b_128k", "llama3-8b", 131072),
+                                             ("llama3_70b_64k", "llama3-70b", 65536),
+                                             ("mixtral_8x7b_64k", "mixtral-8x7b", 65536),
+                                             ("nemotron4_15b_16k", "nemotron4-15b", 16384)])
+def test_a_long_context_recipe_name_is_its_network_at_that_length(recipe, stem, seq):
+    """NeMo 2.5.0's long-context recipes (recipes/llama3_8b_16k.py: ``seq_length = 16384``; _64k
+    65,536, _128k 131,072) train the shipped network at the length their name says: found by
+    dropping the length, loaded at it (K = 1,024 tokens), and an explicit length still wins."""
+    assert find_workload(recipe) == WORKLOADS / f"{stem}.yaml"
+    m = load_model(recipe)
+    assert m.seq_len == seq and m.name == load_model(stem).name
+    assert f"sequence length {seq} (named by '{recipe}')" in m.notes
+    assert load_model(recipe, seq_len=4096).seq_len == 4096
+
+
+def test_a_workload_named_with_a_length_keeps_its_own(tmp_path, monkeypatch):
+    """The length is read from a name only where it was dropped to find the file: a local workload
+    whose own name ends in one (and a catalogued spelling such as Nemotron-3-8B-Base-4k) keeps the
+    sequence its file gives."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "workloads").mkdir()
+    text = (WORKLOADS / "llama2-7b.yaml").read_text().replace("name: Llama-2-7B", "name: Long Llama 32k")
+    (tmp_path / "workloads" / "long-llama-32k.yaml").write_text(text)
+    assert load_model("long-llama-32k").seq_len == load_model("Long Llama 32k").seq_len == 4096
+    assert load_model("Nemotron-3-8B-Base-4k").seq_len == load_model("nemotron3-8b").seq_len
 
 
 def test_every_catalogued_spelling_names_a_shipped_workload():
