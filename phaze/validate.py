@@ -143,6 +143,16 @@ HELD_OUT_SOURCES = ("S05_nemo_2407", "S25_maxtext_tpuv5")
 DEFAULT_VOCAB = 51200   # GPT-2 BPE padded to a multiple of 1024 (Megatron's default); see module doc
 _TRUE = ("yes", "true", "1", "on", "y")
 _FALSE = ("no", "false", "0", "off", "n")
+# the names people give the attention kernels and ZeRO stages, reduced to letters and digits
+# (``FlashAttention-2``, ``flash_attn``, ``ZeRO-1``, ``FULL_SHARD``) -> the column's own values; an
+# unversioned "FlashAttention" is not among them (the framework's fused kernel or the flash-attn
+# library's: the column's two values) and is refused with the rest
+ATTENTION_NAMES = {"flash": "flash", "flash2": "flash2", "standard": "standard",
+                   "flashattention2": "flash2", "flashattn2": "flash2", "fa2": "flash2", "flashattn": "flash2",
+                   "fused": "flash", "te": "flash", "cudnn": "flash", "transformerengine": "flash",
+                   "unfused": "standard", "none": "standard", "math": "standard", "eager": "standard"}
+ZERO_NAMES = {"ddp": 0, "none": 0, "no": 0, "distributedoptimizer": 1, "distopt": 1,
+              "shardgradop": 2, "fsdp": 3, "fsdp1": 3, "fsdp2": 3, "fullshard": 3}
 _RECOMPUTE = {"full": "full", "uniform": "full", "block": "block", "selective": "selective",
               "none": "none", **{t: "full" for t in _TRUE}, **{f: "none" for f in _FALSE}}
 # GPU names of the reference data and their usual spellings -> shipped chip file. Exact names
@@ -305,6 +315,56 @@ def nemo_hybrid_flops_per_sample(model: Model) -> float:
     mamba = (6 * s * h * model.mamba_in_width + 6 * s * d * model.mamba_state + 6 * s * d * h)
     mlp = 6 * s * h * model.ffn_hidden * 3
     return n.get("*", 0) * attention + n.get("M", 0) * mamba + n.get("-", 0) * mlp + 6 * s * h * V
+
+
+# the 16-bit types as a precision column names them anywhere in its text (``mixed fp16``,
+# ``AMP (bfloat16)``, PyTorch Lightning's ``16-mixed`` and ``bf16-mixed``), an underscore a separator
+_SIXTEEN = {"bf16": r"(?<![a-z0-9])(?:bf16|bfloat16)(?![a-z0-9])",
+            "fp16": r"(?<![a-z0-9])(?:fp16|float16|half|16-mixed|16-true)(?![a-z0-9])"}
+
+
+_PRECISION_NAMES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float8": "fp8", "float32": "fp32"}
+
+
+def sixteen_bit(text: str) -> str:
+    """The 16-bit type a free-text precision names (fp16 or bf16), the first where it names both;
+    "" where it names neither."""
+    found = [(m.start(), kind) for kind, pattern in _SIXTEEN.items()
+             for m in [re.search(pattern, text.lower())] if m]
+    return min(found)[1] if found else ""
+
+
+def _spelling(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def _zero_stage(row: dict) -> float | None:
+    """The ``zero_stage`` column: 0-3, also as people write it (``ZeRO-1``, ``stage 2``, ``FSDP``
+    and ``FULL_SHARD`` 3, ``SHARD_GRAD_OP`` 2, ``distributed optimizer`` 1, ``DDP`` 0); None when blank."""
+    raw = _text(row, "zero_stage")
+    base = raw.split("(")[0]     # a note after the value: "ZeRO-3 (FSDP)"
+    stage = re.fullmatch(r"(?:zero)?(?:stage)?([0-3])", _spelling(base))
+    if not raw or not stage and re.fullmatch(r"[\d.eE+-]+", raw):
+        return _num(row, "zero_stage")
+    value = int(stage.group(1)) if stage else ZERO_NAMES.get(_spelling(base))
+    if value is None:
+        raise ValueError(f"column 'zero_stage' must be 0, 1, 2 or 3 (also ZeRO-1, stage 2, FSDP or FULL_SHARD 3, "
+                         f"SHARD_GRAD_OP 2, distributed optimizer 1, DDP 0), got {raw!r}")
+    return float(value)
+
+
+def _attention_kernel(row: dict, default: str) -> str:
+    """The ``attention_kernel`` column: flash, flash2 or standard, also as people name the kernels
+    (:data:`ATTENTION_NAMES`); blank: ``default``."""
+    raw = _text(row, "attention_kernel")
+    if not raw:
+        return default
+    value = ATTENTION_NAMES.get(_spelling(raw))
+    if value is None:
+        raise ValueError(f"column 'attention_kernel' must be flash (the framework's fused kernel: also fused, TE, "
+                         f"cuDNN), flash2 (the flash-attn library: also FlashAttention-2, FA2, flash_attn) or "
+                         f"standard (also unfused, math), got {raw!r}")
+    return value
 
 
 def _choice(row: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
@@ -523,7 +583,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     seq = _int(row, "seq_len")
     if seq is None:
         raise ValueError("seq_len not stated")
-    precision = _choice(row, "compute_precision", ("fp16", "bf16", "fp8", "mxfp8", "fp32", "tf32"), "")
+    named = _PRECISION_NAMES.get(_text(row, "compute_precision").lower())
+    precision = named or _choice(row, "compute_precision", ("fp16", "bf16", "fp8", "mxfp8", "fp32", "tf32"), "")
     if not precision:   # the precision column: fp8 when it names float8 linears, else its leading word,
         # else what the framework's runs train in (phaze's bf16 without one)
         text = _text(row, "precision").lower()
@@ -536,8 +597,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         wide = (re.search(r"\b(fp32|tf32|float32)\b", text)
                 and not re.search(r"\b(fp16|bf16|float16|bfloat16|half|amp\w*|mixed)\b", text))
         precision = ("fp8" if re.search(r"\b(?:mx)?(fp8|float8)", text) else
-                     first if first in ("fp16", "bf16", "fp8") else "fp32" if wide else
-                     (fw.precision if fw else "") or "bf16")
+                     first if first in ("fp16", "bf16", "fp8") else sixteen_bit(text) or
+                     ("fp32" if wide else (fw.precision if fw else "") or "bf16"))
     # Blackwell's MXFP8 (32-element blocks, each with its own scale) is fp8 to phaze as the blockwise
     # and per-tensor recipes are: the same fp8 products at the chip's fp8 rate and a cast per operand
     precision = {"mxfp8": "fp8", "tf32": "fp32"}.get(precision, precision)   # TF32: fp32 weights, TF32 matmuls
@@ -589,7 +650,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         # after); a mixture of experts' ep with it where the row does not give it
         tp, pp, cp, searched_ep = _searched_layout(model, chip, devices, batch, fw, tp, pp, cp, mbs,
                                                    ({"block": "full"}.get(recompute, recompute))
-                                                   if recompute_stated else "", _num(row, "zero_stage"), dp_col,
+                                                   if recompute_stated else "", _zero_stage(row), dp_col,
                                                    _int(row, "ep"), _int(row, "etp", 1))
     selective, modules = _selective_policy(row, fw)
     if recompute == "selective":
@@ -599,7 +660,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     sp_text = _text(row, "sequence_parallel").lower()
     sp = (True if sp_text in _TRUE else False if sp_text in _FALSE else
           (fw.sp if fw and fw.sp is not None else True)) and tp > 1
-    zero = _num(row, "zero_stage")
+    zero = _zero_stage(row)
     zero_stated = zero is not None or fw is not None
     preset = plan_settings(fw, precision)   # what the framework (or phaze) sets where a column is blank
     zero = preset["zero"] if zero is None else zero
@@ -608,7 +669,7 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     schedule, vp = _pipeline_schedule(row, fw, pp, vp)
     plan = Plan(tp=tp, pp=pp, mbs=mbs or 1, recompute=recompute, sp=sp, vp=vp or 1, cp=cp or 1,
                 zero=int(zero), recompute_layers=(block_layers or 1,) if recompute == "block" else (),
-                attention=_choice(row, "attention_kernel", ("flash", "flash2", "standard"), preset["attention"]),
+                attention=_attention_kernel(row, preset["attention"]),
                 tp_overlap=_flag(row, "tp_comm_overlap", preset["tp_overlap"]),
                 tp_async=_flag(row, "tp_async", preset["tp_async"]),
                 dp_overlap=hides_dp_reduction(preset["dp_overlap"], fw is not None and fw.dp_overlap_flat, pp, sp),

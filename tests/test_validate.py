@@ -394,6 +394,39 @@ def test_precision_from_compute_precision_or_the_precision_column():
     assert case("R0010").model.precision == "fp16"
 
 
+def test_a_16_bit_type_named_anywhere_in_the_precision_column():
+    """Until 2026-12-07 only the column's leading word was read for fp16 or bf16, so "mixed fp16",
+    "AMP (float16)" and PyTorch Lightning's "16-mixed" ran in the framework's type, or bf16: a run
+    in fp16 costed as bf16, and under `megatron-lm` (fp16 by default) Lightning's "bf16-mixed" as fp16."""
+    for text, want in (("mixed fp16", "fp16"), ("AMP (float16)", "fp16"), ("16-mixed", "fp16"),
+                       ("fp16-mixed", "fp16"), ("Mixed precision (BF16)", "bf16"), ("bf16-mixed", "bf16"),
+                       ("amp_bf16", "bf16"), ("half", "fp16")):
+        assert synthetic_case(precision=text).model.precision == want, text
+    assert synthetic_case(precision="bf16-mixed", framework="megatron-lm").model.precision == "bf16"
+    assert synthetic_case(precision="mixed", framework="megatron-lm").model.precision == "fp16"   # names neither
+    for text, want in (("float16", "fp16"), ("bfloat16", "bf16"), ("float32", "fp32")):
+        assert synthetic_case(compute_precision=text).model.precision == want, text
+
+
+def test_zero_stage_and_attention_kernel_as_people_write_them():
+    """The two columns' values as sources and people name them (``ZeRO-1``, ``FULL_SHARD``,
+    ``FlashAttention-2``) are read; an unknown or ambiguous one ("FlashAttention": the framework's
+    kernel or the library's) is refused with the spellings allowed."""
+    for text, stage in (("ZeRO-1", 1), ("zero stage 2", 2), ("Stage 3", 3), ("FSDP", 3), ("FULL_SHARD", 3),
+                        ("SHARD_GRAD_OP", 2), ("distributed optimizer", 1), ("DDP", 0), ("ZeRO-3 (FSDP2)", 3),
+                        ("1", 1), ("2.0", 2)):
+        assert synthetic_case(zero_stage=text).plan.zero == stage, text
+    for text in ("zero", "ZeRO-4", "HYBRID_SHARD", "4"):
+        skipped = v.row_to_case(synthetic(zero_stage=text))
+        assert isinstance(skipped, v.Skipped) and "column 'zero_stage' must be 0, 1, 2 or 3" in skipped.reason, text
+    for text, kernel in (("FlashAttention-2", "flash2"), ("flash_attn", "flash2"), ("FA2", "flash2"),
+                         ("Flash Attention 2", "flash2"), ("TE", "flash"), ("cuDNN", "flash"), ("unfused", "standard"),
+                         ("flash", "flash"), ("standard", "standard")):
+        assert synthetic_case(attention_kernel=text).plan.attention == kernel, text
+    skipped = v.row_to_case(synthetic(attention_kernel="FlashAttention"))
+    assert isinstance(skipped, v.Skipped) and "column 'attention_kernel' must be flash" in skipped.reason
+
+
 def test_block_scaled_fp8_is_fp8_and_four_bit_training_is_refused():
     """Blackwell's MXFP8 runs fp8 products (phaze's fp8): until 2026-12-07 "mxfp8" in the
     precision column missed the fp8 pattern and fell to the framework's bf16, silently. A 4-bit
