@@ -173,6 +173,11 @@ GPU_CHIPS = {
     "v100-sxm2-32gb": "v100-sxm2-32gb", "tesla-v100-sxm2-32gb": "v100-sxm2-32gb", "v100-32gb-sxm2": "v100-sxm2-32gb",
     "b200": "b200", "b200-180gb": "b200", "b200-sxm": "b200", "b200-sxm-180gb": "b200", "b200-sxm6-180gb": "b200",
     "hgx-b200": "b200", "dgx-b200": "b200",
+    # NVIDIA's systems by their one GPU (the DGX H100 and H200 and HGX datasheets: eight SXM5 parts; DGX
+    # A100 by its total memory, 320 GB of 40 GB parts or 640 GB of 80 GB ones)
+    "dgx-h100": "h100-sxm", "hgx-h100": "h100-sxm", "dgx-h200": "h200-sxm", "hgx-h200": "h200-sxm",
+    "dgx-a100-640gb": "a100-80gb", "dgx-a100-320gb": "a100-40gb", "dgx-a100-80gb": "a100-80gb",
+    "dgx-a100-40gb": "a100-40gb",
     "gb200": "gb200", "gb200-186gb": "gb200", "gb200-nvl72": "gb200", "gb200-nvl72-186gb": "gb200",
 }
 

@@ -1050,7 +1050,11 @@ def test_cli_calibrate_writes_a_loadable_file(tmp_path, small_csv):
     ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
     ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H200", "h200-sxm"), ("NVIDIA H200 NVL", None),
     ("H200", None), ("NVIDIA H100 PCIe", None), ("NVIDIA B200", "b200"), ("Google TPU v4", "tpuv4"),
-    ("Cloud TPU v5p", "tpuv5p"), ("TPU v5 lite", "tpuv5e"), ("v5litepod", "tpuv5e"), ("NVIDIA", None)])
+    ("Cloud TPU v5p", "tpuv5p"), ("TPU v5 lite", "tpuv5e"), ("v5litepod", "tpuv5e"), ("NVIDIA", None),
+    # NVIDIA's systems, by the one part each holds; a DGX A100 without its memory is either
+    ("DGX H100", "h100-sxm"), ("NVIDIA DGX-H100", "h100-sxm"), ("HGX H100", "h100-sxm"), ("DGX H200", "h200-sxm"),
+    ("DGX A100 640GB", "a100-80gb"), ("DGX A100 320GB", "a100-40gb"), ("DGX A100 80GB", "a100-80gb"),
+    ("DGX A100", None)])
 def test_gpu_names(gpu, chip):
     from phaze.validate import chip_for_gpu
     assert chip_for_gpu(gpu) == chip
