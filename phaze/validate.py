@@ -328,15 +328,16 @@ _SIXTEEN = {"bf16": r"(?<![a-z0-9])(?:bf16|bfloat16)(?![a-z0-9])",
             "fp16": r"(?<![a-z0-9])(?:fp16|float16|half|16-mixed|16-true)(?![a-z0-9])"}
 
 
-_PRECISION_NAMES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float8": "fp8", "float32": "fp32"}
-
-
 def sixteen_bit(text: str) -> str:
     """The 16-bit type a free-text precision names (fp16 or bf16), the first where it names both;
     "" where it names neither."""
     found = [(m.start(), kind) for kind, pattern in _SIXTEEN.items()
              for m in [re.search(pattern, text.lower())] if m]
     return min(found)[1] if found else ""
+
+
+# the compute_precision column's other spellings of its types
+_PRECISION_NAMES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float8": "fp8", "float32": "fp32"}
 
 
 def _spelling(text: str) -> str:
@@ -591,7 +592,8 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
     named = _PRECISION_NAMES.get(_text(row, "compute_precision").lower())
     precision = named or _choice(row, "compute_precision", ("fp16", "bf16", "fp8", "mxfp8", "fp32", "tf32"), "")
     if not precision:   # the precision column: fp8 when it names float8 linears, else its leading word,
-        # else what the framework's runs train in (phaze's bf16 without one)
+        # else the 16-bit type it names anywhere, else fp32 where it names only 32 bits, else what the
+        # framework's runs train in (phaze's bf16 without one)
         text = _text(row, "precision").lower()
         first = text.split(" ")[0]
         if re.search(r"\b(?:mx|nv)?(?:fp4|float4)\b", text):
