@@ -591,20 +591,18 @@ def _row_to_case(row, run_id, source, gpu, chip_name, chips, dataset) -> Case:
         raise ValueError("seq_len not stated")
     named = _PRECISION_NAMES.get(_text(row, "compute_precision").lower())
     precision = named or _choice(row, "compute_precision", ("fp16", "bf16", "fp8", "mxfp8", "fp32", "tf32"), "")
-    if not precision:   # the precision column: fp8 when it names float8 linears, else its leading word,
-        # else the 16-bit type it names anywhere, else fp32 where it names only 32 bits, else what the
-        # framework's runs train in (phaze's bf16 without one)
+    if not precision:   # the precision column: fp8 when it names float8 linears, else the 16-bit type
+        # it names first (its leading word, where that is one), else fp32 where it names only 32 bits,
+        # else what the framework's runs train in (phaze's bf16 without one)
         text = _text(row, "precision").lower()
-        first = text.split(" ")[0]
         if re.search(r"\b(?:mx|nv)?(?:fp4|float4)\b", text):
             raise ValueError(f"precision {_text(row, 'precision')!r}: 4-bit training (fp4, nvfp4, mxfp4) is "
                              f"not modelled; phaze models fp16, bf16 and fp8 (compute_precision names one)")
-        # 32-bit training (fp32, TF32 matmuls) when the column names it and no 16-bit type: a run that
-        # keeps fp32 master weights beside bf16 compute names both
-        wide = (re.search(r"\b(fp32|tf32|float32)\b", text)
-                and not re.search(r"\b(fp16|bf16|float16|bfloat16|half|amp\w*|mixed)\b", text))
-        precision = ("fp8" if re.search(r"\b(?:mx)?(fp8|float8)", text) else
-                     first if first in ("fp16", "bf16", "fp8") else sixteen_bit(text) or
+        # 32-bit training (fp32, TF32 matmuls) when the column names it and no 16-bit type (a run that
+        # keeps fp32 master weights beside bf16 compute names both, read by sixteen_bit first) nor
+        # mixed precision
+        wide = re.search(r"\b(fp32|tf32|float32)\b", text) and not re.search(r"\b(amp\w*|mixed)\b", text)
+        precision = ("fp8" if re.search(r"\b(?:mx)?(fp8|float8)", text) else sixteen_bit(text) or
                      ("fp32" if wide else (fw.precision if fw else "") or "bf16"))
     # Blackwell's MXFP8 (32-element blocks, each with its own scale) is fp8 to phaze as the blockwise
     # and per-tensor recipes are: the same fp8 products at the chip's fp8 rate and a cast per operand
