@@ -142,8 +142,10 @@ TINY_MOE = {"name": "tiny-moe", "architecture": "decoder", "layers": 4, "hidden"
             "bias": False, "dropout": False, "precision": "bf16"}
 
 
-@pytest.mark.parametrize("changes,placement", [({}, {}), ({"capacity_factor": 0.75}, {"etp": [1, 2]})])
-def test_level_0_bounds_a_mixture_of_experts(tmp_path, changes, placement):
+# each case draws its own four designs; seeds whose designs' layer schedules CP-SAT proves in
+# seconds (seed 5 drew, for both, a 4-unit design with 16x16 arrays whose proofs took 26 s a case)
+@pytest.mark.parametrize("changes,placement,seed", [({}, {}, 1), ({"capacity_factor": 0.75}, {"etp": [1, 2]}, 4)])
+def test_level_0_bounds_a_mixture_of_experts(tmp_path, changes, placement, seed):
     """A mixture of experts (a dense first layer, a shared expert; dropless, or padded to a
     capacity factor below 1 with two expert tensor widths): level 0 is finite on every design and,
     with level 1, bounds the exact throughput and power on random designs of a wide space."""
@@ -153,7 +155,7 @@ def test_level_0_bounds_a_mixture_of_experts(tmp_path, changes, placement):
     cfg = config(tmp_path, {"tensor_units": [1, 4, 16], "tensor_rows": [16, 64, 256], "tensor_cols": [16, 256],
                             "vector_units": [1, 8], "vector_lanes": [64, 1024], "shared_buffer_mib": [2, 128],
                             "hbm_gib": [8, 32], "clock_ghz": [0.7, 1.35]}, {}, workloads=work)
-    _bounds_hold_with_level_0(cfg, random.Random(5))
+    _bounds_hold_with_level_0(cfg, random.Random(seed))
 
 
 def _bounds_hold_with_level_0(cfg, rng, plan_has: str = "") -> None:
