@@ -27,10 +27,10 @@ from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, gemm_tiles
 from .graph import ExpertLayout, collective_groups, edge_graph, layer_graph, offloaded_bytes, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
+from .plan_check import check_plan, stage_split
 from .step import (
     _mean,
     _shard,
-    check_plan,
     cp_sent_bytes,
     deepspeed_zero,
     evaluate,
@@ -43,7 +43,6 @@ from .step import (
     reduced_grad_bytes,
     shard_ranks,
     stage_costs,
-    stage_split,
     state_zero,
 )
 from .validate import calibrated_efficiency

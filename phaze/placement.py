@@ -40,26 +40,22 @@ from .plan import (
     layer_modes,
     shared_overlap_conflict,
 )
+from .plan_check import check_plan, fp8_params_error, optimizer_error, runs_op_recompute, stage_split
 from .step import (
     PhaseTime,
     StageCosts,
     StepResult,
-    check_plan,
     critical_weight,
     evaluate,
     expert_layout,
-    fp8_params_error,
     host_offload_bytes_per_layer,
     inflight_micro_batches,
     layout_of,
     mode_cost_bounds,
     mode_cost_upper,
     mode_layout,
-    optimizer_error,
-    runs_op_recompute,
     shard_ranks,
     stage_costs,
-    stage_split,
 )
 from .workload import Model
 
@@ -731,7 +727,7 @@ _PLACE_FLAGS = ("tp", "pp", "vp", "cp", "mbs", "ep", "etp", "offload", "recomput
 def tp_problem(model: Model, devices: int, tp: int, options: PlacementOptions) -> str:
     """Why tensor parallelism of width ``tp`` cannot split ``model`` on ``devices`` ('' when it can):
     the heads, KV heads, FFN width and Mamba-2 heads and groups of the layer kinds the model has
-    (what :func:`phaze.step.check_plan` asks), the devices, and with sequence parallelism the sequence."""
+    (what :func:`phaze.plan_check.check_plan` asks), the devices, and with sequence parallelism the sequence."""
     attention, ffn = model.attention_layers > 0, model.has_ffn
     if (attention and model.heads % tp) or (ffn and model.ffn_hidden % tp):
         return f"{tp} does not divide the heads ({model.heads}) and the FFN width ({model.ffn_hidden})"
@@ -1219,8 +1215,8 @@ def _dualpipe_candidates(model: Model, chip: Chip, devices: int, global_batch: i
                          options: PlacementOptions, eff: Efficiency, modes: tuple[str, ...]) -> tuple[list, int]:
     """The DualPipe plans :func:`place` ranks, as ``(lower bound, index, plan, busy)``, and the count of
     layouts DualPipe can run. Each layout of the space (without interleaving) that DualPipe can
-    run (:func:`phaze.step.check_plan`: an even pp, enough micro-batches, ZeRO below 3, batched
-    sends), at its even split (:func:`phaze.step.stage_split`),
+    run (:func:`phaze.plan_check.check_plan`: an even pp, enough micro-batches, ZeRO below 3, batched
+    sends), at its even split (:func:`phaze.plan_check.stage_split`),
     with each searched recompute mode but ``block`` for every stage (as the Megatron-style
     baseline), that fits under the layer bounds' memory. The bound: every rank runs half the
     micro-batches through each of its two stages, so it is busy at least m / 2 times their two

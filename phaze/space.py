@@ -45,7 +45,7 @@ from .plan import (
     pipe_schedule_value,
     several,
 )
-from .step import fp8_params_error, optimizer_error
+from .plan_check import fp8_params_error, optimizer_error
 from .system import System, load_system
 from .validate import load_default_params
 from .workload import Model, load_model

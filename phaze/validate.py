@@ -82,7 +82,8 @@ from .plan import (
     ordered_modules,
     shared_overlap_conflict,
 )
-from .step import StepResult, check_offload, check_plan, evaluate, model_flops_per_sample, stage_split
+from .plan_check import check_offload, check_plan, stage_split
+from .step import StepResult, evaluate, model_flops_per_sample
 from .system import apply_system, load_system, with_devices_per_node
 from .workload import (
     ACTIVATIONS,

@@ -11,7 +11,8 @@ from phaze.cost import IDEAL
 from phaze.framework import FRAMEWORKS, plan_settings
 from phaze.graph import layer_graph
 from phaze.plan import CP_COMMS, Plan, parse_plan
-from phaze.step import _cp_exposed, _shard, check_plan, cp_sent_bytes, cp_transient_bytes, evaluate, stage_costs
+from phaze.plan_check import check_plan
+from phaze.step import _cp_exposed, _shard, cp_sent_bytes, cp_transient_bytes, evaluate, stage_costs
 from phaze.workload import Model, load_model
 
 LLAMA8B = Model(name="llama8b-like", layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,

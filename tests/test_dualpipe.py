@@ -13,7 +13,8 @@ from phaze.arch import load_chip
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL
 from phaze.plan import Plan, parse_plan
-from phaze.step import evaluate, layout_of, stage_costs, stage_split
+from phaze.plan_check import stage_split
+from phaze.step import evaluate, layout_of, stage_costs
 from phaze.workload import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

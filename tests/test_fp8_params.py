@@ -20,7 +20,8 @@ from phaze.framework import FRAMEWORKS, plan_settings, plan_with
 from phaze.graph import layer_graph
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
-from phaze.step import check_plan, evaluate, fp8_linear_params, shard_ranks, stage_costs
+from phaze.plan_check import check_plan
+from phaze.step import evaluate, fp8_linear_params, shard_ranks, stage_costs
 from phaze.workload import load_model
 
 

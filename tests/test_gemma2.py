@@ -12,7 +12,8 @@ from phaze.configio import ConfigError
 from phaze.graph import edge_graph, layer_graph
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import Plan
-from phaze.step import check_plan, stage_costs
+from phaze.plan_check import check_plan
+from phaze.step import stage_costs
 from phaze.workload import load_model, model_from_hf_config
 
 GEMMA2 = {"gemma2-2b": (26, 2304, 8, 4, 256, 9216, 2_024_517_888),

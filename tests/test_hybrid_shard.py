@@ -12,7 +12,8 @@ from phaze.cost import IDEAL
 from phaze.framework import FRAMEWORKS, plan_settings
 from phaze.memory import state_bytes_per_param
 from phaze.plan import DP_SHARD_NODE, Plan, parse_plan
-from phaze.step import check_plan, evaluate, expert_shard, shard_ranks, stage_costs
+from phaze.plan_check import check_plan
+from phaze.step import evaluate, expert_shard, shard_ranks, stage_costs
 
 
 def test_parse_and_label_round_trip():

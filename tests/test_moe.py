@@ -586,7 +586,7 @@ def test_ep_overlap_takes_what_megatron_core_requires():
     """Megatron-Core 0.16's --overlap-moe-expert-parallel-comm needs ep > 1, an interleaved
     pipeline when pp > 1 and no full or block recompute (transformer_config.py); a dense model has
     no experts to overlap."""
-    from phaze.step import check_plan
+    from phaze.plan_check import check_plan
     qwen = load_model("qwen3-235b-a22b")
     check_plan(qwen, 256, 2048, Plan(tp=2, pp=8, vp=4, ep=32, recompute="selective", ep_overlap=True))
     check_plan(qwen, 256, 2048, Plan(tp=2, pp=1, ep=32, ep_overlap=True))
@@ -633,7 +633,7 @@ def test_shared_experts_run_beside_the_all_to_alls_by_hand():
     assert fr0.communication - fr1.communication == pytest.approx(sum(saved), rel=1e-9)
     # what Megatron-Core refuses with it: another dispatcher, the 1F1B overlap, the shared experts
     # recomputed; and a model without shared experts, or without experts
-    from phaze.step import check_plan
+    from phaze.plan_check import check_plan
     check_plan(model, 64, 64, Plan(tp=2, ep=16, shared_overlap=True))
     for plan, words in ((Plan(tp=2, ep=16, dispatcher="deepep", shared_overlap=True), "alltoall dispatcher"),
                         (Plan(tp=2, ep=16, ep_overlap=True, shared_overlap=True), "ep_overlap off"),

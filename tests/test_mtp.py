@@ -8,7 +8,8 @@ from conftest import toy_chip
 from phaze.configio import ConfigError
 from phaze.graph import edge_graph, tensor_flops
 from phaze.plan import Plan
-from phaze.step import evaluate, model_flops_per_sample, stage_costs, stage_layers, stage_split, tp_layer_params
+from phaze.plan_check import stage_layers, stage_split
+from phaze.step import evaluate, model_flops_per_sample, stage_costs, tp_layer_params
 from phaze.workload import Model, load_model
 
 

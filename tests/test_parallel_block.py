@@ -12,7 +12,8 @@ from phaze.configio import ConfigError
 from phaze.graph import layer_graph, tensor_flops
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import Plan
-from phaze.step import check_plan, evaluate
+from phaze.plan_check import check_plan
+from phaze.step import evaluate
 from phaze.workload import Model, load_model, model_from_hf_config
 
 BLOCKS = ("", "shared_norm", "two_norms")

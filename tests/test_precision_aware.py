@@ -17,7 +17,8 @@ from phaze.graph import bf16_moment_passes, optimizer_op
 from phaze.memory import optimizer_step_bytes_per_param
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
-from phaze.step import check_plan, evaluate, shard_ranks, stage_costs, tensor_pass_time
+from phaze.plan_check import check_plan
+from phaze.step import evaluate, shard_ranks, stage_costs, tensor_pass_time
 
 PA, PA16 = "adam-megatron-pa", "adam-megatron-pa-bf16"
 

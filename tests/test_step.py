@@ -10,6 +10,7 @@ from phaze.cost import Efficiency, op_time
 from phaze.graph import edge_graph, layer_graph
 from phaze.memory import activation_bytes_per_layer, state_bytes_per_param
 from phaze.plan import Plan, parse_plan
+from phaze.plan_check import stage_layers
 from phaze.step import (
     COMMUNICATION_GROUPS,
     critical_weight,
@@ -19,7 +20,6 @@ from phaze.step import (
     layout_of,
     mode_costs,
     stage_costs,
-    stage_layers,
 )
 from phaze.validate import calibrated_efficiency
 from phaze.workload import load_model, narayanan_flops_per_step
