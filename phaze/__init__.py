@@ -7,13 +7,14 @@
 """
 from .api import evaluate, place, shipped
 from .arch import Chip, load_chip
+from .catalogue import load_model
 from .configio import ConfigError
 from .cost import Efficiency
 from .placement import PlacementOptions, PlacementResult
 from .plan import Plan, parse_plan
 from .step import StepResult
 from .system import System, apply_system, load_system
-from .workload import Model, load_model
+from .workload import Model
 
 __all__ = ["evaluate", "place", "shipped", "PlacementOptions", "PlacementResult", "Chip", "load_chip", "ConfigError",
            "Efficiency", "Plan", "parse_plan", "StepResult", "Model", "load_model", "System",

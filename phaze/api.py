@@ -10,6 +10,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from .arch import Chip, load_chip
+from .catalogue import load_model
 from .configio import ConfigError, config_dirs
 from .cost import Efficiency
 from .placement import PlacementOptions
@@ -30,7 +31,7 @@ from .step import StepResult
 from .step import evaluate as _evaluate
 from .system import System, apply_system, as_system
 from .validate import calibrated_efficiency
-from .workload import Model, load_model, with_seq_len
+from .workload import Model, with_seq_len
 
 # CLI flags as the library's parameter names
 _PARAMETER = {"--plan": "plan", "--baseline": "plan", "--devices": "devices", "--global-batch": "global_batch",

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from .arch import Chip, load_chip
+from .catalogue import load_model
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, gemm_tiles
 from .graph import ExpertLayout, collective_groups, edge_graph, layer_graph, offloaded_bytes, optimizer_op
@@ -46,7 +47,7 @@ from .step import (
     state_zero,
 )
 from .validate import calibrated_efficiency
-from .workload import Model, load_model
+from .workload import Model
 
 MiB = 2.0 ** 20
 GB = 1e9

@@ -64,6 +64,7 @@ from pathlib import Path
 from . import fitstore
 from .arch import EXECUTION, Chip, load_chip
 from .calibrate import FITTED, fit, load_params
+from .catalogue import PEFT_REASON, catalogue, find_workload, load_model, name_keys, peft_error
 from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 from .framework import Framework, model_with, options_with, padded_vocab, plan_settings, resolve_framework
@@ -90,17 +91,11 @@ from .workload import (
     GATED_ACTIVATIONS,
     KV_REPEATS,
     PARALLEL_BLOCKS,
-    PEFT_REASON,
     ROTARY_KERNELS,
     SOFTMAX_KERNELS,
     Model,
-    catalogue,
-    find_workload,
-    load_model,
     mtp_error,
-    name_keys,
     parallel_block_error,
-    peft_error,
     router_groups_error,
     with_seq_len,
 )
@@ -442,8 +437,8 @@ def measured_step_time(metric: str, value: float, model: Model, devices: int, gl
 
 
 def _catalogued(rows: dict[str, dict], name: str) -> dict | None:
-    """The row of a catalogue (:func:`phaze.workload.catalogue`) a published model name names (by
-    :func:`phaze.workload.name_keys`)."""
+    """The row of a catalogue (:func:`phaze.catalogue.catalogue`) a published model name names (by
+    :func:`phaze.catalogue.name_keys`)."""
     return next((rows[k] for k in name_keys(name) if k in rows), None)
 
 
@@ -454,8 +449,8 @@ def moe_models() -> dict[str, dict]:
 
 
 def resolve_workload(model_name: str) -> Model | None:
-    """The shipped workload a row's ``model`` names (:func:`phaze.workload.find_workload`: its
-    name, file or an alias, in any spelling :func:`phaze.workload.name_keys` reads; or a catalogued
+    """The shipped workload a row's ``model`` names (:func:`phaze.catalogue.find_workload`: its
+    name, file or an alias, in any spelling :func:`phaze.catalogue.name_keys` reads; or a catalogued
     MoE model's name), or None."""
     path = find_workload(model_name)
     if path is None:

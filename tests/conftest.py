@@ -30,7 +30,7 @@ def chip():
 @pytest.fixture(scope="module")
 def llama():
     """Llama-3 8B (tests of ZeRO sharding and FSDP)."""
-    from phaze.workload import load_model
+    from phaze.catalogue import load_model
     return load_model("llama3-8b")
 
 

@@ -30,11 +30,11 @@ from functools import cache
 from pathlib import Path
 
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.cost import gemm_time, op_time
 from phaze.framework import FRAMEWORKS, model_with
 from phaze.graph import ExpertLayout, layer_graph
 from phaze.validate import load_default_params
-from phaze.workload import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "results" / "kernels"

@@ -11,10 +11,10 @@ from phaze import cli
 from phaze import validate as v
 from phaze.api import with_system
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.framework import FRAMEWORKS, plan_with
 from phaze.plan import Plan
 from phaze.step import evaluate
-from phaze.workload import load_model
 
 GiB = 2.0 ** 30
 # (label, phaze place arguments)

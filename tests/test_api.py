@@ -9,11 +9,13 @@ import pytest
 
 import phaze
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
+from phaze.hf_config import model_from_hf_config
 from phaze.memory import GPU_RESERVE_FIXED_BYTES, GPU_RESERVE_FRACTION, memory_reserve_bytes
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan
 from phaze.step import evaluate
-from phaze.workload import Model, load_model, model_from_hf_config
+from phaze.workload import Model
 
 GiB = 2.0 ** 30
 GOOD_PLAN = "tp=8,pp=16,mbs=1,recompute=full"

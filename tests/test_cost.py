@@ -201,8 +201,8 @@ def test_fused_attention_pads_only_the_values_product():
 def test_mla_attention_tiles_the_key_and_value_widths():
     """The fused kernel's product is as wide as a key plus a value: 128 + 128 for Llama 3 8B,
     192 + 128 for DeepSeek-V3's MLA (its queries and keys 192 wide, its values 128)."""
+    from phaze.catalogue import load_model
     from phaze.graph import layer_graph
-    from phaze.workload import load_model
     for name, n in (("llama3-8b", 256), ("deepseek-v3", 320)):
         ops = [o for o in layer_graph(load_model(name), 1, 1, False, "flash", "none").fwd if o.core_attention]
         assert [o.gemm[3] for o in ops] == [n]

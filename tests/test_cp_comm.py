@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from phaze.arch import LinkLevel, load_chip
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL
 from phaze.framework import FRAMEWORKS, plan_settings
@@ -13,7 +14,7 @@ from phaze.graph import layer_graph
 from phaze.plan import CP_COMMS, Plan, parse_plan
 from phaze.plan_check import check_plan
 from phaze.step import _cp_exposed, _shard, cp_sent_bytes, cp_transient_bytes, evaluate, stage_costs
-from phaze.workload import Model, load_model
+from phaze.workload import Model
 
 LLAMA8B = Model(name="llama8b-like", layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
                 vocab=128256, seq_len=2048, activation="swiglu", position_embedding="rotary",

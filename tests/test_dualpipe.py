@@ -10,12 +10,12 @@ import pytest
 
 from phaze import dualpipe
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL
 from phaze.plan import Plan, parse_plan
 from phaze.plan_check import stage_split
 from phaze.step import evaluate, layout_of, stage_costs
-from phaze.workload import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_cli import one_line_error, phaze_cli  # noqa: E402

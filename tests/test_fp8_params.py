@@ -14,6 +14,7 @@ from test_validate import ROOT, one_line_error, phaze_cli, rows, synthetic
 
 from phaze import validate as v
 from phaze.area import _step_activity
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL, collective_time
 from phaze.framework import FRAMEWORKS, plan_settings, plan_with
@@ -22,7 +23,6 @@ from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
 from phaze.plan_check import check_plan
 from phaze.step import evaluate, fp8_linear_params, shard_ranks, stage_costs
-from phaze.workload import load_model
 
 
 @pytest.fixture(scope="module")

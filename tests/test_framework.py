@@ -13,6 +13,7 @@ from test_validate import ROOT, ok_cli, one_line_error, phaze_cli, synthetic, sy
 
 from phaze import validate as v
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL, Efficiency, collective_time, gemm_time, op_time, vector_time
 from phaze.framework import FRAMEWORKS, framework, model_with, options_with, plan_with, resolve_framework
@@ -21,7 +22,6 @@ from phaze.placement import PlacementOptions, layouts, place
 from phaze.plan import Plan, parse_plan
 from phaze.step import deepspeed_bf16, evaluate, layout_of, main_grad_bytes, reduced_grad_bytes, stage_costs
 from phaze.system import apply_system, load_system
-from phaze.workload import load_model
 
 EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, host_overhead_s=20e-6)
 

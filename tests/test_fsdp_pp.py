@@ -9,13 +9,13 @@ from dataclasses import replace
 import pytest
 from test_placement import binding_chip, brute_force, tiny_model
 
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL, collective_time
 from phaze.framework import FRAMEWORKS, plan_settings
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
 from phaze.step import evaluate, shard_ranks, stage_costs
-from phaze.workload import load_model
 
 
 def test_parse_and_label():

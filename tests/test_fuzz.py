@@ -89,7 +89,7 @@ def mutated_runs(root: Path, rng: random.Random) -> Path:
 def mutated_hf_config(root: Path, rng: random.Random) -> Path:
     """A small Hugging Face config.json of a random type (read or not), some of its counts, numbers
     and lists set to junk or to plausible values."""
-    from phaze.workload import _HF_GATED, _HF_LIST_KEYS, _HF_NUMBER_KEYS, _HF_PLAIN, _HF_WHOLE_KEYS
+    from phaze.hf_config import _HF_GATED, _HF_LIST_KEYS, _HF_NUMBER_KEYS, _HF_PLAIN, _HF_WHOLE_KEYS
     cfg = {"model_type": rng.choice(list(_HF_GATED + _HF_PLAIN) + ["gemma3", "llama4", "olmo_hybrid", "", 7]),
            "hidden_size": 64, "num_hidden_layers": rng.choice([1, 2, 4]), "num_attention_heads": 4,
            "vocab_size": 100, "intermediate_size": 128}

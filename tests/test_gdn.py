@@ -8,12 +8,13 @@ from dataclasses import replace
 import pytest
 
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.graph import layer_graph, tensor_flops
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import parse_plan
 from phaze.step import evaluate, layer_mix
-from phaze.workload import _check_moe, load_model
+from phaze.workload import _check_moe
 
 QN = load_model("qwen3-next-80b-a3b")
 
@@ -90,7 +91,7 @@ def test_a_gdn_layer_keeps_as_much_under_core_attn_recompute(attention):
 
 def test_qwen3_next_hugging_face_config_reads_as_the_workload():
     """Qwen3-Next's config.json fields (transformers 4.57.1's Qwen3NextConfig defaults)."""
-    from phaze.workload import model_from_hf_config
+    from phaze.hf_config import model_from_hf_config
     cfg = {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
            "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 5632, "moe_intermediate_size": 512,
            "shared_expert_intermediate_size": 512, "num_experts": 512, "num_experts_per_tok": 10,

@@ -3,10 +3,11 @@ from dataclasses import replace as dataclasses_replace
 
 import pytest
 
+from phaze.catalogue import load_model
 from phaze.graph import ExpertLayout, edge_graph, layer_graph, tensor_flops
 from phaze.plan import Plan
 from phaze.step import _hardware_flops_per_sample, model_flops_per_sample
-from phaze.workload import load_model, narayanan_flops_per_step
+from phaze.workload import narayanan_flops_per_step
 
 
 @pytest.fixture(scope="module")

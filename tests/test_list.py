@@ -10,9 +10,9 @@ import pytest
 
 import phaze
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.cli import main
 from phaze.configio import ConfigError
-from phaze.workload import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

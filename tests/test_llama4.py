@@ -9,11 +9,13 @@ import pytest
 import yaml
 
 from phaze import validate as v
+from phaze.catalogue import load_model
 from phaze.cli import main
 from phaze.configio import ConfigError
 from phaze.graph import attention_work_fraction, layer_graph, ring_steps
+from phaze.hf_config import model_from_hf_config
 from phaze.step import model_flops_per_sample
-from phaze.workload import Model, load_model, model_from_hf_config
+from phaze.workload import Model
 
 H, A, KV, D, F_EXPERT, F_DENSE, V = 5120, 40, 8, 128, 8192, 16384, 202048
 ATTN = H * A * D + 2 * H * KV * D + A * D * H        # q, k, v, o: no biases

@@ -9,9 +9,10 @@ from dataclasses import replace
 
 import pytest
 
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.graph import edge_graph, layer_graph
-from phaze.workload import load_model, model_from_hf_config
+from phaze.hf_config import model_from_hf_config
 
 AFM = dict(model_type="arcee", hidden_size=2560, intermediate_size=18432, num_hidden_layers=36,
            num_attention_heads=20, num_key_value_heads=4, head_dim=128, hidden_act="relu2", vocab_size=128004,

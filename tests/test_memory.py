@@ -3,8 +3,9 @@ from dataclasses import replace
 
 import pytest
 
+from phaze.catalogue import load_model
 from phaze.memory import activation_bytes_per_layer, state_bytes_per_param
-from phaze.workload import Model, load_model
+from phaze.workload import Model
 
 MODELS = ["gpt3-175b", "megatron-gpt-18b", "megatron-gpt-1t"]
 

@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency, collective_time, op_time
 from phaze.graph import DROPLESS_LOAD, Collective, ExpertLayout, Op, collective_groups, layer_graph, tensor_flops
+from phaze.hf_config import model_from_hf_config
 from phaze.plan import Plan, parse_plan
 from phaze.step import (
     PhaseTime,
@@ -32,7 +34,7 @@ from phaze.step import (
     stage_costs,
 )
 from phaze.validate import Case, Skipped, default_runs_paths, read_runs, row_to_case
-from phaze.workload import Model, load_model, model_from_hf_config
+from phaze.workload import Model
 
 # (workload, published total, published active, source); the active count of gpt-oss is the model
 # card's, which counts the unembedding but not the embedding table
@@ -837,8 +839,8 @@ def test_fp8_experts_keep_one_fp8_layout_of_their_linear_inputs(recompute):
     (o = 16,384) beside the fused attention's 16-bit output. moe_act drops the experts' down-projection inputs, moe
     all of the layer's expert tensors (their bytes, and the shared copy, fp8 too), shared_experts
     the shared expert's whole module, its fp8 copy included (Megatron-Core checkpoints it whole)."""
+    from phaze.catalogue import load_model
     from phaze.memory import activation_bytes_per_layer
-    from phaze.workload import load_model
     m = load_model("deepseek-v3", 4096)
     s, h, k, ef, sf, f, o, latents = 4096, 7168, 8, 2048, 2048, 18432, 16384, 1536 + 512
     bf16 = activation_bytes_per_layer(m, 1, 1, False, recompute, "flash")

@@ -8,7 +8,7 @@ import pytest
 
 from phaze.configio import ConfigError
 from phaze.graph import layer_graph
-from phaze.workload import model_from_hf_config
+from phaze.hf_config import model_from_hf_config
 
 ERNIE_21B = dict(model_type="ernie4_5_moe", hidden_size=2560, intermediate_size=12288, num_hidden_layers=28,
                  num_attention_heads=20, num_key_value_heads=4, head_dim=128, vocab_size=103424,

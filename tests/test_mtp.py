@@ -5,12 +5,13 @@ from dataclasses import replace
 import pytest
 from conftest import toy_chip
 
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.graph import edge_graph, tensor_flops
 from phaze.plan import Plan
 from phaze.plan_check import stage_layers, stage_split
 from phaze.step import evaluate, model_flops_per_sample, stage_costs, tp_layer_params
-from phaze.workload import Model, load_model
+from phaze.workload import Model
 
 
 def dense(**kw) -> Model:

@@ -11,13 +11,14 @@ import pytest
 
 from phaze.arch import load_chip
 from phaze.area import _step_activity as step_activity
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL, Efficiency
 from phaze.graph import layer_graph, offloaded_bytes
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import Plan, graph_recompute, parse_plan
 from phaze.step import evaluate
-from phaze.workload import Model, load_model
+from phaze.workload import Model
 
 # a Llama-like layer: 32 query heads of 128, 8 KV heads
 LLAMA = Model(name="llama-like", layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.graph import layer_graph
-from phaze.workload import load_model, model_from_hf_config
+from phaze.hf_config import model_from_hf_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

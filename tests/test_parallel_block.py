@@ -8,13 +8,15 @@ import yaml
 from conftest import toy_chip
 
 from phaze import validate as v
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.graph import layer_graph, tensor_flops
+from phaze.hf_config import model_from_hf_config
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import Plan
 from phaze.plan_check import check_plan
 from phaze.step import evaluate
-from phaze.workload import Model, load_model, model_from_hf_config
+from phaze.workload import Model
 
 BLOCKS = ("", "shared_norm", "two_norms")
 

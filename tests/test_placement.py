@@ -9,6 +9,7 @@ from conftest import toy_chip
 
 from phaze.api import calibrated_efficiency
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL
 from phaze.memory import activation_bytes_per_layer, memory_reserve_bytes, state_bytes_per_param
@@ -23,7 +24,7 @@ from phaze.placement import (
 )
 from phaze.plan import Plan
 from phaze.step import evaluate, host_offload_bytes
-from phaze.workload import Model, load_model, with_seq_len
+from phaze.workload import Model, with_seq_len
 
 
 def tiny_model(layers: int, seed: int) -> Model:

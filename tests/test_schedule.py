@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from phaze import schedule as S
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.cli import main as cli_main
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency, op_time
@@ -25,7 +26,6 @@ from phaze.graph import collective_groups, layer_graph
 from phaze.schedule import Mode, Task, schedule_layer, schedule_ops, solve
 from phaze.schedule_check import check_schedule, check_task_schedule
 from phaze.step import layer_mix, layer_time
-from phaze.workload import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = sorted(p.stem for p in (ROOT / "workloads").glob("*.yaml"))

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from phaze.arch import load_chip
 from phaze.area import silicon
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.report import pareto_mask
 from phaze.search import _optuna, make_storage, search, set_user_attrs, sweep
 from phaze.space import build_chip, chip_values, load_sweep
-from phaze.workload import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

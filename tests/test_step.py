@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from phaze.arch import LinkLevel, load_chip
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency, op_time
 from phaze.graph import edge_graph, layer_graph
@@ -22,7 +23,7 @@ from phaze.step import (
     stage_costs,
 )
 from phaze.validate import calibrated_efficiency
-from phaze.workload import load_model, narayanan_flops_per_step
+from phaze.workload import narayanan_flops_per_step
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 
 from phaze.area import _step_activity
+from phaze.catalogue import load_model
 from phaze.cost import IDEAL, collective_time
 from phaze.plan import Plan
 from phaze.step import evaluate, stage_costs
-from phaze.workload import load_model
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,10 @@ import pytest
 from phaze import validate as v
 from phaze.arch import load_chip
 from phaze.calibrate import BOUNDS, fit, load_params, save_params
+from phaze.catalogue import load_model, name_key
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency
-from phaze.workload import Model, load_model, name_key
+from phaze.workload import Model
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_CSV = ROOT / "phaze" / "data" / "reference" / "training_runs.csv"

@@ -241,7 +241,7 @@ import sys
 from phaze.arch import load_chip
 from phaze.schedule import schedule_layer
 from phaze.space import build_chip
-from phaze.workload import load_model
+from phaze.catalogue import load_model
 chip = build_chip(load_chip("tpuv4"), {"tensor_units": 16, "tensor_rows": 64, "tensor_cols": 64})
 for name in ("bert-large", "llama2-7b", "opt-350m"):
     for tp in (1, 2):

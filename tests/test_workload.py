@@ -15,17 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from phaze.catalogue import find_workload, load_model, name_keys, peft_error, published_params, workload_aliases
 from phaze.configio import ConfigError
-from phaze.workload import (
-    Model,
-    find_workload,
-    load_model,
-    model_from_hf_config,
-    name_keys,
-    peft_error,
-    published_params,
-    workload_aliases,
-)
+from phaze.hf_config import model_from_hf_config
+from phaze.workload import Model
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ROOT / "workloads"

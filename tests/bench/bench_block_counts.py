@@ -20,9 +20,9 @@ from unittest import mock
 from phaze import placement
 from phaze.api import calibrated_efficiency
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.placement import PlacementOptions, place
-from phaze.workload import load_model
 
 
 def main() -> None:

@@ -28,9 +28,10 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 from phaze import schedule as S  # noqa: E402
 from phaze.api import calibrated_efficiency  # noqa: E402
 from phaze.arch import load_chip  # noqa: E402
+from phaze.catalogue import load_model
 from phaze.placement import PlacementOptions, place  # noqa: E402
 from phaze.space import SWEEP_MICRO_BATCHES, build_chip  # noqa: E402
-from phaze.workload import load_model, with_seq_len  # noqa: E402
+from phaze.workload import with_seq_len
 
 DEVICES, BATCH = 1024, 4096
 

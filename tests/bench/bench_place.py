@@ -8,10 +8,10 @@ import time
 
 from phaze.api import calibrated_efficiency
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.placement import PlacementOptions, place
 from phaze.plan import parse_plan
 from phaze.step import evaluate
-from phaze.workload import load_model
 
 
 def main() -> None:

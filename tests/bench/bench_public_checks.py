@@ -58,11 +58,11 @@ import numpy as np
 
 from phaze import validate as v
 from phaze.arch import load_chip
+from phaze.catalogue import load_model
 from phaze.framework import FRAMEWORKS, model_with, plan_with
 from phaze.plan import Plan
 from phaze.power import within_limit
 from phaze.system import apply_system, as_system, with_devices_per_node
-from phaze.workload import load_model
 
 LLAMA3 = [   # (run, GPUs, cp, dp, sequence, global batch in sequences, TFLOP/s per GPU)
     ("8K GPUs", 8192, 1, 64, 8192, 2048, 430.0),

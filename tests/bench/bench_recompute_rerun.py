@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from phaze.catalogue import load_model
 from phaze.graph import layer_graph
-from phaze.workload import load_model
 
 H, F, T, HEADS = 256, 512, 128, 4
 

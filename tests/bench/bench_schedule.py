@@ -22,9 +22,9 @@ os.environ["PHAZE_CACHE_DIR"] = tempfile.mkdtemp(prefix="phaze-bench-schedule-")
 from phaze import schedule as S  # noqa: E402
 from phaze.api import calibrated_efficiency  # noqa: E402
 from phaze.arch import load_chip  # noqa: E402
+from phaze.catalogue import load_model
 from phaze.configio import ConfigError  # noqa: E402
 from phaze.step import layer_mix  # noqa: E402
-from phaze.workload import load_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CHIPS = ("tpuv4", "a100-80gb", "h100-sxm")
