@@ -29,23 +29,22 @@ from .cost import IDEAL, Efficiency, _gemm_geometry, gemm_tiles
 from .graph import ExpertLayout, collective_groups, edge_graph, layer_graph, offloaded_bytes, optimizer_op
 from .plan import Plan, graph_recompute, parse_plan
 from .plan_check import check_plan, stage_split
-from .step import (
+from .stage import (
     _mean,
     _shard,
     cp_sent_bytes,
     deepspeed_zero,
-    evaluate,
     expert_layout,
     expert_shard,
     gathered_bytes,
     layer_mix,
-    layout_of,
     main_grad_bytes,
     reduced_grad_bytes,
     shard_ranks,
     stage_costs,
     state_zero,
 )
+from .step import evaluate, layout_of
 from .validate import calibrated_efficiency
 from .workload import Model
 
@@ -487,7 +486,7 @@ def layer_activity(model: Model, chip: Chip, mbs: int, tp: int, sp: bool, attent
                    recompute: str, moe: ExpertLayout | None = None) -> Activity:
     """One layer, one micro-batch, forward and backward (recompute included), on one device
     (a mixture of experts laid out by ``moe``: its all-to-alls' bytes, its experts' GEMMs), the
-    mean layer of :func:`phaze.step.layer_mix` (an MoE model's dense layers, a hybrid's kinds,
+    mean layer of :func:`phaze.stage.layer_mix` (an MoE model's dense layers, a hybrid's kinds,
     weighed in)."""
     def kind(m: Model, lm: ExpertLayout | None) -> Activity:
         g = layer_graph(m, mbs, tp, sp, attention, recompute, lm, chip.compiled)

@@ -54,7 +54,7 @@ from .placement import (
 )
 from .plan import Plan, graph_recompute, layer_modes
 from .space import _BINOPS, PARAMETERS, SweepConfig, WorkloadSpec
-from .step import _shard, expert_layout, layer_mix
+from .stage import _shard, expert_layout, layer_mix
 from .system import apply_system
 
 # Parameters in which a design is never slower with a larger value (for a fixed value of the
@@ -181,7 +181,7 @@ def _layout_options(spec: WorkloadSpec):
     """(tp, sp, mbs, recompute, experts, rank model, ranks) of every layout option the placement
     may pick for ``spec``: ``experts`` the expert layers' bounding layout (:func:`_bound_experts`,
     None for a dense model), the model as one rank of a micro-batch's group runs it (its share of
-    the sequence under context parallelism, :func:`phaze.step._shard`) and the group's ranks
+    the sequence under context parallelism, :func:`phaze.stage._shard`) and the group's ranks
     (tp x cp). Every rank of a context-parallel group runs the same ops (the ring's causal
     blocks balanced over the ranks, as the step model has them): the options at cp > 1 are those
     of the placement's own layouts (:func:`_cp_layouts`)."""
@@ -238,7 +238,7 @@ def _bound_experts(model, options, etp: int) -> ExpertLayout:
 
 def _layer_graphs(spec: WorkloadSpec, rank, mbs: int, tp: int, sp: bool, r: str, experts):
     """One rank's layer graphs with their weights in the mean layer: an MoE model's dense layers
-    and a hybrid's kinds weigh by their shares, as the step weighs them (:func:`phaze.step.layer_mix`).
+    and a hybrid's kinds weigh by their shares, as the step weighs them (:func:`phaze.stage.layer_mix`).
     Compiled: the fewest ops a full recompute may run on any chip (a lower bound for each)."""
     attention = spec.options.attention
     return tuple((layer_graph(k, mbs, tp, sp, attention, r, lm, True), w) for w, k, lm in layer_mix(rank, experts))

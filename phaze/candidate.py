@@ -20,7 +20,7 @@ from .plan import graph_recompute, layer_modes
 from .power import within_limit
 from .schedule import schedule_layer
 from .space import CONSTRAINTS, WorkloadSpec, power_budget
-from .step import _shard, expert_layout, layer_mix
+from .stage import _shard, expert_layout, layer_mix
 from .system import apply_system
 from .validate import load_default_params, params_for
 

@@ -421,7 +421,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
     kind = model.layer_kind
     if kind is None:
         raise ValueError(f"{model.name}: a hybrid pattern of several kinds has no one layer graph; "
-                         f"take each kind's (phaze.step.layer_mix)")
+                         f"take each kind's (phaze.stage.layer_mix)")
     p = model.bytes_per_element
     T = b * s                           # tokens in the micro-batch
     Tn = T // t if sp else T            # tokens each device holds outside the TP regions
@@ -462,7 +462,7 @@ def layer_graph(model: Model, mbs: int, tp: int = 1, sp: bool = False,
         both layouts (row-wise for this GEMM, column-wise for the weight gradient), unless the
         norm before it writes fp8 (``norm_fed``) or only the row-wise layout is cast now
         (``rowwise8``). Under Megatron-Core (``fp8_casts`` fused) the weights are cast once per
-        step and the casts kept across micro-batches (:func:`phaze.step.caches_fp8_weights`);
+        step and the casts kept across micro-batches (:func:`phaze.stage.caches_fp8_weights`);
         with separate casts (torchao's float8 linears, a ``te.Linear`` not told which micro-batch
         is the first) each forward casts them again (:func:`weight_cast`). ``gemm`` False: the
         cast only (a re-run that needs the cast input for the weight gradient but not the
@@ -1431,7 +1431,7 @@ def deepspeed_zero3_passes(wire_fp32: bool) -> tuple[TensorPasses, ...]:
     gradient of the partition (``get_grad_norm_direct``: ``g.double().norm(2)``: read 2, write 8,
     then read 8; only their sum is copied to the host)). The bucket's flat passes
     (``reduce_scatter_coalesced``: ``torch.cat`` and ``div_``) and the step's flat passes are
-    :meth:`phaze.step.StageCosts._deepspeed_zero3_passes` and :func:`optimizer_op`'s."""
+    :meth:`phaze.stage.StageCosts._deepspeed_zero3_passes` and :func:`optimizer_op`'s."""
     none = TensorPasses()
     cast, back = (TensorPasses(1, 2.0, 4.0), TensorPasses(1, 4.0, 2.0)) if wire_fp32 else (none, none)
     return (TensorPasses(1, 2.0, 2.0), cast, TensorPasses(1, 2.0, 2.0), TensorPasses(1, 4.0, 2.0), back,

@@ -41,22 +41,18 @@ from .plan import (
     shared_overlap_conflict,
 )
 from .plan_check import check_plan, fp8_params_error, optimizer_error, runs_op_recompute, stage_split
-from .step import (
+from .stage import (
     PhaseTime,
     StageCosts,
-    StepResult,
-    critical_weight,
-    evaluate,
     expert_layout,
-    host_offload_bytes_per_layer,
     inflight_micro_batches,
-    layout_of,
     mode_cost_bounds,
     mode_cost_upper,
     mode_layout,
     shard_ranks,
     stage_costs,
 )
+from .step import StepResult, critical_weight, evaluate, host_offload_bytes_per_layer, layout_of
 from .workload import Model
 
 GiB = 2.0 ** 30
@@ -833,7 +829,7 @@ def _fits_somehow(opts: _Options, L: int) -> bool:
 
 def _bound_costs(costs: StageCosts, modes: tuple[str, ...]) -> StageCosts:
     """``costs`` with every recompute mode's layer costs replaced by lower bounds
-    (:func:`phaze.step.mode_cost_bounds`): every stage assignment's step time under them is a
+    (:func:`phaze.stage.mode_cost_bounds`): every stage assignment's step time under them is a
     lower bound of its step time with the optimal layer schedules."""
     key = mode_layout(costs.plan)
     bound = {r: mode_cost_bounds(costs.model, costs.chip, costs.devices, key, costs.eff, r)

@@ -50,7 +50,7 @@ def stage_layers(layers: int, pp: int, vp: int = 1, last: int = 0) -> tuple[int,
 
 def stage_split(model: Model, plan: Plan) -> tuple[int, ...]:
     """Layers per pipeline stage: the plan's ``stages``, else the default split, in which the last
-    stage's multi-token prediction layers (:meth:`phaze.step.StageCosts.layers_on`) take slots of the split as
+    stage's multi-token prediction layers (:meth:`phaze.stage.StageCosts.layers_on`) take slots of the split as
     Megatron-Core's pipeline layouts place them ('m'); so NeMo 2.6's DeepSeek-V3 recipe splits its
     61 layers and one module over 16 stages: 3, fourteen of 4, and 2 beside the module."""
     return plan.stages or stage_layers(model.layers, plan.pp, plan.vp, model.mtp_layers)

@@ -55,7 +55,7 @@ optimum therefore shows a gap of at most ~(n + 1) * 1e-6.
 Chip sharing (``Chip.unit_sharing``): ``sequential`` chips (GPUs: every kernel runs over all
 SMs, one after another, and the vector units are the same SMs) give every op one mode, the whole
 chip, holding one shared resource of capacity 1, so the optimum is the sequential sum of the op
-times as :func:`phaze.step.layer_time` adds them. ``concurrent`` chips (accelerators) have
+times as :func:`phaze.stage.layer_time` adds them. ``concurrent`` chips (accelerators) have
 independent tensor and vector pools and a link (capacity 1) for collectives: tensor ops run on
 ``k`` of the ``n_t`` tensor units, ``k`` in ``round(n_t * share)`` for the shares
 :data:`DEFAULT_SHARES` (all, half, a quarter, an eighth); vector ops likewise on the vector
@@ -1183,7 +1183,7 @@ def schedule_layer(model, chip: Chip, mbs: int, tp: int, sp: bool, attention: st
                    modes: Iterable[float] | None = None, num_workers: int = 1, cache: bool = True,
                    moe=None) -> tuple[Schedule, Schedule]:
     """(forward, backward incl. recompute) schedules of one layer for one micro-batch, with the
-    ops, groups and precision of :func:`phaze.step.layer_time`."""
+    ops, groups and precision of :func:`phaze.stage.layer_time`."""
     fwd, bwd = layer_tasks(model, chip, mbs, tp, sp, attention, recompute, eff,
                            None if modes is None else tuple(modes), moe)
     kw = dict(work_limit=work_limit, time_limit_s=time_limit_s, num_workers=num_workers, cache=cache,

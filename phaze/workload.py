@@ -182,7 +182,7 @@ class Model:
     # Gated DeltaNet linear attention (Qwen3-Next; Megatron-Core 0.16 ssm/gated_delta_net.py): of
     # every ``linear_attention_interval`` layers N, N - 1 run a Gated DeltaNet mixer and the last
     # full attention (Megatron-Core's linear_attention_freq); 0 or 1: none; -1: every layer (the
-    # one-kind view phaze.step.layer_mix takes of the linear layers)
+    # one-kind view phaze.stage.layer_mix takes of the linear layers)
     linear_attention_interval: int = 0
     linear_key_heads: int = 16           # linear_num_key_heads
     linear_value_heads: int = 32         # linear_num_value_heads

@@ -9,7 +9,8 @@ from phaze.cost import IDEAL, op_time
 from phaze.graph import attention_work_fraction, layer_graph
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import Plan
-from phaze.step import _cp_exposed, _shard, evaluate, tp_layer_params
+from phaze.stage import _cp_exposed, _shard, tp_layer_params
+from phaze.step import evaluate
 from phaze.workload import Model
 
 LLAMA8B = Model(name="llama8b-like", layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,

@@ -13,7 +13,8 @@ from phaze.framework import FRAMEWORKS, plan_settings
 from phaze.graph import layer_graph
 from phaze.plan import CP_COMMS, Plan, parse_plan
 from phaze.plan_check import check_plan
-from phaze.step import _cp_exposed, _shard, cp_sent_bytes, cp_transient_bytes, evaluate, stage_costs
+from phaze.stage import _cp_exposed, _shard, cp_sent_bytes, cp_transient_bytes, stage_costs
+from phaze.step import evaluate
 from phaze.workload import Model
 
 LLAMA8B = Model(name="llama8b-like", layers=4, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
@@ -206,7 +207,7 @@ def test_kernels_of_each_mode():
     an s x s block (Transformer Engine's forward two at a time); all_gather's local queries
     against the 8,192 gathered keys in one op; Ulysses' 8 heads over the whole sequence. The
     same scores in every mode."""
-    from phaze.step import _shard
+    from phaze.stage import _shard
     model = replace(LLAMA8B, seq_len=8192)
 
     def core(mode, attention="flash"):

@@ -15,7 +15,8 @@ from phaze.configio import ConfigError
 from phaze.cost import IDEAL
 from phaze.plan import Plan, parse_plan
 from phaze.plan_check import stage_split
-from phaze.step import evaluate, layout_of, stage_costs
+from phaze.stage import stage_costs
+from phaze.step import evaluate, layout_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_cli import one_line_error, phaze_cli  # noqa: E402

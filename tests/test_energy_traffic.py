@@ -11,7 +11,7 @@ from phaze.api import as_chip, as_model
 from phaze.area import _step_activity
 from phaze.cost import IDEAL
 from phaze.plan import Plan
-from phaze.step import main_grad_bytes, stage_costs
+from phaze.stage import main_grad_bytes, stage_costs
 
 
 @pytest.fixture(scope="module")

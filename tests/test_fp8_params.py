@@ -22,7 +22,8 @@ from phaze.graph import layer_graph
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
 from phaze.plan_check import check_plan
-from phaze.step import evaluate, fp8_linear_params, shard_ranks, stage_costs
+from phaze.stage import fp8_linear_params, shard_ranks, stage_costs
+from phaze.step import evaluate
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from phaze.framework import FRAMEWORKS, framework, model_with, options_with, pla
 from phaze.graph import Op, megatron_softmax_fused
 from phaze.placement import PlacementOptions, layouts, place
 from phaze.plan import Plan, parse_plan
-from phaze.step import deepspeed_bf16, evaluate, layout_of, main_grad_bytes, reduced_grad_bytes, stage_costs
+from phaze.stage import deepspeed_bf16, main_grad_bytes, reduced_grad_bytes, stage_costs
+from phaze.step import evaluate, layout_of
 from phaze.system import apply_system, load_system
 
 EFF = Efficiency(tensor_fraction=0.8, hbm_fraction=0.8, kernel_overhead_s=5e-6, host_overhead_s=20e-6)
@@ -379,7 +380,8 @@ def test_megatron_hook_adds_each_micro_batch_without_gradient_accumulation_fusio
     # gradient into the fp32 main gradient, tensor by tensor (read 2 + 4, write 4); with
     # gradient-accumulation fusion the weight-gradient GEMMs add into it themselves, which leaves
     # the hook the norms, the biases and the embedding tables. 4 micro-batches, one device.
-    from phaze.step import evaluate, stage_costs
+    from phaze.stage import stage_costs
+    from phaze.step import evaluate
     model, chip = load_model("gpt2-xl", 1024), load_chip("a100-80gb")
     ideal = Efficiency()
     plan = Plan(mbs=1, optimizer="adam-megatron", reduce_fp32=True)
@@ -756,7 +758,8 @@ def test_nemo_drops_tokens_at_capacity_one_unless_the_model_or_row_says():
     dropless run's busiest rank runs DROPLESS_LOAD times it. Other presets keep the model's own
     routing; a dense model, a model's own capacity and a row's routing or capacity win."""
     from phaze.graph import DROPLESS_LOAD
-    from phaze.step import evaluate, expert_layout
+    from phaze.stage import expert_layout
+    from phaze.step import evaluate
     qwen = load_model("qwen3-30b-a3b")
     assert qwen.capacity_factor == 0.0
     for name, fw in FRAMEWORKS.items():
@@ -1191,7 +1194,7 @@ def test_deepspeed_pipeline_waits_through_four_transfers_a_micro_batch():
     # batched one does between two stages and as much at the ends (tp 1: no metadata); with tp a
     # split tensor's metadata goes first, a small send of its own
     m, chip = load_model("gpt3-175b"), load_chip("a100-80gb")
-    from phaze.step import stage_costs
+    from phaze.stage import stage_costs
     for pp in (2, 4):
         batched = stage_costs(m, chip, pp * 8, 64, Plan(pp=pp), IDEAL).send_s
         blocking = stage_costs(m, chip, pp * 8, 64, Plan(pp=pp, pipe_p2p="blocking"), IDEAL).send_s
@@ -1235,7 +1238,7 @@ def test_overlapped_pipeline_sends_hide_under_the_next_chunk():
     # Megatron-Core's overlap_p2p_comm, interleaved schedule only: each transfer runs under the chunk
     # computed next, at least a chunk's forward; hidden, it costs overlap_slowdown of itself. A
     # chunk of GPT-3 175B (96 layers, pp 4, vp 2: 12 layers) outlasts a transfer by far.
-    from phaze.step import mode_costs, mode_layout, stage_costs
+    from phaze.stage import mode_costs, mode_layout, stage_costs
     m, chip = load_model("gpt3-175b"), load_chip("a100-80gb")
     eff = Efficiency(overlap_slowdown=0.25)
     plan = Plan(tp=8, pp=4, vp=2)

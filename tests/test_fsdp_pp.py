@@ -15,7 +15,8 @@ from phaze.cost import IDEAL, collective_time
 from phaze.framework import FRAMEWORKS, plan_settings
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
-from phaze.step import evaluate, shard_ranks, stage_costs
+from phaze.stage import shard_ranks, stage_costs
+from phaze.step import evaluate
 
 
 def test_parse_and_label():

@@ -13,7 +13,8 @@ from phaze.configio import ConfigError
 from phaze.graph import layer_graph, tensor_flops
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import parse_plan
-from phaze.step import evaluate, layer_mix
+from phaze.stage import layer_mix
+from phaze.step import evaluate
 from phaze.workload import _check_moe
 
 QN = load_model("qwen3-next-80b-a3b")

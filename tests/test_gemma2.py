@@ -15,7 +15,7 @@ from phaze.hf_config import model_from_hf_config
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import Plan
 from phaze.plan_check import check_plan
-from phaze.step import stage_costs
+from phaze.stage import stage_costs
 
 GEMMA2 = {"gemma2-2b": (26, 2304, 8, 4, 256, 9216, 2_024_517_888),
           "gemma2-9b": (42, 3584, 16, 8, 256, 14336, 8_324_201_984),

@@ -700,7 +700,7 @@ def test_copied_key_value_heads_by_hand(tp):
 
 def test_copied_key_value_heads_are_kept_and_exchanged_as_copies():
     from phaze.memory import activation_bytes_per_layer
-    from phaze.step import _cp_blocks
+    from phaze.stage import _cp_blocks
     s, h, kv = 256, 4096, 1024
     grouped, copied = _llama(kv_repeat="grouped"), _llama(kv_repeat="copied")
     # the attention keeps K and V as wide as Q: 2 x (4096 - 1024) more 2-byte values per token

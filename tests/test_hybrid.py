@@ -25,7 +25,8 @@ from phaze.hf_config import model_from_hf_config
 from phaze.memory import activation_bytes_per_layer
 from phaze.placement import PlacementOptions, cp_values, vp_values
 from phaze.plan import parse_plan
-from phaze.step import evaluate, layer_mix, layer_time, model_flops_per_sample
+from phaze.stage import layer_mix, layer_time
+from phaze.step import evaluate, model_flops_per_sample
 from phaze.workload import hybrid_views, with_seq_len
 
 H8 = load_model("nemotron-h-8b")   # 24 M, 4 *, 24 -; hidden 4096, d_inner 8192, N 128, G 8, 128 heads

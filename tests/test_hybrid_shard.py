@@ -13,7 +13,8 @@ from phaze.framework import FRAMEWORKS, plan_settings
 from phaze.memory import state_bytes_per_param
 from phaze.plan import DP_SHARD_NODE, Plan, parse_plan
 from phaze.plan_check import check_plan
-from phaze.step import evaluate, expert_shard, shard_ranks, stage_costs
+from phaze.stage import expert_shard, shard_ranks, stage_costs
+from phaze.step import evaluate
 
 
 def test_parse_and_label_round_trip():

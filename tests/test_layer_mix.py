@@ -16,7 +16,8 @@ import pytest
 from phaze.arch import load_chip
 from phaze.area import layer_activity
 from phaze.catalogue import load_model
-from phaze.step import dense_view, layer_mix, layer_time, layer_time_bounds
+from phaze.stage import layer_mix, layer_time, layer_time_bounds
+from phaze.step import dense_view
 
 ARGS = (1, 4, True, "flash", "none")   # mbs, tp, sp, attention, recompute
 

@@ -21,18 +21,8 @@ from phaze.cost import Efficiency, collective_time, op_time
 from phaze.graph import DROPLESS_LOAD, Collective, ExpertLayout, Op, collective_groups, layer_graph, tensor_flops
 from phaze.hf_config import model_from_hf_config
 from phaze.plan import Plan, parse_plan
-from phaze.step import (
-    PhaseTime,
-    _layer_costs,
-    _layer_sums,
-    evaluate,
-    expert_layout,
-    exposed,
-    fsdp_units,
-    layout_of,
-    model_flops_per_sample,
-    stage_costs,
-)
+from phaze.stage import PhaseTime, _layer_costs, _layer_sums, expert_layout, exposed, fsdp_units, stage_costs
+from phaze.step import evaluate, layout_of, model_flops_per_sample
 from phaze.validate import Case, Skipped, default_runs_paths, read_runs, row_to_case
 from phaze.workload import Model
 
@@ -368,7 +358,7 @@ def test_deepep_sends_each_token_once_per_node():
     from math import comb
     share = 1 - comb(96, 8) / comb(128, 8)
     assert ExpertLayout(ep=32, nodes=4).node_share(128, 8) == pytest.approx(share)
-    from phaze.step import expert_layout
+    from phaze.stage import expert_layout
     qwen = load_model("qwen3-235b-a22b")
     chip = load_chip("h100-sxm")
     lay = expert_layout(qwen, Plan(tp=2, pp=8, ep=32, dispatcher="deepep"), chip)
@@ -431,7 +421,7 @@ def test_dispatchers_move_the_tokens_as_megatron_core_does_by_hand():
     names = [o.name for o in deep.fwd]
     assert names.index("dispatch.all_to_all") < names.index("permute") < names.index("expert_up")
     assert names.index("expert_down") < names.index("unpermute") < names.index("combine.all_to_all")
-    from phaze.step import expert_layout
+    from phaze.stage import expert_layout
     chip = load_chip("h100-sxm")
     assert not expert_layout(qwen, Plan(tp=2, ep=8), chip).deepep
     assert expert_layout(qwen, Plan(tp=2, ep=8, dispatcher="deepep"), chip).deepep
@@ -503,7 +493,7 @@ def test_deepseek_v3_deepep_sends_to_the_nodes_of_its_four_groups():
     bytes fall by that ratio, and a row can switch the limit off (0 and 0) or get an error."""
     from math import comb
 
-    from phaze.step import expert_layout
+    from phaze.stage import expert_layout
     ds = load_model("deepseek-v3")
     chip = load_chip("h100-sxm")
     plan = Plan(tp=1, pp=16, ep=64, dispatcher="deepep")
@@ -750,7 +740,7 @@ def test_place_searches_dispatchers_and_overlap_exactly():
     def search(disp, overlap):
         return place(mixtral, chip, 64, 256, PlacementOptions(dispatcher=disp, ep_overlap=overlap, **kw), eff,
                      top=10, with_baseline=False)
-    from phaze.step import expert_layout
+    from phaze.stage import expert_layout
 
     def same(plan):
         return plan.label(), expert_layout(mixtral, plan, chip)

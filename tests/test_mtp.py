@@ -10,7 +10,8 @@ from phaze.configio import ConfigError
 from phaze.graph import edge_graph, tensor_flops
 from phaze.plan import Plan
 from phaze.plan_check import stage_layers, stage_split
-from phaze.step import evaluate, model_flops_per_sample, stage_costs, tp_layer_params
+from phaze.stage import stage_costs, tp_layer_params
+from phaze.step import evaluate, model_flops_per_sample
 from phaze.workload import Model
 
 

@@ -379,7 +379,7 @@ def test_bound_tables_take_a_block_stage_tail_over_all_its_layers():
     import numpy as np
 
     from phaze.placement import _allowed_n, _bound_costs, _options
-    from phaze.step import stage_costs
+    from phaze.stage import stage_costs
     gpt3 = load_model("gpt3-175b")
     chip = load_chip("a100-80gb")
     plan = Plan(tp=4, pp=8, mbs=1, zero=1)

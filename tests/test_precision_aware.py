@@ -18,7 +18,8 @@ from phaze.memory import optimizer_step_bytes_per_param
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
 from phaze.plan_check import check_plan
-from phaze.step import evaluate, shard_ranks, stage_costs, tensor_pass_time
+from phaze.stage import shard_ranks, stage_costs, tensor_pass_time
+from phaze.step import evaluate
 
 PA, PA16 = "adam-megatron-pa", "adam-megatron-pa-bf16"
 

@@ -25,7 +25,7 @@ from phaze.cost import Efficiency, op_time
 from phaze.graph import collective_groups, layer_graph
 from phaze.schedule import Mode, Task, schedule_layer, schedule_ops, solve
 from phaze.schedule_check import check_schedule, check_task_schedule
-from phaze.step import layer_mix, layer_time
+from phaze.stage import layer_mix, layer_time
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = sorted(p.stem for p in (ROOT / "workloads").glob("*.yaml"))

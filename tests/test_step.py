@@ -12,16 +12,8 @@ from phaze.graph import edge_graph, layer_graph
 from phaze.memory import activation_bytes_per_layer, state_bytes_per_param
 from phaze.plan import Plan, parse_plan
 from phaze.plan_check import stage_layers
-from phaze.step import (
-    COMMUNICATION_GROUPS,
-    critical_weight,
-    evaluate,
-    inflight_micro_batches,
-    layer_time,
-    layout_of,
-    mode_costs,
-    stage_costs,
-)
+from phaze.stage import inflight_micro_batches, layer_time, mode_costs, stage_costs
+from phaze.step import COMMUNICATION_GROUPS, critical_weight, evaluate, layout_of
 from phaze.validate import calibrated_efficiency
 from phaze.workload import narayanan_flops_per_step
 

@@ -9,7 +9,8 @@ from phaze.area import _step_activity
 from phaze.catalogue import load_model
 from phaze.cost import IDEAL, collective_time
 from phaze.plan import Plan
-from phaze.step import evaluate, stage_costs
+from phaze.stage import stage_costs
+from phaze.step import evaluate
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import time
 from phaze import evaluate, load_chip, load_model
 from phaze.graph import edge_graph, layer_graph
 from phaze.plan import Plan
-from phaze.step import edge_time, layer_time, mode_costs, stage_costs
+from phaze.stage import edge_time, layer_time, mode_costs, stage_costs
 from phaze.step import evaluate as _evaluate
 
 CMD = [sys.executable, "-m", "phaze.cli", "evaluate", "--workload", "gpt3-175b", "--arch", "a100-80gb",

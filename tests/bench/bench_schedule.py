@@ -24,7 +24,7 @@ from phaze.api import calibrated_efficiency  # noqa: E402
 from phaze.arch import load_chip  # noqa: E402
 from phaze.catalogue import load_model
 from phaze.configio import ConfigError  # noqa: E402
-from phaze.step import layer_mix  # noqa: E402
+from phaze.stage import layer_mix
 
 ROOT = Path(__file__).resolve().parents[2]
 CHIPS = ("tpuv4", "a100-80gb", "h100-sxm")
