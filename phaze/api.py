@@ -10,6 +10,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from .arch import Chip, load_chip
+from .calibrate import calibrated_efficiency
 from .catalogue import load_model
 from .configio import ConfigError, config_dirs
 from .cost import Efficiency
@@ -30,7 +31,6 @@ from .power import place_within_limit
 from .step import StepResult
 from .step import evaluate as _evaluate
 from .system import System, apply_system, as_system
-from .validate import calibrated_efficiency
 from .workload import Model, with_seq_len
 
 # CLI flags as the library's parameter names

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from .arch import Chip, load_chip
+from .calibrate import calibrated_efficiency
 from .catalogue import load_model
 from .configio import ConfigError
 from .cost import IDEAL, Efficiency, _gemm_geometry, gemm_tiles
@@ -45,7 +46,6 @@ from .stage import (
     state_zero,
 )
 from .step import evaluate, layout_of
-from .validate import calibrated_efficiency
 from .workload import Model
 
 MiB = 2.0 ** 20

@@ -3,17 +3,22 @@
 The parameters are the fields of :class:`phaze.cost.Efficiency`: each scales one physical
 resource of a chip family (tensor units, fused attention, HBM, links, per-kernel cost). They are
 fitted per chip family on the log of predicted / measured step time, within physical bounds,
-and never depend on a model name, a source or a row.
+and never depend on a model name, a source or a row. The shipped calibration
+(``phaze/data/calibration.json``) and which of its sets a chip is scored with (its family's, its
+execution model's, the pooled ``default``: :func:`params_for`) live here too, so that the cost,
+search and report code reads it without the validation.
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import asdict, fields
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from .arch import Chip
 from .configio import ConfigError, read_mapping
 from .cost import IDEAL, Efficiency
 
@@ -123,3 +128,43 @@ def load_params(path: str | Path) -> dict[str, Efficiency]:
                                   f"must be a number in [{lo:g}, {hi:g}], got {value!r}")
         out[fam] = Efficiency(**values)
     return out
+
+
+EXECUTION_KEY = "execution:"
+
+
+def fit_key(chip: Chip, params: dict[str, Efficiency] | None) -> str | None:
+    """Which parameter set :func:`params_for` takes for ``chip`` (None: none, the ideal machine)."""
+    for key in (chip.family, EXECUTION_KEY + chip.execution, "default"):
+        if params and key in params:
+            return key
+    return None
+
+
+def params_for(chip: Chip, params: dict[str, Efficiency] | None) -> Efficiency:
+    """The parameters a chip is scored with: its family's fit, else its execution model's, else
+    ``default``, else :data:`phaze.cost.IDEAL`."""
+    key = fit_key(chip, params)
+    return params[key] if key else IDEAL
+
+
+def calibrated_efficiency(chip: Chip) -> Efficiency:
+    """The shipped calibration for the chip (:func:`params_for`: its family's fit, else its
+    execution model's, else the pooled ``default``)."""
+    return params_for(chip, load_default_params())
+
+
+def params_held_out(path: str | Path) -> tuple[str, ...]:
+    """The sources a parameter file says it was fitted without (``held_out_sources``)."""
+    return tuple(read_mapping(path).get("held_out_sources") or ())
+
+
+def shipped_params_path() -> Path:
+    return Path(__file__).resolve().parent / "data" / "calibration.json"
+
+
+@lru_cache(maxsize=1)
+def load_default_params() -> dict[str, Efficiency] | None:
+    """The calibration shipped with phaze (``phaze calibrate`` on the bundled runs)."""
+    path = shipped_params_path()
+    return load_params(path) if path.exists() else None

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from .arch import Chip
 from .area import silicon
+from .calibrate import load_default_params, params_for
 from .cost import Efficiency
 from .placement import place
 from .plan import graph_recompute, layer_modes
@@ -22,7 +23,6 @@ from .schedule import schedule_layer
 from .space import CONSTRAINTS, WorkloadSpec, power_budget
 from .stage import _shard, expert_layout, layer_mix
 from .system import apply_system
-from .validate import load_default_params, params_for
 
 STATUS_RANK = {"OPTIMAL": 0, "FEASIBLE": 1, "HEURISTIC": 2}
 BUDGET_UNIT = {"mm2": "mm²", "w": "W", "usd": "$"}   # a budget key's suffix as its SI symbol in reasons

@@ -22,7 +22,18 @@ from . import fitstore
 from . import validate as val
 from .api import SHIPPED_KINDS, as_chip, as_model, as_plan, calibrated_efficiency, shipped
 from .area import DEFAULT, silicon
-from .calibrate import BOUNDS, PRIOR_WEIGHT, load_params, save_params
+from .calibrate import (
+    BOUNDS,
+    EXECUTION_KEY,
+    PRIOR_WEIGHT,
+    fit_key,
+    load_default_params,
+    load_params,
+    params_for,
+    params_held_out,
+    save_params,
+    shipped_params_path,
+)
 from .configio import ConfigError
 from .cost import IDEAL
 from .exact import Certificate
@@ -71,6 +82,7 @@ from .plan import (
 )
 from .power import PoweredStep, place_within_limit, within_limit
 from .report import baselines_frame, best_designs, gains, load_study, pareto_frame, trials_frame
+from .runs import Case, default_runs_paths, display_path, load_items
 from .schedule import TIME_LIMIT_S, WORK_LIMIT, schedule_layer, sharing, write_gantt
 from .search import SearchInterrupted, interruptible, open_study, search, sweep
 from .space import MAX_BATCH, MAX_DEVICES, MAX_NAME, MAX_SEQ_LEN, load_sweep, override, study_name_ok
@@ -78,7 +90,6 @@ from .step import COMMUNICATION_GROUPS, StepResult, evaluate, host_offload_bytes
 from .storage import mask_password
 from .study_files import compare_studies, write_study_files
 from .system import apply_system, as_system, system_note, with_devices_per_node, with_nics
-from .validate import params_for
 from .workload import dense_view, local_attention_phrase
 
 GiB = 2.0 ** 30
@@ -410,12 +421,12 @@ def assumptions(model, chip, args, plan=None, given: set[str] = frozenset(), opt
     elif getattr(args, "params", None):
         out["efficiency"] = f"parameters from {args.params}"
     else:
-        key = val.fit_key(chip, val.load_default_params())
+        key = fit_key(chip, load_default_params())
         if key is None:
             which = "none (ideal datasheet machine)"
         elif key == chip.family:
             which = f"the {key} family's fit"
-        elif key.startswith(val.EXECUTION_KEY):
+        elif key.startswith(EXECUTION_KEY):
             which = f"the fit of the published runs that run as this chip does ({key}; no {chip.family} family fit)"
         else:
             which = "the fit pooled over every published run ('default')"
@@ -568,17 +579,17 @@ def cmd_validate(args) -> int:
         _check_output("--out", args.out)
     if args.plot:
         _check_output("--plot", args.plot, image=True)
-    runs_paths = [args.runs] if args.runs else val.default_runs_paths()
-    params_path = args.params or val.shipped_params_path()
-    params = load_params(args.params) if args.params else val.load_default_params()
-    items = val.load_items(runs_paths)
+    runs_paths = [args.runs] if args.runs else default_runs_paths()
+    params_path = args.params or shipped_params_path()
+    params = load_params(args.params) if args.params else load_default_params()
+    items = load_items(runs_paths)
     hold = _held_out(args, items)
     items, held_items = val.split_held_out(items, hold)
-    cases = [c for c in items if isinstance(c, val.Case)]
+    cases = [c for c in items if isinstance(c, Case)]
     preds = val.predict_all(items, params)
     summary = {"in_sample": val.summarize(preds)}
     held_preds = val.predict_all(held_items, params) if args.score_held_out else []
-    fitted_without = set(val.params_held_out(params_path)) if Path(params_path).exists() else set()
+    fitted_without = set(params_held_out(params_path)) if Path(params_path).exists() else set()
     summary["held_out"] = {"sources": list(hold), "rows": len(held_items), "scored": bool(held_preds),
                            "parameters_fitted_without_them": set(hold) <= fitted_without}
     if held_preds:
@@ -612,8 +623,8 @@ def cmd_validate(args) -> int:
     summary["overall"] = summary["in_sample"]["overall"]   # totals: expressed / skipped / total
     summary["skipped"] = _skipped(preds)
     summary["over_memory"] = _over_memory(preds)
-    summary["runs"] = [val.display_path(p) for p in runs_paths]
-    summary["params"] = val.display_path(args.params or val.shipped_params_path())
+    summary["runs"] = [display_path(p) for p in runs_paths]
+    summary["params"] = display_path(args.params or shipped_params_path())
     if args.format == "json":
         print(json.dumps(summary, indent=2))
         return 0
@@ -762,10 +773,10 @@ def _plot(path, preds, held_out: bool = False) -> None:
 
 def cmd_calibrate(args) -> int:
     _check_output("--out", args.out)
-    runs_paths = [args.runs] if args.runs else val.default_runs_paths()
-    items = val.load_items(runs_paths)
+    runs_paths = [args.runs] if args.runs else default_runs_paths()
+    items = load_items(runs_paths)
     hold = _held_out(args, items)
-    cases = [c for c in val.split_held_out(items, hold)[0] if isinstance(c, val.Case)]
+    cases = [c for c in val.split_held_out(items, hold)[0] if isinstance(c, Case)]
     if not cases:
         raise ConfigError(runs_paths[0], None, "no run could be expressed; nothing to calibrate on")
     with tqdm.tqdm(total=len(val.fit_groups(cases)), desc="calibrate", unit="fit") as bar:
@@ -776,7 +787,7 @@ def cmd_calibrate(args) -> int:
               for fam, e in params.items()}
     try:
         save_params(params, args.out, meta={
-            "runs": [val.display_path(p) for p in runs_paths], "rows_used": len(cases),
+            "runs": [display_path(p) for p in runs_paths], "rows_used": len(cases),
             "held_out_sources": list(hold),
             "bounds_and_priors": {k: {"low": lo, "high": hi, "prior": pr} for k, (lo, hi, pr) in BOUNDS.items()},
             "prior_weight": PRIOR_WEIGHT, "in_sample_error": fitted})

@@ -33,9 +33,9 @@ import numpy as np
 
 from .area import silicon, v_floor
 from .bounds import chip_bound, chip_power_bounds, dominance_keys, dominated_by, grid, grid_bounds
+from .calibrate import load_default_params, params_for
 from .power import lowest_leakage_w, throttled_power_floor
 from .space import CONSTRAINTS, SweepConfig, build_chip, design_key, power_budget
-from .validate import load_default_params, params_for
 
 BOUND_ATTR = "exact_bound1:"       # study system attribute prefix: level-1 bound of grid point i
 CLAIM_ATTR = "exact_claim:"        # [time, worker] of the worker bounding grid point i

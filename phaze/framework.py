@@ -54,7 +54,7 @@ class Framework:
     vocab_multiple: int = 0     # pads the vocabulary to a multiple of this per tensor-parallel rank
                                 # (Megatron's --make-vocab-size-divisible-by 128); 0: as the model has it
     flop_convention: str = ""   # how its throughput log counts FLOPs (TFLOP/s per GPU): a convention of
-                                # phaze.validate.CONVENTIONS; "": model FLOPs
+                                # phaze.runs.CONVENTIONS; "": model FLOPs
     dp_overlap: bool = True     # the data-parallel gradient reduction runs under the last backward
                                 # pass (False: after it, exposed)
     dp_overlap_flat: bool = False   # ... only in a run without pipeline and sequence parallelism

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .arch import arch_dirs, load_chip
+from .calibrate import calibrated_efficiency
 from .catalogue import load_model, workload_dirs
 from .configio import ConfigError
 from .exact import Certificate
@@ -27,7 +28,6 @@ from .plan import graph_recompute, parse_plan
 from .schedule import schedule_layer
 from .space import SweepConfig, build_chip
 from .storage import _optuna, make_storage, study_dir
-from .validate import calibrated_efficiency
 from .workload import with_seq_len
 
 BREAKDOWN = ("compute_s", "memory_bound_s", "communication_exposed_s", "pipeline_bubble_s", "optimizer_s")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .arch import Chip, load_chip, process_node
 from .area import held_share, reference_clock_at, top_clock_hz
+from .calibrate import load_default_params
 from .catalogue import load_model
 from .configio import ConfigError, Fields, quote, read_mapping
 from .framework import framework, model_with, options_with
@@ -48,7 +49,6 @@ from .plan import (
 )
 from .plan_check import fp8_params_error, optimizer_error
 from .system import System, load_system
-from .validate import load_default_params
 from .workload import Model
 
 KiB, MiB, GiB = 2.0 ** 10, 2.0 ** 20, 2.0 ** 30

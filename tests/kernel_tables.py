@@ -30,11 +30,11 @@ from functools import cache
 from pathlib import Path
 
 from phaze.arch import load_chip
+from phaze.calibrate import load_default_params
 from phaze.catalogue import load_model
 from phaze.cost import gemm_time, op_time
 from phaze.framework import FRAMEWORKS, model_with
 from phaze.graph import ExpertLayout, layer_graph
-from phaze.validate import load_default_params
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "results" / "kernels"
@@ -502,8 +502,8 @@ def published_line(run_id: str = "R0083", stem: str = "mpt64kr", gpu: str = "h20
     sequence and layer on one GPU (the step over the sequences each GPU runs, over the layers; the
     token table, head and optimizer counted in, a small share at long sequences) against one layer
     of the profile, and phaze's leave-one-source-out error on the run."""
-    from phaze import validate as v
-    runs = {r["run_id"]: r for p in v.default_runs_paths() for r in csv.DictReader(p.open())}
+    from phaze.runs import default_runs_paths
+    runs = {r["run_id"]: r for p in default_runs_paths() for r in csv.DictReader(p.open())}
     pred = {r["run_id"]: r for r in csv.DictReader((ROOT / "results" / "validation" / "predictions.csv").open())}
     run, p = runs[run_id], pred[run_id]
     per_gpu = float(run["global_batch"]) / float(run["gpu_count"])
@@ -522,7 +522,8 @@ def pinned_fit(pinned: dict[str, float], family: str = PARAMS) -> str:
     against the shipped fit's. A diagnostic: slow (a minute), not a docs table."""
     from phaze import validate as v
     from phaze.calibrate import BOUNDS, fit
-    cases = [c for c in v.split_held_out(v.load_items(v.default_runs_paths()))[0] if isinstance(c, v.Case)]
+    from phaze.runs import Case, default_runs_paths, load_items
+    cases = [c for c in v.split_held_out(load_items(default_runs_paths()))[0] if isinstance(c, Case)]
     rows = [c for c in cases if v.in_group(c, family)]
     shipped = load_default_params()[family]
     start = replace(shipped, **pinned)

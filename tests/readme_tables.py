@@ -8,9 +8,9 @@ import json
 from dataclasses import replace
 
 from phaze import cli
-from phaze import validate as v
 from phaze.api import with_system
 from phaze.arch import load_chip
+from phaze.calibrate import load_default_params, params_for
 from phaze.catalogue import load_model
 from phaze.framework import FRAMEWORKS, plan_with
 from phaze.plan import Plan
@@ -87,7 +87,7 @@ def framework_effects_table() -> str:
     global batch 64: its step, and how much longer it is than the same plan with one setting (then
     all three) at phaze's default. Shipped calibration."""
     chip = load_chip("a100-80gb")
-    eff = v.params_for(chip, v.load_default_params())
+    eff = params_for(chip, load_default_params())
     rows = ["| model | step | " + " | ".join(k for k, _ in FRAMEWORK_DEFAULTS) + " | all three |",
             "|---|---|---|---|---|---|"]
     every = {k: x for _, change in FRAMEWORK_DEFAULTS for k, x in change.items()}
@@ -108,7 +108,7 @@ def context_parallel_table() -> str:
     model = load_model("llama3-8b", 131072)
     fw = FRAMEWORKS["nemo"]
     chip = with_system(load_chip("h100-sxm"), "dgx-h100-superpod").with_execution(fw.execution)
-    eff = v.params_for(chip, v.load_default_params())
+    eff = params_for(chip, load_default_params())
     rows = ["| cp | devices | step | compute | exposed communication | falls by |", "|---|---|---|---|---|---|"]
     before = None
     for cp in (4, 8, 16, 32):
@@ -132,7 +132,7 @@ def cp_comm_table() -> str:
     model = load_model("llama3-8b", 131072)
     fw = FRAMEWORKS["nemo"]
     chip = with_system(load_chip("h100-sxm"), "dgx-h100-superpod").with_execution(fw.execution)
-    eff = v.params_for(chip, v.load_default_params())
+    eff = params_for(chip, load_default_params())
     rows = ["| cp | " + " | ".join(CP_COMMS) + " |", "|---" * (len(CP_COMMS) + 1) + "|"]
     for cp in (2, 4, 8, 16):
         cells = []
@@ -166,7 +166,7 @@ def fp8_casts_table() -> str:
 
     fw = FRAMEWORKS["nemo"]
     chip = load_chip("h100-sxm").with_execution(fw.execution)
-    eff = v.params_for(chip, v.load_default_params())
+    eff = params_for(chip, load_default_params())
     rows = ["| model | GPUs, tp, pp | casts | forward in casts | backward in casts | step | fused against separate |",
             "|---|---|---|---|---|---|---|"]
     for name, tp, pp, devices in FP8_CASES:
@@ -205,7 +205,7 @@ def eager_kernels_table() -> str:
     from phaze.framework import model_with
     from phaze.graph import layer_graph
     chip = load_chip("a100-80gb")
-    eff = v.params_for(chip, v.load_default_params())
+    eff = params_for(chip, load_default_params())
     fw = FRAMEWORKS["megatron-deepspeed"]
     rows = ["| model | micro-batch | step | bias kernels | DeepSpeed's per-tensor work | unfused attention's "
             "permute, scales, concat | PyTorch's softmax |", "|---|---|---|---|---|---|---|"]

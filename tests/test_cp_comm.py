@@ -193,7 +193,7 @@ def test_hiding_orders_the_modes_across_nodes():
     """Llama-3 70B at 64K tokens, tp 8, cp 16 over InfiniBand: the ring hides its sends under the
     steps, PyTorch's gather only under the first step, Transformer Engine's all-gather under
     nothing: their exposed exchanges keep that order."""
-    from phaze.validate import calibrated_efficiency
+    from phaze.calibrate import calibrated_efficiency
     model = load_model("llama3-70b", 65536)
     chip = load_chip("h100-sxm")
     eff = calibrated_efficiency(chip)
@@ -255,7 +255,7 @@ def test_presets_name_their_frameworks_exchange():
 def test_the_row_column_takes_the_preset_unless_it_says():
     from test_validate import synthetic, synthetic_case
 
-    from phaze import validate as v
+    from phaze.runs import Case, row_to_case
     assert synthetic_case(framework="torchtitan", cp="2").plan.cp_comm == "torch"
     assert synthetic_case(framework="torchtitan", cp="2", cp_comm="p2p").plan.cp_comm == "p2p"
     assert synthetic_case(framework="MaxText (JAX/XLA)", cp="2").plan.cp_comm == "all_gather"
@@ -263,10 +263,10 @@ def test_the_row_column_takes_the_preset_unless_it_says():
     assert synthetic_case(cp="2").plan.cp_comm == "p2p"
     plan = synthetic_case(cp="4", cp_comm="a2a+p2p", cp_a2a="2").plan
     assert (plan.cp_comm, plan.cp_a2a) == ("a2a+p2p", 2)
-    r = v.row_to_case(synthetic(cp="4", cp_comm="a2a+p2p"))
-    assert not isinstance(r, v.Case) and "cp_a2a" in r.reason and "allowed: 2" in r.reason
-    r = v.row_to_case(synthetic(cp="2", cp_comm="ring"))
-    assert not isinstance(r, v.Case) and "column 'cp_comm' must be one of p2p, all_gather, a2a, a2a+p2p" in r.reason
+    r = row_to_case(synthetic(cp="4", cp_comm="a2a+p2p"))
+    assert not isinstance(r, Case) and "cp_a2a" in r.reason and "allowed: 2" in r.reason
+    r = row_to_case(synthetic(cp="2", cp_comm="ring"))
+    assert not isinstance(r, Case) and "column 'cp_comm' must be one of p2p, all_gather, a2a, a2a+p2p" in r.reason
 
 
 @pytest.mark.parametrize("value, expect", [("all_gather", "all_gather"), ("A2A", "a2a"), (None, "p2p")])

@@ -12,7 +12,6 @@ import yaml
 from test_space import placement_options
 from test_validate import ROOT, one_line_error, phaze_cli, rows, synthetic
 
-from phaze import validate as v
 from phaze.area import _step_activity
 from phaze.catalogue import load_model
 from phaze.configio import ConfigError
@@ -22,6 +21,7 @@ from phaze.graph import layer_graph
 from phaze.placement import PlacementOptions, place
 from phaze.plan import Plan, parse_plan
 from phaze.plan_check import check_plan
+from phaze.runs import Skipped, row_to_case
 from phaze.stage import fp8_linear_params, shard_ranks, stage_costs
 from phaze.step import evaluate
 
@@ -151,15 +151,15 @@ def test_sweep_key(tmp_path):
 
 def test_validation_column():
     row = synthetic(precision="fp8", compute_precision="fp8", framework="megatron-core")
-    assert not v.row_to_case(row).plan.fp8_params
+    assert not row_to_case(row).plan.fp8_params
     row["fp8_param_gather"] = "yes"
-    assert v.row_to_case(row).plan.fp8_params
-    assert v.row_to_case(synthetic(precision="fp8", compute_precision="fp8", framework="nemo")).plan.fp8_params
-    bad = v.row_to_case(synthetic(fp8_param_gather="yes"))
-    assert isinstance(bad, v.Skipped) and "fp8_params" in bad.reason
+    assert row_to_case(row).plan.fp8_params
+    assert row_to_case(synthetic(precision="fp8", compute_precision="fp8", framework="nemo")).plan.fp8_params
+    bad = row_to_case(synthetic(fp8_param_gather="yes"))
+    assert isinstance(bad, Skipped) and "fp8_params" in bad.reason
     # the bundled row whose flags say --fp8-param-gather, and no other
     assert [k for k, r in rows().items() if r["fp8_param_gather"]] == ["R1058"]
-    assert v.row_to_case(rows()["R1058"]).plan.fp8_params
+    assert row_to_case(rows()["R1058"]).plan.fp8_params
 
 
 def test_the_figures_frameworks_md_quotes(tmp_path):
@@ -232,9 +232,9 @@ def test_fp8_weights_need_transformer_engine(fp8_llama, dgx):
         check_plan(sep, 8, 8, Plan(zero=3, fp8_params=True))
     with pytest.raises(ConfigError, match="fp8-params.*not modelled"):
         place(sep, dgx, 16, 16, PlacementOptions(tp=(2,), pp=(1,), zero=(3,), fp8_params=True))
-    bad = v.row_to_case(synthetic(precision="fp8", compute_precision="fp8", framework="torchtitan",
+    bad = row_to_case(synthetic(precision="fp8", compute_precision="fp8", framework="torchtitan",
                                   fp8_param_gather="yes"))
-    assert isinstance(bad, v.Skipped) and "fp8_params" in bad.reason
+    assert isinstance(bad, Skipped) and "fp8_params" in bad.reason
 
 
 def test_energy_counts_the_gather_and_the_cast_by_hand(fp8_llama, dgx):

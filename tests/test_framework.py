@@ -13,6 +13,7 @@ from test_validate import ROOT, ok_cli, one_line_error, phaze_cli, synthetic, sy
 
 from phaze import validate as v
 from phaze.arch import load_chip
+from phaze.calibrate import calibrated_efficiency, load_default_params, params_for, params_held_out, shipped_params_path
 from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import IDEAL, Efficiency, collective_time, gemm_time, op_time, vector_time
@@ -20,6 +21,7 @@ from phaze.framework import FRAMEWORKS, framework, model_with, options_with, pla
 from phaze.graph import Op, megatron_softmax_fused
 from phaze.placement import PlacementOptions, layouts, place
 from phaze.plan import Plan, parse_plan
+from phaze.runs import DEFAULT_VOCAB, Case, Skipped, default_runs_paths, load_items, row_to_case
 from phaze.stage import deepspeed_bf16, main_grad_bytes, reduced_grad_bytes, stage_costs
 from phaze.step import evaluate, layout_of
 from phaze.system import apply_system, load_system
@@ -275,8 +277,8 @@ def test_megatron_cross_entropy_makes_its_passes_over_the_fp32_logits():
     assert synthetic_case(framework="Megatron-Core r0.8", cross_entropy="te").plan.loss == "te"
     assert synthetic_case(framework="NeMo 25.07", cross_entropy="Megatron").plan.loss == "megatron"
     assert synthetic_case(cross_entropy="").plan.loss == "torch"      # blank, no framework: phaze's own
-    bad = v.row_to_case(synthetic(cross_entropy="fast"))
-    assert isinstance(bad, v.Skipped) and bad.reason == (
+    bad = row_to_case(synthetic(cross_entropy="fast"))
+    assert isinstance(bad, Skipped) and bad.reason == (
         "column 'cross_entropy' must be one of torch, megatron, fused, te, got 'fast'")
     assert plan_with(FRAMEWORKS["megatron-deepspeed"], Plan())[0].loss == "megatron"
     assert options_with(FRAMEWORKS["megatron-lm"], PlacementOptions())[0].loss == "megatron"
@@ -458,12 +460,12 @@ def test_named_workload_brings_its_vocabulary_and_kv_heads():
     # a Llama-3-8B row with only the standard shape columns
     r = synthetic(model="Llama-3-8B", layers="32", hidden="4096", heads="32", ffn_hidden="14336",
                   gpu_count="8", tp="8", global_batch="8", seq_len="8192")
-    c = v.row_to_case(r)
+    c = row_to_case(r)
     assert (c.model.vocab, c.model.kv_heads, c.model.activation) == (128256, 8, "swiglu")
-    c = v.row_to_case(dict(r, vocab="32000", kv_heads="32"))
+    c = row_to_case(dict(r, vocab="32000", kv_heads="32"))
     assert (c.model.vocab, c.model.kv_heads) == (32000, 32)
-    other = v.row_to_case(dict(r, layers="16"))      # another shape: not that workload
-    assert other.model.vocab == v.DEFAULT_VOCAB
+    other = row_to_case(dict(r, layers="16"))      # another shape: not that workload
+    assert other.model.vocab == DEFAULT_VOCAB
 
 
 # ---- pod slices over a data-centre network ------------------------------------------------------
@@ -503,7 +505,7 @@ def test_dp_over_dcn_by_hand():
 # ---- the frozen held-out split -------------------------------------------------------------------
 
 def test_held_out_source_is_neither_fitted_nor_scored_by_default(tmp_path):
-    data = json.loads(v.shipped_params_path().read_text())
+    data = json.loads(shipped_params_path().read_text())
     assert set(v.HELD_OUT_SOURCES) <= set(data["held_out_sources"])
     a = [synthetic(run_id=f"A{i}", source_id="S1_a", measured_value=str(1 + i / 10)) for i in range(2)]
     b = [synthetic(run_id=f"B{i}", source_id="S2_b", measured_value="2.0") for i in range(2)]
@@ -533,7 +535,7 @@ def test_calibrate_records_and_skips_the_held_out_source(tmp_path):
     ok_cli(phaze_cli(tmp_path, "calibrate", "--runs", str(runs), "--out", "p.json", "--hold-out", "S2_b"))
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["held_out_sources"] == ["S2_b"] and data["rows_used"] == 2
-    assert v.params_held_out(tmp_path / "p.json") == ("S2_b",)
+    assert params_held_out(tmp_path / "p.json") == ("S2_b",)
 
 
 def test_cli_framework_flag(tmp_path):
@@ -560,8 +562,8 @@ def test_rows_sharing_a_chip_and_system_keep_their_own_execution_model():
     # the (chip, system) cache is shared by every row of a file: one row's framework must not
     # leak its execution model into the next row's chip
     chips: dict = {}
-    first = v.row_to_case(synthetic(framework="maxtext", system_config="dgx-a100-superpod"), chips)
-    second = v.row_to_case(synthetic(framework="torchtitan", system_config="dgx-a100-superpod"), chips)
+    first = row_to_case(synthetic(framework="maxtext", system_config="dgx-a100-superpod"), chips)
+    second = row_to_case(synthetic(framework="torchtitan", system_config="dgx-a100-superpod"), chips)
     assert (first.chip.execution, second.chip.execution) == ("xla", "eager")
     assert second.chip.links[-1].name == "infiniband"
 
@@ -581,7 +583,7 @@ def test_llama3_at_16k_gpus_from_an_unknown_stack_is_scored_as_a_tuned_run():
                                (dict(seq_len="131072", global_batch="128", dp="8", cp="16"), 0.38, 0.10)):
         c = synthetic_case(**common, **extra, measured_value=str(mfu))
         assert c.layout_from == "searched" and c.plan.recompute == "none"
-        eff = v.calibrated_efficiency(c.chip)
+        eff = calibrated_efficiency(c.chip)
         error = v.predict_case(c, eff) / c.measured_step_s - 1
         assert abs(error) < window, (extra, error)
         one_f_one_b = synthetic_case(**common, **extra, vp="1", measured_value=str(mfu))
@@ -593,7 +595,7 @@ def test_a_row_without_its_layout_is_laid_out_as_phaze_would_tune_it():
     the row with the shipped calibration (the oracle: place() called directly)."""
     c = synthetic_case(tp="", pp="", micro_batch="1", zero_stage="0", recompute="none")
     found = place(c.model, c.chip, 8, 16, PlacementOptions(mbs=(1,), recompute=("none",), zero=0),
-                  v.calibrated_efficiency(c.chip), top=1)
+                  calibrated_efficiency(c.chip), top=1)
     assert (c.plan.tp, c.plan.pp, c.plan.cp) == (found.baseline.plan.tp, found.baseline.plan.pp, 1)
     assert c.layout_from == "searched"
     # with dp stated, the missing one follows from it: nothing searched
@@ -602,15 +604,15 @@ def test_a_row_without_its_layout_is_laid_out_as_phaze_would_tune_it():
     # both missing with dp stated: only layouts with that dp
     e = synthetic_case(tp="", pp="", dp="2", micro_batch="1", zero_stage="0", recompute="none")
     assert e.plan.tp * e.plan.pp == 4 and e.plan.dp(8) == 2
-    assert "no tp, pp and cp give the stated dp" in v.row_to_case(synthetic(tp="", pp="", dp="3")).reason
+    assert "no tp, pp and cp give the stated dp" in row_to_case(synthetic(tp="", pp="", dp="3")).reason
     # without the global batch the step's size is unknown: skipped with the reason
-    assert "global_batch not published" in v.row_to_case(synthetic(global_batch="")).reason
+    assert "global_batch not published" in row_to_case(synthetic(global_batch="")).reason
 
 
 def test_the_predictions_name_the_plan_a_searched_row_was_scored_with(tmp_path):
     row = synthetic(tp="1", pp="2", global_batch="16", micro_batch="1")      # vp and ZeRO searched
-    c = v.row_to_case(row)
-    eff = v.calibrated_efficiency(c.chip)
+    c = row_to_case(row)
+    eff = calibrated_efficiency(c.chip)
     results = {p: v.evaluate(c.model, c.chip, c.devices, c.global_batch, p, eff) for p in (c.plan, *c.alternatives)}
     fastest = min((p for p, r in results.items() if r.fits), key=lambda p: results[p].step_time_s)
     assert v.scored_plan(c, eff) == (fastest, results[fastest].step_time_s)
@@ -651,8 +653,8 @@ def test_rotary_kernels_and_kv_copies_follow_the_framework_unless_the_model_says
     own = synthetic_case(framework="torchtitan", activation="swiglu", kv_heads="4", rotary_kernels="fused",
                          kv_repeat="grouped").model
     assert (own.rotary_kernels, own.kv_repeat) == ("fused", "grouped")
-    bad = v.row_to_case(synthetic(framework="torchtitan", activation="swiglu", rotary_kernels="triton"))
-    assert isinstance(bad, v.Skipped) and "rotary_kernels" in bad.reason and "complex" in bad.reason
+    bad = row_to_case(synthetic(framework="torchtitan", activation="swiglu", rotary_kernels="triton"))
+    assert isinstance(bad, Skipped) and "rotary_kernels" in bad.reason and "complex" in bad.reason
 
 
 def test_softmax_kernel_follows_the_framework_unless_the_model_says():
@@ -670,8 +672,8 @@ def test_softmax_kernel_follows_the_framework_unless_the_model_says():
     assert synthetic_case(framework="Megatron-DeepSpeed").model.softmax_kernel == "megatron"
     assert synthetic_case(framework="Megatron-DeepSpeed", softmax_kernel="fused").model.softmax_kernel == "fused"
     assert synthetic_case(framework="NeMo 24.07").model.softmax_kernel == ""
-    bad = v.row_to_case(synthetic(framework="Megatron-DeepSpeed", softmax_kernel="apex"))
-    assert isinstance(bad, v.Skipped) and "softmax_kernel" in bad.reason and "megatron" in bad.reason
+    bad = row_to_case(synthetic(framework="Megatron-DeepSpeed", softmax_kernel="apex"))
+    assert isinstance(bad, Skipped) and "softmax_kernel" in bad.reason and "megatron" in bad.reason
     # a small GPT off the kernel's shapes (25 heads, micro-batch 1) is slower than on them per
     # sequence: PyTorch's fp32 chain moves nine times the kernel's bytes forward
     xl = {"model": "gpt2-xl", "layers": "48", "hidden": "1600", "heads": "25", "seq_len": "1024",
@@ -679,14 +681,14 @@ def test_softmax_kernel_follows_the_framework_unless_the_model_says():
     step = {}
     for b, said in ((1, ""), (1, "fused"), (4, ""), (4, "fused")):
         case = synthetic_case(framework="Megatron-DeepSpeed", micro_batch=str(b), softmax_kernel=said, **xl)
-        step[b, said] = v.scored_plan(case, v.params_for(case.chip, None))[1]
+        step[b, said] = v.scored_plan(case, params_for(case.chip, None))[1]
     assert step[1, ""] > 1.05 * step[1, "fused"]
     assert step[4, ""] == step[4, "fused"]
 
 
 def test_every_bundled_standard_row_runs_megatrons_softmax_kernel():
     # docs/frameworks.md says so: softmax_kernel leaves the calibration as it was
-    cases = [c for c in v.load_items(v.default_runs_paths()) if isinstance(c, v.Case)]
+    cases = [c for c in load_items(default_runs_paths()) if isinstance(c, Case)]
     standard = [c for c in cases if c.plan.attention == "standard"]
     assert len(standard) >= 30 and {c.model.softmax_kernel for c in standard} == {"megatron"}
     assert all(megatron_softmax_fused(c.model, c.plan.mbs, c.plan.tp) for c in standard)
@@ -1221,7 +1223,7 @@ def test_deepspeed_pipeline_waits_through_four_transfers_a_micro_batch():
     assert placed.best.plan.pipe_p2p == "blocking" and placed.best.plan.pp == 4
     # the figures docs/frameworks.md quotes: BLOOM-176B's and MT-NLG 530B's plans under the preset
     a100 = apply_system(load_chip("a100-80gb"), load_system("dgx-a100-superpod")).with_execution(ds.execution)
-    eff = v.params_for(a100, v.load_default_params())
+    eff = params_for(a100, load_default_params())
     doc = " ".join((ROOT / "docs" / "frameworks.md").read_text().split())
     for name, devices, batch, layout in (("bloom-176b", 384, 2048, Plan(tp=4, pp=12, mbs=2, recompute="full")),
                                          ("megatron-gpt-530b", 2240, 1920, Plan(tp=8, pp=35, mbs=1, recompute="full"))):
@@ -1299,8 +1301,8 @@ def test_megatron_core_selective_recompute_is_its_modules():
     assert c.plan.recompute_modules == ("moe_act", "layernorm")
     c = synthetic_case(framework="Megatron-LM (2022)", recompute="selective", selective_recompute="attention")
     assert c.plan.recompute_modules == ()
-    bad = v.row_to_case(synthetic(framework="Megatron-Core", recompute="selective", selective_recompute="norm+act"))
-    assert isinstance(bad, v.Skipped) and "column 'selective_recompute'" in bad.reason
+    bad = row_to_case(synthetic(framework="Megatron-Core", recompute="selective", selective_recompute="norm+act"))
+    assert isinstance(bad, Skipped) and "column 'selective_recompute'" in bad.reason
     # the fused kernel's re-run costs time: the same plan with and without its modules
     chip = load_chip("h100-sxm")
     m = load_model("llama3-8b", 8192)

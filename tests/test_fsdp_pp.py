@@ -109,15 +109,15 @@ def test_dp_equals_brute_force(seed):
 def test_validation_column():
     from test_validate import synthetic
 
-    from phaze import validate as v
+    from phaze.runs import Skipped, row_to_case
     row = synthetic(pp="2", tp="1", zero_stage="3", framework="torchtitan")
-    assert v.row_to_case(row).plan.fsdp_pp == "step"
+    assert row_to_case(row).plan.fsdp_pp == "step"
     row["fsdp_pp"] = "micro_batch"
-    assert v.row_to_case(row).plan.fsdp_pp == "micro_batch"
+    assert row_to_case(row).plan.fsdp_pp == "micro_batch"
     row["fsdp_pp"] = "sometimes"
-    bad = v.row_to_case(row)
-    assert isinstance(bad, v.Skipped) and "fsdp_pp" in bad.reason
-    assert v.row_to_case(synthetic(pp="2", tp="1", zero_stage="3")).plan.fsdp_pp == "micro_batch"
+    bad = row_to_case(row)
+    assert isinstance(bad, Skipped) and "fsdp_pp" in bad.reason
+    assert row_to_case(synthetic(pp="2", tp="1", zero_stage="3")).plan.fsdp_pp == "micro_batch"
 
 
 def test_sweep_placement_takes_fsdp_pp(tmp_path):

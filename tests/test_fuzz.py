@@ -72,7 +72,7 @@ def files(root: Path) -> dict[str, Path]:
 
 def mutated_runs(root: Path, rng: random.Random) -> Path:
     """A few rows of the shipped validation CSV with one cell replaced by junk."""
-    from phaze.validate import default_runs_paths
+    from phaze.runs import default_runs_paths
     with open(rng.choice(default_runs_paths()), newline="") as fh:
         rows = list(csv.reader(fh))
     head, body = rows[0], rng.sample(rows[1:], 4)

@@ -16,7 +16,6 @@ from dataclasses import replace
 
 import pytest
 
-from phaze import validate as v
 from phaze.arch import load_chip
 from phaze.catalogue import load_model
 from phaze.configio import ConfigError
@@ -25,6 +24,7 @@ from phaze.hf_config import model_from_hf_config
 from phaze.memory import activation_bytes_per_layer
 from phaze.placement import PlacementOptions, cp_values, vp_values
 from phaze.plan import parse_plan
+from phaze.runs import Case, Skipped, convention_flops_per_step, row_to_case
 from phaze.stage import layer_mix, layer_time
 from phaze.step import evaluate, model_flops_per_sample
 from phaze.workload import hybrid_views, with_seq_len
@@ -104,11 +104,11 @@ def test_nemo_hybrid_convention_is_nemos_formula():
     mamba = 6 * s * h * (2 * d + 2 * G * N + heads) + 3 * 2 * s * d * N + 6 * s * d * h
     mlp = 6 * s * h * f * 3                       # NeMo assumes a gated unit
     nemo = 10 * attn + 54 * mamba + 54 * mlp + 6 * s * h * V
-    assert v.convention_flops_per_step(m, 4, "model_causal", "none") == pytest.approx(4 * nemo, rel=1e-12)
+    assert convention_flops_per_step(m, 4, "model_causal", "none") == pytest.approx(4 * nemo, rel=1e-12)
     # phaze's own count of the same model is lower: its squared-ReLU MLP has two matrices, not three
-    assert v.convention_flops_per_step(m, 1, "model", "none") < nemo
+    assert convention_flops_per_step(m, 1, "model", "none") < nemo
     with pytest.raises(ValueError, match="allowed: model, model_causal"):
-        v.convention_flops_per_step(m, 1, "6n_12lqs", "none")
+        convention_flops_per_step(m, 1, "6n_12lqs", "none")
 
 
 @pytest.mark.parametrize("chip", ["h100-sxm", "tpuv5p"])
@@ -180,15 +180,15 @@ def _row(**kw):
 
 def test_rows_naming_nemotron_h_are_expressed_as_the_hybrid():
     for name in ("Nemotron-H 8B", "NemotronH_8B", "nemotron-h-8b-base-8k"):
-        case = v.row_to_case(_row(model=name))
-        assert isinstance(case, v.Case), name
+        case = row_to_case(_row(model=name))
+        assert isinstance(case, Case), name
         assert case.model.hybrid_pattern == H8.hybrid_pattern
-    same = v.row_to_case(_row(model="Nemotron-H 8B", layers="52", hidden="4096", heads="32"))
-    assert isinstance(same, v.Case) and same.model.hybrid
-    other = v.row_to_case(_row(model="Nemotron-H 8B", layers="48", hidden="4096", heads="32"))
-    assert isinstance(other, v.Skipped) and "layer pattern is unknown" in other.reason
-    pure = v.row_to_case(_row(model="Mamba2-8B"))
-    assert isinstance(pure, v.Skipped) and "ships no workload" in pure.reason
+    same = row_to_case(_row(model="Nemotron-H 8B", layers="52", hidden="4096", heads="32"))
+    assert isinstance(same, Case) and same.model.hybrid
+    other = row_to_case(_row(model="Nemotron-H 8B", layers="48", hidden="4096", heads="32"))
+    assert isinstance(other, Skipped) and "layer pattern is unknown" in other.reason
+    pure = row_to_case(_row(model="Mamba2-8B"))
+    assert isinstance(pure, Skipped) and "ships no workload" in pure.reason
 
 
 def test_nemotron_h_hugging_face_config_reads_as_the_shipped_workload():
@@ -258,8 +258,8 @@ def test_mamba2_workloads_are_what_phaze_reads_from_their_configs():
     shipped = load_model("mamba2-2.7b")
     read = model_from_hf_config(cfg, name=shipped.name)
     assert read.params == shipped.params and model_flops_per_sample(read) == model_flops_per_sample(shipped)
-    case = v.row_to_case(_row(model="mamba2_2_7b", tp="1", seq_len="2048"))
-    assert isinstance(case, v.Case) and case.model.params == shipped.params
+    case = row_to_case(_row(model="mamba2_2_7b", tp="1", seq_len="2048"))
+    assert isinstance(case, Case) and case.model.params == shipped.params
     bad = subprocess.run([sys.executable, "-m", "phaze.cli", "place", "--workload", "state-spaces/mamba2-1.3b",
                           "--arch", "a100-80gb", "--devices", "8", "--global-batch", "64", "--tp", "2"],
                          capture_output=True, text=True, timeout=120)
@@ -413,9 +413,9 @@ def test_a_hybrids_flop_conventions_with_moe_layers():
     """NeMo 2.5's nemotronh formula (model_causal for a hybrid) counts no MoE layers: refused for
     one with E layers rather than undercounted; ``model`` counts phaze's own FLOPs, every kind."""
     with pytest.raises(ValueError, match="counts no mixture-of-experts layers"):
-        v.convention_flops_per_step(N3, 8, "model_causal", "none")
+        convention_flops_per_step(N3, 8, "model_causal", "none")
     f = model_flops_per_sample(N3)
-    assert v.convention_flops_per_step(N3, 8, "model", "none") == 8 * f
+    assert convention_flops_per_step(N3, 8, "model", "none") == 8 * f
     # 6 FLOPs a token and weight a token uses (top 6 of the routed experts; the input table and the
     # norms read, not multiplied), the 6 attention layers' two products (non-causal, as model FLOPs
     # count them), and the Mamba-2 scans' own products, a little
@@ -446,8 +446,8 @@ def test_a_nemotron_3_hugging_face_config_reads_as_the_shipped_workload():
 
 @pytest.mark.parametrize("name", ["Nemotron 3 Nano 30B-A3B", "NVIDIA-Nemotron-3-Nano-30B-A3B", "Nemotron-3-Nano"])
 def test_a_row_naming_nemotron_3_nano_runs_the_shipped_workload(name):
-    case = v.row_to_case(_row(model=name))
-    assert isinstance(case, v.Case) and case.model.hybrid_pattern == N3.hybrid_pattern and case.model.moe
+    case = row_to_case(_row(model=name))
+    assert isinstance(case, Case) and case.model.hybrid_pattern == N3.hybrid_pattern and case.model.moe
 
 
 def test_schedule_cli_schedules_an_moe_layer_of_a_hybrid(capsys):

@@ -156,7 +156,7 @@ def test_the_printout_says_the_groups(llama, dgx):
 def test_the_row_column_takes_the_preset_unless_it_says():
     from test_validate import case, synthetic, synthetic_case
 
-    from phaze import validate as v
+    from phaze.runs import Case, row_to_case
     assert synthetic_case(framework="maxtext").plan.dp_shard == DP_SHARD_NODE
     assert synthetic_case(framework="maxtext", dp_shard="all").plan.dp_shard == 0
     assert synthetic_case(framework="torchtitan", dp_shard="node").plan.dp_shard == DP_SHARD_NODE
@@ -166,12 +166,12 @@ def test_the_row_column_takes_the_preset_unless_it_says():
     c = case("R1072")
     assert c.plan.dp_shard == DP_SHARD_NODE and shard_ranks(c.plan, c.devices, c.chip) == 256
     for bad in ("half", "0", "-4"):
-        r = v.row_to_case(synthetic(zero_stage="1", dp_shard=bad))
-        assert not isinstance(r, v.Case) and "column 'dp_shard' must be all, node or a positive integer" \
+        r = row_to_case(synthetic(zero_stage="1", dp_shard=bad))
+        assert not isinstance(r, Case) and "column 'dp_shard' must be all, node or a positive integer" \
             in r.reason, r
     # a count that neither divides dp (4) nor is a multiple of it is refused with the plan's reason
-    r = v.row_to_case(synthetic(zero_stage="1", dp_shard="3"))
-    assert not isinstance(r, v.Case) and "dp_shard" in r.reason
+    r = row_to_case(synthetic(zero_stage="1", dp_shard="3"))
+    assert not isinstance(r, Case) and "dp_shard" in r.reason
 
 
 def test_place_searches_several_groupings_exactly(llama, dgx):

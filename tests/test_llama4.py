@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from phaze import validate as v
 from phaze.catalogue import load_model
 from phaze.cli import main
 from phaze.configio import ConfigError
 from phaze.graph import attention_work_fraction, layer_graph, ring_steps
 from phaze.hf_config import model_from_hf_config
+from phaze.runs import Case, row_to_case
 from phaze.step import model_flops_per_sample
 from phaze.workload import Model
 
@@ -204,7 +204,7 @@ def test_other_moe_layer_patterns_from_hugging_face():
 
 
 def test_workload_errors_name_the_field(tmp_path):
-    base = yaml.safe_load((v.Path(__file__).resolve().parent.parent / "workloads" / "llama4-maverick.yaml")
+    base = yaml.safe_load((Path(__file__).resolve().parent.parent / "workloads" / "llama4-maverick.yaml")
                           .read_text())
     cases = [({"moe_layer_interval": 0}, "moe_layer_interval"),
              ({"moe_layer_interval": 49}, "moe_layer_interval"),
@@ -226,15 +226,15 @@ def test_validation_rows_naming_llama4_take_its_layers():
     row = synthetic(model="Llama4-E128", layers="48", hidden="5120", heads="40", ffn_hidden="8192",
                     gpu="H100-SXM5-80GB", gpu_count="512", global_batch="1024", seq_len="8192", tp="4",
                     ep="128", micro_batch="1")
-    c = v.row_to_case(row)
-    assert isinstance(c, v.Case), getattr(c, "reason", c)
+    c = row_to_case(row)
+    assert isinstance(c, Case), getattr(c, "reason", c)
     m = c.model
     assert (m.moe_layers, m.dense_ffn_layers, m.ffn_hidden, m.expert_ffn, m.shared_experts) == (24, 24, 16384, 8192, 1)
     assert (m.attention_chunk, m.window_layer_share, m.vocab, m.kv_heads) == (8192, 0.75, V, KV)
-    scout = v.row_to_case(synthetic(model="Llama 4 Scout", gpu="H100-SXM5-80GB", gpu_count="64",
+    scout = row_to_case(synthetic(model="Llama 4 Scout", gpu="H100-SXM5-80GB", gpu_count="64",
                                     layers="", hidden="", heads="", global_batch="64", seq_len="8192",
                                     tp="4", ep="16"))
-    assert isinstance(scout, v.Case), getattr(scout, "reason", scout)
+    assert isinstance(scout, Case), getattr(scout, "reason", scout)
     assert (scout.model.experts, scout.model.moe_layers) == (16, 48)
 
 

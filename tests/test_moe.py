@@ -21,9 +21,9 @@ from phaze.cost import Efficiency, collective_time, op_time
 from phaze.graph import DROPLESS_LOAD, Collective, ExpertLayout, Op, collective_groups, layer_graph, tensor_flops
 from phaze.hf_config import model_from_hf_config
 from phaze.plan import Plan, parse_plan
+from phaze.runs import Case, Skipped, default_runs_paths, read_runs, row_to_case
 from phaze.stage import PhaseTime, _layer_costs, _layer_sums, expert_layout, exposed, fsdp_units, stage_costs
 from phaze.step import evaluate, layout_of, model_flops_per_sample
-from phaze.validate import Case, Skipped, default_runs_paths, read_runs, row_to_case
 from phaze.workload import Model
 
 # (workload, published total, published active, source); the active count of gpt-oss is the model
@@ -322,7 +322,7 @@ def test_moe_row_without_explicit_columns_gets_intra_node_ep():
     """The standard columns only: the named workload gives the experts and the attention shape;
     the row's ffn_hidden is the per-expert FFN; ep is the widest inside an 8-GPU node that divides
     the 128 experts and the tp*cp*dp = 2*1*16 ranks, and the case says it is assumed."""
-    from phaze.validate import EXPLICIT_COLUMNS
+    from phaze.runs import EXPLICIT_COLUMNS
     row = {k: v for k, v in _rows()["R1041"].items() if k not in EXPLICIT_COLUMNS}
     # the source's title names Megatron-Core: its preset's distributed optimizer (ZeRO 1)
     titled = row_to_case(row)
@@ -641,8 +641,8 @@ def test_shared_experts_run_beside_the_all_to_alls_by_hand():
     # the figure docs/frameworks.md quotes (shipped calibration, the DGX H100 cluster)
     from pathlib import Path
 
+    from phaze.calibrate import load_default_params, params_for
     from phaze.system import apply_system, load_system
-    from phaze.validate import load_default_params, params_for
     h100 = apply_system(chip, load_system("dgx-h100-superpod"))
     fitted = params_for(h100, load_default_params())
     steps = [evaluate(model, h100, 64, 256, Plan(tp=2, ep=16, recompute="full", zero=1, shared_overlap=x),

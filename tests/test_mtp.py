@@ -180,17 +180,17 @@ def test_validation_column_is_the_runs_choice():
     (Megatron-Core's default), a count adds the modules, anything else is refused by name."""
     from test_validate import synthetic
 
-    from phaze import validate as v
-    assert "mtp_layers" in v.EXPLICIT_COLUMNS
-    assert v.row_to_case(synthetic()).model.mtp_layers == 0
-    assert v.row_to_case(synthetic(mtp_layers="1")).model.mtp_layers == 1
+    from phaze.runs import EXPLICIT_COLUMNS, Case, row_to_case
+    assert "mtp_layers" in EXPLICIT_COLUMNS
+    assert row_to_case(synthetic()).model.mtp_layers == 0
+    assert row_to_case(synthetic(mtp_layers="1")).model.mtp_layers == 1
     ds = dict(model="DeepSeek-V3", layers="", hidden="", heads="", seq_len="4096", tp="1", gpu_count="8",
               ep="8", global_batch="8")
-    assert v.row_to_case(synthetic(**ds)).model.mtp_layers == 0
-    assert v.row_to_case(synthetic(**ds, mtp_layers="1")).model.mtp_layers == 1
+    assert row_to_case(synthetic(**ds)).model.mtp_layers == 0
+    assert row_to_case(synthetic(**ds, mtp_layers="1")).model.mtp_layers == 1
     for bad in ("-1", "1.5", "x", "9" * 40):
-        r = v.row_to_case(synthetic(mtp_layers=bad))
-        assert not isinstance(r, v.Case) and "mtp_layers" in r.reason
+        r = row_to_case(synthetic(mtp_layers=bad))
+        assert not isinstance(r, Case) and "mtp_layers" in r.reason
 
 
 def test_evaluate_prints_the_modules_beside_the_published_count(tmp_path):

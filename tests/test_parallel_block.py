@@ -7,7 +7,6 @@ import pytest
 import yaml
 from conftest import toy_chip
 
-from phaze import validate as v
 from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.graph import layer_graph, tensor_flops
@@ -15,6 +14,7 @@ from phaze.hf_config import model_from_hf_config
 from phaze.memory import activation_bytes_per_layer
 from phaze.plan import Plan
 from phaze.plan_check import check_plan
+from phaze.runs import Case, Skipped, row_to_case
 from phaze.step import evaluate
 from phaze.workload import Model
 
@@ -209,18 +209,18 @@ def test_validation_rows_name_their_block():
     row = synthetic(model="PaLM 540B", layers="118", hidden="18432", heads="48", ffn_hidden="73728",
                     gpu="", gpu_count="6144", global_batch="2048", tp="12", sequence_parallel="no")
     row["chip"] = "tpuv4"
-    c = v.row_to_case(row)
-    assert isinstance(c, v.Case), getattr(c, "reason", c)
+    c = row_to_case(row)
+    assert isinstance(c, Case), getattr(c, "reason", c)
     assert (c.model.kv_heads, c.model.vocab, c.model.activation, c.model.parallel_block) == (
         1, 256000, "swiglu", "shared_norm")
     row["parallel_block"] = "sequential"
-    assert v.row_to_case(row).model.parallel_block == ""
+    assert row_to_case(row).model.parallel_block == ""
     row2 = synthetic(parallel_block="two_norms")
-    assert v.row_to_case(row2).model.parallel_block == "two_norms"
-    bad = v.row_to_case(synthetic(parallel_block="parallel"))
-    assert isinstance(bad, v.Skipped) and "parallel_block" in bad.reason
-    moe = v.row_to_case(synthetic(parallel_block="shared_norm", num_experts="8", moe_top_k="2", ep="2"))
-    assert isinstance(moe, v.Skipped) and "parallel_block" in moe.reason and "mixture of experts" in moe.reason
+    assert row_to_case(row2).model.parallel_block == "two_norms"
+    bad = row_to_case(synthetic(parallel_block="parallel"))
+    assert isinstance(bad, Skipped) and "parallel_block" in bad.reason
+    moe = row_to_case(synthetic(parallel_block="shared_norm", num_experts="8", moe_top_k="2", ep="2"))
+    assert isinstance(moe, Skipped) and "parallel_block" in moe.reason and "mixture of experts" in moe.reason
 
 
 def test_a_placement_searches_no_per_op_recompute_it_cannot_run():

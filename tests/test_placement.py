@@ -641,10 +641,11 @@ def test_default_search_reaches_the_micro_batch_an_fsdp_run_chose():
     """llm-foundry trained MPT-1B on 8 H100s at 1,792 sequences a step with 56 a micro-batch
     (R0109, FSDP, no accumulation): place's default space holds it and finds it, where 1, 2, 4, 8
     (the default before 2026-12-06) left a plan 24 % slower than the run's own."""
-    from phaze import validate as v
-    row = next(r for r in v.read_runs(v.default_runs_paths()[0]) if r["run_id"] == "R0109")
-    case = v.row_to_case(row)
-    eff = v.params_for(case.chip, v.load_default_params())
+    from phaze.calibrate import load_default_params, params_for
+    from phaze.runs import default_runs_paths, read_runs, row_to_case
+    row = next(r for r in read_runs(default_runs_paths()[0]) if r["run_id"] == "R0109")
+    case = row_to_case(row)
+    eff = params_for(case.chip, load_default_params())
     kw = dict(tp=(1,), pp=(1,), zero=(case.plan.zero,), attention=case.plan.attention, recompute=("none",))
     found = place(case.model, case.chip, case.devices, case.global_batch, PlacementOptions(**kw), eff, top=1)
     old = place(case.model, case.chip, case.devices, case.global_batch, PlacementOptions(mbs=(1, 2, 4, 8), **kw),

@@ -375,8 +375,8 @@ def test_the_power_page_quotes_llm_2026s_clocks():
     own (a clock that sets no voltage); none is throttled under the 1 kW budget, and the config's
     clocks stop below the top of the curve."""
     from phaze.area import top_clock_hz
+    from phaze.calibrate import load_default_params, params_for
     from phaze.space import build_chip, load_sweep
-    from phaze.validate import load_default_params, params_for
     root = Path(__file__).resolve().parent.parent
     cfg = load_sweep(root / "search" / "llm-2026.yaml")
     spec, plan = cfg.workloads[0], as_plan("tp=1,pp=1,mbs=1,zero=1,recompute=full")

@@ -3,7 +3,7 @@ outside the bundled sets, scored with the shipped calibration) are the ones the 
 import importlib.util
 from pathlib import Path
 
-from phaze import validate as v
+from phaze.calibrate import load_default_params
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ def _signed(x: float, digits: int = 1) -> str:
 
 
 def test_the_figures_validation_md_quotes():
-    bench, params = _bench(), v.load_default_params()
+    bench, params = _bench(), load_default_params()
     doc = " ".join((ROOT / "docs" / "validation.md").read_text().split())
     a, b, c = (e for _, e, _ in bench.llama3(params, ""))
     assert f"the standard columns only: {_signed(a)}, {_signed(b)} and {_signed(c)} %" in doc

@@ -245,7 +245,7 @@ def test_no_file_names_a_machine_path(tiny):
 
 
 def test_display_path_is_relative_to_the_project():
-    from phaze.validate import default_runs_path, display_path
+    from phaze.runs import default_runs_path, display_path
     assert display_path(default_runs_path()) == "phaze/data/reference/training_runs.csv"
 
 

@@ -148,11 +148,12 @@ def test_pareto_mask_matches_brute_force(points, directions):
 def test_a_recalibrated_phaze_does_not_resume_an_old_study(tmp_path, monkeypatch):
     """The fingerprint holds the calibrated parameters: trials scored by other parameters are not
     mixed into a resumed study; resuming with the same ones is allowed."""
-    from phaze import space, validate
+    from phaze import space
+    from phaze.calibrate import load_default_params
     cfg = load_sweep(write(tmp_path, SMALL))
     before = cfg.fingerprint()
     assert before == load_sweep(write(tmp_path, SMALL)).fingerprint()
-    shipped = validate.load_default_params()
+    shipped = load_default_params()
     changed = {fam: replace(e, tensor_fraction=e.tensor_fraction * 0.9) for fam, e in shipped.items()}
     monkeypatch.setattr(space, "load_default_params", lambda: changed)   # as space reads it
     assert cfg.fingerprint() != before

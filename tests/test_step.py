@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from phaze.arch import LinkLevel, load_chip
+from phaze.calibrate import calibrated_efficiency
 from phaze.catalogue import load_model
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency, op_time
@@ -14,7 +15,6 @@ from phaze.plan import Plan, parse_plan
 from phaze.plan_check import stage_layers
 from phaze.stage import inflight_micro_batches, layer_time, mode_costs, stage_costs
 from phaze.step import COMMUNICATION_GROUPS, critical_weight, evaluate, layout_of
-from phaze.validate import calibrated_efficiency
 from phaze.workload import narayanan_flops_per_step
 
 

@@ -74,3 +74,23 @@ def test_only_heavy_libraries_are_deferred_each_with_its_reason():
             elif (fn.name, top) not in reasoned:
                 bad.append(f"{where} defers {top} without a reason")
     assert not bad, "; ".join(bad)
+
+
+def test_the_search_and_its_report_never_import_the_validation():
+    # the search, the cost model and the report read the shipped calibration (phaze.calibrate);
+    # reading published runs as cases, fitting and scoring them (runs, validate, fitstore) sit
+    # beside the pipeline, so a design search never loads them (docs/design.md's module table)
+    modules = _modules()
+    edges = {m: set().union(*(_internal(n, modules) for n in ast.walk(tree))) - {m} for m, tree in modules.items()}
+    validation = {"runs", "validate", "fitstore"}
+    for top in ("api", "candidate", "space", "search", "exact", "bounds", "area", "power", "report",
+                "study_files", "placement", "step"):
+        seen, todo = set(), [top]
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo += edges[m]
+        assert not seen & validation, f"phaze/{top}.py imports {sorted(seen & validation)}"
+    # and the check can fail: the command line reads published runs
+    assert "runs" in edges["cli"]

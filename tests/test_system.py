@@ -20,6 +20,7 @@ from phaze.arch import LinkLevel, load_chip
 from phaze.candidate import evaluate_chip
 from phaze.configio import ConfigError
 from phaze.cost import collective_time
+from phaze.runs import EXPLICIT_COLUMNS, REQUIRED_COLUMNS, Skipped, row_to_case
 from phaze.space import load_sweep
 from phaze.system import System, apply_system, load_system, with_devices_per_node
 
@@ -247,7 +248,7 @@ def test_bad_sweep_systems_name_the_field(tmp_path, changes, field, words):
 
 # --- validation rows ---------------------------------------------------------------------------------
 def _row(**changes) -> dict:
-    r = {k: "" for k in v.REQUIRED_COLUMNS}
+    r = {k: "" for k in REQUIRED_COLUMNS}
     r.update(run_id="X0001", source_id="S99_test", gpu="A100-SXM4-80GB", gpu_count="16", model="toy-gpt",
              layers="4", hidden="1024", heads="16", seq_len="2048", global_batch="32", tp="2", pp="1",
              micro_batch="1", precision="bf16", measured_metric="step_time_s", measured_value="1.0")
@@ -256,17 +257,17 @@ def _row(**changes) -> dict:
 
 
 def test_validation_rows_name_their_system():
-    assert "system_config" in v.EXPLICIT_COLUMNS
+    assert "system_config" in EXPLICIT_COLUMNS
     chips: dict = {}
-    plain = v.row_to_case(_row(), chips)
-    slow = v.row_to_case(_row(system_config="cluster-100g"), chips)
-    again = v.row_to_case(_row(run_id="X0002", system_config="cluster-100g"), chips)
+    plain = row_to_case(_row(), chips)
+    slow = row_to_case(_row(system_config="cluster-100g"), chips)
+    again = row_to_case(_row(run_id="X0002", system_config="cluster-100g"), chips)
     assert plain.chip == load_chip("a100-80gb")
     assert slow.chip == apply_system(load_chip("a100-80gb"), load_system("cluster-100g"))
     assert again.chip is slow.chip and ("a100-80gb", "cluster-100g") in chips   # cached by (chip, system)
     assert v.predict_case(slow) > v.predict_case(plain)
-    bad = v.row_to_case(_row(system_config="nosuch"))
-    assert isinstance(bad, v.Skipped) and "system_config" in bad.reason and "unknown system" in bad.reason
+    bad = row_to_case(_row(system_config="nosuch"))
+    assert isinstance(bad, Skipped) and "system_config" in bad.reason and "unknown system" in bad.reason
 
 
 def test_a_row_sets_its_slice_size_and_keeps_the_per_chip_network():
@@ -274,11 +275,11 @@ def test_a_row_sets_its_slice_size_and_keeps_the_per_chip_network():
     per chip (a network quoted per device), a GPU node's NICs are shared by its new device count."""
     chips: dict = {}
     base = dict(gpu="TPUv5p", chip="tpuv5p", gpu_count="128", system_config="tpuv5p-multislice", tp="4", pp="1")
-    c = v.row_to_case(_row(**base, devices_per_node="64"), chips)
+    c = row_to_case(_row(**base, devices_per_node="64"), chips)
     ici, dcn = c.chip.links
     assert (ici.name, ici.devices, ici.bandwidth_bytes_per_s) == ("ici", 64, 600e9)
     assert dcn.devices == 0 and dcn.bandwidth_bytes_per_s == pytest.approx(25e9 / 8)
-    whole = v.row_to_case(_row(**base), chips)          # the file's 256-chip slices: one slice here
+    whole = row_to_case(_row(**base), chips)          # the file's 256-chip slices: one slice here
     assert whole.chip.links[0].devices == 256 and ("tpuv5p", "tpuv5p-multislice") in chips
     assert ("tpuv5p", "tpuv5p-multislice", 64) in chips
     assert v.predict_case(c) > v.predict_case(whole)    # the two slices' traffic crosses DCN
@@ -291,9 +292,9 @@ def test_a_row_sets_its_slice_size_and_keeps_the_per_chip_network():
     assert gpu.inter_node_bandwidth_bytes_per_s == pytest.approx(
         old.inter_node_bandwidth_bytes_per_s * old.devices_per_node / 4)
     for bad, why in (("0", "positive integer"), ("64", "without one")):
-        skipped = v.row_to_case(_row(**dict(base, system_config="" if bad == "64" else base["system_config"]),
+        skipped = row_to_case(_row(**dict(base, system_config="" if bad == "64" else base["system_config"]),
                                      devices_per_node=bad))
-        assert isinstance(skipped, v.Skipped) and "devices_per_node" in skipped.reason and why in skipped.reason
+        assert isinstance(skipped, Skipped) and "devices_per_node" in skipped.reason and why in skipped.reason
 
 
 def test_intra_node_level_defaults_to_the_chips_first_link_level():

@@ -23,10 +23,37 @@ import pytest
 
 from phaze import validate as v
 from phaze.arch import load_chip
-from phaze.calibrate import BOUNDS, fit, load_params, save_params
+from phaze.calibrate import (
+    BOUNDS,
+    calibrated_efficiency,
+    fit,
+    load_default_params,
+    load_params,
+    params_for,
+    save_params,
+)
 from phaze.catalogue import load_model, name_key
 from phaze.configio import ConfigError
 from phaze.cost import Efficiency
+from phaze.runs import (
+    DEFAULT_VOCAB,
+    EXPLICIT_COLUMNS,
+    MODEL_COLUMNS,
+    REQUIRED_COLUMNS,
+    SEARCHED_MICRO_BATCHES,
+    Case,
+    Skipped,
+    _valid_plans,
+    convention_flops_per_step,
+    default_runs_path,
+    default_runs_paths,
+    load_items,
+    measured_step_time,
+    read_runs,
+    row_framework,
+    row_to_case,
+    unmodelled_models,
+)
 from phaze.workload import Model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +70,7 @@ def rows() -> dict[str, dict]:
     """The bundled rows by run_id (read once)."""
     global _ROWS
     if _ROWS is None:
-        _ROWS = {r["run_id"]: r for p in (RUNS_CSV, RUNS_2_CSV, RUNS_3_CSV) for r in v.read_runs(p)}
+        _ROWS = {r["run_id"]: r for p in (RUNS_CSV, RUNS_2_CSV, RUNS_3_CSV) for r in read_runs(p)}
     return _ROWS
 
 
@@ -53,15 +80,15 @@ def row(rid: str, /, **changes) -> dict:
     return r
 
 
-def case(rid: str, /, **changes) -> v.Case:
-    c = v.row_to_case(row(rid, **changes))
-    assert isinstance(c, v.Case), getattr(c, "reason", c)
+def case(rid: str, /, **changes) -> Case:
+    c = row_to_case(row(rid, **changes))
+    assert isinstance(c, Case), getattr(c, "reason", c)
     return c
 
 
 def synthetic(**changes) -> dict:
     """A small hand-made row: 4-layer GPT on 8 A100s, tp=2, blank fields left to the rules."""
-    r = {k: "" for k in v.REQUIRED_COLUMNS}
+    r = {k: "" for k in REQUIRED_COLUMNS}
     r.update(run_id="X0001", source_id="S99_test", gpu="A100-SXM4-80GB", gpu_count="8",
              model="toy-gpt", layers="4", hidden="1024", heads="16", seq_len="2048",
              global_batch="16", tp="2", pp="1", precision="bf16", measured_metric="step_time_s",
@@ -70,9 +97,9 @@ def synthetic(**changes) -> dict:
     return r
 
 
-def synthetic_case(**changes) -> v.Case:
-    c = v.row_to_case(synthetic(**changes))
-    assert isinstance(c, v.Case), getattr(c, "reason", c)
+def synthetic_case(**changes) -> Case:
+    c = row_to_case(synthetic(**changes))
+    assert isinstance(c, Case), getattr(c, "reason", c)
     return c
 
 
@@ -124,7 +151,7 @@ def test_s02_mfu_uses_model_flops_and_default_vocab():
     r = rows()["R0015"]
     assert r["vocab"] == ""                           # not stated: the documented default applies
     c = case("R0015")
-    assert c.model.vocab == v.DEFAULT_VOCAB == 51200
+    assert c.model.vocab == DEFAULT_VOCAB == 51200
     B, s, l, h, V = 64, 2048, 96, 12288, 51200
     flops = 72 * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (12 * l * h))
     expected = flops / (0.514 * 312e12 * 64)
@@ -196,9 +223,9 @@ def test_llmfoundry_convention_on_a_hand_made_model():
     assert m.params == n_params == 172288
     B, gpus, tflops = 32, 4, 100.0
     expected = B * (6 * n_params * s + 12 * l * h * s * s) / (tflops * 1e12 * gpus)
-    got = v.measured_step_time("tflops_per_gpu", tflops, m, gpus, B, "6n_12lqs", "none", 312e12)
+    got = measured_step_time("tflops_per_gpu", tflops, m, gpus, B, "6n_12lqs", "none", 312e12)
     assert got == pytest.approx(expected, rel=1e-12)
-    got = v.measured_step_time("mfu", 0.4, m, gpus, B, "6n_12lqs", "full", 312e12)
+    got = measured_step_time("mfu", 0.4, m, gpus, B, "6n_12lqs", "full", 312e12)
     assert got == pytest.approx(B * (6 * n_params * s + 12 * l * h * s * s) / (0.4 * 312e12 * gpus),
                                 rel=1e-12)
 
@@ -206,7 +233,7 @@ def test_llmfoundry_convention_on_a_hand_made_model():
 def test_narayanan_convention_without_full_recompute_counts_three_passes():
     m = Model(name="toy", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=1000, seq_len=128)
     B, s, l, h, V = 8, 128, 2, 64, 1000
-    got = v.measured_step_time("tflops_per_gpu", 50.0, m, 2, B, "narayanan96", "selective", 312e12)
+    got = measured_step_time("tflops_per_gpu", 50.0, m, 2, B, "narayanan96", "selective", 312e12)
     flops = 72 * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (12 * l * h))
     assert got == pytest.approx(flops / (50e12 * 2), rel=1e-12)
 
@@ -218,27 +245,27 @@ def test_megatron_deepspeed_log_convention_by_hand():
     m = Model(name="toy", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=1000, seq_len=128)
     B, s, l, h, V = 8, 128, 2, 64, 1000
     for recompute, k in (("none", 3), ("full", 4), ("block", 4), ("selective", 4)):
-        got = v.measured_step_time("tflops_per_gpu", 50.0, m, 2, B, "narayanan24k", recompute, 312e12)
+        got = measured_step_time("tflops_per_gpu", 50.0, m, 2, B, "narayanan24k", recompute, 312e12)
         flops = 24 * k * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (16 * l * h))
         assert got == pytest.approx(flops / (50e12 * 2), rel=1e-12)
-    full = [v.measured_step_time("tflops_per_gpu", 50.0, m, 2, B, c, "full", 312e12)
+    full = [measured_step_time("tflops_per_gpu", 50.0, m, 2, B, c, "full", 312e12)
             for c in ("narayanan24k", "narayanan96")]
     assert full[0] == pytest.approx(full[1], rel=1e-12)
-    none = [v.convention_flops_per_step(m, B, c, "none") for c in ("narayanan24k", "narayanan96")]
+    none = [convention_flops_per_step(m, B, c, "none") for c in ("narayanan24k", "narayanan96")]
     assert none[1] - none[0] == pytest.approx(72 * B * s * l * h * h * V / (l * h) * (1 / 12 - 1 / 16), rel=1e-12)
     # the megatron-deepspeed preset's rows count so; the row's own convention wins
     row = synthetic(framework="Megatron-DeepSpeed", measured_metric="tflops_per_gpu", measured_value="100",
                     recompute="none", precision="fp16")
-    case = v.row_to_case(row)
-    want = v.measured_step_time("tflops_per_gpu", 100.0, case.model, 8, 16, "narayanan24k", "none", 312e12)
+    case = row_to_case(row)
+    want = measured_step_time("tflops_per_gpu", 100.0, case.model, 8, 16, "narayanan24k", "none", 312e12)
     assert case.measured_step_s == pytest.approx(want, rel=1e-12)
-    own = v.row_to_case(dict(row, flop_convention="narayanan96"))
+    own = row_to_case(dict(row, flop_convention="narayanan96"))
     assert own.measured_step_s > case.measured_step_s
     # the figure docs/frameworks.md quotes: GPT-3 125M (12 layers, hidden 768, vocabulary 50,304
     # padded) at 1,024 tokens without recompute
     small = Model(name="gpt3-125m", layers=12, hidden=768, heads=12, ffn_hidden=3072, vocab=50304, seq_len=1024)
-    more = (v.convention_flops_per_step(small, 8, "narayanan96", "none")
-            / v.convention_flops_per_step(small, 8, "narayanan24k", "none"))
+    more = (convention_flops_per_step(small, 8, "narayanan96", "none")
+            / convention_flops_per_step(small, 8, "narayanan24k", "none"))
     doc = " ".join((ROOT / "docs" / "frameworks.md").read_text().split())
     assert f"125M at 1,024 tokens: {100 * (more - 1):.0f} %" in doc
 
@@ -255,20 +282,20 @@ def test_model_conventions_are_nemos_flops_formulas(name):
             nemo = (24 * B * s * h * h + 4 * B * s * s * h * c) * 3 * l + 6 * B * s * h * V
         else:
             nemo = B * s * l * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h * c + 6 * V / (l * h))
-        assert v.convention_flops_per_step(m, B, convention, "none") == pytest.approx(nemo, rel=1e-12)
-    assert isinstance(v.row_to_case(synthetic(flop_convention="model_causal", measured_metric="tflops_per_gpu",
-                                              measured_value="150")), v.Case)
+        assert convention_flops_per_step(m, B, convention, "none") == pytest.approx(nemo, rel=1e-12)
+    assert isinstance(row_to_case(synthetic(flop_convention="model_causal", measured_metric="tflops_per_gpu",
+                                              measured_value="150")), Case)
 
 
 def test_throughput_metrics_and_unknown_metric():
     m = Model(name="toy", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=1000, seq_len=128)
-    assert v.measured_step_time("step_time_s", 2.5, m, 8, 16, "model", "none", 1.0) == 2.5
-    assert v.measured_step_time("tokens_per_s_total", 1024.0, m, 8, 16, "model", "none", 1.0) == \
+    assert measured_step_time("step_time_s", 2.5, m, 8, 16, "model", "none", 1.0) == 2.5
+    assert measured_step_time("tokens_per_s_total", 1024.0, m, 8, 16, "model", "none", 1.0) == \
         pytest.approx(16 * 128 / 1024.0)
-    assert v.measured_step_time("tokens_per_s_per_gpu", 64.0, m, 8, 16, "model", "none", 1.0) == \
+    assert measured_step_time("tokens_per_s_per_gpu", 64.0, m, 8, 16, "model", "none", 1.0) == \
         pytest.approx(16 * 128 / (64.0 * 8))
     with pytest.raises(ValueError, match="flops_per_watt"):
-        v.measured_step_time("flops_per_watt", 1.0, m, 8, 16, "model", "none", 1.0)
+        measured_step_time("flops_per_watt", 1.0, m, 8, 16, "model", "none", 1.0)
 
 
 def test_flop_convention_comes_from_its_column_not_the_source_id():
@@ -280,14 +307,14 @@ def test_flop_convention_comes_from_its_column_not_the_source_id():
     # blank, no framework (neither the column nor the source's title or locator names one): model FLOPs
     c = case("R0000", flop_convention="", framework="", source_title="", source_locator="")
     assert c.measured_step_s == pytest.approx(
-        v.convention_flops_per_step(c.model, 512, "model", "full") / (137e12 * 32), rel=1e-12)
+        convention_flops_per_step(c.model, 512, "model", "full") / (137e12 * 32), rel=1e-12)
     # blank with Megatron-LM named: its throughput log's own formula (SC'21's); so where only the
     # source's title names it ("... Using Megatron-LM")
     assert case("R0000", flop_convention="").measured_step_s == pytest.approx(a.measured_step_s, rel=1e-12)
     assert case("R0000", flop_convention="", framework="").measured_step_s == pytest.approx(a.measured_step_s,
                                                                                             rel=1e-12)
-    s = v.row_to_case(row("R0000", flop_convention="12*N"))
-    assert isinstance(s, v.Skipped) and "flop_convention" in s.reason
+    s = row_to_case(row("R0000", flop_convention="12*N"))
+    assert isinstance(s, Skipped) and "flop_convention" in s.reason
 
 
 def test_6n_12lqs_counts_attention_width_not_hidden():
@@ -330,8 +357,8 @@ def test_kv_heads_from_column():
     assert (c.model.heads, c.model.kv_heads) == (64, 8)
     c = case("R0249")                                           # MHA
     assert c.model.kv_heads == c.model.heads == 32
-    s = v.row_to_case(synthetic(kv_heads="5"))                 # 5 does not divide 16 heads
-    assert isinstance(s, v.Skipped) and "5" in s.reason
+    s = row_to_case(synthetic(kv_heads="5"))                 # 5 does not divide 16 heads
+    assert isinstance(s, Skipped) and "5" in s.reason
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -343,8 +370,8 @@ def test_zero_stage_on_real_rows_and_bad_values():
     assert case("R0033").plan.zero == 3 and case("R0045").plan.zero == 2
     assert case("R0010").plan.zero == 0 and case("R0024").plan.zero == 1
     assert synthetic_case().plan.zero == 0
-    s = v.row_to_case(synthetic(zero_stage="4"))
-    assert isinstance(s, v.Skipped) and "zero_stage" in s.reason
+    s = row_to_case(synthetic(zero_stage="4"))
+    assert isinstance(s, Skipped) and "zero_stage" in s.reason
 
 
 def test_tp_comm_overlap_column():
@@ -352,8 +379,8 @@ def test_tp_comm_overlap_column():
     assert synthetic_case().plan.tp_overlap is False
     assert case("R0024").plan.tp_overlap is True                # Megatron-Core overlap flags
     assert case("R0010").plan.tp_overlap is False
-    s = v.row_to_case(synthetic(tp_comm_overlap="maybe"))
-    assert isinstance(s, v.Skipped) and "tp_comm_overlap" in s.reason
+    s = row_to_case(synthetic(tp_comm_overlap="maybe"))
+    assert isinstance(s, Skipped) and "tp_comm_overlap" in s.reason
 
 
 def test_grad_reduce_fp32_column():
@@ -418,14 +445,14 @@ def test_zero_stage_and_attention_kernel_as_people_write_them():
                         ("1", 1), ("2.0", 2)):
         assert synthetic_case(zero_stage=text).plan.zero == stage, text
     for text in ("zero", "ZeRO-4", "HYBRID_SHARD", "4"):
-        skipped = v.row_to_case(synthetic(zero_stage=text))
-        assert isinstance(skipped, v.Skipped) and "column 'zero_stage' must be 0, 1, 2 or 3" in skipped.reason, text
+        skipped = row_to_case(synthetic(zero_stage=text))
+        assert isinstance(skipped, Skipped) and "column 'zero_stage' must be 0, 1, 2 or 3" in skipped.reason, text
     for text, kernel in (("FlashAttention-2", "flash2"), ("flash_attn", "flash2"), ("FA2", "flash2"),
                          ("Flash Attention 2", "flash2"), ("TE", "flash"), ("cuDNN", "flash"), ("unfused", "standard"),
                          ("flash", "flash"), ("standard", "standard")):
         assert synthetic_case(attention_kernel=text).plan.attention == kernel, text
-    skipped = v.row_to_case(synthetic(attention_kernel="FlashAttention"))
-    assert isinstance(skipped, v.Skipped) and "column 'attention_kernel' must be flash" in skipped.reason
+    skipped = row_to_case(synthetic(attention_kernel="FlashAttention"))
+    assert isinstance(skipped, Skipped) and "column 'attention_kernel' must be flash" in skipped.reason
 
 
 def test_block_scaled_fp8_is_fp8_and_four_bit_training_is_refused():
@@ -437,8 +464,8 @@ def test_block_scaled_fp8_is_fp8_and_four_bit_training_is_refused():
     assert synthetic_case(precision="bf16 + MXFP8 linears", **b200).model.precision == "fp8"
     assert synthetic_case(compute_precision="mxfp8", **b200).model.precision == "fp8"
     for text in ("nvfp4", "bf16 + NVFP4 linears", "mxfp4 (TE)", "fp4"):
-        skipped = v.row_to_case(synthetic(precision=text, **b200))
-        assert isinstance(skipped, v.Skipped) and "4-bit training" in skipped.reason, text
+        skipped = row_to_case(synthetic(precision=text, **b200))
+        assert isinstance(skipped, Skipped) and "4-bit training" in skipped.reason, text
     # a 16-bit row whose notes or words merely contain the letters is not caught
     assert synthetic_case(precision="bf16 (fp32 master weights)").model.precision == "bf16"
 
@@ -474,7 +501,7 @@ def test_blackwell_gpu_names_take_their_chip_files():
     for gpu, chip in (("B200", "B200-180GB"), ("B200-SXM-180GB", "B200-180GB"), ("DGX B200", "B200-180GB"),
                       ("GB200", "GB200-186GB"), ("GB200 NVL72", "GB200-186GB")):
         assert synthetic_case(gpu=gpu).chip.name == chip, gpu
-    assert isinstance(v.row_to_case(synthetic(gpu="B100")), v.Skipped)   # another part: not guessed
+    assert isinstance(row_to_case(synthetic(gpu="B100")), Skipped)   # another part: not guessed
 
 
 def test_a_row_without_a_framework_column_takes_the_one_its_source_names():
@@ -485,16 +512,16 @@ def test_a_row_without_a_framework_column_takes_the_one_its_source_names():
     the fallback, 7.6 % with it, against 6.5 % with the project's columns."""
     bare = dict(synthetic(), framework="", source_title="PyTorch torchtitan docs/performance.md (FSDP2)",
                 source_locator="pytorch/torchtitan docs/performance.md")
-    assert v.row_framework(bare).name == "torchtitan"
+    assert row_framework(bare).name == "torchtitan"
     assert synthetic_case(**{k: bare[k] for k in ("framework", "source_title", "source_locator")}).plan.zero == 3
     located = dict(bare, source_title="Korthikanti et al. 2022, Reducing Activation Recomputation",
                    source_locator="NVIDIA/Megatron-LM README.md @2e90a342 (2022-05-19)")
-    assert v.row_framework(located).name == "megatron-lm"
-    assert v.row_framework(dict(bare, source_title="Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
+    assert row_framework(located).name == "megatron-lm"
+    assert row_framework(dict(bare, source_title="Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
                                 source_locator="")).name == "megatron-deepspeed"
-    assert v.row_framework(dict(bare, framework="MaxText")).name == "maxtext"            # the column wins
-    assert v.row_framework(dict(bare, framework="PaxML")) is None                        # not replaced
-    assert v.row_framework(dict(bare, source_title="A paper", source_locator="Table 3")) is None
+    assert row_framework(dict(bare, framework="MaxText")).name == "maxtext"            # the column wins
+    assert row_framework(dict(bare, framework="PaxML")) is None                        # not replaced
+    assert row_framework(dict(bare, source_title="A paper", source_locator="Table 3")) is None
     # every visible row names its framework, so none of their predictions moves
     assert all(r["framework"].strip() for r in rows().values())
 
@@ -520,8 +547,8 @@ def test_a_named_model_in_a_published_spelling_brings_its_vocabulary_and_kv_head
     assert (c.model.vocab, c.model.kv_heads, c.model.activation) == (32000, 40, "swiglu")
     assert synthetic_case(model="LLAMA2-13B (SFT)", vocab="32768", **shape13).model.vocab == 32768
     other = synthetic_case(model="LLAMA2-13B (SFT)", **dict(shape13, layers="4"))
-    assert other.model.vocab == v.DEFAULT_VOCAB
-    big = v.row_to_case(synthetic(model="Nemotron-340B", layers="96", hidden="18432", heads="96",
+    assert other.model.vocab == DEFAULT_VOCAB
+    big = row_to_case(synthetic(model="Nemotron-340B", layers="96", hidden="18432", heads="96",
                                   ffn_hidden="73728", seq_len="4096", gpu_count="1024", tp="8", pp="8",
                                   global_batch="512"))
     assert (big.model.vocab, big.model.kv_heads, big.model.activation) == (256000, 8, "relu")
@@ -534,9 +561,9 @@ def test_remaining_defaults():
     assert synthetic_case(tp="1", global_batch="32").plan.sp is False
     assert synthetic_case(sequence_parallel="no").plan.sp is False
     assert synthetic_case(recompute="selective").plan.recompute == "selective"
-    assert c.model.vocab == v.DEFAULT_VOCAB
+    assert c.model.vocab == DEFAULT_VOCAB
     assert synthetic_case(vocab="32000").model.vocab == 32000
-    assert synthetic_case(notes="vocab 32000").model.vocab == v.DEFAULT_VOCAB
+    assert synthetic_case(notes="vocab 32000").model.vocab == DEFAULT_VOCAB
     assert c.source == "S99_test" and c.layout_from == "searched" and c.devices == 8   # no micro-batch
     assert synthetic_case(micro_batch="1", zero_stage="0").layout_from == "row"
     # no framework and no ZeRO stage: the distributed optimizer (ZeRO 1) is tried beside stage 0
@@ -550,7 +577,7 @@ def test_remaining_defaults():
     assert case("R1000").plan.recompute == "op"
     assert case("R1000", framework="", source_title="", source_locator="").plan.recompute == "selective"
     assert case("R1000", framework="").plan.recompute == "op"     # the source's title names torchtitan
-    assert isinstance(v.row_to_case(synthetic(recompute="selective", selective_recompute="layer")), v.Skipped)
+    assert isinstance(row_to_case(synthetic(recompute="selective", selective_recompute="layer")), Skipped)
 
 
 def test_quoted_defaults_that_the_row_contradicts_are_searched():
@@ -558,8 +585,8 @@ def test_quoted_defaults_that_the_row_contradicts_are_searched():
     values contradict was not what the run used: it is searched, as a blank one is. A published
     value is never dropped, and a row the search cannot cure keeps both reasons."""
     # micro-batch 3 does not divide the 4 sequences a replica takes (16 over dp 4): published, skipped
-    bad = v.row_to_case(synthetic(micro_batch="3"))
-    assert isinstance(bad, v.Skipped) and "--global-batch" in bad.reason, bad
+    bad = row_to_case(synthetic(micro_batch="3"))
+    assert isinstance(bad, Skipped) and "--global-batch" in bad.reason, bad
     # quoted: searched among the micro-batches that divide it, as without one
     c = synthetic_case(micro_batch="3", unconfirmed="micro_batch")
     assert c.layout_from == "searched" and {p.mbs for p in (c.plan, *c.alternatives)} <= {1, 2, 4}
@@ -569,8 +596,8 @@ def test_quoted_defaults_that_the_row_contradicts_are_searched():
     kept = synthetic_case(micro_batch="2", unconfirmed="micro_batch")
     assert {p.mbs for p in (kept.plan, *kept.alternatives)} == {2}
     # the contradiction is in a published column: searching the quoted ones cannot cure it
-    worse = v.row_to_case(synthetic(micro_batch="3", dp="3", unconfirmed="micro_batch"))
-    assert isinstance(worse, v.Skipped) and "with its quoted defaults (micro_batch) searched" in worse.reason
+    worse = row_to_case(synthetic(micro_batch="3", dp="3", unconfirmed="micro_batch"))
+    assert isinstance(worse, Skipped) and "with its quoted defaults (micro_batch) searched" in worse.reason
     # the NeMo launcher's 5B run of 1,440 sequences on 160 GPUs: its quoted tp 1, pp 1, micro-batch 2
     # leave 4.5 micro-batches a replica
     r0427 = case("R0427")
@@ -580,10 +607,10 @@ def test_quoted_defaults_that_the_row_contradicts_are_searched():
 
 # --- 3. coverage of the bundled CSV ------------------------------------------------------------
 def test_most_bundled_rows_are_expressed_and_skips_say_why():
-    items = v.load_items(v.default_runs_paths())
+    items = load_items(default_runs_paths())
     assert len(items) == len(rows()) >= 280
-    cases = [c for c in items if isinstance(c, v.Case)]
-    skipped = [c for c in items if isinstance(c, v.Skipped)]
+    cases = [c for c in items if isinstance(c, Case)]
+    skipped = [c for c in items if isinstance(c, Skipped)]
     assert len(cases) + len(skipped) == len(items)
     assert len(cases) >= 0.85 * len(items), [s.reason for s in skipped]
     for s in skipped:
@@ -598,16 +625,16 @@ def test_most_bundled_rows_are_expressed_and_skips_say_why():
     assert {c.chip_file for c in cases if c.gpu == "H100-HBM2e-96GB-500W"} == {"h100-hbm2e-96gb-500w"}
     # mixture-of-experts rows are modelled as experts, Qwen3-Next's Gated DeltaNet layers too
     moe = [i for i in items if rows()[i.run_id]["num_experts"]]
-    assert len(moe) == 19 and sum(isinstance(i, v.Case) and i.model.moe for i in moe) >= 18
-    assert all(isinstance(i, v.Case) or i.reason for i in moe)
-    assert [i.run_id for i in moe if isinstance(i, v.Skipped) and "not modelled" in i.reason] == []
+    assert len(moe) == 19 and sum(isinstance(i, Case) and i.model.moe for i in moe) >= 18
+    assert all(isinstance(i, Case) or i.reason for i in moe)
+    assert [i.run_id for i in moe if isinstance(i, Skipped) and "not modelled" in i.reason] == []
 
 
 def test_explicit_columns_present_in_the_bundled_copies():
     for path in (RUNS_CSV, RUNS_2_CSV, RUNS_3_CSV):
         with open(path, newline="") as fh:
             header = csv.DictReader(fh).fieldnames
-        assert set(v.EXPLICIT_COLUMNS) <= set(header), path
+        assert set(EXPLICIT_COLUMNS) <= set(header), path
 
 
 REFERENCE = ROOT / "phaze" / "data" / "reference"
@@ -647,8 +674,8 @@ def test_bundled_copies_keep_the_published_values():
     filled = {"S13": {"tp", "pp", "micro_batch", "global_batch", "recompute", "sequence_parallel"},
               "S20": {"seq_len"}, "S02": {"vp"}}
     for name in ("training_runs.csv", "training_runs_2.csv"):
-        ours = {r["run_id"]: r for r in v.read_runs(REFERENCE / name)}
-        theirs = {r["run_id"]: r for r in v.read_runs(shared / name)}
+        ours = {r["run_id"]: r for r in read_runs(REFERENCE / name)}
+        theirs = {r["run_id"]: r for r in read_runs(shared / name)}
         assert set(ours) == set(theirs)
         for rid, t in theirs.items():
             for k, value in t.items():
@@ -667,34 +694,34 @@ def test_activation_offload_is_a_full_recompute_with_the_named_tensors_on_the_ho
     for changes, words in (({"offload": ""}, "column 'offload' must name"),
                            ({"offload": "everything"}, "column 'offload' must be one of qkv_proj"),
                            ({"recompute": "selective"}, "it needs recompute offload or full")):
-        item = v.row_to_case(row("R1088", **changes))
-        assert isinstance(item, v.Skipped) and words in item.reason, (changes, item)
+        item = row_to_case(row("R1088", **changes))
+        assert isinstance(item, Skipped) and words in item.reason, (changes, item)
     # a chip whose file gives no host link cannot offload (TPU v4: none published)
-    item = v.row_to_case(row("R1088", chip="tpuv4", gpu="TPUv4", system_config="tpuv4-multislice"))
-    assert isinstance(item, v.Skipped) and "host_bandwidth_bytes_per_s" in item.reason
+    item = row_to_case(row("R1088", chip="tpuv4", gpu="TPUv4", system_config="tpuv4-multislice"))
+    assert isinstance(item, Skipped) and "host_bandwidth_bytes_per_s" in item.reason
 
 
 # --- 4. malformed input ------------------------------------------------------------------------
 def test_read_runs_missing_column(tmp_path):
-    header = [k for k in v.REQUIRED_COLUMNS if k != "measured_value"]
+    header = [k for k in REQUIRED_COLUMNS if k != "measured_value"]
     path = write_csv(tmp_path / "bad.csv", [synthetic()], fieldnames=header)
     with pytest.raises(ConfigError) as exc:
-        v.read_runs(path)
+        read_runs(path)
     assert exc.value.field == "measured_value" and "measured_value" in str(exc.value)
 
 
 def test_read_runs_unreadable_paths(tmp_path):
     with pytest.raises(ConfigError, match="file not found"):
-        v.read_runs(tmp_path / "nothere.csv")
+        read_runs(tmp_path / "nothere.csv")
     with pytest.raises(ConfigError):            # a directory is not a CSV (used to leak IsADirectoryError)
-        v.read_runs(tmp_path)
+        read_runs(tmp_path)
     (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00\x9c\x80" * 50)
     with pytest.raises(ConfigError):
-        v.read_runs(tmp_path / "bin.csv")
+        read_runs(tmp_path / "bin.csv")
 
 
 def test_cli_missing_column(tmp_path):
-    header = [k for k in v.REQUIRED_COLUMNS if k != "gpu_count"]
+    header = [k for k in REQUIRED_COLUMNS if k != "gpu_count"]
     path = write_csv(tmp_path / "bad.csv", [synthetic()], fieldnames=header)
     proc = phaze_cli(tmp_path, "validate", "--runs", str(path), "--no-loso", "--unseen", "")
     one_line_error(proc, "bad.csv", "gpu_count")
@@ -718,8 +745,8 @@ BAD_ROWS = [  # (changes, words the skip reason must contain)
 
 @pytest.mark.parametrize("changes, words", BAD_ROWS, ids=[c["run_id"] for c, _ in BAD_ROWS])
 def test_bad_row_is_skipped_with_reason(changes, words):
-    s = v.row_to_case(row("R0033", **changes))
-    assert isinstance(s, v.Skipped)
+    s = row_to_case(row("R0033", **changes))
+    assert isinstance(s, Skipped)
     assert s.run_id == changes["run_id"] and s.source == "S04_llmfoundry_mpt"
     for w in words:
         assert w in s.reason, (w, s.reason)
@@ -857,7 +884,7 @@ def test_predict_all_error_sign_and_skips():
     c = case("R0010")
     slow = dataclasses.replace(c, measured_step_s=1e6)        # far slower than any prediction
     fast = dataclasses.replace(c, measured_step_s=1e-9)
-    skip = v.Skipped("Z1", "S99", "TPU", "unknown GPU")
+    skip = Skipped("Z1", "S99", "TPU", "unknown GPU")
     p_slow, p_fast, p_skip = v.predict_all([slow, fast, skip], None)
     assert p_slow.status == "ok" and p_slow.predicted_step_s > 0
     assert p_slow.error == pytest.approx((p_slow.predicted_step_s - 1e6) / 1e6)
@@ -909,14 +936,14 @@ def test_save_load_round_trip(tmp_path):
     assert load_params(path) == params
     # params_for: family, else the execution model's, else default, else ideal
     a100 = SimpleNamespace(family="A100", execution="eager")
-    assert v.params_for(a100, params) == params["A100"]
-    assert v.params_for(SimpleNamespace(family="H100", execution="eager"), params) == params["default"]
-    assert v.params_for(a100, None) == Efficiency()
+    assert params_for(a100, params) == params["A100"]
+    assert params_for(SimpleNamespace(family="H100", execution="eager"), params) == params["default"]
+    assert params_for(a100, None) == Efficiency()
     xla = Efficiency(tensor_fraction=0.9)
     both = dict(params, **{"execution:xla": xla})
-    assert v.params_for(SimpleNamespace(family="TPUv5p", execution="xla"), both) == xla
-    assert v.params_for(SimpleNamespace(family="H100", execution="eager"), both) == params["default"]
-    assert v.params_for(a100, both) == params["A100"]       # a family's own fit wins
+    assert params_for(SimpleNamespace(family="TPUv5p", execution="xla"), both) == xla
+    assert params_for(SimpleNamespace(family="H100", execution="eager"), both) == params["default"]
+    assert params_for(a100, both) == params["A100"]       # a family's own fit wins
 
 
 def test_tracked_predictions_name_the_fit_that_scored_each_row():
@@ -947,12 +974,12 @@ def test_fit_groups_add_an_execution_model_only_beside_another():
 def test_shipped_calibration_scores_a_proposed_accelerator_with_the_tpu_runs_fit():
     # a kind: accelerator chip runs as XLA compiles it; no family fit covers it, so it takes the fit
     # of the rows that run that way (the TPU v4 ones), not the GPU-pooled default
-    params = v.load_default_params()
+    params = load_default_params()
     assert {"execution:xla", "execution:eager", "default"} <= set(params)
     tpu = load_chip(ROOT / "arch_configs" / "tpuv4.yaml")
     assert tpu.execution == "xla" and tpu.family not in params
-    assert v.params_for(tpu, params) == params["execution:xla"] != params["default"]
-    assert v.calibrated_efficiency(tpu) == params["execution:xla"]
+    assert params_for(tpu, params) == params["execution:xla"] != params["default"]
+    assert calibrated_efficiency(tpu) == params["execution:xla"]
 
 
 # --- 8. the CLI end to end ---------------------------------------------------------------------
@@ -1057,7 +1084,7 @@ def test_cli_calibrate_writes_a_loadable_file(tmp_path, small_csv):
     ("DGX A100 640GB", "a100-80gb"), ("DGX A100 320GB", "a100-40gb"), ("DGX A100 80GB", "a100-80gb"),
     ("DGX A100", None)])
 def test_gpu_names(gpu, chip):
-    from phaze.validate import chip_for_gpu
+    from phaze.runs import chip_for_gpu
     assert chip_for_gpu(gpu) == chip
 
 
@@ -1067,7 +1094,7 @@ def test_gpu_names(gpu, chip):
 def test_recompute_spellings(text, mode):
     # blank: not stated, so the least recompute with which the row's plan fits in memory (R0010,
     # GPT-22B on 8 A100s, tp 8, mbs 4, no sp, does not fit without any)
-    from phaze.validate import default_runs_path, read_runs, row_to_case
+    from phaze.runs import default_runs_path, read_runs, row_to_case
     row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"))
     row["recompute"] = text
     assert row_to_case(row).plan.recompute == mode
@@ -1079,7 +1106,7 @@ def test_recompute_spellings(text, mode):
 def test_recompute_read_by_its_leading_word(text, mode):
     """A recompute column with a note after its value is read by its leading word; one whose
     leading word is not a recompute stays refused with the column and what is allowed."""
-    from phaze.validate import default_runs_path, read_runs, row_to_case
+    from phaze.runs import default_runs_path, read_runs, row_to_case
     row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"))
     assert row_to_case(dict(row, recompute=text)).plan.recompute == mode
     for bad in ("activation checkpointing", "partial", "recompute=full"):
@@ -1091,7 +1118,7 @@ def test_blank_recompute_takes_the_fewest_whole_layers_that_fit():
     # R0010 at 4,096 tokens: selective does not fit, so the least recompute is a block re-running
     # the fewest layers whole with which it fits (one fewer does not); a framework without a
     # count of layers (Megatron-DeepSpeed) recomputes every layer
-    from phaze.validate import default_runs_path, read_runs, row_to_case
+    from phaze.runs import default_runs_path, read_runs, row_to_case
     row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0010"), recompute="",
                seq_len="4096")
     c = row_to_case(row)
@@ -1112,7 +1139,7 @@ def test_blank_recompute_takes_the_fewest_whole_layers_that_fit():
     assert given.plan.recompute == "block" and given.plan.recompute_layers == (46,) and given.layout_from == "row"
     for bad in (dict(row, recompute="full", recompute_layers="2"), dict(row, recompute="block", recompute_layers="0")):
         skipped = row_to_case(bad)
-        assert isinstance(skipped, v.Skipped) and "recompute_layers" in skipped.reason
+        assert isinstance(skipped, Skipped) and "recompute_layers" in skipped.reason
 
 
 # --- 9. no free text reaches the model; MoE, pipelines, names -----------------------------------
@@ -1125,7 +1152,7 @@ def test_notes_never_change_a_case(rid):
 
 
 def test_no_code_path_reads_the_notes_column():
-    assert "notes" not in v.MODEL_COLUMNS
+    assert "notes" not in MODEL_COLUMNS
     pattern = re.compile(r"""(\[\s*["']notes["']\s*\]|\.get\(\s*["']notes["'])""")
     offenders = [f"{p.name}:{i}" for p in sorted((ROOT / "phaze").rglob("*.py"))
                  for i, text in enumerate(p.read_text().splitlines(), 1) if pattern.search(text)]
@@ -1133,28 +1160,28 @@ def test_no_code_path_reads_the_notes_column():
 
 
 def test_moe_rows_are_modelled_or_skipped_with_the_reason(monkeypatch):
-    c = v.row_to_case(rows()["R1046"])          # Qwen3-Next-80B-A3B: Gated DeltaNet in 36 of 48 layers
-    assert isinstance(c, v.Case) and c.model.gdn_layers == 36 and c.model.mtp_layers == 1
+    c = row_to_case(rows()["R1046"])          # Qwen3-Next-80B-A3B: Gated DeltaNet in 36 of 48 layers
+    assert isinstance(c, Case) and c.model.gdn_layers == 36 and c.model.mtp_layers == 1
     # a catalogued model whose architecture phaze does not model is skipped with the reason
     entry = dict(model="Some-Linear-MoE-80B", experts="512", top_k="10", total_params_b="80", active_params_b="3",
                  not_modelled="lightning attention in most layers, which phaze does not model")
-    monkeypatch.setattr(v, "moe_models", lambda: {"somelinearmoe80b": entry})
-    s = v.row_to_case(synthetic(model="Some-Linear-MoE-80B"))
-    assert isinstance(s, v.Skipped) and "512 experts" in s.reason and "top-10" in s.reason
+    monkeypatch.setattr("phaze.runs.moe_models", lambda: {"somelinearmoe80b": entry})
+    s = row_to_case(synthetic(model="Some-Linear-MoE-80B"))
+    assert isinstance(s, Skipped) and "512 experts" in s.reason and "top-10" in s.reason
     assert "not modelled" in s.reason and "lightning attention" in s.reason
     monkeypatch.undo()
     # a CSV without the num_experts column: a shipped MoE model is recognised by name, its ep assumed
-    c = v.row_to_case(synthetic(model="Mixtral-8x7B", micro_batch="1", zero_stage="0"))
-    assert isinstance(c, v.Case) and (c.model.experts, c.model.top_k) == (8, 2) and c.layout_from == "unconfirmed"
+    c = row_to_case(synthetic(model="Mixtral-8x7B", micro_batch="1", zero_stage="0"))
+    assert isinstance(c, Case) and (c.model.experts, c.model.top_k) == (8, 2) and c.layout_from == "unconfirmed"
     # gpt-oss-20b is shipped: a row naming it is its mixture of experts
-    c = v.row_to_case(synthetic(model="gpt-oss-20b", layers="", hidden="", heads="", micro_batch="1"))
-    assert isinstance(c, v.Case) and (c.model.experts, c.model.top_k, c.model.layers) == (32, 4, 24)
+    c = row_to_case(synthetic(model="gpt-oss-20b", layers="", hidden="", heads="", micro_batch="1"))
+    assert isinstance(c, Case) and (c.model.experts, c.model.top_k, c.model.layers) == (32, 4, 24)
     # a published MoE model phaze does not ship (a catalogue entry without a workload)
     entry = dict(model="Some-MoE-20B", experts="32", top_k="4", total_params_b="20.9", active_params_b="3.6",
                  not_modelled="")
-    monkeypatch.setattr(v, "moe_models", lambda: {"somemoe20b": entry})
-    s = v.row_to_case(synthetic(model="Some-MoE-20B"))
-    assert isinstance(s, v.Skipped) and "32 experts" in s.reason and "20.9B total" in s.reason
+    monkeypatch.setattr("phaze.runs.moe_models", lambda: {"somemoe20b": entry})
+    s = row_to_case(synthetic(model="Some-MoE-20B"))
+    assert isinstance(s, Skipped) and "32 experts" in s.reason and "20.9B total" in s.reason
     assert "no shipped workload describes it" in s.reason
 
 
@@ -1164,14 +1191,14 @@ def test_state_space_models_without_a_workload_are_skipped_with_the_reason():
     transformer layers it would be a different model (Nemotron-H, which phaze ships, is
     expressed: tests/test_hybrid.py)."""
     for name in ("Mamba2 Hybrid 8B", "mamba2_hybrid_8b", "Mamba-2-8B"):
-        s = v.row_to_case(synthetic(model=name, layers="56", hidden="4096", heads="32", ffn_hidden="16384"))
-        assert isinstance(s, v.Skipped), name
+        s = row_to_case(synthetic(model=name, layers="56", hidden="4096", heads="32", ffn_hidden="16384"))
+        assert isinstance(s, Skipped), name
         assert "is not expressed: phaze ships no workload for it" in s.reason
-    hybrid = v.unmodelled_models()[name_key("Mamba2-Hybrid-8B")]["not_modelled"]
+    hybrid = unmodelled_models()[name_key("Mamba2-Hybrid-8B")]["not_modelled"]
     pattern = "M-M-M--M-M*-M-M-M-M--M*-M-M-M-M-M*--M-M-M-M-M*-M--M-M-M-"   # NeMo NVIDIAMambaHybridConfig8B
     assert (f"{pattern.count('M')} Mamba-2, {pattern.count('*')} attention and {pattern.count('-')} MLP "
             f"layers") in hybrid
-    assert isinstance(v.row_to_case(synthetic(model="Nemotron-4-15B")), v.Case)   # a transformer
+    assert isinstance(row_to_case(synthetic(model="Nemotron-4-15B")), Case)   # a transformer
 
 
 @pytest.mark.parametrize("pp", ["2", "1"])
@@ -1180,7 +1207,7 @@ def test_row_without_micro_batch_is_scored_with_the_fastest_that_fits(pp):
     dp = c.plan.dp(c.devices)
     tried = [p.mbs for p in (c.plan, *c.alternatives)]
     assert c.layout_from == "searched" and c.plan.mbs == 1
-    assert tried == [b for b in v.SEARCHED_MICRO_BATCHES if (c.global_batch // dp) % b == 0] and len(tried) > 1
+    assert tried == [b for b in SEARCHED_MICRO_BATCHES if (c.global_batch // dp) % b == 0] and len(tried) > 1
     from phaze.step import evaluate
     results = [evaluate(c.model, c.chip, c.devices, c.global_batch, dataclasses.replace(c.plan, mbs=b))
                for b in tried]
@@ -1204,8 +1231,8 @@ def test_row_without_shape_resolves_to_a_shipped_workload(name, layers, hidden):
 
 
 def test_row_without_shape_and_unknown_name_is_skipped():
-    s = v.row_to_case(synthetic(model="Unknown-9B", layers="", hidden="", heads=""))
-    assert isinstance(s, v.Skipped) and "Unknown-9B" in s.reason and "workload" in s.reason
+    s = row_to_case(synthetic(model="Unknown-9B", layers="", hidden="", heads=""))
+    assert isinstance(s, Skipped) and "Unknown-9B" in s.reason and "workload" in s.reason
 
 
 def test_leave_one_source_out_on_a_small_subset(monkeypatch):
@@ -1235,11 +1262,11 @@ def test_leave_one_source_out_on_a_small_subset(monkeypatch):
 def test_packed_fine_tuning_rows_are_skipped_with_the_reason():
     """Packed documents attend only within themselves: without their lengths the attention work is
     unknown, so such a row is refused rather than costed as one causal sequence."""
-    s = v.row_to_case(synthetic(packed_documents="yes"))
-    assert isinstance(s, v.Skipped) and "packs several documents" in s.reason
-    assert isinstance(v.row_to_case(synthetic(packed_documents="no")), v.Case)
+    s = row_to_case(synthetic(packed_documents="yes"))
+    assert isinstance(s, Skipped) and "packs several documents" in s.reason
+    assert isinstance(row_to_case(synthetic(packed_documents="no")), Case)
     for rid in ("R0261", "R0262", "R0263"):
-        assert isinstance(v.row_to_case(rows()[rid]), v.Skipped)
+        assert isinstance(row_to_case(rows()[rid]), Skipped)
 
 
 def test_parameter_efficient_fine_tuning_rows_are_skipped_with_the_reason():
@@ -1247,12 +1274,12 @@ def test_parameter_efficient_fine_tuning_rows_are_skipped_with_the_reason():
     column blank, is skipped: costed as full training it would count every weight's gradient, its
     reduction and its optimizer. An explicit ``full`` wins over the name."""
     for row in (synthetic(peft="lora"), synthetic(peft="QLoRA"), synthetic(model="LLAMA2-13B (LoRA)")):
-        s = v.row_to_case(row)
-        assert isinstance(s, v.Skipped) and "parameter-efficient fine-tuning" in s.reason, row
-    assert "allowed: blank, none or full" in v.row_to_case(synthetic(peft="lora")).reason
+        s = row_to_case(row)
+        assert isinstance(s, Skipped) and "parameter-efficient fine-tuning" in s.reason, row
+    assert "allowed: blank, none or full" in row_to_case(synthetic(peft="lora")).reason
     for value in ("", "none", "full", "Full"):
-        assert isinstance(v.row_to_case(synthetic(peft=value)), v.Case), value
-    assert isinstance(v.row_to_case(synthetic(model="LLAMA2-13B (LoRA)", peft="full")), v.Case)
+        assert isinstance(row_to_case(synthetic(peft=value)), Case), value
+    assert isinstance(row_to_case(synthetic(model="LLAMA2-13B (LoRA)", peft="full")), Case)
 
 
 @pytest.mark.parametrize("value", ["1e308", "1e-320"])
@@ -1260,8 +1287,8 @@ def test_a_value_whose_step_time_is_not_finite_and_positive_is_skipped(value):
     """A throughput so large that the step time underflows to 0 (refused first as out of any
     column's range) or so small that it overflows is refused with the reason instead of dividing
     by zero later."""
-    s = v.row_to_case(synthetic(measured_metric="tokens_per_s_per_gpu", measured_value=value))
-    assert isinstance(s, v.Skipped)
+    s = row_to_case(synthetic(measured_metric="tokens_per_s_per_gpu", measured_value=value))
+    assert isinstance(s, Skipped)
     assert ("out of range" if value == "1e308" else "positive finite") in s.reason
 
 
@@ -1312,9 +1339,9 @@ def test_blank_recompute_may_recompute_more_where_that_buys_a_faster_plan():
     # block plan's count is the fewest that fits. A log that counts the recompute's FLOPs
     # (narayanan96) keeps the least recompute: its measured step depends on it.
     from phaze.placement import PlacementOptions, vp_values
-    row = dict(next(r for r in v.read_runs(v.default_runs_path()) if r["run_id"] == "R0029"))
-    c = v.row_to_case(row)
-    eff = v.calibrated_efficiency(c.chip)
+    row = dict(next(r for r in read_runs(default_runs_path()) if r["run_id"] == "R0029"))
+    c = row_to_case(row)
+    eff = calibrated_efficiency(c.chip)
     assert c.plan.recompute == "none" and c.layout_from == "searched"
     plan, step = v.scored_plan(c, eff)
     assert plan.recompute == "block"
@@ -1324,11 +1351,11 @@ def test_blank_recompute_may_recompute_more_where_that_buys_a_faster_plan():
     (k,) = plan.recompute_layers
     assert not result(dataclasses.replace(plan, recompute_layers=(k - 1,))).fits
     grid = [dataclasses.replace(c.plan, mbs=b, vp=u, recompute=r)
-            for b in v.SEARCHED_MICRO_BATCHES for u in vp_values(c.model, c.plan.pp, PlacementOptions())
+            for b in SEARCHED_MICRO_BATCHES for u in vp_values(c.model, c.plan.pp, PlacementOptions())
             for r in ("none", "selective", "full")]
-    times = [r.step_time_s for r in map(result, v._valid_plans(c.model, c.devices, c.global_batch, grid)) if r.fits]
+    times = [r.step_time_s for r in map(result, _valid_plans(c.model, c.devices, c.global_batch, grid)) if r.fits]
     assert len(times) > 10 and step < min(times)
-    counted = v.row_to_case(dict(row, flop_convention="narayanan96"))
+    counted = row_to_case(dict(row, flop_convention="narayanan96"))
     assert {p.recompute for p in (counted.plan, *counted.alternatives)} == {"none"}
     assert v.scored_plan(counted, eff)[0].recompute == "none"
 
@@ -1339,13 +1366,13 @@ def test_pipeline_schedule_column_runs_dualpipe_and_keeps_it_unsearched():
     row DualPipe cannot run (too few micro-batches) is skipped with the reason; a bad value names
     the column."""
     base = synthetic(layers="8", tp="1", pp="4", global_batch="64", micro_batch="1", framework="megatron-core")
-    assert v.row_to_case(base).plan.pipe_schedule == "1f1b"
-    c = v.row_to_case(dict(base, pipeline_schedule="DualPipe"))
+    assert row_to_case(base).plan.pipe_schedule == "1f1b"
+    c = row_to_case(dict(base, pipeline_schedule="DualPipe"))
     assert c.plan.pipe_schedule == "dualpipe" and c.plan.vp == 1 and c.alternatives == ()
-    assert v.row_to_case(dict(base, vp="")).alternatives   # 1F1B: the interleavings are tried
-    skipped = v.row_to_case(dict(base, pipeline_schedule="dualpipe", global_batch="4"))
-    assert not isinstance(skipped, v.Case) and "at least 2 * pp = 8" in skipped.reason
-    bad = v.row_to_case(dict(base, pipeline_schedule="zb"))
+    assert row_to_case(dict(base, vp="")).alternatives   # 1F1B: the interleavings are tried
+    skipped = row_to_case(dict(base, pipeline_schedule="dualpipe", global_batch="4"))
+    assert not isinstance(skipped, Case) and "at least 2 * pp = 8" in skipped.reason
+    bad = row_to_case(dict(base, pipeline_schedule="zb"))
     assert "column 'pipeline_schedule' must be one of 1f1b, interleaved, dualpipe, got 'zb'" in bad.reason
 
 
@@ -1356,13 +1383,13 @@ def test_a_mixture_of_experts_without_its_layout_is_laid_out_by_the_placement():
     from phaze.step import evaluate
     base = synthetic(model="Mixtral-8x7B", layers="", hidden="", heads="", gpu="H100-SXM5-80GB", gpu_count="16",
                      tp="", pp="", global_batch="128", seq_len="4096", framework="megatron-core")
-    c = v.row_to_case(base)
-    assert isinstance(c, v.Case), getattr(c, "reason", c)
+    c = row_to_case(base)
+    assert isinstance(c, Case), getattr(c, "reason", c)
     assert c.layout_from == "searched" and c.model.experts == 8
     p = c.plan
     assert p.ep > 1 and 8 % p.ep == 0 and (p.tp * p.cp * p.dp(16)) % (p.ep * p.etp) == 0
-    assert evaluate(c.model, c.chip, 16, 128, p, v.calibrated_efficiency(c.chip)).fits
-    given = v.row_to_case(dict(base, ep="2"))
+    assert evaluate(c.model, c.chip, 16, 128, p, calibrated_efficiency(c.chip)).fits
+    given = row_to_case(dict(base, ep="2"))
     assert given.plan.ep == 2 and given.layout_from == "searched"
 
 
@@ -1374,20 +1401,20 @@ def test_pipeline_schedule_column_pins_the_interleaving_down():
     skipped with the reason."""
     base = synthetic(layers="8", tp="1", pp="4", global_batch="64", micro_batch="1", vp="")
     core = dict(base, framework="megatron-core")
-    assert {a.vp for a in v.row_to_case(core).alternatives} | {v.row_to_case(core).plan.vp} >= {1, 2}
-    flat = v.row_to_case(dict(core, pipeline_schedule="1f1b"))
+    assert {a.vp for a in row_to_case(core).alternatives} | {row_to_case(core).plan.vp} >= {1, 2}
+    flat = row_to_case(dict(core, pipeline_schedule="1f1b"))
     assert flat.plan.vp == 1 and flat.alternatives == ()
-    inter = v.row_to_case(dict(core, pipeline_schedule="interleaved"))
+    inter = row_to_case(dict(core, pipeline_schedule="interleaved"))
     vps = {inter.plan.vp} | {a.vp for a in inter.alternatives}
     assert 1 not in vps and 2 in vps and inter.layout_from == "searched"
-    titan = v.row_to_case(dict(base, framework="torchtitan", pipeline_schedule="Interleaved"))
+    titan = row_to_case(dict(base, framework="torchtitan", pipeline_schedule="Interleaved"))
     assert titan.plan.vp == 2 and all(a.vp == 2 for a in titan.alternatives)
-    assert v.row_to_case(dict(base, framework="torchtitan")).plan.vp == 1   # its default schedule: 1F1B
-    assert v.row_to_case(dict(base, layers="16", framework="torchtitan", pipeline_schedule="interleaved",
+    assert row_to_case(dict(base, framework="torchtitan")).plan.vp == 1   # its default schedule: 1F1B
+    assert row_to_case(dict(base, layers="16", framework="torchtitan", pipeline_schedule="interleaved",
                               vp="4")).plan.vp == 4
     for row, said in ((dict(core, pipeline_schedule="1f1b", vp="2"), "runs no interleaved chunks, but vp is 2"),
                       (dict(core, pipeline_schedule="interleaved", vp="1"), "interleaved, but vp is 1"),
                       (dict(core, pipeline_schedule="interleaved", pp="1"), "needs pp > 1"),
                       (dict(base, framework="megatron-deepspeed", pipeline_schedule="interleaved"),
                        "megatron-deepspeed has no interleaved pipeline schedule")):
-        assert said in v.row_to_case(row).reason
+        assert said in row_to_case(row).reason

@@ -14,15 +14,8 @@ import time
 from collections import defaultdict
 from dataclasses import asdict
 
-from phaze.validate import (
-    Case,
-    default_runs_paths,
-    error_stats,
-    fit_cases,
-    leave_one_source_out,
-    load_items,
-    predict_case,
-)
+from phaze.runs import Case, default_runs_paths, load_items
+from phaze.validate import error_stats, fit_cases, leave_one_source_out, predict_case
 
 
 def _size(params: float) -> str:

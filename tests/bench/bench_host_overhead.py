@@ -31,8 +31,7 @@ import platform
 import statistics
 import time
 
-from phaze.calibrate import BOUNDS
-from phaze.validate import load_default_params
+from phaze.calibrate import BOUNDS, load_default_params
 
 NO_KERNEL = ("aten.empty", "aten.empty_like", "aten.lift_fresh", "aten.detach", "aten._unsafe_view")
 

@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 
 from phaze import validate as v
+from phaze.calibrate import load_default_params, params_for
 from phaze.placement import SEARCH_ZERO, PlacementOptions, all_mbs_values, cp_values, expert_widths, place
 from phaze.plan import SEARCHED_RECOMPUTE, Plan
+from phaze.runs import Case, default_runs_paths, read_runs, row_to_case
 
 SLACK = 1e-9     # relative: a step equal to the run's within rounding counts as equal
 
@@ -62,7 +64,7 @@ OUT = Path(__file__).resolve().parents[2] / "results" / "placement"
 
 def compare(case, params, widen: bool = True) -> dict:
     """One run: its own plan's step and place's best over the space around it (:func:`options_around`)."""
-    eff = v.params_for(case.chip, params)
+    eff = params_for(case.chip, params)
     plan, own = v.scored_result(case, eff)
     row = {"run_id": case.run_id, "source": case.source, "run_step_s": f"{own.step_time_s:.6g}",
            "run_plan": plan.label(), "status": "run plan does not fit", "place_step_s": "",
@@ -104,11 +106,11 @@ def main(argv=None) -> int:
                     help="default: the default layout values with the run's other settings; around: widened to "
                          "hold the run's plan (written to place_vs_runs_around.*)")
     args = ap.parse_args(argv)
-    params = v.load_default_params()
+    params = load_default_params()
     items = []
-    for path in v.default_runs_paths():
-        items += [v.row_to_case(r, dataset=path.stem) for r in v.read_runs(path)]
-    cases = [c for c in v.split_held_out(items)[0] if isinstance(c, v.Case) and c.source.startswith(args.only)]
+    for path in default_runs_paths():
+        items += [row_to_case(r, dataset=path.stem) for r in read_runs(path)]
+    cases = [c for c in v.split_held_out(items)[0] if isinstance(c, Case) and c.source.startswith(args.only)]
     stem = "place_vs_runs" + ("_around" if args.space == "around" else "")
     out = OUT / f"{stem}.csv"
     done = {}

@@ -58,10 +58,12 @@ import numpy as np
 
 from phaze import validate as v
 from phaze.arch import load_chip
+from phaze.calibrate import load_default_params, params_for
 from phaze.catalogue import load_model
 from phaze.framework import FRAMEWORKS, model_with, plan_with
 from phaze.plan import Plan
 from phaze.power import within_limit
+from phaze.runs import MODEL_COLUMNS, Case, row_to_case
 from phaze.system import apply_system, as_system, with_devices_per_node
 
 LLAMA3 = [   # (run, GPUs, cp, dp, sequence, global batch in sequences, TFLOP/s per GPU)
@@ -72,7 +74,7 @@ LLAMA3 = [   # (run, GPUs, cp, dp, sequence, global batch in sequences, TFLOP/s 
 
 
 def llama3_row(name, gpus, cp, dp, seq, batch, tflops, framework=""):
-    row = {k: "" for k in v.MODEL_COLUMNS}
+    row = {k: "" for k in MODEL_COLUMNS}
     row.update(run_id=name, source_id="llama3_table4", gpu="H100-SXM5-80GB", gpu_count=str(gpus),
                model="Llama-3.1-405B", layers="126", hidden="16384", heads="128", ffn_hidden="53248",
                seq_len=str(seq), global_batch=str(batch), tp="8", pp="16", cp=str(cp), dp=str(dp),
@@ -85,11 +87,11 @@ def llama3(params, framework: str) -> list[tuple[str, float | None, str]]:
     """(run, signed error, plan label or why it was skipped) of each Table 4 run."""
     out = []
     for spec in LLAMA3:
-        case = v.row_to_case(llama3_row(*spec, framework=framework))
-        if not isinstance(case, v.Case):
+        case = row_to_case(llama3_row(*spec, framework=framework))
+        if not isinstance(case, Case):
             out.append((spec[0], None, case.reason))
             continue
-        plan, predicted = v.scored_plan(case, v.params_for(case.chip, params))
+        plan, predicted = v.scored_plan(case, params_for(case.chip, params))
         out.append((spec[0], predicted / case.measured_step_s - 1, plan.label()))
     return out
 
@@ -117,14 +119,14 @@ def _mtnlg(params, framework: str) -> list[tuple[int, float, float, int, str]]:
     """(GPUs, measured step, predicted step, micro-batches a pipeline, plan label) of each run."""
     out = []
     for nodes, tflops in MTNLG:
-        row = {k: "" for k in v.MODEL_COLUMNS}
+        row = {k: "" for k in MODEL_COLUMNS}
         row.update(run_id=f"{nodes} nodes", source_id="mtnlg", gpu="A100-SXM4-80GB", gpu_count=str(8 * nodes),
                    model="MT-NLG 530B", layers="105", hidden="20480", heads="128", seq_len="2048",
                    global_batch="1920", tp="8", pp="35", dp=str(8 * nodes // 280), precision="bf16",
                    recompute="full", measured_metric="tflops_per_gpu", measured_value=str(tflops),
                    flop_convention="narayanan96", system_config="dgx-a100-superpod", framework=framework)
-        case = v.row_to_case(row)
-        plan, predicted = v.scored_plan(case, v.params_for(case.chip, params))
+        case = row_to_case(row)
+        plan, predicted = v.scored_plan(case, params_for(case.chip, params))
         m = case.global_batch // (plan.dp(case.devices) * plan.mbs)
         out.append((8 * nodes, case.measured_step_s, predicted, m, plan.label()))
     return out
@@ -133,13 +135,13 @@ def _mtnlg(params, framework: str) -> list[tuple[int, float, float, int, str]]:
 def llama1(params, framework: str = "") -> tuple[float, float, str]:
     """(measured step, signed error, plan label) of LLaMA 65B's 380 tokens/s a GPU on 2,048 A100s;
     assumptions in the module docstring."""
-    row = {k: "" for k in v.MODEL_COLUMNS}
+    row = {k: "" for k in MODEL_COLUMNS}
     row.update(run_id="llama-65b", source_id="llama1_sec2.4", gpu="A100-SXM4-80GB", gpu_count="2048",
                model="LLaMA-65B", layers="80", hidden="8192", heads="64", ffn_hidden="22016", seq_len="2048",
                global_batch="2048", sequence_parallel="1", precision="bf16", attention_kernel="flash",
                measured_metric="tokens_per_s_per_gpu", measured_value="380", framework=framework)
-    case = v.row_to_case(row)
-    plan, predicted = v.scored_plan(case, v.params_for(case.chip, params))
+    case = row_to_case(row)
+    plan, predicted = v.scored_plan(case, params_for(case.chip, params))
     return case.measured_step_s, predicted / case.measured_step_s - 1, plan.label()
 
 
@@ -149,7 +151,7 @@ def palm(params) -> list[tuple[str, float, float]]:
     fw = FRAMEWORKS["maxtext"]
     pods = with_devices_per_node(as_system("tpuv4-multislice"), 3072)    # two slices of a whole pod each
     chip = apply_system(load_chip("tpuv4"), pods).with_execution(fw.execution)
-    eff = v.params_for(chip, params)
+    eff = params_for(chip, params)
     plan = plan_with(fw, Plan(tp=12, sp=False, mbs=1, recompute="full", zero=3), {"recompute", "zero", "sp"},
                      model.precision)[0]
     out = []
@@ -171,7 +173,7 @@ def deepseek_v3(params):
     links = tuple(replace(link, bandwidth_bytes_per_s=160e9) if link.name == "nvlink" else link
                   for link in h100.links)
     chip = replace(h100, name="H800", links=links).with_execution(fw.execution)
-    eff = v.params_for(chip, params)
+    eff = params_for(chip, params)
     gpus, batch = 2048, 15360
     measured = batch * model.seq_len / (gpus * 1e12 / (180e3 * 3600))
     base = Plan(tp=1, pp=16, ep=64, mbs=1, zero=1, recompute="selective", dispatcher="deepep",
@@ -189,7 +191,7 @@ def deepseek_v3(params):
 
 
 def main() -> int:
-    params = v.load_default_params()
+    params = load_default_params()
     print("Llama 3 405B (Table 4), shipped calibration: signed error, plan")
     for framework in ("", "torchtitan"):
         for run, err, said in llama3(params, framework):

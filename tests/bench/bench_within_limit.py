@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import tqdm
 
+from phaze.calibrate import load_default_params, params_for
 from phaze.candidate import evaluate_chip, power_limit, weighted_geomean
 from phaze.exact import prepare
 from phaze.power import place_within_limit
 from phaze.space import load_sweep
 from phaze.system import apply_system
-from phaze.validate import load_default_params, params_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
