@@ -624,7 +624,7 @@ def cmd_validate(args) -> int:
     summary["skipped"] = _skipped(preds)
     summary["over_memory"] = _over_memory(preds)
     summary["runs"] = [display_path(p) for p in runs_paths]
-    summary["params"] = display_path(args.params or shipped_params_path())
+    summary["params"] = display_path(params_path)
     if args.format == "json":
         print(json.dumps(summary, indent=2))
         return 0
